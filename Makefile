@@ -1,0 +1,36 @@
+# Needs only python3 and make: uv is bootstrapped into .tools/, the project into .venv/.
+PYTHON ?= python3
+UV_VERSION ?= 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+RUN := $(VENV)/bin
+NPROC ?= 4
+PYTEST_ARGS ?=
+
+.PHONY: run test lint typecheck bench sync clean
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+
+# Non-editable on purpose: tests run against the installed package layout (the wheel's).
+sync: $(UV)
+	$(UV) sync --locked --no-editable --reinstall-package shardwire --python $(PYTHON) --quiet
+
+run: sync
+	$(RUN)/shardwire launch --standalone --nproc-per-node $(NPROC) examples/hello.py
+
+test: sync
+	$(RUN)/python -m pytest $(PYTEST_ARGS)
+
+lint: sync
+	$(RUN)/ruff check .
+	$(RUN)/ruff format --check .
+	$(RUN)/mypy -p shardwire.protocol -p shardwire.coordinator -p shardwire.worker
+
+bench: sync
+	$(RUN)/python benchmarks/transport.py
+
+clean:
+	rm -rf $(VENV) $(TOOLS) build *.egg-info

@@ -1,0 +1,95 @@
+"""``python -m shardwire.coordinator``: the rendezvous service (composition root)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from shardwire.coordinator.rendezvous import JobState, RendezvousConfig
+from shardwire.coordinator.server import CoordinatorServer, ServerConfig
+from shardwire.coordinator.settings import CoordinatorSettings
+from shardwire.protocol import ShardwireError
+from shardwire.protocol.auth import check_bind, load_token
+
+# Time for the abort broadcast to reach every survivor before the listener goes away.
+_LINGER = 1.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="shardwire coordinator",
+        description="Rendezvous, rank assignment and liveness for one job. "
+        "Every flag can also be set as SHARDWIRE_<FLAG>.",
+    )
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind, 0 for any (default 29400)")
+    p.add_argument("--world-size", type=int, help="total worker processes (default: from joiners)")
+    p.add_argument("--run-id", help="job identifier every joiner must present")
+    p.add_argument("--token-file", help="file holding the shared token (or SHARDWIRE_TOKEN)")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="allow a non-loopback bind without a token")
+    p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
+    p.add_argument("--heartbeat-timeout", type=float, help="silence that marks a worker dead (5)")
+    p.add_argument("--port-file", help="write the bound port here once listening")
+    p.add_argument("--log-level", help="logging level (INFO)")
+    return p
+
+
+def settings_from(argv: list[str] | None) -> CoordinatorSettings:
+    args = vars(parser().parse_args(argv))
+    return CoordinatorSettings(**{k: v for k, v in args.items() if v is not None})
+
+
+async def serve(settings: CoordinatorSettings) -> int:
+    token = load_token(
+        settings.token.get_secret_value() if settings.token else None, settings.token_file
+    )
+    check_bind(settings.host, token, insecure=settings.insecure, what="coordinator")
+    config = ServerConfig(
+        RendezvousConfig(
+            run_id=settings.run_id,
+            world_size=settings.world_size,
+            join_timeout=settings.join_timeout,
+            heartbeat_timeout=settings.heartbeat_timeout,
+        )
+    )
+    server = CoordinatorServer(config, token)
+    try:
+        host, port = await server.start(settings.host, settings.port)
+        if settings.port_file:
+            tmp = settings.port_file + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(f"{port}\n")
+            os.replace(tmp, settings.port_file)
+        print(f"shardwire coordinator listening on {host}:{port}", file=sys.stderr, flush=True)
+        await server.done.wait()
+        await asyncio.sleep(_LINGER)
+    finally:
+        await server.aclose()
+    failure = server.rendezvous.failure
+    if failure is not None:
+        print(f"job failed: rank {failure.rank}: {failure.reason}", file=sys.stderr)
+    return 0 if server.rendezvous.state is JobState.FINISHED else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        settings = settings_from(argv)
+    except ValueError as exc:
+        print(f"shardwire coordinator: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="[coordinator] %(message)s")
+    try:
+        return asyncio.run(serve(settings))
+    except ShardwireError as exc:
+        print(f"shardwire coordinator: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

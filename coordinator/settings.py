@@ -1,0 +1,24 @@
+"""Coordinator settings: every flag is also ``SHARDWIRE_<FLAG>`` in the environment."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CoordinatorSettings(BaseSettings):
+    """Options of ``shardwire coordinator``."""
+
+    model_config = SettingsConfigDict(env_prefix="SHARDWIRE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=29400, ge=0, le=65535)
+    world_size: int | None = Field(default=None, ge=1)
+    run_id: str = "shardwire"
+    token: SecretStr | None = None
+    token_file: str | None = None
+    insecure: bool = False
+    join_timeout: float = Field(default=300.0, gt=0)
+    heartbeat_timeout: float = Field(default=5.0, gt=0)
+    port_file: str | None = None
+    log_level: str = "INFO"

@@ -1,0 +1,56 @@
+"""Wire protocol: frames, codec, control messages, handshake, errors. Pure: no IO."""
+
+from shardwire.protocol.auth import Token
+from shardwire.protocol.control import frame_message, message_bytes
+from shardwire.protocol.errors import (
+    AuthFailed,
+    FrameTooLarge,
+    JobAborted,
+    MessageMismatch,
+    PeerFailed,
+    ProtocolError,
+    RendezvousError,
+    ShardwireError,
+    TransportClosed,
+    VersionMismatch,
+)
+from shardwire.protocol.frames import (
+    PROTOCOL_VERSION,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    Header,
+    Limits,
+    encode_head,
+)
+from shardwire.protocol.handshake import ClientHandshake, ServerHandshake
+from shardwire.protocol.tensors import Tag, TensorMeta, check_dtype, parse_tensor_meta
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "AuthFailed",
+    "ClientHandshake",
+    "Frame",
+    "FrameDecoder",
+    "FrameKind",
+    "FrameTooLarge",
+    "Header",
+    "JobAborted",
+    "Limits",
+    "MessageMismatch",
+    "PeerFailed",
+    "ProtocolError",
+    "RendezvousError",
+    "ServerHandshake",
+    "ShardwireError",
+    "Tag",
+    "TensorMeta",
+    "Token",
+    "TransportClosed",
+    "VersionMismatch",
+    "check_dtype",
+    "encode_head",
+    "frame_message",
+    "message_bytes",
+    "parse_tensor_meta",
+]

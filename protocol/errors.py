@@ -1,0 +1,80 @@
+"""The shardwire error hierarchy.
+
+Every error a user can see derives from :class:`ShardwireError`. Messages carry the
+expected and the actual value plus whatever identifies the operation (rank, peer, op,
+sequence number), so a log line alone says what went wrong where.
+"""
+
+from __future__ import annotations
+
+
+class ShardwireError(Exception):
+    """Root of every error raised by shardwire."""
+
+
+class ProtocolError(ShardwireError):
+    """A peer sent bytes that violate the wire format; the connection is closed."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame announced more meta or payload bytes than the configured limit."""
+
+
+class VersionMismatch(ProtocolError):
+    """The two ends of a connection speak different protocol versions."""
+
+    def __init__(self, *, ours: int, theirs: int) -> None:
+        super().__init__(
+            f"protocol version mismatch: this side speaks version {ours}, "
+            f"the other side speaks version {theirs}; install the same shardwire "
+            "release on every host"
+        )
+        self.ours = ours
+        self.theirs = theirs
+
+
+class AuthFailed(ShardwireError):
+    """The handshake proof did not match: the two sides hold different tokens."""
+
+
+class RendezvousError(ShardwireError):
+    """The coordinator refused a join or the rendezvous could not complete.
+
+    ``code`` is a stable machine-readable reason (``duplicate_rank``, ``world_size``,
+    ``already_started``, ``run_id``, ``join_timeout``, ``version``, ``auth``, ``bad_request``).
+    """
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class JobAborted(ShardwireError):
+    """The coordinator aborted the job (a worker failed or the operator stopped it)."""
+
+
+class PeerFailed(JobAborted):
+    """A peer failed; every pending and later operation on this process group raises it.
+
+    Attributes:
+        rank: the rank that failed.
+        reason: what the coordinator or the transport observed.
+        remote_traceback: the failed rank's traceback, when it raised an exception.
+    """
+
+    def __init__(self, *, rank: int, reason: str, remote_traceback: str = "") -> None:
+        text = f"rank {rank} failed: {reason}"
+        if remote_traceback:
+            text += "\n--- remote traceback (rank %d) ---\n%s" % (rank, remote_traceback.rstrip())
+        super().__init__(text)
+        self.rank = rank
+        self.reason = reason
+        self.remote_traceback = remote_traceback
+
+
+class TransportClosed(ShardwireError):
+    """The transport was closed locally; no further operations are possible."""
+
+
+class MessageMismatch(ShardwireError):
+    """A received frame does not match what the receive expected (dtype, shape, op)."""

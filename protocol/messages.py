@@ -1,0 +1,184 @@
+"""Control messages: one pydantic discriminated union on the ``kind`` field.
+
+Messages are validated once at the boundary (:func:`decode_message`) and are plain
+immutable objects afterwards. New fields get defaults so older peers keep working; an
+incompatible change bumps ``PROTOCOL_VERSION`` in :mod:`shardwire.protocol.frames`. The
+``error`` message keeps its shape across versions so a version mismatch can be reported.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from shardwire.protocol.errors import ProtocolError
+
+_Str = Annotated[str, Field(max_length=256)]
+_Hex = Annotated[str, Field(min_length=16, max_length=128, pattern="^[0-9a-f]+$")]
+_Rank = Annotated[int, Field(ge=0, lt=1 << 20)]
+_Size = Annotated[int, Field(ge=1, lt=1 << 20)]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Hello(_Msg):
+    """First message of every connection: who is calling, with a fresh client nonce."""
+
+    kind: Literal["hello"] = "hello"
+    role: Literal["worker", "agent", "peer", "client"]
+    run_id: _Str
+    nonce: _Hex
+    rank: int = -1
+    generation: int = 0
+
+
+class Challenge(_Msg):
+    """Server's fresh nonce and its proof of the token over both nonces."""
+
+    kind: Literal["challenge"] = "challenge"
+    nonce: _Hex
+    proof: _Hex
+
+
+class Proof(_Msg):
+    """Client's proof of the token over both nonces."""
+
+    kind: Literal["proof"] = "proof"
+    proof: _Hex
+
+
+class Welcome(_Msg):
+    """The handshake succeeded."""
+
+    kind: Literal["welcome"] = "welcome"
+
+
+class Error(_Msg):
+    """A refusal with a stable ``code`` and a human-readable message; the sender closes."""
+
+    kind: Literal["error"] = "error"
+    code: _Str
+    message: Annotated[str, Field(max_length=8192)]
+
+
+class Join(_Msg):
+    """A worker process asks for a rank."""
+
+    kind: Literal["join"] = "join"
+    world_size: _Size
+    node_id: _Str
+    local_rank: _Rank
+    local_world_size: _Size
+    listen_host: _Str = ""
+    listen_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    fingerprint: _Str = ""
+    requested_rank: _Rank | None = None
+
+
+class NodeJoin(_Msg):
+    """A node agent (``shardwire worker``) asks for its node rank before spawning."""
+
+    kind: Literal["node_join"] = "node_join"
+    world_size: _Size
+    node_id: _Str
+    local_world_size: _Size
+
+
+class NodeAssignment(_Msg):
+    """The agent's node rank; its processes request ranks node_rank*L ... node_rank*L+L-1."""
+
+    kind: Literal["node_assignment"] = "node_assignment"
+    node_rank: _Rank
+    nnodes: _Size
+    world_size: _Size
+
+
+class Member(_Msg):
+    """One roster entry."""
+
+    rank: _Rank
+    node_id: _Str
+    node_rank: _Rank
+    local_rank: _Rank
+    host: _Str
+    port: Annotated[int, Field(ge=0, le=65535)]
+
+
+class Roster(_Msg):
+    """The complete world, sent to every worker once all have joined."""
+
+    kind: Literal["roster"] = "roster"
+    rank: _Rank
+    world_size: _Size
+    generation: int
+    members: Annotated[list[Member], Field(max_length=1 << 16)]
+
+
+class Heartbeat(_Msg):
+    """Liveness signal, with the worker's progress for status reporting."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    step: int = 0
+
+
+class Failure(_Msg):
+    """A worker reports that it raised; the coordinator aborts the job with this."""
+
+    kind: Literal["failure"] = "failure"
+    reason: Annotated[str, Field(max_length=4096)]
+    traceback: Annotated[str, Field(max_length=65536)] = ""
+
+
+class Abort(_Msg):
+    """Broadcast to every survivor: rank ``rank`` failed for ``reason``."""
+
+    kind: Literal["abort"] = "abort"
+    rank: int
+    reason: Annotated[str, Field(max_length=4096)]
+    traceback: Annotated[str, Field(max_length=65536)] = ""
+
+
+class Leave(_Msg):
+    """A worker finished cleanly; its connection closing afterwards is not a failure."""
+
+    kind: Literal["leave"] = "leave"
+
+
+Message = Annotated[
+    Hello
+    | Challenge
+    | Proof
+    | Welcome
+    | Error
+    | Join
+    | NodeJoin
+    | NodeAssignment
+    | Roster
+    | Heartbeat
+    | Failure
+    | Abort
+    | Leave,
+    Field(discriminator="kind"),
+]
+
+_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+def decode_message(meta: dict[str, Any]) -> Message:
+    """Validate a control frame's meta map into a message object."""
+    try:
+        return _ADAPTER.validate_python(meta)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProtocolError(
+            f"invalid control message {meta.get('kind')!r}: {where}: {first['msg']}"
+        ) from None
+
+
+def encode_message(msg: _Msg) -> dict[str, Any]:
+    """Turn a message into a meta map."""
+    return msg.model_dump(mode="python")

@@ -1,0 +1,114 @@
+"""Tensor meta carried by data frames, with the dtype allowlist and size checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwire.protocol.errors import ProtocolError
+
+# Only plain little-endian numeric dtypes cross the wire: no object arrays, no structured
+# dtypes, nothing whose bytes could mean code or pointers.
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    }
+)
+MAX_NDIM = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Tag:
+    """Routing key of a data frame: which group, which collective call, which step of it."""
+
+    group: int
+    seq: int
+    step: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """Everything a receiver needs to route and validate a data frame's payload."""
+
+    src: int
+    tag: Tag
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    generation: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "src": self.src,
+            "group": self.tag.group,
+            "seq": self.tag.seq,
+            "step": self.tag.step,
+            "op": self.op,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "gen": self.generation,
+        }
+
+    @classmethod
+    def for_array(
+        cls, array: np.ndarray, *, src: int, tag: Tag, op: str, generation: int = 0
+    ) -> TensorMeta:
+        return cls(src, tag, op, check_dtype(array.dtype), tuple(array.shape), generation)
+
+
+def check_dtype(dtype: np.dtype[Any] | str) -> str:
+    """Return the canonical dtype name, or raise if it may not cross the wire."""
+    dt = np.dtype(dtype)
+    if dt.name not in ALLOWED_DTYPES or dt.byteorder == ">":
+        raise ProtocolError(f"dtype {dt!s} is not allowed on the wire ({sorted(ALLOWED_DTYPES)})")
+    return dt.name
+
+
+def _int(meta: dict[str, Any], key: str, *, low: int = 0) -> int:
+    value = meta.get(key)
+    if type(value) is not int or value < low:
+        raise ProtocolError(f"data frame field {key!r} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def parse_tensor_meta(meta: dict[str, Any], payload_len: int) -> TensorMeta:
+    """Validate a data frame's meta against its announced payload length."""
+    dtype = meta.get("dtype")
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        raise ProtocolError(f"data frame dtype {dtype!r} is not in the allowlist")
+    shape = meta.get("shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_NDIM
+        or not all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise ProtocolError(f"data frame shape {shape!r} is not a list of non-negative ints")
+    op = meta.get("op")
+    if not isinstance(op, str) or len(op) > 64:
+        raise ProtocolError(f"data frame op {op!r} is not a short string")
+    tag = Tag(_int(meta, "group"), _int(meta, "seq"), _int(meta, "step"))
+    tm = TensorMeta(_int(meta, "src"), tag, op, dtype, tuple(shape), _int(meta, "gen"))
+    if tm.nbytes != payload_len:
+        raise ProtocolError(
+            f"data frame from rank {tm.src} for {op} #{tag.seq}: dtype {dtype} shape {shape} "
+            f"needs {tm.nbytes} bytes, frame announces {payload_len}"
+        )
+    return tm

@@ -1,0 +1,15 @@
+"""Shared test set-up: every async test runs on uvloop and on the stock asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import uvloop
+
+_FACTORIES = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+_SELECTED = os.environ.get("SHARDWIRE_TEST_LOOPS", "asyncio,uvloop").split(",")
+
+
+def pytest_asyncio_loop_factories(config, item):
+    return {name: _FACTORIES[name] for name in _SELECTED}

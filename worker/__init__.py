@@ -1,0 +1,1 @@
+"""Worker side: transport, process group, launcher and user API."""

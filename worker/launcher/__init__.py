@@ -1,0 +1,1 @@
+"""Command line: coordinator, worker and launch."""

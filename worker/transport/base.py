@@ -1,0 +1,170 @@
+"""The transport contract that collectives and process groups are written against.
+
+``send`` returns once the array may be reused (its bytes are in the kernel or copied);
+``recv`` completes with the matching message, written into ``out`` when given. Both are
+bounded by a timeout. A transport is *poisoned* by :meth:`Transport.abort` (a peer
+failed, the coordinator aborted the job): every pending and later call raises the
+poisoning error.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
+from shardwire.worker.transport.mailbox import Mailbox
+
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_MAX_EARLY_BYTES = 1 << 30
+
+
+class TransportTimeout(ShardwireError, TimeoutError):
+    """A send or receive did not complete within its timeout."""
+
+
+@dataclass(slots=True)
+class TransportStats:
+    """Bytes and messages moved by this rank (payload bytes only)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+
+
+class Transport(abc.ABC):
+    """Point-to-point messaging between the ranks of one job."""
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        *,
+        generation: int = 0,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_early_bytes: int = DEFAULT_MAX_EARLY_BYTES,
+    ):
+        self.rank = rank
+        self.world_size = world_size
+        self.generation = generation
+        self.timeout = timeout
+        self.stats = TransportStats()
+        self.mailbox = Mailbox(rank, max_early_bytes=max_early_bytes, on_drain=self._resume)
+        self._error: BaseException | None = None
+        self._departed: dict[int, BaseException] = {}
+        self._closed = False
+
+    # ---- contract ------------------------------------------------------------------
+
+    async def send(
+        self, dst: int, array: np.ndarray, *, tag: Tag, op: str = "p2p",
+        timeout: float | None = None,
+    ) -> None:
+        """Send ``array`` to ``dst``; returns once ``array`` may be modified again."""
+        self._check_usable()
+        self._check_peer(dst)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        meta = TensorMeta.for_array(
+            array, src=self.rank, tag=tag, op=op, generation=self.generation
+        )
+        try:
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+                await self._send(dst, meta, array)
+        except TimeoutError:
+            self._check_usable()
+            raise TransportTimeout(
+                f"rank {self.rank}: send of {op} #{tag.seq} to rank {dst} timed out"
+            ) from None
+        self.stats.bytes_sent += array.nbytes
+        self.stats.messages_sent += 1
+
+    async def recv(
+        self, src: int, *, tag: Tag, op: str = "p2p", out: np.ndarray | None = None,
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        """Receive the next message from ``src`` with ``tag`` (into ``out`` if given)."""
+        self._check_usable()
+        self._check_peer(src)
+        if out is not None:
+            check_dtype(out.dtype)
+            if not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError("recv(out=...) needs a writeable C-contiguous array")
+        future = self.mailbox.post(src, tag, op, out)
+        if not future.done() and src in self._departed:
+            self.mailbox.withdraw(src, tag, future)
+            raise self._departed[src]
+        try:
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
+                result = await future
+        except TimeoutError:
+            self.mailbox.withdraw(src, tag, future)
+            self._check_usable()
+            raise TransportTimeout(
+                f"rank {self.rank}: receive of {op} #{tag.seq} from rank {src} timed out"
+            ) from None
+        except asyncio.CancelledError:
+            self.mailbox.withdraw(src, tag, future)
+            raise
+        self.stats.bytes_received += result.nbytes
+        self.stats.messages_received += 1
+        return result
+
+    def abort(self, exc: BaseException) -> None:
+        """Poison the transport: pending and later calls raise ``exc``."""
+        if self._error is None:
+            self._error = exc
+        self.mailbox.fail(self._error)
+        self._on_abort()
+
+    def depart(self, peer: int, exc: BaseException) -> None:
+        """``peer`` left cleanly: receives from it that cannot complete raise ``exc``."""
+        self._departed[peer] = exc
+        self.mailbox.fail(exc, src=peer)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    async def aclose(self) -> None:
+        """Release every socket and task. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.mailbox.fail(TransportClosed(f"rank {self.rank}: transport closed"))
+        with contextlib.suppress(Exception):
+            await self._close()
+
+    # ---- for subclasses --------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None: ...
+
+    @abc.abstractmethod
+    async def _close(self) -> None: ...
+
+    def _on_abort(self) -> None:
+        """Hook: a transport may drop connections when poisoned."""
+
+    def _resume(self) -> None:
+        """Hook: the early-arrival backlog drained below its budget."""
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise TransportClosed(f"rank {self.rank}: transport is closed")
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise ValueError(
+                f"rank {self.rank}: peer {peer} is not another rank of world size "
+                f"{self.world_size}"
+            )

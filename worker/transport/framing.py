@@ -1,0 +1,181 @@
+"""A framed, authenticated connection as an ``asyncio.BufferedProtocol``.
+
+The kernel writes received bytes straight into the buffer the frame decoder names:
+the prefix and meta into small internal buffers, tensor payloads into their destination
+arrays (the receive path measured ~7.5 GB/s this way on loopback, against ~1 GB/s for
+``StreamReader.readexactly``). The handshake state machine is driven synchronously from
+the receive callback, so no data frame is ever accepted before authentication finished.
+
+Writes use a write-buffer high-water mark of zero: ``wait_flushed`` returns only when
+every queued byte is in the kernel, which is what lets ``send`` hand the caller's array
+back without copying it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import Callable
+
+from shardwire.protocol import (
+    ClientHandshake,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    Header,
+    Limits,
+    ProtocolError,
+    ServerHandshake,
+    ShardwireError,
+    frame_message,
+    message_bytes,
+)
+from shardwire.protocol.messages import Error, Message
+
+Handshake = ClientHandshake | ServerHandshake
+
+
+class FramedProtocol(asyncio.BufferedProtocol):
+    """Frames in, messages and data out; subclasses handle data frames."""
+
+    def __init__(
+        self,
+        handshake: Handshake,
+        *,
+        limits: Limits,
+        on_message: Callable[[Message], None],
+        hold_handshake: Callable[[], bool] = lambda: False,
+    ):
+        loop = asyncio.get_running_loop()
+        self._shake = handshake
+        self._on_message = on_message
+        self._hold = hold_handshake
+        self._held: deque[Message] = deque()
+        self._decoder = FrameDecoder(limits=limits, allocator=self._allocate)
+        self.transport: asyncio.Transport | None = None
+        self.authenticated = False
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[BaseException | None] = loop.create_future()
+        self._flushed = asyncio.Event()
+        self._flushed.set()
+        self.peer_host = ""
+
+    # ---- asyncio callbacks -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername") or ("", 0)
+        self.peer_host = str(peer[0])
+        transport.set_write_buffer_limits(high=0)
+        if isinstance(self._shake, ClientHandshake):
+            self.write_message(self._shake.hello)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            for frame in self._decoder.buffer_updated(nbytes):
+                self._on_frame(frame)
+        except ShardwireError as exc:
+            self.fail(exc)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(exc or ConnectionResetError("connection closed"))
+            self.ready.exception()  # retrieved here; the owner reads it from `closed` too
+        if not self.closed.done():
+            self.closed.set_result(exc)
+        self._flushed.set()
+
+    def pause_writing(self) -> None:
+        self._flushed.clear()
+
+    def resume_writing(self) -> None:
+        self._flushed.set()
+
+    # ---- frames ------------------------------------------------------------------------
+
+    def _allocate(self, header: Header) -> memoryview:
+        raise ProtocolError("this connection does not accept data frames")
+
+    def _on_data(self, frame: Frame) -> None:
+        raise ProtocolError("this connection does not accept data frames")
+
+    def _on_frame(self, frame: Frame) -> None:
+        if frame.kind is FrameKind.DATA:
+            self._on_data(frame)
+            return
+        msg = frame_message(frame)
+        if frame.kind is FrameKind.HANDSHAKE or not self.authenticated:
+            if isinstance(msg, Error) or frame.kind is FrameKind.HANDSHAKE:
+                self._handshake(msg)
+                return
+            raise ProtocolError(f"{msg.kind!r} before the handshake finished")
+        self._on_message(msg)
+
+    def _handshake(self, msg: Message) -> None:
+        if self.authenticated:
+            raise ProtocolError(f"handshake message {msg.kind!r} after authentication")
+        if self._hold():
+            self._held.append(msg)
+            return
+        reply = self._shake.receive(msg)
+        if reply is not None:
+            self.write_message(reply)
+        if isinstance(reply, Error):
+            self.fail(ProtocolError(f"refused peer at {self.peer_host}: {reply.message}"))
+        elif self._shake.done:
+            self.authenticated = True
+            self._authenticated()
+            if not self.ready.done():
+                self.ready.set_result(None)
+
+    def release_held(self) -> None:
+        """Process handshake messages that arrived while ``hold_handshake`` was true."""
+        try:
+            while self._held and not self.authenticated:
+                self._handshake(self._held.popleft())
+        except ShardwireError as exc:
+            self.fail(exc)
+
+    def _authenticated(self) -> None:
+        """Hook: runs synchronously when the handshake completes."""
+
+    # ---- output ------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def write_message(self, msg: Message) -> None:
+        if self.is_open:
+            assert self.transport is not None
+            self.transport.write(message_bytes(msg))
+
+    async def wait_flushed(self) -> None:
+        """Return once every queued byte has been handed to the kernel."""
+        assert self.transport is not None
+        if self.transport.get_write_buffer_size():
+            self._flushed.clear()
+            await self._flushed.wait()
+        if self.closed.done():
+            raise ConnectionResetError("connection closed while sending")
+
+    def fail(self, exc: BaseException) -> None:
+        """Close because of ``exc``; ``ready`` (if pending) raises it."""
+        if not self.ready.done():
+            self.ready.set_exception(exc)
+            self.ready.exception()
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()

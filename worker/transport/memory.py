@@ -1,0 +1,73 @@
+"""In-process transport: N endpoints in one event loop, same contract as the TCP mesh."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from shardwire.protocol import PeerFailed, TensorMeta
+from shardwire.worker.transport.base import DEFAULT_TIMEOUT, Transport
+
+
+class MemoryHub:
+    """Connects ``world_size`` :class:`MemoryTransport` endpoints.
+
+    Example::
+
+        hub = MemoryHub(4)
+        transports = [hub.endpoint(r) for r in range(4)]
+    """
+
+    def __init__(self, world_size: int, *, timeout: float = DEFAULT_TIMEOUT,
+                 max_early_bytes: int = 1 << 30):
+        self.world_size = world_size
+        self._timeout = timeout
+        self._max_early = max_early_bytes
+        self._endpoints: dict[int, MemoryTransport] = {}
+
+    def endpoint(self, rank: int) -> MemoryTransport:
+        if rank in self._endpoints:
+            raise ValueError(f"rank {rank} already has an endpoint")
+        ep = MemoryTransport(self, rank, timeout=self._timeout, max_early_bytes=self._max_early)
+        self._endpoints[rank] = ep
+        return ep
+
+    def peer(self, rank: int) -> MemoryTransport:
+        return self._endpoints[rank]
+
+    def kill(self, rank: int, reason: str = "killed") -> None:
+        """Simulate the death of ``rank``: every other endpoint is aborted."""
+        error = PeerFailed(rank=rank, reason=reason)
+        for r, ep in self._endpoints.items():
+            if r != rank:
+                ep.abort(error)
+
+
+class MemoryTransport(Transport):
+    """One rank's endpoint on a :class:`MemoryHub`."""
+
+    def __init__(self, hub: MemoryHub, rank: int, **kwargs) -> None:
+        super().__init__(rank, hub.world_size, **kwargs)
+        self._hub = hub
+        self._space = asyncio.Event()
+        self._space.set()
+
+    async def _send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+        peer = self._hub.peer(dst)
+        while peer.mailbox.over_budget:  # backpressure like a full socket buffer
+            peer._space.clear()
+            await peer._space.wait()
+            self._check_usable()
+        if peer._closed:
+            raise PeerFailed(rank=dst, reason="endpoint closed")
+        peer.mailbox.deliver(meta, array)
+
+    def _resume(self) -> None:
+        self._space.set()
+
+    def _on_abort(self) -> None:
+        self._space.set()
+
+    async def _close(self) -> None:
+        self._space.set()

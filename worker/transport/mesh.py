@@ -1,0 +1,274 @@
+"""TCP peer mesh: one authenticated connection per pair of ranks.
+
+Theory of operation
+-------------------
+1. :meth:`TcpMesh.listen` binds an ephemeral port before the worker joins, so the port
+   can go into the join message and every peer is listening before anyone dials.
+2. :meth:`TcpMesh.connect` takes the roster: the higher rank of each pair dials the
+   lower. The dialer's handshake carries run id, generation and its rank, bound into the
+   HMAC proofs. Handshakes that arrive before this rank has its roster are held.
+3. Data frames are routed through the mailbox; payloads land directly in the receiving
+   array. A connection lost without a goodbye poisons the mesh with ``PeerFailed``; after
+   a goodbye (``Leave`` on the peer connection) only receives from that peer fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl as _ssl
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardwire.protocol import (
+    ClientHandshake,
+    Frame,
+    FrameKind,
+    Header,
+    Limits,
+    PeerFailed,
+    ProtocolError,
+    ServerHandshake,
+    ShardwireError,
+    TensorMeta,
+    Token,
+    encode_head,
+    parse_tensor_meta,
+)
+from shardwire.protocol.messages import Error, Hello, Leave, Message, Roster
+from shardwire.worker.transport.base import Transport
+from shardwire.worker.transport.framing import FramedProtocol
+from shardwire.worker.transport.mailbox import _Inbound
+
+# Below this size prefix, meta and payload go out as one write (one syscall); above it
+# the payload is written from the caller's array without a copy.
+_COALESCE_BYTES = 64 * 1024
+
+
+class ConnectFailed(ShardwireError):
+    """The mesh could not be built (a peer unreachable or refusing the handshake)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeshConfig:
+    run_id: str
+    token: Token
+    bind_host: str = "127.0.0.1"
+    connect_timeout: float = 30.0
+    max_payload: int = 1 << 32
+    ssl_server: _ssl.SSLContext | None = None
+    ssl_client: _ssl.SSLContext | None = None
+
+
+class PeerConnection(FramedProtocol):
+    """A connection to one peer rank, carrying data frames after the handshake."""
+
+    def __init__(self, mesh: TcpMesh, handshake, *, peer: int = -1):
+        super().__init__(
+            handshake,
+            limits=Limits(max_payload=mesh.config.max_payload),
+            on_message=self._on_control,
+            hold_handshake=lambda: not mesh.has_roster,
+        )
+        self.mesh = mesh
+        self.peer = peer
+        self.said_goodbye = False
+        self._inbound: _Inbound | None = None
+
+    def _authenticated(self) -> None:
+        if isinstance(self._shake, ServerHandshake):
+            assert self._shake.hello is not None
+            self.peer = self._shake.hello.rank
+        self.mesh._register(self)
+
+    def _allocate(self, header: Header) -> memoryview:
+        if not self.authenticated:
+            raise ProtocolError("data frame before the handshake finished")
+        meta = parse_tensor_meta(header.meta, header.payload_len)
+        if meta.src != self.peer or meta.generation != self.mesh.generation:
+            raise ProtocolError(
+                f"data frame claims rank {meta.src} generation {meta.generation} on the "
+                f"connection of rank {self.peer} generation {self.mesh.generation}"
+            )
+        self._inbound = inbound = self.mesh.mailbox.begin(meta)
+        return memoryview(inbound.array.reshape(-1).view(np.uint8))
+
+    def _on_data(self, frame: Frame) -> None:
+        inbound = self._inbound
+        if inbound is None:  # zero-byte payloads skip the allocator
+            if not self.authenticated:
+                raise ProtocolError("data frame before the handshake finished")
+            meta = parse_tensor_meta(frame.meta, 0)
+            inbound = self.mesh.mailbox.begin(meta)
+        self._inbound = None
+        self.mesh.mailbox.finish(inbound)
+        if self.mesh.mailbox.over_budget and self.transport is not None:
+            self.transport.pause_reading()
+            self.mesh._paused.add(self)
+
+    def _on_control(self, msg: Message) -> None:
+        if isinstance(msg, Leave):
+            self.said_goodbye = True
+            return
+        raise ProtocolError(f"unexpected {msg.kind!r} on a peer connection")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.mesh._lost(self, exc)
+
+
+class TcpMesh(Transport):
+    """The TCP transport: listen, then connect to every peer from the roster."""
+
+    def __init__(self, config: MeshConfig, **kwargs) -> None:
+        super().__init__(-1, 0, **kwargs)
+        self.config = config
+        self.has_roster = False
+        self._server: asyncio.Server | None = None
+        self._conns: dict[int, PeerConnection] = {}
+        self._pending: list[PeerConnection] = []
+        self._paused: set[PeerConnection] = set()
+        self._all_connected = asyncio.Event()
+        self._closing = False
+
+    @property
+    def listen_port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def listen(self) -> int:
+        """Bind the peer listener on an ephemeral port; returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._accepted, self.config.bind_host, 0, ssl=self.config.ssl_server
+        )
+        return self.listen_port
+
+    def _accepted(self) -> PeerConnection:
+        conn = PeerConnection(self, ServerHandshake(self.config.token, accept=self._check_hello))
+        self._pending.append(conn)
+        return conn
+
+    def _check_hello(self, hello: Hello) -> Error | None:
+        problem = ""
+        if hello.role != "peer" or hello.run_id != self.config.run_id:
+            problem = f"expected a peer of run {self.config.run_id!r}"
+        elif hello.generation != self.generation:
+            problem = f"generation {hello.generation} is stale, the job is at {self.generation}"
+        elif not self.rank < hello.rank < self.world_size:
+            problem = f"rank {hello.rank} must not dial rank {self.rank}"
+        elif hello.rank in self._conns:
+            problem = f"rank {hello.rank} is already connected"
+        return Error(code="bad_request", message=problem) if problem else None
+
+    async def connect(self, roster: Roster) -> None:
+        """Build the full mesh from the roster (bounded by ``connect_timeout``)."""
+        self.rank, self.world_size, self.generation = (
+            roster.rank, roster.world_size, roster.generation,
+        )
+        self.mailbox.rank = roster.rank
+        self.has_roster = True
+        for conn in self._pending:
+            conn.release_held()
+        self._maybe_all_connected()
+        try:
+            async with asyncio.timeout(self.config.connect_timeout):
+                await self._dial_lower(roster)
+                await self._all_connected.wait()
+        except TimeoutError:
+            missing = sorted(set(range(self.world_size)) - set(self._conns) - {self.rank})
+            raise ConnectFailed(
+                f"rank {self.rank}: no connection with ranks {missing} within "
+                f"{self.config.connect_timeout:g} s"
+            ) from None
+
+    async def _dial_lower(self, roster: Roster) -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for member in roster.members[: self.rank]:
+                    tg.create_task(self._dial(member.rank, member.host, member.port))
+        except ExceptionGroup as group:
+            first = group.exceptions[0]
+            raise ConnectFailed(f"rank {self.rank}: {first}") from first
+
+    async def _dial(self, peer: int, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        shake = ClientHandshake(
+            self.config.token, role="peer", run_id=self.config.run_id,
+            rank=self.rank, generation=self.generation,
+        )
+        try:
+            _, conn = await loop.create_connection(
+                lambda: PeerConnection(self, shake, peer=peer), host, port,
+                ssl=self.config.ssl_client,
+                server_hostname=host if self.config.ssl_client else None,
+            )
+        except OSError as exc:
+            raise ConnectFailed(f"cannot reach rank {peer} at {host}:{port}: {exc}") from exc
+        await conn.ready
+
+    def _register(self, conn: PeerConnection) -> None:
+        if conn in self._pending:
+            self._pending.remove(conn)
+        self._conns[conn.peer] = conn
+        self._maybe_all_connected()
+
+    def _maybe_all_connected(self) -> None:
+        if self.has_roster and len(self._conns) == self.world_size - 1:
+            self._all_connected.set()
+
+    def _lost(self, conn: PeerConnection, exc: Exception | None) -> None:
+        if conn in self._pending:
+            self._pending.remove(conn)
+        self._paused.discard(conn)
+        if self._closing or self._conns.get(conn.peer) is not conn:
+            return
+        if conn.said_goodbye:
+            self.depart(conn.peer, PeerFailed(rank=conn.peer, reason="rank left the job"))
+            return
+        why = f"connection lost ({exc})" if exc else "connection closed without goodbye"
+        self.abort(PeerFailed(rank=conn.peer, reason=why))
+
+    async def _send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+        conn = self._conns.get(dst)
+        if conn is None or not conn.is_open:
+            raise PeerFailed(rank=dst, reason="no open connection")
+        assert conn.transport is not None
+        head = encode_head(FrameKind.DATA, meta.to_wire(), array.nbytes)
+        payload = memoryview(array.reshape(-1).view(np.uint8))
+        if array.nbytes <= _COALESCE_BYTES:
+            conn.transport.write(head + payload)
+        else:
+            conn.transport.write(head)
+            conn.transport.write(payload)
+        await conn.wait_flushed()
+
+    def _resume(self) -> None:
+        for conn in self._paused:
+            if conn.transport is not None and not conn.transport.is_closing():
+                conn.transport.resume_reading()
+        self._paused.clear()
+
+    def _on_abort(self) -> None:
+        self._closing = True
+        for conn in list(self._conns.values()):
+            conn.close()
+
+    async def _close(self) -> None:
+        self._closing = True
+        conns = list(self._conns.values()) + self._pending
+        for conn in self._conns.values():
+            conn.write_message(Leave())
+        for conn in conns:
+            conn.close()
+        if self._server is not None:
+            self._server.close()
+        for conn in conns:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await asyncio.shield(conn.closed)
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await self._server.wait_closed()
