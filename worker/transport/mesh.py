@@ -36,7 +36,7 @@ from shardwire.protocol import (
     encode_head,
     parse_tensor_meta,
 )
-from shardwire.protocol.messages import Error, Hello, Leave, Message, Roster
+from shardwire.protocol.messages import Error, Failure, Hello, Leave, Message, Roster
 from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.framing import FramedProtocol
 from shardwire.worker.transport.mailbox import _Inbound
@@ -74,6 +74,7 @@ class PeerConnection(FramedProtocol):
         self.mesh = mesh
         self.peer = peer
         self.said_goodbye = False
+        self.failure: Failure | None = None
         self._inbound: _Inbound | None = None
 
     def _authenticated(self) -> None:
@@ -110,6 +111,9 @@ class PeerConnection(FramedProtocol):
     def _on_control(self, msg: Message) -> None:
         if isinstance(msg, Leave):
             self.said_goodbye = True
+            return
+        if isinstance(msg, Failure):
+            self.failure = msg
             return
         raise ProtocolError(f"unexpected {msg.kind!r} on a peer connection")
 
@@ -227,8 +231,15 @@ class TcpMesh(Transport):
         if conn.said_goodbye:
             self.depart(conn.peer, PeerFailed(rank=conn.peer, reason="rank left the job"))
             return
-        why = f"connection lost ({exc})" if exc else "connection closed without goodbye"
-        self.abort(PeerFailed(rank=conn.peer, reason=why))
+        if conn.failure is not None:
+            error = PeerFailed(
+                rank=conn.peer, reason=conn.failure.reason,
+                remote_traceback=conn.failure.traceback,
+            )
+        else:
+            why = f"connection lost ({exc})" if exc else "connection closed without goodbye"
+            error = PeerFailed(rank=conn.peer, reason=why)
+        self.abort(error)
 
     async def _send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
         conn = self._conns.get(dst)
@@ -243,6 +254,12 @@ class TcpMesh(Transport):
             conn.transport.write(head)
             conn.transport.write(payload)
         await conn.wait_flushed()
+
+    def report_failure(self, reason: str, traceback: str) -> None:
+        """Tell every peer why this rank is about to go away."""
+        msg = Failure(reason=reason[:4096], traceback=traceback[-65536:])
+        for conn in self._conns.values():
+            conn.write_message(msg)
 
     def _resume(self) -> None:
         for conn in self._paused:

@@ -1,0 +1,164 @@
+"""init(): rendezvous, mesh, clean exit and failure propagation, over loopback TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from shardwire.coordinator import JobState
+from shardwire.protocol import AuthFailed, PeerFailed, RendezvousError, Tag, Token
+from shardwire.worker import init
+
+from .cluster import coordinator, worker_config
+
+
+async def _ring_exchange(pg) -> list[int]:
+    right, left = (pg.rank + 1) % pg.world_size, (pg.rank - 1) % pg.world_size
+    got, _ = await asyncio.gather(
+        pg.transport.recv(left, tag=Tag(0, 0)),
+        pg.transport.send(right, np.array([pg.rank]), tag=Tag(0, 0)),
+    )
+    return [pg.rank, int(got[0])]
+
+
+async def test_four_workers_join_exchange_and_leave() -> None:
+    async with coordinator(4) as server:
+
+        async def worker(i: int):
+            async with init(worker_config(server, 4, i)) as pg:
+                assert (pg.world_size, pg.local_world_size, pg.node_rank) == (4, 4, 0)
+                assert [m.rank for m in pg.members] == [0, 1, 2, 3]
+                return await _ring_exchange(pg)
+
+        results = await asyncio.gather(*(worker(i) for i in range(4)))
+        assert sorted(results) == [[r, (r - 1) % 4] for r in range(4)]
+        await asyncio.wait_for(server.done.wait(), 5)
+        assert server.rendezvous.state is JobState.FINISHED
+
+
+async def test_ranks_are_contiguous_per_node() -> None:
+    async with coordinator(4) as server:
+
+        async def worker(node: str, local: int):
+            cfg = worker_config(server, 4, local, local_world_size=2, node_id=node)
+            async with init(cfg) as pg:
+                await _ring_exchange(pg)
+                return node, local, pg.rank, pg.node_rank
+
+        got = await asyncio.gather(
+            worker("b", 1), worker("a", 0), worker("b", 0), worker("a", 1)
+        )
+        assert sorted(got) == [("a", 0, 0, 0), ("a", 1, 1, 0), ("b", 0, 2, 1), ("b", 1, 3, 1)]
+
+
+async def test_requested_ranks_are_honoured() -> None:
+    async with coordinator(2) as server:
+
+        async def worker(local: int, node: str, rank: int):
+            cfg = worker_config(server, 2, local, local_world_size=1, node_id=node, rank=rank)
+            async with init(cfg) as pg:
+                await _ring_exchange(pg)
+                return pg.rank
+
+        assert await asyncio.gather(worker(0, "a", 1), worker(0, "b", 0)) == [1, 0]
+
+
+async def test_raising_worker_fails_every_peer_with_its_traceback() -> None:
+    async with coordinator(3) as server:
+        started = asyncio.Event()
+
+        async def bad():
+            async with init(worker_config(server, 3, 2)):
+                await started.wait()
+                raise ValueError("loss is nan at step 7")
+
+        async def good(i: int):
+            async with init(worker_config(server, 3, i)) as pg:
+                started.set()
+                begin = time.monotonic()
+                with pytest.raises(PeerFailed) as info:
+                    await pg.transport.recv(2, tag=Tag(0, 0))
+                return info.value, time.monotonic() - begin
+
+        results = await asyncio.gather(good(0), good(1), bad(), return_exceptions=True)
+        assert isinstance(results[2], ValueError)
+        for error, elapsed in results[:2]:
+            assert error.rank == 2
+            assert "ValueError: loss is nan at step 7" in error.reason
+            assert "raise ValueError" in error.remote_traceback
+            assert elapsed < 2.0
+        await asyncio.wait_for(server.done.wait(), 5)
+        assert server.rendezvous.failure.rank == 2
+
+
+async def test_crashed_worker_fails_every_peer_fast() -> None:
+    async with coordinator(3) as server:
+        sessions = [init(worker_config(server, 3, i)) for i in range(3)]
+        groups = await asyncio.gather(*(s.__aenter__() for s in sessions))
+        victim = next(s for s, g in zip(sessions, groups, strict=True) if g.rank == 1)
+        # An abrupt death: every socket of rank 1 is reset, nothing is said.
+        victim._control._proto.transport.abort()
+        for conn in victim._mesh._conns.values():
+            conn.transport.abort()
+        begin = time.monotonic()
+        for g in groups:
+            if g.rank != 1:
+                with pytest.raises(PeerFailed) as info:
+                    await g.transport.recv(1, tag=Tag(0, 0))
+                assert info.value.rank == 1
+        assert time.monotonic() - begin < 2.0
+        for s in sessions:
+            await s.__aexit__(None, None, None)
+
+
+@pytest.mark.slow
+async def test_hung_worker_is_detected_by_missed_heartbeats() -> None:
+    async with coordinator(2, heartbeat_timeout=1.0) as server:
+        sessions = [init(worker_config(server, 2, i)) for i in range(2)]
+        groups = await asyncio.gather(*(s.__aenter__() for s in sessions))
+        hung = next(s for s, g in zip(sessions, groups, strict=True) if g.rank == 0)
+        hung._control._heartbeat.cancel()  # the process stops answering, sockets stay open
+        survivor = next(g for g in groups if g.rank == 1)
+        begin = time.monotonic()
+        with pytest.raises(PeerFailed, match="no heartbeat") as info:
+            await survivor.transport.recv(0, tag=Tag(0, 0))
+        assert info.value.rank == 0
+        assert time.monotonic() - begin < 3.0
+        for s in sessions:
+            await s.__aexit__(None, None, None)
+
+
+async def test_wrong_token_is_refused_clearly() -> None:
+    async with coordinator(1) as server:
+        with pytest.raises(AuthFailed, match="token"):
+            async with init(worker_config(server, 1, 0, token=Token("wrong"))):
+                pass
+
+
+async def test_wrong_run_id_is_refused() -> None:
+    async with coordinator(1) as server:
+        with pytest.raises(RendezvousError, match="wrong run id") as info:
+            async with init(worker_config(server, 1, 0, run_id="other")):
+                pass
+        assert info.value.code == "run_id"
+
+
+async def test_world_size_disagreement_is_refused() -> None:
+    async with coordinator(2) as server:
+        with pytest.raises(RendezvousError, match="world size disagreement") as info:
+            async with init(worker_config(server, 3, 0)):
+                pass
+        assert info.value.code == "world_size"
+
+
+async def test_join_timeout_names_what_is_missing() -> None:
+    async with coordinator(3, join_timeout=0.3) as server:
+        begin = time.monotonic()
+        with pytest.raises(RendezvousError, match=r"1 of 3 workers joined") as info:
+            async with init(worker_config(server, 3, 0)):
+                pass
+        assert info.value.code == "join_timeout"
+        assert time.monotonic() - begin < 2.0

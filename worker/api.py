@@ -1,0 +1,127 @@
+"""``init()``: join the job and get a process group (the worker's composition root)."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from types import TracebackType
+
+from shardwire.protocol import JobAborted, PeerFailed
+from shardwire.protocol.auth import check_bind
+from shardwire.protocol.messages import Abort, Join
+from shardwire.worker.control import ControlClient
+from shardwire.worker.group import ProcessGroup
+from shardwire.worker.settings import WorkerConfig
+from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
+
+
+class Session:
+    """Async context manager returned by :func:`init`.
+
+    Entering joins the job and builds the peer mesh; leaving tells the coordinator how
+    this process ended (cleanly, or with the exception and its traceback) and releases
+    every socket and task, whatever happened.
+    """
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.group: ProcessGroup | None = None
+        self._mesh: TcpMesh | None = None
+        self._control: ControlClient | None = None
+
+    async def __aenter__(self) -> ProcessGroup:
+        try:
+            return await self._start()
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _start(self) -> ProcessGroup:
+        cfg = self.config
+        check_bind(cfg.bind_host, cfg.token, insecure=cfg.insecure, what="peer listener")
+        mesh = self._mesh = TcpMesh(
+            MeshConfig(
+                run_id=cfg.run_id, token=cfg.token, bind_host=cfg.bind_host,
+                connect_timeout=cfg.connect_timeout,
+            ),
+            timeout=cfg.timeout,
+        )
+        port = await mesh.listen()
+        control = self._control = ControlClient(
+            token=cfg.token, run_id=cfg.run_id, role="worker", on_abort=self._aborted
+        )
+        await control.connect(*cfg.coordinator, timeout=min(cfg.join_timeout, 60.0))
+        control.start_heartbeats(cfg.heartbeat_interval)
+        roster = await control.join(
+            Join(
+                world_size=cfg.world_size,
+                node_id=cfg.node_id,
+                local_rank=cfg.local_rank,
+                local_world_size=cfg.local_world_size,
+                listen_host=cfg.advertise_host,
+                listen_port=port,
+                requested_rank=cfg.rank,
+            ),
+            timeout=cfg.join_timeout,
+        )
+        await mesh.connect(roster)
+        me = roster.members[roster.rank]
+        self.group = ProcessGroup(
+            rank=roster.rank,
+            world_size=roster.world_size,
+            local_rank=me.local_rank,
+            local_world_size=cfg.local_world_size,
+            node_rank=me.node_rank,
+            generation=roster.generation,
+            transport=mesh,
+            members=list(roster.members),
+        )
+        return self.group
+
+    def _aborted(self, msg: Abort | None) -> None:
+        if self._mesh is None:
+            return
+        if msg is None:
+            self._mesh.abort(JobAborted("lost the connection to the coordinator"))
+        else:
+            self._mesh.abort(
+                PeerFailed(rank=msg.rank, reason=msg.reason, remote_traceback=msg.traceback)
+            )
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._control is not None:
+            if exc is None:
+                self._control.leave()
+            elif not isinstance(exc, JobAborted):  # a survivor is not the root cause
+                text = "".join(traceback.format_exception(exc_type, exc, tb))
+                reason = f"raised {type(exc).__name__}: {exc}".splitlines()[0]
+                self._control.report_failure(reason, text)
+                if self._mesh is not None:
+                    self._mesh.report_failure(reason, text)
+        await self._release()
+
+    async def _release(self) -> None:
+        if self._mesh is not None:
+            await self._mesh.aclose()
+        if self._control is not None:
+            await self._control.aclose()
+
+
+def init(config: WorkerConfig | None = None) -> Session:
+    """Join the job; use as ``async with shardwire.worker.init() as pg:``.
+
+    Args:
+        config: explicit settings; by default they are read from the environment the
+            launcher sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+            ``MASTER_ADDR``, ``MASTER_PORT``, ``SHARDWIRE_*``).
+
+    Raises:
+        RendezvousError: the coordinator refused the join (the message says why).
+        AuthFailed: the token does not match the coordinator's.
+    """
+    return Session(config or WorkerConfig.from_env(os.environ))
+
+

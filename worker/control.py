@@ -1,0 +1,161 @@
+"""The worker's (or node agent's) control connection to the coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from shardwire.protocol import (
+    ClientHandshake,
+    JobAborted,
+    Limits,
+    RendezvousError,
+    ShardwireError,
+    Token,
+)
+from shardwire.protocol.messages import (
+    Abort,
+    Error,
+    Failure,
+    Heartbeat,
+    Join,
+    Leave,
+    Message,
+    NodeAssignment,
+    NodeJoin,
+    Roster,
+)
+from shardwire.worker.transport.framing import FramedProtocol
+
+_CONTROL_LIMITS = Limits(max_payload=0)
+
+
+class CoordinatorUnreachable(ShardwireError):
+    """No coordinator answered at the given address in time."""
+
+
+class ControlClient:
+    """Handshake, join, heartbeats and abort notifications over one connection.
+
+    ``on_abort`` runs (synchronously, in the event loop) when the coordinator broadcasts
+    an abort or the connection to it is lost while the job runs.
+    """
+
+    def __init__(
+        self, *, token: Token, run_id: str, role: str,
+        on_abort: Callable[[Abort | None], None] = lambda _msg: None,
+    ):
+        self._token = token
+        self._run_id = run_id
+        self._role = role
+        self._on_abort = on_abort
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._proto: FramedProtocol | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._leaving = False
+        self.step = 0
+
+    async def connect(self, host: str, port: int, *, timeout: float) -> None:
+        """Connect and authenticate; retries refused connections until ``timeout``."""
+        loop = asyncio.get_running_loop()
+        shake = ClientHandshake(self._token, role=self._role, run_id=self._run_id)
+        delay = 0.05
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    try:
+                        _, proto = await loop.create_connection(
+                            lambda: FramedProtocol(
+                                shake, limits=_CONTROL_LIMITS, on_message=self._received
+                            ),
+                            host, port,
+                        )
+                        break
+                    except ConnectionRefusedError:
+                        await asyncio.sleep(delay)  # the coordinator may still be starting
+                        delay = min(delay * 2, 1.0)
+                self._proto = proto
+                proto.closed.add_done_callback(self._lost)
+                await proto.ready
+        except TimeoutError:
+            raise CoordinatorUnreachable(
+                f"no coordinator answered at {host}:{port} within {timeout:g} s"
+            ) from None
+
+    def _received(self, msg: Message) -> None:
+        if isinstance(msg, Abort):
+            self._on_abort(msg)
+        self._inbox.put_nowait(msg)
+
+    def _lost(self, _fut: asyncio.Future) -> None:
+        if not self._leaving:
+            self._on_abort(None)
+
+    async def _request(self, msg: Join | NodeJoin, expect: type, timeout: float):
+        assert self._proto is not None
+        self._proto.write_message(msg)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    reply = await self._next()
+                    if isinstance(reply, expect):
+                        return reply
+                    if isinstance(reply, Error):
+                        raise RendezvousError(reply.message, code=reply.code)
+        except TimeoutError:
+            raise RendezvousError(
+                f"the coordinator sent no {expect.__name__.lower()} within {timeout:g} s",
+                code="join_timeout",
+            ) from None
+
+    async def _next(self) -> Message:
+        assert self._proto is not None
+        get = asyncio.ensure_future(self._inbox.get())
+        try:
+            await asyncio.wait({get, self._proto.closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            get.cancel()
+        if get.done() and not get.cancelled():
+            return get.result()
+        raise JobAborted("the coordinator closed the connection")
+
+    async def join(self, msg: Join, *, timeout: float) -> Roster:
+        """Join and wait for the roster (bounded by ``timeout``)."""
+        return await self._request(msg, Roster, timeout)
+
+    async def node_join(self, msg: NodeJoin, *, timeout: float) -> NodeAssignment:
+        """Join as a node agent and wait for the node rank."""
+        return await self._request(msg, NodeAssignment, timeout)
+
+    def start_heartbeats(self, interval: float) -> None:
+        self._heartbeat = asyncio.create_task(self._beat(interval), name="shardwire-heartbeat")
+
+    async def _beat(self, interval: float) -> None:
+        assert self._proto is not None
+        while self._proto.is_open:
+            self._proto.write_message(Heartbeat(step=self.step))
+            await asyncio.sleep(interval)
+
+    def report_failure(self, reason: str, traceback: str) -> None:
+        """Tell the coordinator this process raised (it aborts the job with this)."""
+        self._leaving = True
+        if self._proto is not None:
+            self._proto.write_message(Failure(reason=reason[:4096], traceback=traceback[-65536:]))
+
+    def leave(self) -> None:
+        self._leaving = True
+        if self._proto is not None:
+            self._proto.write_message(Leave())
+
+    async def aclose(self) -> None:
+        self._leaving = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        if self._proto is not None:
+            self._proto.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await asyncio.shield(self._proto.closed)

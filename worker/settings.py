@@ -1,0 +1,97 @@
+"""Worker configuration: an explicit frozen config, and how to read it from the launcher's
+environment (torchrun's variables plus ``SHARDWIRE_*``)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+
+from shardwire.protocol import Token
+from shardwire.protocol.auth import is_loopback, load_token
+
+
+def _alias(*names: str) -> AliasChoices:
+    return AliasChoices(*names)
+
+
+class WorkerEnv(BaseModel):
+    """The environment contract between ``shardwire worker``/``launch`` and a script."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rank: int | None = Field(default=None, ge=0, validation_alias=_alias("RANK"))
+    world_size: int = Field(default=1, ge=1, validation_alias=_alias("WORLD_SIZE"))
+    local_rank: int = Field(default=0, ge=0, validation_alias=_alias("LOCAL_RANK"))
+    local_world_size: int | None = Field(default=None, validation_alias=_alias("LOCAL_WORLD_SIZE"))
+    master_addr: str = Field(default="127.0.0.1", validation_alias=_alias("MASTER_ADDR"))
+    master_port: int = Field(default=29400, validation_alias=_alias("MASTER_PORT"))
+    run_id: str = Field(default="shardwire", validation_alias=_alias("SHARDWIRE_RUN_ID"))
+    token: SecretStr | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TOKEN"))
+    token_file: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TOKEN_FILE"))
+    node_id: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_NODE_ID"))
+    bind_host: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_BIND_HOST"))
+    advertise_host: str = Field(default="", validation_alias=_alias("SHARDWIRE_ADVERTISE_HOST"))
+    insecure: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INSECURE"))
+    heartbeat_interval: float = Field(
+        default=1.0, gt=0, validation_alias=_alias("SHARDWIRE_HEARTBEAT_INTERVAL")
+    )
+    join_timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT"))
+    timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything :func:`shardwire.worker.init` needs, passed explicitly.
+
+    Attributes:
+        coordinator: (host, port) of the coordinator.
+        world_size: total number of worker processes.
+        local_rank: this process's index on its node.
+        local_world_size: processes per node.
+        rank: requested global rank, or None to let the coordinator assign one.
+        token: shared secret (``Token(None)`` for none; only allowed on loopback).
+        bind_host: address of the peer listener; advertise_host overrides what peers dial.
+        timeout: default bound for every transport operation, in seconds.
+    """
+
+    coordinator: tuple[str, int]
+    world_size: int
+    local_rank: int = 0
+    local_world_size: int = 1
+    rank: int | None = None
+    run_id: str = "shardwire"
+    token: Token = field(default_factory=lambda: Token(None))
+    node_id: str = field(default_factory=socket.gethostname)
+    bind_host: str = "127.0.0.1"
+    advertise_host: str = ""
+    insecure: bool = False
+    heartbeat_interval: float = 1.0
+    join_timeout: float = 300.0
+    connect_timeout: float = 60.0
+    timeout: float = 300.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
+        """Read the launcher's environment contract."""
+        env = WorkerEnv.model_validate(dict(environ))
+        token = load_token(env.token.get_secret_value() if env.token else None, env.token_file)
+        bind = env.bind_host or ("127.0.0.1" if is_loopback(env.master_addr) else "0.0.0.0")
+        return cls(
+            coordinator=(env.master_addr, env.master_port),
+            world_size=env.world_size,
+            local_rank=env.local_rank,
+            local_world_size=env.local_world_size or env.world_size,
+            rank=env.rank,
+            run_id=env.run_id,
+            token=token,
+            node_id=env.node_id or socket.gethostname(),
+            bind_host=bind,
+            advertise_host=env.advertise_host,
+            insecure=env.insecure,
+            heartbeat_interval=env.heartbeat_interval,
+            join_timeout=env.join_timeout,
+            timeout=env.timeout,
+        )
