@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from shardwire.protocol import JobAborted
 
 T = TypeVar("T")
 
 
 def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool = True) -> T:
-    """Run ``main`` to completion on a fresh event loop."""
-    if use_uvloop:
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency, but optional in spirit
-            pass
-        else:
-            return uvloop.run(main)
-    return asyncio.run(main)
+    """Run ``main`` to completion on a fresh event loop.
+
+    A process stopped because another rank failed exits with status 1 and one line
+    naming that rank; the failed rank's own traceback is printed by that rank.
+    """
+    try:
+        if use_uvloop:
+            try:
+                import uvloop
+            except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+                pass
+            else:
+                return uvloop.run(main)
+        return asyncio.run(main)
+    except JobAborted as exc:
+        print(f"shardwire: stopped: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None

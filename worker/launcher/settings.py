@@ -1,0 +1,33 @@
+"""Options of ``shardwire worker`` and ``shardwire launch``; each is also SHARDWIRE_<FLAG>."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class LaunchSettings(BaseSettings):
+    """How to join a job and how many processes of which script to run."""
+
+    model_config = SettingsConfigDict(env_prefix="SHARDWIRE_", extra="ignore")
+
+    coordinator: str = "127.0.0.1:29400"
+    standalone: bool = False
+    nproc_per_node: int = Field(default=1, ge=1, le=1024)
+    nnodes: int = Field(default=1, ge=1)
+    node_id: str | None = None
+    run_id: str = "shardwire"
+    token: SecretStr | None = None
+    token_file: str | None = None
+    insecure: bool = False
+    bind_host: str | None = None
+    advertise_host: str | None = None
+    join_timeout: float = Field(default=300.0, gt=0)
+    heartbeat_timeout: float = Field(default=5.0, gt=0)
+    term_timeout: float = Field(default=5.0, gt=0)
+
+    def coordinator_address(self) -> tuple[str, int]:
+        host, sep, port = self.coordinator.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"--coordinator must be HOST:PORT, got {self.coordinator!r}")
+        return host.strip("[]"), int(port)

@@ -1,0 +1,182 @@
+"""Runs a node's worker processes: rank-prefixed output, signal forwarding, and a
+root-cause summary when one of them fails.
+
+Theory of operation: each child gets its own process group; its stdout and stderr are
+read line by line and echoed with a ``[rankN]:`` prefix, and the last lines of stderr are
+kept for the summary. The first child to exit non-zero (or the rank the coordinator names
+in an abort) is the root cause; the others are then given ``term_timeout`` seconds after
+SIGTERM before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TextIO
+
+_TAIL_LINES = 20
+
+
+@dataclass
+class Child:
+    """One worker process and what it left behind."""
+
+    rank: int
+    local_rank: int
+    proc: asyncio.subprocess.Process
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
+    returncode: int | None = None
+    exited_at: float = 0.0
+
+    def outcome(self) -> str:
+        code = self.returncode
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to start: ``argv`` per child and the base environment."""
+
+    argv: list[str]
+    env: dict[str, str]
+    node_id: str
+    node_rank: int
+    nproc: int
+    world_size: int
+    term_timeout: float = 5.0
+
+
+class Supervisor:
+    """Starts, watches and stops one node's worker processes."""
+
+    def __init__(self, launch: Launch, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
+        self.launch = launch
+        self.children: list[Child] = []
+        self._out = out
+        self._err = err
+        self.root_cause: Child | None = None
+        self.remote_abort: tuple[int, str, str] | None = None
+        self._stopping = asyncio.Event()
+
+    def child_env(self, local_rank: int) -> dict[str, str]:
+        la = self.launch
+        rank = la.node_rank * la.nproc + local_rank
+        return {
+            **la.env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "GROUP_RANK": str(la.node_rank),
+            "WORLD_SIZE": str(la.world_size),
+            "LOCAL_WORLD_SIZE": str(la.nproc),
+            "SHARDWIRE_NODE_ID": la.node_id,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    async def run(self) -> int:
+        """Start every child and wait until all have exited; returns the exit code."""
+        for local in range(self.launch.nproc):
+            proc = await asyncio.create_subprocess_exec(
+                *self.launch.argv,
+                env=self.child_env(local),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+            rank = self.launch.node_rank * self.launch.nproc + local
+            self.children.append(Child(rank, local, proc))
+        async with asyncio.TaskGroup() as tg:
+            for child in self.children:
+                tg.create_task(self._watch(child))
+        return self._exit_code()
+
+    async def _watch(self, child: Child) -> None:
+        assert child.proc.stdout is not None and child.proc.stderr is not None
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._pump(child, child.proc.stdout, self._out, keep=False))
+            tg.create_task(self._pump(child, child.proc.stderr, self._err, keep=True))
+        child.returncode = await child.proc.wait()
+        child.exited_at = time.monotonic()
+        if child.returncode != 0 and self.root_cause is None and not self._stopping.is_set():
+            self.root_cause = child
+            await self.stop()
+
+    async def _pump(
+        self, child: Child, stream: asyncio.StreamReader, sink: TextIO, *, keep: bool
+    ) -> None:
+        prefix = f"[rank{child.rank}]: "
+        while line := await stream.readline():
+            text = line.decode(errors="replace").rstrip("\n")
+            if keep:
+                child.tail.append(text)
+            sink.write(prefix + text + "\n")
+            sink.flush()
+
+    def signal_all(self, sig: int) -> None:
+        for child in self.children:
+            if child.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, sig)
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal every running child, then SIGKILL whoever outlives ``term_timeout``."""
+        self._stopping.set()
+        self.signal_all(sig)
+        running = [c.proc.wait() for c in self.children if c.proc.returncode is None]
+        try:
+            async with asyncio.timeout(self.launch.term_timeout):
+                await asyncio.gather(*running)
+        except TimeoutError:
+            self.signal_all(signal.SIGKILL)
+
+    def _exit_code(self) -> int:
+        codes = [c.returncode or 0 for c in self.children]
+        if all(code == 0 for code in codes):
+            return 0
+        if self.root_cause is not None and self.root_cause.returncode:
+            code = self.root_cause.returncode
+            return 128 - code if code < 0 else code
+        return 1
+
+    def summary(self) -> str:
+        """The root-cause report printed when the node's job did not succeed."""
+        lines = ["=" * 72, "shardwire: job failed", "-" * 72]
+        if self.remote_abort is not None:
+            rank, reason, _tb = self.remote_abort
+            lines.append(f"root cause (from the coordinator): rank {rank}: {reason}")
+        cause = self.root_cause
+        if cause is not None:
+            lines.append(
+                f"first failure on this node: rank {cause.rank} (local rank "
+                f"{cause.local_rank}) on host {self.launch.node_id}: {cause.outcome()}"
+            )
+            if cause.tail:
+                lines.append("last lines of its stderr:")
+                lines += [f"  {t}" for t in list(cause.tail)[-12:]]
+        others = [c for c in self.children if c is not cause]
+        if others:
+            lines.append("other ranks on this node:")
+            lines += [f"  rank {c.rank}: {c.outcome()}" for c in others]
+        lines.append("=" * 72)
+        return "\n".join(lines)
+
+    def note_abort(self, rank: int, reason: str, traceback: str) -> None:
+        """The coordinator named the failed rank; it is the root cause if it is ours."""
+        if self.remote_abort is None:
+            self.remote_abort = (rank, reason, traceback)
+        local = [c for c in self.children if c.rank == rank]
+        if local:
+            self.root_cause = local[0]
