@@ -1,0 +1,119 @@
+"""The coordinator server over loopback: scale, hostile input and refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from shardwire.coordinator import JobState
+from shardwire.protocol import PROTOCOL_VERSION, ClientHandshake, Token
+from shardwire.protocol.frames import MAGIC, PREFIX
+from shardwire.protocol.messages import Error, Join, Proof, Roster
+
+from ..worker.cluster import TOKEN, coordinator
+from .rawclient import RawClient
+
+
+def join(node: str, local: int, world: int, lws: int) -> Join:
+    return Join(world_size=world, node_id=node, local_rank=local, local_world_size=lws,
+                listen_port=2000 + local)
+
+
+async def test_256_workers_join_concurrently() -> None:
+    world, lws = 256, 8
+    async with coordinator(world) as server:
+
+        async def one(i: int) -> Roster:
+            client = await RawClient.open(server.address)
+            try:
+                await client.authenticate(TOKEN)
+                client.send(join(f"node{i // lws:03d}", i % lws, world, lws))
+                msg = await client.recv(timeout=30)
+                assert isinstance(msg, Roster)
+                return msg
+            finally:
+                client.close()
+
+        order = list(range(world))
+        random.Random(0).shuffle(order)
+        rosters = await asyncio.gather(*(one(i) for i in order))
+        assert sorted(r.rank for r in rosters) == list(range(world))
+        for i, roster in zip(order, rosters, strict=True):
+            assert roster.rank == i  # node ids sort like their index here
+            assert len(roster.members) == world
+
+
+async def test_wrong_token_admits_no_one() -> None:
+    async with coordinator(1) as server:
+        client = await RawClient.open(server.address)
+        shake = ClientHandshake(Token("wrong"), role="worker", run_id="test")
+        client.send(shake.hello)
+        await client.recv()  # the challenge; we cannot verify it and answer with junk
+        client.send(Proof(proof="ab" * 32))
+        reply = await client.recv()
+        assert isinstance(reply, Error) and reply.code == "auth"
+        assert "token does not match" in reply.message
+        assert "cluster-token" not in reply.message
+        client.send(join("a", 0, 1, 1))
+        assert await client.closed_by_server()
+        assert server.rendezvous.state is JobState.WAITING
+
+
+async def test_replayed_handshake_admits_no_one() -> None:
+    async with coordinator(2) as server:
+        honest = await RawClient.open(server.address)
+        await honest.authenticate(TOKEN)
+        recorded_hello, recorded_proof = honest.sent  # what an eavesdropper saw
+        assert isinstance(recorded_proof, Proof)
+        replay = await RawClient.open(server.address)
+        replay.send(recorded_hello)
+        await replay.recv()
+        replay.send(recorded_proof)
+        reply = await replay.recv()
+        assert isinstance(reply, Error) and reply.code == "auth"
+        honest.close()
+
+
+async def test_version_mismatch_is_reported_in_plain_words() -> None:
+    async with coordinator(1) as server:
+        client = await RawClient.open(server.address)
+        client.writer.write(PREFIX.pack(MAGIC, PROTOCOL_VERSION + 1, 3, 10, 0) + b"\x80" * 10)
+        reply = await client.recv()
+        assert isinstance(reply, Error) and reply.code == "version"
+        assert (f"this side speaks version {PROTOCOL_VERSION}, the other side speaks version "
+                f"{PROTOCOL_VERSION + 1}") in reply.message
+
+
+@pytest.mark.slow
+async def test_keeps_serving_after_1000_malformed_connections() -> None:
+    rng = random.Random(7)
+    payloads = [
+        lambda: bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64))),
+        lambda: PREFIX.pack(MAGIC, PROTOCOL_VERSION, 1, 2**31, 0),
+        lambda: PREFIX.pack(MAGIC, PROTOCOL_VERSION, 2, 4, 2**63) + b"abcd",
+        lambda: PREFIX.pack(b"XX", PROTOCOL_VERSION, 1, 0, 0),
+        lambda: PREFIX.pack(MAGIC, PROTOCOL_VERSION, 3, 3, 0) + b"\xc1\xc1\xc1",
+        lambda: b"",
+    ]
+    async with coordinator(1) as server:
+        gate = asyncio.Semaphore(64)
+
+        async def hostile(i: int) -> None:
+            async with gate:
+                client = await RawClient.open(server.address)
+                client.writer.write(payloads[i % len(payloads)]())
+                if i % 2:
+                    client.close()
+                    return
+                await client.writer.drain()
+                client.writer.write_eof()
+                await client.closed_by_server()
+                client.close()
+
+        await asyncio.gather(*(hostile(i) for i in range(1000)))
+        legit = await RawClient.open(server.address)
+        await legit.authenticate(TOKEN)
+        legit.send(join("a", 0, 1, 1))
+        assert isinstance(await legit.recv(), Roster)

@@ -1,0 +1,165 @@
+"""Frame decoder: round trips, zero-copy destinations and every limit, checked early."""
+
+from __future__ import annotations
+
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwire.protocol import (
+    FrameDecoder,
+    FrameKind,
+    FrameTooLarge,
+    Header,
+    Limits,
+    ProtocolError,
+    VersionMismatch,
+    encode_head,
+)
+from shardwire.protocol.frames import MAGIC, PREFIX, PROTOCOL_VERSION
+
+
+def data_frame(payload: bytes, **meta) -> bytes:
+    return encode_head(FrameKind.DATA, {"op": "x", **meta}, len(payload)) + payload
+
+
+def test_round_trip_in_one_chunk() -> None:
+    wire = data_frame(b"abcdef", seq=3) + encode_head(FrameKind.CONTROL, {"kind": "leave"})
+    frames = FrameDecoder().feed(wire)
+    assert [f.kind for f in frames] == [FrameKind.DATA, FrameKind.CONTROL]
+    assert frames[0].meta == {"op": "x", "seq": 3}
+    assert bytes(frames[0].payload) == b"abcdef"
+    assert frames[1].meta == {"kind": "leave"}
+
+
+def test_one_byte_at_a_time() -> None:
+    wire = b"".join(data_frame(bytes([i]) * i, i=i) for i in range(6))
+    decoder = FrameDecoder()
+    frames = []
+    for byte in wire:
+        frames += decoder.feed(bytes([byte]))
+    assert [f.meta["i"] for f in frames] == list(range(6))
+    assert [bytes(f.payload) for f in frames] == [bytes([i]) * i for i in range(6)]
+    assert not decoder.mid_frame
+
+
+def test_payload_lands_in_the_allocators_buffer() -> None:
+    dest = np.zeros(4, np.float64)
+    seen: list[Header] = []
+
+    def allocate(header: Header) -> memoryview:
+        seen.append(header)
+        return memoryview(dest.view(np.uint8))
+
+    src = np.array([1.5, 2.5, 3.5, 4.5])
+    decoder = FrameDecoder(allocator=allocate)
+    wire = encode_head(FrameKind.DATA, {"op": "x"}, src.nbytes) + src.tobytes()
+    # Drive it like asyncio.BufferedProtocol: write into get_buffer(), report the count.
+    frames, pos = [], 0
+    while pos < len(wire):
+        buf = decoder.get_buffer()
+        n = min(len(buf), 7, len(wire) - pos)
+        buf[:n] = wire[pos : pos + n]
+        pos += n
+        frames += decoder.buffer_updated(n)
+    assert seen[0].payload_len == 32 and seen[0].meta == {"op": "x"}
+    np.testing.assert_array_equal(dest, src)
+    assert np.shares_memory(np.frombuffer(frames[0].payload, np.uint8), dest)
+
+
+def _prefix(*, magic=MAGIC, version=PROTOCOL_VERSION, kind=2, meta_len=2, payload_len=0):
+    return PREFIX.pack(magic, version, kind, meta_len, payload_len)
+
+
+def test_huge_length_prefix_is_refused_before_allocating() -> None:
+    prefix = _prefix(payload_len=2**63)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        with pytest.raises(FrameTooLarge, match="payload length 9223372036854775808"):
+            FrameDecoder().feed(prefix)
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename") if s.size_diff > 0)
+    assert grown < 64 * 1024
+
+
+def test_meta_limit_is_checked_from_the_prefix() -> None:
+    with pytest.raises(FrameTooLarge, match="meta length 70000 exceeds limit 65536"):
+        FrameDecoder().feed(_prefix(meta_len=70000))
+
+
+def test_configured_payload_limit() -> None:
+    with pytest.raises(FrameTooLarge, match="exceeds limit 100"):
+        FrameDecoder(limits=Limits(max_payload=100)).feed(_prefix(payload_len=101))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "error", "text"),
+    [
+        (_prefix(magic=b"XX"), ProtocolError, "bad frame magic"),
+        (_prefix(version=PROTOCOL_VERSION + 1), VersionMismatch, "protocol version mismatch"),
+        (_prefix(kind=9), ProtocolError, "unknown frame kind 9"),
+        (_prefix(kind=1, payload_len=8), ProtocolError, "CONTROL frame carries 8"),
+    ],
+)
+def test_bad_prefixes(prefix: bytes, error: type, text: str) -> None:
+    with pytest.raises(error, match=text):
+        FrameDecoder().feed(prefix)
+
+
+def test_meta_must_be_a_string_keyed_map_without_ext_types() -> None:
+    import msgpack
+
+    for meta in (msgpack.packb([1, 2]), msgpack.packb({1: 2}), msgpack.packb(msgpack.ExtType(5, b"x"))):
+        wire = struct.pack(">2sBBIQ", MAGIC, PROTOCOL_VERSION, 1, len(meta), 0) + meta
+        with pytest.raises(ProtocolError):
+            FrameDecoder().feed(wire)
+
+
+def test_decoder_stays_broken_after_a_violation() -> None:
+    decoder = FrameDecoder()
+    with pytest.raises(ProtocolError):
+        decoder.feed(_prefix(magic=b"XX"))
+    with pytest.raises(ProtocolError, match="broken"):
+        decoder.feed(b"more")
+
+
+_VALID = data_frame(b"\x01\x02\x03\x04", seq=1) + encode_head(FrameKind.CONTROL, {"kind": "leave"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_random_bytes_only_raise_protocol_errors(blob: bytes) -> None:
+    try:
+        FrameDecoder(limits=Limits(max_payload=1 << 20)).feed(blob)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, len(_VALID) * 8 - 1), st.integers(1, len(_VALID)))
+def test_bit_flips_and_truncation_only_raise_protocol_errors(bit: int, cut: int) -> None:
+    wire = bytearray(_VALID)
+    wire[bit // 8] ^= 1 << (bit % 8)
+    try:
+        FrameDecoder(limits=Limits(max_payload=1 << 20)).feed(bytes(wire[:cut]))
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1))
+def test_oversized_lengths_are_refused_without_buffering(meta_len: int, payload_len: int) -> None:
+    decoder = FrameDecoder(limits=Limits(max_payload=1 << 20))
+    try:
+        decoder.feed(_prefix(meta_len=meta_len, payload_len=payload_len))
+    except ProtocolError:
+        return
+    assert meta_len <= 64 * 1024 and payload_len <= 1 << 20
+    assert len(decoder.get_buffer()) <= max(meta_len, 1)

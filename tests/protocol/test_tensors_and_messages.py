@@ -1,0 +1,66 @@
+"""Tensor meta validation and the control-message union."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardwire.protocol import ProtocolError, Tag, TensorMeta, check_dtype, parse_tensor_meta
+from shardwire.protocol.messages import Abort, Join, Roster, decode_message, encode_message
+
+
+def test_tensor_meta_round_trip() -> None:
+    arr = np.zeros((3, 5), np.float32)
+    meta = TensorMeta.for_array(arr, src=2, tag=Tag(1, 17, 3), op="all_gather", generation=4)
+    parsed = parse_tensor_meta(meta.to_wire(), arr.nbytes)
+    assert parsed == meta
+
+
+@pytest.mark.parametrize("dtype", [np.dtype("O"), np.dtype(">f8"), np.dtype([("a", "i4")]),
+                                   np.dtype("complex64"), np.dtype("U3")])
+def test_dtype_allowlist(dtype: np.dtype) -> None:
+    with pytest.raises(ProtocolError, match="not allowed"):
+        check_dtype(dtype)
+
+
+def test_size_must_match_dtype_and_shape() -> None:
+    wire = TensorMeta(1, Tag(0, 17), "all_gather", "float32", (4,)).to_wire()
+    with pytest.raises(ProtocolError, match=r"rank 1 for all_gather #17: .* needs 16 bytes, frame announces 20"):
+        parse_tensor_meta(wire, 20)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("dtype", "object"), ("shape", [-1]), ("shape", "4"), ("seq", -1), ("src", "0"), ("op", 3)],
+)
+def test_hostile_tensor_meta_is_rejected(field: str, value: object) -> None:
+    wire = TensorMeta(0, Tag(0, 1), "x", "uint8", (4,)).to_wire()
+    wire[field] = value
+    with pytest.raises(ProtocolError):
+        parse_tensor_meta(wire, 4)
+
+
+def test_messages_round_trip_through_the_union() -> None:
+    join = Join(world_size=4, node_id="n", local_rank=1, local_world_size=2, listen_port=9)
+    assert decode_message(encode_message(join)) == join
+    abort = Abort(rank=3, reason="died", traceback="tb")
+    assert decode_message(encode_message(abort)) == abort
+
+
+def test_unknown_fields_are_ignored_and_missing_ones_defaulted() -> None:
+    msg = decode_message({"kind": "abort", "rank": 1, "reason": "x", "future_field": 1})
+    assert msg == Abort(rank=1, reason="x")
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{"kind": "nope"}, {"kind": "join"}, {"kind": "roster", "rank": 0, "world_size": 1,
+                                           "generation": 1, "members": "x"}, {}],
+)
+def test_invalid_messages_are_protocol_errors(meta: dict) -> None:
+    with pytest.raises(ProtocolError, match="invalid control message"):
+        decode_message(meta)
+
+
+def test_roster_type() -> None:
+    assert Roster(rank=0, world_size=1, generation=1, members=[]).kind == "roster"
