@@ -7,6 +7,7 @@ VENV := .venv
 RUN := $(VENV)/bin
 NPROC ?= 4
 PYTEST_ARGS ?=
+export UV_PYTHON_DOWNLOADS := never
 
 .PHONY: run test lint typecheck bench sync clean
 

@@ -29,8 +29,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, help="total worker processes (default: from joiners)")
     p.add_argument("--run-id", help="job identifier every joiner must present")
     p.add_argument("--token-file", help="file holding the shared token (or SHARDWIRE_TOKEN)")
-    p.add_argument("--insecure", action="store_true", default=None,
-                   help="allow a non-loopback bind without a token")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback bind without a token",
+    )
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--heartbeat-timeout", type=float, help="silence that marks a worker dead (5)")
     p.add_argument("--port-file", help="write the bound port here once listening")
@@ -41,6 +45,13 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(argv: list[str] | None) -> CoordinatorSettings:
     args = vars(parser().parse_args(argv))
     return CoordinatorSettings(**{k: v for k, v in args.items() if v is not None})
+
+
+def _write_port_file(path: str, port: int) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(f"{port}\n")
+    os.replace(tmp, path)  # readers never see a half-written file
 
 
 async def serve(settings: CoordinatorSettings) -> int:
@@ -60,10 +71,7 @@ async def serve(settings: CoordinatorSettings) -> int:
     try:
         host, port = await server.start(settings.host, settings.port)
         if settings.port_file:
-            tmp = settings.port_file + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(f"{port}\n")
-            os.replace(tmp, settings.port_file)
+            _write_port_file(settings.port_file, port)
         print(f"shardwire coordinator listening on {host}:{port}", file=sys.stderr, flush=True)
         await server.done.wait()
         await asyncio.sleep(_LINGER)

@@ -223,7 +223,10 @@ class Rendezvous:
             )
         for w in self._workers.values():
             if w.join.requested_rank == r:
-                return "duplicate_rank", f"rank {r} was already requested by node {w.join.node_id!r}"
+                return (
+                    "duplicate_rank",
+                    f"rank {r} was already requested by node {w.join.node_id!r}",
+                )
             other = w.join.requested_rank
             if other is not None and w.join.node_id == msg.node_id and other // lws != r // lws:
                 return "bad_request", f"node {msg.node_id!r} requested ranks on two nodes"
@@ -294,6 +297,12 @@ class Rendezvous:
         worker = self._workers.get(conn)
         if worker is None or worker.rank < 0:
             return []
+        if msg.rank >= 0 and msg.rank != worker.rank:
+            blamed = [w for w in self._workers.values() if w.rank == msg.rank]
+            if not blamed:
+                return []
+            reason = f"{msg.reason} (reported by rank {worker.rank})"
+            return self._fail(blamed[0], reason)
         return self._fail(worker, msg.reason, msg.traceback)
 
     def leave(self, conn: ConnId, msg: Leave) -> list[Action]:

@@ -105,8 +105,11 @@ class CoordinatorServer:
         self._server = await asyncio.start_server(self._on_connect, host, port)
         self.address = self._server.sockets[0].getsockname()[:2]
         self._ticker = asyncio.create_task(self._tick_loop(), name="coordinator-ticker")
-        log.info("coordinator for run %r listening on %s:%d", self._config.rendezvous.run_id,
-                 *self.address)
+        log.info(
+            "coordinator for run %r listening on %s:%d",
+            self._config.rendezvous.run_id,
+            *self.address,
+        )
         return self.address
 
     async def aclose(self) -> None:
@@ -210,5 +213,7 @@ class CoordinatorServer:
                 return rdzv.report_failure(conn_id, msg)
             case Leave():
                 return rdzv.leave(conn_id, msg)
-        return [Send(conn_id, Error(code="bad_request", message=f"unexpected {msg.kind!r}")),
-                Close(conn_id)]
+        return [
+            Send(conn_id, Error(code="bad_request", message=f"unexpected {msg.kind!r}")),
+            Close(conn_id),
+        ]

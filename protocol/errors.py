@@ -65,7 +65,7 @@ class PeerFailed(JobAborted):
     def __init__(self, *, rank: int, reason: str, remote_traceback: str = "") -> None:
         text = f"rank {rank} failed: {reason}"
         if remote_traceback:
-            text += "\n--- remote traceback (rank %d) ---\n%s" % (rank, remote_traceback.rstrip())
+            text += f"\n--- remote traceback (rank {rank}) ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
         self.rank = rank
         self.reason = reason

@@ -81,7 +81,9 @@ def encode_head(kind: FrameKind, meta: dict[str, Any], payload_len: int = 0) -> 
     return prefix + meta_bytes
 
 
-def parse_prefix(prefix: bytes | memoryview, limits: Limits) -> tuple[FrameKind, int, int]:
+def parse_prefix(
+    prefix: bytes | bytearray | memoryview, limits: Limits
+) -> tuple[FrameKind, int, int]:
     """Validate a 16-byte prefix and return (kind, meta length, payload length)."""
     magic, version, kind, meta_len, payload_len = PREFIX.unpack(prefix)
     if magic != MAGIC:

@@ -125,9 +125,15 @@ class Heartbeat(_Msg):
 
 
 class Failure(_Msg):
-    """A worker reports that it raised; the coordinator aborts the job with this."""
+    """A worker reports a failure; the coordinator aborts the job with this.
+
+    ``rank`` is -1 when the sender itself raised, or the peer rank whose connection the
+    sender saw die (so the abort names the dead rank even if its own coordinator
+    connection is noticed later).
+    """
 
     kind: Literal["failure"] = "failure"
+    rank: int = -1
     reason: Annotated[str, Field(max_length=4096)]
     traceback: Annotated[str, Field(max_length=65536)] = ""
 

@@ -41,10 +41,13 @@ class Session:
         check_bind(cfg.bind_host, cfg.token, insecure=cfg.insecure, what="peer listener")
         mesh = self._mesh = TcpMesh(
             MeshConfig(
-                run_id=cfg.run_id, token=cfg.token, bind_host=cfg.bind_host,
+                run_id=cfg.run_id,
+                token=cfg.token,
+                bind_host=cfg.bind_host,
                 connect_timeout=cfg.connect_timeout,
             ),
             timeout=cfg.timeout,
+            on_peer_failed=self._peer_failed,
         )
         port = await mesh.listen()
         control = self._control = ControlClient(
@@ -78,6 +81,10 @@ class Session:
         )
         return self.group
 
+    def _peer_failed(self, error: PeerFailed) -> None:
+        if self._control is not None:
+            self._control.report_peer_failure(error.rank, error.reason)
+
     def _aborted(self, msg: Abort | None) -> None:
         if self._mesh is None:
             return
@@ -89,7 +96,9 @@ class Session:
             )
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         if self._control is not None:
@@ -123,5 +132,3 @@ def init(config: WorkerConfig | None = None) -> Session:
         AuthFailed: the token does not match the coordinator's.
     """
     return Session(config or WorkerConfig.from_env(os.environ))
-
-

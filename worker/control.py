@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 from shardwire.protocol import (
     ClientHandshake,
@@ -43,7 +44,11 @@ class ControlClient:
     """
 
     def __init__(
-        self, *, token: Token, run_id: str, role: str,
+        self,
+        *,
+        token: Token,
+        run_id: str,
+        role: str,
         on_abort: Callable[[Abort | None], None] = lambda _msg: None,
     ):
         self._token = token
@@ -69,7 +74,8 @@ class ControlClient:
                             lambda: FramedProtocol(
                                 shake, limits=_CONTROL_LIMITS, on_message=self._received
                             ),
-                            host, port,
+                            host,
+                            port,
                         )
                         break
                     except ConnectionRefusedError:
@@ -111,9 +117,10 @@ class ControlClient:
 
     async def _next(self) -> Message:
         assert self._proto is not None
-        get = asyncio.ensure_future(self._inbox.get())
+        get: asyncio.Future[Any] = asyncio.ensure_future(self._inbox.get())
+        closed: asyncio.Future[Any] = self._proto.closed
         try:
-            await asyncio.wait({get, self._proto.closed}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([get, closed], return_when=asyncio.FIRST_COMPLETED)
         finally:
             get.cancel()
         if get.done() and not get.cancelled():
@@ -142,6 +149,11 @@ class ControlClient:
         self._leaving = True
         if self._proto is not None:
             self._proto.write_message(Failure(reason=reason[:4096], traceback=traceback[-65536:]))
+
+    def report_peer_failure(self, rank: int, reason: str) -> None:
+        """Tell the coordinator that the connection to peer ``rank`` died."""
+        if self._proto is not None:
+            self._proto.write_message(Failure(rank=rank, reason=reason[:4096]))
 
     def leave(self) -> None:
         self._leaving = True

@@ -38,7 +38,9 @@ class WorkerEnv(BaseModel):
     heartbeat_interval: float = Field(
         default=1.0, gt=0, validation_alias=_alias("SHARDWIRE_HEARTBEAT_INTERVAL")
     )
-    join_timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT"))
+    join_timeout: float = Field(
+        default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT")
+    )
     timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
 
 

@@ -23,8 +23,14 @@ def rdzv(world: int | None = 4, **kw) -> Rendezvous:
 
 
 def join(node: str = "a", local: int = 0, *, world: int = 4, lws: int = 2, rank=None) -> Join:
-    return Join(world_size=world, node_id=node, local_rank=local, local_world_size=lws,
-                listen_port=1000 + local, requested_rank=rank)
+    return Join(
+        world_size=world,
+        node_id=node,
+        local_rank=local,
+        local_world_size=lws,
+        listen_port=1000 + local,
+        requested_rank=rank,
+    )
 
 
 def rosters(actions) -> dict:
@@ -51,7 +57,10 @@ def test_ranks_are_contiguous_per_node_in_node_id_order() -> None:
     roster = got[1]
     assert roster.generation == 1 and roster.world_size == 4
     assert [(m.node_id, m.node_rank, m.local_rank) for m in roster.members] == [
-        ("a", 0, 0), ("a", 0, 1), ("b", 1, 0), ("b", 1, 1)
+        ("a", 0, 0),
+        ("a", 0, 1),
+        ("b", 1, 0),
+        ("b", 1, 1),
     ]
     assert all(m.host == "10.0.0.9" for m in roster.members)
     assert r.state is JobState.RUNNING
@@ -59,8 +68,9 @@ def test_ranks_are_contiguous_per_node_in_node_id_order() -> None:
 
 def test_requested_ranks_fix_their_node() -> None:
     r = rdzv()
-    got = start(r, {1: join("a", 0, rank=2), 2: join("a", 1, rank=3), 3: join("z", 0),
-                    4: join("z", 1)})
+    got = start(
+        r, {1: join("a", 0, rank=2), 2: join("a", 1, rank=3), 3: join("z", 0), 4: join("z", 1)}
+    )
     assert {c: m.rank for c, m in got.items()} == {1: 2, 2: 3, 3: 0, 4: 1}
 
 
@@ -74,7 +84,12 @@ def test_world_size_from_first_joiner_when_unconfigured() -> None:
     ("first", "second", "code", "text"),
     [
         (join("a", 0), join("a", 0), "duplicate_rank", "already has local rank 0"),
-        (join("a", 0, rank=0), join("b", 0, rank=0), "duplicate_rank", "rank 0 was already requested"),
+        (
+            join("a", 0, rank=0),
+            join("b", 0, rank=0),
+            "duplicate_rank",
+            "rank 0 was already requested",
+        ),
         (join("a", 0), join("a", 1, world=6), "world_size", "world size disagreement"),
         (join("a", 0), join("b", 0, lws=4), "world_size", "processes-per-node disagreement"),
         (join("a", 0), join("b", 5, lws=2), "bad_request", "local rank 5"),
@@ -144,8 +159,9 @@ def test_missed_heartbeats_abort_naming_the_rank() -> None:
     actions = r.tick(5.5)
     aborts = {a.conn: a.msg for a in actions}
     assert set(aborts) == {0, 2}
-    assert all(isinstance(m, Abort) and m.rank == 1 and "no heartbeat" in m.reason
-               for m in aborts.values())
+    assert all(
+        isinstance(m, Abort) and m.rank == 1 and "no heartbeat" in m.reason for m in aborts.values()
+    )
     assert r.state is JobState.FAILED and r.failure.rank == 1
 
 
@@ -197,3 +213,12 @@ def test_agent_receives_the_abort() -> None:
     r.node_join(9, NodeJoin(world_size=1, node_id="a", local_world_size=1), 0)
     start(r, {1: join("a", 0, world=1, lws=1)})
     assert {a.conn for a in r.disconnected(1)} == {9}
+
+
+def test_failure_reported_by_a_peer_blames_the_dead_rank() -> None:
+    r = _running()
+    actions = r.report_failure(0, Failure(rank=2, reason="connection lost"))
+    assert {a.conn for a in actions} == {0, 1}
+    assert r.failure.rank == 2 and "reported by rank 0" in r.failure.reason
+    assert r.disconnected(0) == []  # the reporter closing afterwards changes nothing
+    assert r.failure.rank == 2

@@ -11,14 +11,19 @@ from shardwire.coordinator import JobState
 from shardwire.protocol import PROTOCOL_VERSION, ClientHandshake, Token
 from shardwire.protocol.frames import MAGIC, PREFIX
 from shardwire.protocol.messages import Error, Join, Proof, Roster
+from tests.worker.cluster import TOKEN, coordinator
 
-from ..worker.cluster import TOKEN, coordinator
 from .rawclient import RawClient
 
 
 def join(node: str, local: int, world: int, lws: int) -> Join:
-    return Join(world_size=world, node_id=node, local_rank=local, local_world_size=lws,
-                listen_port=2000 + local)
+    return Join(
+        world_size=world,
+        node_id=node,
+        local_rank=local,
+        local_world_size=lws,
+        listen_port=2000 + local,
+    )
 
 
 async def test_256_workers_join_concurrently() -> None:
@@ -82,8 +87,10 @@ async def test_version_mismatch_is_reported_in_plain_words() -> None:
         client.writer.write(PREFIX.pack(MAGIC, PROTOCOL_VERSION + 1, 3, 10, 0) + b"\x80" * 10)
         reply = await client.recv()
         assert isinstance(reply, Error) and reply.code == "version"
-        assert (f"this side speaks version {PROTOCOL_VERSION}, the other side speaks version "
-                f"{PROTOCOL_VERSION + 1}") in reply.message
+        assert (
+            f"this side speaks version {PROTOCOL_VERSION}, the other side speaks version "
+            f"{PROTOCOL_VERSION + 1}"
+        ) in reply.message
 
 
 @pytest.mark.slow

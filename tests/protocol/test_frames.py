@@ -116,7 +116,11 @@ def test_bad_prefixes(prefix: bytes, error: type, text: str) -> None:
 def test_meta_must_be_a_string_keyed_map_without_ext_types() -> None:
     import msgpack
 
-    for meta in (msgpack.packb([1, 2]), msgpack.packb({1: 2}), msgpack.packb(msgpack.ExtType(5, b"x"))):
+    for meta in (
+        msgpack.packb([1, 2]),
+        msgpack.packb({1: 2}),
+        msgpack.packb(msgpack.ExtType(5, b"x")),
+    ):
         wire = struct.pack(">2sBBIQ", MAGIC, PROTOCOL_VERSION, 1, len(meta), 0) + meta
         with pytest.raises(ProtocolError):
             FrameDecoder().feed(wire)

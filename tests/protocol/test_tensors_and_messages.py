@@ -16,8 +16,16 @@ def test_tensor_meta_round_trip() -> None:
     assert parsed == meta
 
 
-@pytest.mark.parametrize("dtype", [np.dtype("O"), np.dtype(">f8"), np.dtype([("a", "i4")]),
-                                   np.dtype("complex64"), np.dtype("U3")])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.dtype("O"),
+        np.dtype(">f8"),
+        np.dtype([("a", "i4")]),
+        np.dtype("complex64"),
+        np.dtype("U3"),
+    ],
+)
 def test_dtype_allowlist(dtype: np.dtype) -> None:
     with pytest.raises(ProtocolError, match="not allowed"):
         check_dtype(dtype)
@@ -25,7 +33,9 @@ def test_dtype_allowlist(dtype: np.dtype) -> None:
 
 def test_size_must_match_dtype_and_shape() -> None:
     wire = TensorMeta(1, Tag(0, 17), "all_gather", "float32", (4,)).to_wire()
-    with pytest.raises(ProtocolError, match=r"rank 1 for all_gather #17: .* needs 16 bytes, frame announces 20"):
+    with pytest.raises(
+        ProtocolError, match=r"rank 1 for all_gather #17: .* needs 16 bytes, frame announces 20"
+    ):
         parse_tensor_meta(wire, 20)
 
 
@@ -54,8 +64,12 @@ def test_unknown_fields_are_ignored_and_missing_ones_defaulted() -> None:
 
 @pytest.mark.parametrize(
     "meta",
-    [{"kind": "nope"}, {"kind": "join"}, {"kind": "roster", "rank": 0, "world_size": 1,
-                                           "generation": 1, "members": "x"}, {}],
+    [
+        {"kind": "nope"},
+        {"kind": "join"},
+        {"kind": "roster", "rank": 0, "world_size": 1, "generation": 1, "members": "x"},
+        {},
+    ],
 )
 def test_invalid_messages_are_protocol_errors(meta: dict) -> None:
     with pytest.raises(ProtocolError, match="invalid control message"):

@@ -14,13 +14,19 @@ TOKEN = Token("cluster-token")
 
 @contextlib.asynccontextmanager
 async def coordinator(
-    world_size: int | None = None, *, run_id: str = "test", token: Token = TOKEN,
-    heartbeat_timeout: float = 5.0, join_timeout: float = 30.0,
+    world_size: int | None = None,
+    *,
+    run_id: str = "test",
+    token: Token = TOKEN,
+    heartbeat_timeout: float = 5.0,
+    join_timeout: float = 30.0,
 ) -> AsyncIterator[CoordinatorServer]:
     server = CoordinatorServer(
         ServerConfig(
             RendezvousConfig(
-                run_id=run_id, world_size=world_size, join_timeout=join_timeout,
+                run_id=run_id,
+                world_size=world_size,
+                join_timeout=join_timeout,
                 heartbeat_timeout=heartbeat_timeout,
             ),
             tick_interval=0.05,
@@ -34,11 +40,20 @@ async def coordinator(
         await server.aclose()
 
 
-def worker_config(server: CoordinatorServer, world_size: int, local_rank: int, **kw) -> WorkerConfig:
+def worker_config(
+    server: CoordinatorServer, world_size: int, local_rank: int, **kw
+) -> WorkerConfig:
     defaults = dict(
-        coordinator=server.address, world_size=world_size, local_rank=local_rank,
-        local_world_size=world_size, run_id="test", token=TOKEN, node_id="node-a",
-        join_timeout=20.0, connect_timeout=20.0, timeout=20.0,
+        coordinator=server.address,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=world_size,
+        run_id="test",
+        token=TOKEN,
+        node_id="node-a",
+        join_timeout=20.0,
+        connect_timeout=20.0,
+        timeout=20.0,
     )
     defaults.update(kw)
     return WorkerConfig(**defaults)  # type: ignore[arg-type]

@@ -48,9 +48,7 @@ async def test_ranks_are_contiguous_per_node() -> None:
                 await _ring_exchange(pg)
                 return node, local, pg.rank, pg.node_rank
 
-        got = await asyncio.gather(
-            worker("b", 1), worker("a", 0), worker("b", 0), worker("a", 1)
-        )
+        got = await asyncio.gather(worker("b", 1), worker("a", 0), worker("b", 0), worker("a", 1))
         assert sorted(got) == [("a", 0, 0, 0), ("a", 1, 1, 0), ("b", 0, 2, 1), ("b", 1, 3, 1)]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import signal
 import socket
 import sys
@@ -37,16 +36,29 @@ def _token_env(settings: LaunchSettings) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def standalone_coordinator(settings: LaunchSettings, env: dict[str, str]
-                                 ) -> AsyncIterator[tuple[str, int]]:
+async def standalone_coordinator(
+    settings: LaunchSettings, env: dict[str, str]
+) -> AsyncIterator[tuple[str, int]]:
     """Run ``python -m shardwire.coordinator`` on 127.0.0.1 with an ephemeral port."""
     world = settings.nproc_per_node
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shardwire.coordinator", "--host", "127.0.0.1", "--port", "0",
-        "--world-size", str(world), "--run-id", settings.run_id,
-        "--join-timeout", str(settings.join_timeout),
-        "--heartbeat-timeout", str(settings.heartbeat_timeout),
-        env={**os.environ, **env}, stdin=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "shardwire.coordinator",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--world-size",
+        str(world),
+        "--run-id",
+        settings.run_id,
+        "--join-timeout",
+        str(settings.join_timeout),
+        "--heartbeat-timeout",
+        str(settings.heartbeat_timeout),
+        env={**os.environ, **env},
+        stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
     assert proc.stderr is not None
@@ -91,8 +103,9 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     return await _agent(settings, argv, settings.coordinator_address(), env)
 
 
-async def _agent(settings: LaunchSettings, argv: list[str], address: tuple[str, int],
-                 env: dict[str, str]) -> int:
+async def _agent(
+    settings: LaunchSettings, argv: list[str], address: tuple[str, int], env: dict[str, str]
+) -> int:
     node_id = settings.node_id or socket.gethostname()
     supervisor: Supervisor | None = None
 
@@ -107,13 +120,18 @@ async def _agent(settings: LaunchSettings, argv: list[str], address: tuple[str, 
         control.start_heartbeats(1.0)
         nproc = settings.nproc_per_node
         assignment = await control.node_join(
-            NodeJoin(world_size=settings.nnodes * nproc if not settings.standalone else nproc,
-                     node_id=node_id, local_world_size=nproc),
+            NodeJoin(
+                world_size=settings.nnodes * nproc if not settings.standalone else nproc,
+                node_id=node_id,
+                local_world_size=nproc,
+            ),
             timeout=settings.join_timeout,
         )
         child_env = {
-            **os.environ, **env,
-            "MASTER_ADDR": address[0], "MASTER_PORT": str(address[1]),
+            **os.environ,
+            **env,
+            "MASTER_ADDR": address[0],
+            "MASTER_PORT": str(address[1]),
             "SHARDWIRE_RUN_ID": settings.run_id,
             "SHARDWIRE_JOIN_TIMEOUT": str(settings.join_timeout),
         }
@@ -123,10 +141,17 @@ async def _agent(settings: LaunchSettings, argv: list[str], address: tuple[str, 
             child_env["SHARDWIRE_ADVERTISE_HOST"] = settings.advertise_host
         if settings.insecure:
             child_env["SHARDWIRE_INSECURE"] = "1"
-        supervisor = Supervisor(Launch(
-            argv=argv, env=child_env, node_id=node_id, node_rank=assignment.node_rank,
-            nproc=nproc, world_size=assignment.world_size, term_timeout=settings.term_timeout,
-        ))
+        supervisor = Supervisor(
+            Launch(
+                argv=argv,
+                env=child_env,
+                node_id=node_id,
+                node_rank=assignment.node_rank,
+                nproc=nproc,
+                world_size=assignment.world_size,
+                term_timeout=settings.term_timeout,
+            )
+        )
         code = await _supervise(supervisor)
     finally:
         await control.aclose()

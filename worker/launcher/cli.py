@@ -21,8 +21,12 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-id", help="this node's name (default: host name)")
     p.add_argument("--run-id", help="job identifier (shardwire)")
     p.add_argument("--token-file", help="file with the shared token (or SHARDWIRE_TOKEN)")
-    p.add_argument("--insecure", action="store_true", default=None,
-                   help="allow non-loopback listeners without a token")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow non-loopback listeners without a token",
+    )
     p.add_argument("--bind-host", help="address for the peer listeners")
     p.add_argument("--advertise-host", help="address peers should dial (default: as seen)")
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
@@ -35,17 +39,26 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardwire", description="Distributed training runtime.")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("coordinator", add_help=False,
-                   help="run the rendezvous service (see: shardwire coordinator --help)")
-    w = sub.add_parser("worker", epilog=_EPILOG,
-                       help="join a coordinator and run N processes of a script")
+    sub.add_parser(
+        "coordinator",
+        add_help=False,
+        help="run the rendezvous service (see: shardwire coordinator --help)",
+    )
+    w = sub.add_parser(
+        "worker", epilog=_EPILOG, help="join a coordinator and run N processes of a script"
+    )
     w.add_argument("--coordinator", help="HOST:PORT of the coordinator (127.0.0.1:29400)")
     w.add_argument("--nnodes", type=int, help="number of nodes in the job (1)")
     _add_node_flags(w)
-    la = sub.add_parser("launch", epilog=_EPILOG,
-                        help="like worker; --standalone also starts a local coordinator")
-    la.add_argument("--standalone", action="store_true", default=None,
-                    help="start a coordinator on 127.0.0.1 with a fresh token")
+    la = sub.add_parser(
+        "launch", epilog=_EPILOG, help="like worker; --standalone also starts a local coordinator"
+    )
+    la.add_argument(
+        "--standalone",
+        action="store_true",
+        default=None,
+        help="start a coordinator on 127.0.0.1 with a fresh token",
+    )
     la.add_argument("--coordinator", help="HOST:PORT when not standalone")
     la.add_argument("--nnodes", type=int, help="number of nodes in the job (1)")
     _add_node_flags(la)

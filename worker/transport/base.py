@@ -62,7 +62,12 @@ class Transport(abc.ABC):
     # ---- contract ------------------------------------------------------------------
 
     async def send(
-        self, dst: int, array: np.ndarray, *, tag: Tag, op: str = "p2p",
+        self,
+        dst: int,
+        array: np.ndarray,
+        *,
+        tag: Tag,
+        op: str = "p2p",
         timeout: float | None = None,
     ) -> None:
         """Send ``array`` to ``dst``; returns once ``array`` may be modified again."""
@@ -85,7 +90,12 @@ class Transport(abc.ABC):
         self.stats.messages_sent += 1
 
     async def recv(
-        self, src: int, *, tag: Tag, op: str = "p2p", out: np.ndarray | None = None,
+        self,
+        src: int,
+        *,
+        tag: Tag,
+        op: str = "p2p",
+        out: np.ndarray | None = None,
         timeout: float | None = None,
     ) -> np.ndarray:
         """Receive the next message from ``src`` with ``tag`` (into ``out`` if given)."""
@@ -165,6 +175,5 @@ class Transport(abc.ABC):
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise ValueError(
-                f"rank {self.rank}: peer {peer} is not another rank of world size "
-                f"{self.world_size}"
+                f"rank {self.rank}: peer {peer} is not another rank of world size {self.world_size}"
             )

@@ -17,6 +17,7 @@ import asyncio
 import socket
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 
 from shardwire.protocol import (
     ClientHandshake,
@@ -64,13 +65,14 @@ class FramedProtocol(asyncio.BufferedProtocol):
     # ---- asyncio callbacks -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        # uvloop's transport is not an asyncio.Transport subclass but has its interface.
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername") or ("", 0)
         self.peer_host = str(peer[0])
-        transport.set_write_buffer_limits(high=0)
+        self.transport.set_write_buffer_limits(high=0)
         if isinstance(self._shake, ClientHandshake):
             self.write_message(self._shake.hello)
 

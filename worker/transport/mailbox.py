@@ -44,6 +44,11 @@ class _Inbound:
     error: MessageMismatch | None = None
 
 
+def byte_view(array: np.ndarray) -> memoryview:
+    """A flat, writable-if-possible byte view of a C-contiguous array (no copy)."""
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
 def _describe(meta: TensorMeta) -> str:
     return f"{meta.op} #{meta.tag.seq} ({meta.dtype}{list(meta.shape)})"
 

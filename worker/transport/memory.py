@@ -19,8 +19,9 @@ class MemoryHub:
         transports = [hub.endpoint(r) for r in range(4)]
     """
 
-    def __init__(self, world_size: int, *, timeout: float = DEFAULT_TIMEOUT,
-                 max_early_bytes: int = 1 << 30):
+    def __init__(
+        self, world_size: int, *, timeout: float = DEFAULT_TIMEOUT, max_early_bytes: int = 1 << 30
+    ):
         self.world_size = world_size
         self._timeout = timeout
         self._max_early = max_early_bytes

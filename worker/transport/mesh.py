@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl as _ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +40,7 @@ from shardwire.protocol import (
 from shardwire.protocol.messages import Error, Failure, Hello, Leave, Message, Roster
 from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.framing import FramedProtocol
-from shardwire.worker.transport.mailbox import _Inbound
+from shardwire.worker.transport.mailbox import _Inbound, byte_view
 
 # Below this size prefix, meta and payload go out as one write (one syscall); above it
 # the payload is written from the caller's array without a copy.
@@ -93,7 +94,7 @@ class PeerConnection(FramedProtocol):
                 f"connection of rank {self.peer} generation {self.mesh.generation}"
             )
         self._inbound = inbound = self.mesh.mailbox.begin(meta)
-        return memoryview(inbound.array.reshape(-1).view(np.uint8))
+        return byte_view(inbound.array)
 
     def _on_data(self, frame: Frame) -> None:
         inbound = self._inbound
@@ -125,9 +126,16 @@ class PeerConnection(FramedProtocol):
 class TcpMesh(Transport):
     """The TCP transport: listen, then connect to every peer from the roster."""
 
-    def __init__(self, config: MeshConfig, **kwargs) -> None:
+    def __init__(
+        self,
+        config: MeshConfig,
+        *,
+        on_peer_failed: Callable[[PeerFailed], None] = lambda _err: None,
+        **kwargs,
+    ) -> None:
         super().__init__(-1, 0, **kwargs)
         self.config = config
+        self._on_peer_failed = on_peer_failed
         self.has_roster = False
         self._server: asyncio.Server | None = None
         self._conns: dict[int, PeerConnection] = {}
@@ -169,7 +177,9 @@ class TcpMesh(Transport):
     async def connect(self, roster: Roster) -> None:
         """Build the full mesh from the roster (bounded by ``connect_timeout``)."""
         self.rank, self.world_size, self.generation = (
-            roster.rank, roster.world_size, roster.generation,
+            roster.rank,
+            roster.world_size,
+            roster.generation,
         )
         self.mailbox.rank = roster.rank
         self.has_roster = True
@@ -199,12 +209,17 @@ class TcpMesh(Transport):
     async def _dial(self, peer: int, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         shake = ClientHandshake(
-            self.config.token, role="peer", run_id=self.config.run_id,
-            rank=self.rank, generation=self.generation,
+            self.config.token,
+            role="peer",
+            run_id=self.config.run_id,
+            rank=self.rank,
+            generation=self.generation,
         )
         try:
             _, conn = await loop.create_connection(
-                lambda: PeerConnection(self, shake, peer=peer), host, port,
+                lambda: PeerConnection(self, shake, peer=peer),
+                host,
+                port,
                 ssl=self.config.ssl_client,
                 server_hostname=host if self.config.ssl_client else None,
             )
@@ -233,12 +248,15 @@ class TcpMesh(Transport):
             return
         if conn.failure is not None:
             error = PeerFailed(
-                rank=conn.peer, reason=conn.failure.reason,
+                rank=conn.peer,
+                reason=conn.failure.reason,
                 remote_traceback=conn.failure.traceback,
             )
         else:
             why = f"connection lost ({exc})" if exc else "connection closed without goodbye"
             error = PeerFailed(rank=conn.peer, reason=why)
+        if self.error is None:
+            self._on_peer_failed(error)
         self.abort(error)
 
     async def _send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
@@ -247,7 +265,7 @@ class TcpMesh(Transport):
             raise PeerFailed(rank=dst, reason="no open connection")
         assert conn.transport is not None
         head = encode_head(FrameKind.DATA, meta.to_wire(), array.nbytes)
-        payload = memoryview(array.reshape(-1).view(np.uint8))
+        payload = byte_view(array)
         if array.nbytes <= _COALESCE_BYTES:
             conn.transport.write(head + payload)
         else:

@@ -37,8 +37,9 @@ async def tcp_world(
     n: int, *, timeout: float = 10.0, token: Token = TOKEN, max_early_bytes: int = 1 << 30
 ) -> AsyncIterator[list[Transport]]:
     meshes = [
-        TcpMesh(MeshConfig(run_id="test", token=token), timeout=timeout,
-                max_early_bytes=max_early_bytes)
+        TcpMesh(
+            MeshConfig(run_id="test", token=token), timeout=timeout, max_early_bytes=max_early_bytes
+        )
         for _ in range(n)
     ]
     try:

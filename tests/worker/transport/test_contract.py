@@ -20,7 +20,9 @@ async def test_send_recv_into_out_array(kind: str) -> None:
     async with WORLDS[kind](2) as (a, b):
         data = np.arange(1000, dtype=np.float64)
         out = np.zeros_like(data)
-        got, _ = await asyncio.gather(b.recv(0, tag=Tag(0, 1), out=out), a.send(1, data, tag=Tag(0, 1)))
+        got, _ = await asyncio.gather(
+            b.recv(0, tag=Tag(0, 1), out=out), a.send(1, data, tag=Tag(0, 1))
+        )
         assert got is out
         np.testing.assert_array_equal(out, data)
 
@@ -43,8 +45,9 @@ async def test_same_tag_is_first_in_first_out(kind: str) -> None:
         assert got == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int16", "int32", "int64",
-                                   "float16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "dtype", ["bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"]
+)
 async def test_every_dtype_round_trips(kind: str, dtype: str) -> None:
     rng = np.random.default_rng(0)
     data = (rng.standard_normal((17, 3)) * 50).astype(dtype)
@@ -69,7 +72,9 @@ async def test_all_pairs_exchange(kind: str) -> None:
     async with WORLDS[kind](n) as ts:
 
         async def run(t):
-            sends = [t.send(p, np.array([t.rank, p]), tag=Tag(1, 0)) for p in range(n) if p != t.rank]
+            sends = [
+                t.send(p, np.array([t.rank, p]), tag=Tag(1, 0)) for p in range(n) if p != t.rank
+            ]
             recvs = [t.recv(p, tag=Tag(1, 0)) for p in range(n) if p != t.rank]
             results = await asyncio.gather(*recvs, *sends)
             return [r.tolist() for r in results[: n - 1]]
@@ -94,7 +99,9 @@ async def test_mismatched_shape_raises_naming_ranks_and_op(kind: str) -> None:
         with pytest.raises(MessageMismatch, match=r"rank 1 from rank 0.*all_gather #17.*\[5\]"):
             await asyncio.gather(b.recv(0, tag=Tag(0, 17), op="all_gather", out=out), send)
         # the stream stays usable after a mismatch
-        got, _ = await asyncio.gather(b.recv(0, tag=Tag(0, 18)), a.send(1, np.ones(2), tag=Tag(0, 18)))
+        got, _ = await asyncio.gather(
+            b.recv(0, tag=Tag(0, 18)), a.send(1, np.ones(2), tag=Tag(0, 18))
+        )
         assert got.tolist() == [1.0, 1.0]
 
 

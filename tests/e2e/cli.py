@@ -1,0 +1,30 @@
+"""Helpers to run the ``shardwire`` command from tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SHARDWIRE_")}
+    return {**base, **extra}
+
+
+def shardwire(*args: str, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SHARDWIRE, *args],
+        check=False,
+        env=env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )

@@ -1,0 +1,186 @@
+"""The shardwire command end to end: real processes over loopback."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, shardwire
+
+pytestmark = pytest.mark.e2e
+
+
+def test_standalone_hello_on_four_workers() -> None:
+    result = shardwire("launch", "--standalone", "--nproc-per-node", "4", "examples/hello.py")
+    assert result.returncode == 0, result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if "received" in line)
+    assert len(lines) == 4
+    for rank, line in enumerate(lines):
+        left = (rank - 1) % 4
+        assert line.startswith(f"[rank{rank}]: rank {rank}/4 (node 0, local {rank})")
+        assert line.endswith(f"received [{left}.0, {left}.0, {left}.0, {left}.0] from rank {left}")
+
+
+def test_flags_can_come_from_the_environment() -> None:
+    result = shardwire(
+        "launch", "examples/hello.py", SHARDWIRE_STANDALONE="1", SHARDWIRE_NPROC_PER_NODE="2"
+    )
+    assert result.returncode == 0, result.stderr
+    assert len([x for x in result.stdout.splitlines() if "received" in x]) == 2
+
+
+def test_killed_child_fails_the_launch_with_a_summary() -> None:
+    start = time.monotonic()
+    result = shardwire(
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        str(SCRIPTS / "fail.py"),
+        FAIL_RANK="1",
+        FAIL_MODE="kill",
+    )
+    assert time.monotonic() - start < 30
+    assert result.returncode != 0
+    summary = result.stderr[result.stderr.index("shardwire: job failed") :]
+    assert "root cause (from the coordinator): rank 1" in summary
+    assert re.search(r"first failure on this node: rank 1 .* killed by signal SIGKILL", summary)
+
+
+def test_raising_child_shows_its_exception_on_the_launcher() -> None:
+    result = shardwire(
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        str(SCRIPTS / "fail.py"),
+        FAIL_RANK="2",
+        FAIL_MODE="raise",
+    )
+    assert result.returncode == 1
+    summary = result.stderr[result.stderr.index("shardwire: job failed") :]
+    assert "rank 2: raised RuntimeError: deliberate failure on rank 2" in summary
+    assert "RuntimeError: deliberate failure on rank 2" in summary.split("last lines")[1]
+    # survivors stop with one line naming the failed rank, not a wall of tracebacks
+    assert "[rank0]: shardwire: stopped: rank 2 failed" in result.stderr
+
+
+def test_two_nodes_through_a_separate_coordinator(tmp_path) -> None:
+    port_file = tmp_path / "port"
+    token = {"SHARDWIRE_TOKEN": "e2e-token"}
+    coordinator = subprocess.Popen(
+        [
+            SHARDWIRE,
+            "coordinator",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--world-size",
+            "4",
+            "--run-id",
+            "e2e",
+        ],
+        env=env(**token),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert coordinator.stderr is not None
+        line = coordinator.stderr.readline()
+        port = line.strip().rsplit(":", 1)[1]
+        nodes = [
+            subprocess.Popen(
+                [
+                    SHARDWIRE,
+                    "worker",
+                    "--coordinator",
+                    f"127.0.0.1:{port}",
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--node-id",
+                    node,
+                    "--run-id",
+                    "e2e",
+                    "examples/hello.py",
+                ],
+                env=env(**token),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            for node in ("node-b", "node-a")
+        ]
+        outputs = [n.communicate(timeout=60) for n in nodes]
+        assert [n.returncode for n in nodes] == [0, 0], outputs
+        assert coordinator.wait(timeout=30) == 0
+    finally:
+        for proc in (coordinator, *locals().get("nodes", [])):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    node_b, node_a = (out for out, _err in outputs)
+    assert "[rank0]: rank 0/4 (node 0, local 0)" in node_a
+    assert "[rank3]: rank 3/4 (node 1, local 1) received [2.0, 2.0, 2.0, 2.0]" in node_b
+
+
+def test_sigterm_is_forwarded_and_nothing_is_left_behind() -> None:
+    proc = subprocess.Popen(
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py")],
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        ready = 0
+        deadline = time.monotonic() + 60
+        while ready < 2 and time.monotonic() < deadline:
+            ready += "ready" in proc.stdout.readline()
+        assert ready == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    leftovers = subprocess.run(
+        ["pgrep", "-f", str(SCRIPTS / "wait.py")], check=False, capture_output=True, text=True
+    )
+    assert leftovers.stdout.strip() == ""
+
+
+def test_wrong_token_between_node_and_coordinator_is_reported() -> None:
+    coordinator = subprocess.Popen(
+        [SHARDWIRE, "coordinator", "--port", "0", "--world-size", "1", "--join-timeout", "20"],
+        env=env(SHARDWIRE_TOKEN="right"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert coordinator.stderr is not None
+        port = coordinator.stderr.readline().strip().rsplit(":", 1)[1]
+        result = shardwire(
+            "worker",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "examples/hello.py",
+            SHARDWIRE_TOKEN="wrong",
+            timeout=30,
+        )
+        assert result.returncode == 1
+        assert "token" in result.stderr and "right" not in result.stderr
+    finally:
+        coordinator.kill()
+        coordinator.wait()

@@ -1,0 +1,98 @@
+"""Packaging and layering guards (DESIGN.md section 1)."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP = {
+    "protocol": "shardwire.protocol",
+    "coordinator": "shardwire.coordinator",
+    "worker": "shardwire.worker",
+}
+
+# (folder, banned module prefixes)
+RULES = [
+    (
+        "protocol",
+        ["asyncio", "socket", "ssl", "threading", "shardwire.worker", "shardwire.coordinator"],
+    ),
+    ("coordinator", ["shardwire.worker"]),
+    ("worker", ["shardwire.coordinator"]),
+    (
+        "worker/collectives",
+        [
+            "socket",
+            "shardwire.worker.transport.mesh",
+            "shardwire.worker.transport.memory",
+            "shardwire.worker.transport.framing",
+        ],
+    ),
+    ("worker/fsdp", ["shardwire.worker.transport"]),
+    ("worker/nn", ["shardwire.worker.transport"]),
+    ("worker/optim", ["shardwire.worker.transport"]),
+]
+BANNED_EVERYWHERE = ["pickle", "marshal", "cPickle", "dill", "cloudpickle"]
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _subpackages() -> set[str]:
+    found = set()
+    for folder, package in TOP.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *rel.parts]))
+    return found
+
+
+def test_every_subpackage_is_listed_for_the_wheel() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(config["packages"]) == _subpackages()
+    assert config["package-dir"] == {pkg: folder for folder, pkg in TOP.items()}
+
+
+@pytest.mark.parametrize(("folder", "banned"), RULES)
+def test_layering(folder: str, banned: list[str]) -> None:
+    base = ROOT / folder
+    offenders = []
+    for path in sorted(base.rglob("*.py")) if base.exists() else []:
+        for name in _imports(path):
+            if any(name == b or name.startswith(b + ".") for b in banned):
+                offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert offenders == []
+
+
+def test_no_pickle_and_no_bare_folder_imports() -> None:
+    offenders = []
+    for folder in TOP:
+        for path in (ROOT / folder).rglob("*.py"):
+            for name in _imports(path):
+                root = name.split(".")[0]
+                if root in BANNED_EVERYWHERE or root in TOP:
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+            text = path.read_text()
+            if "allow_pickle" in text or "eval(" in text:
+                offenders.append(f"{path.relative_to(ROOT)} uses eval/allow_pickle")
+    assert offenders == []
+
+
+def test_installed_package_is_the_wheel_layout() -> None:
+    import shardwire.protocol
+
+    installed = Path(shardwire.protocol.__file__).resolve()
+    assert installed.parent.name == "protocol"
+    assert installed.parent.parent.name == "shardwire"
