@@ -15,9 +15,12 @@ _MAX_ARRAY = 4096
 _MAX_MAP = 256
 
 
+_PACKER = msgpack.Packer(use_bin_type=True, autoreset=True)
+
+
 def pack_meta(meta: dict[str, Any]) -> bytes:
     """Pack a meta map (string keys, plain msgpack types only)."""
-    return msgpack.packb(meta, use_bin_type=True, strict_types=False)
+    return _PACKER.pack(meta)
 
 
 def _no_ext(code: int, data: bytes) -> Any:

@@ -46,6 +46,9 @@ class FrameKind(enum.IntEnum):
     HANDSHAKE = 3  # authentication exchange before anything else is accepted
 
 
+_KINDS = {int(k): k for k in FrameKind}
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Per-connection limits, enforced from the prefix."""
@@ -90,10 +93,9 @@ def parse_prefix(
         raise ProtocolError(f"bad frame magic: expected {MAGIC!r}, got {bytes(magic)!r}")
     if version != PROTOCOL_VERSION:
         raise VersionMismatch(ours=PROTOCOL_VERSION, theirs=version)
-    try:
-        frame_kind = FrameKind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown frame kind {kind}") from None
+    frame_kind = _KINDS.get(kind)
+    if frame_kind is None:
+        raise ProtocolError(f"unknown frame kind {kind}")
     if meta_len > limits.max_meta:
         raise FrameTooLarge(f"meta length {meta_len} exceeds limit {limits.max_meta}")
     if payload_len > limits.max_payload:
@@ -103,7 +105,8 @@ def parse_prefix(
     return frame_kind, meta_len, payload_len
 
 
-Allocator = Callable[[Header], memoryview]
+# Returns the payload's destination, or None to decide later (see FrameDecoder.resume).
+Allocator = Callable[[Header], memoryview | None]
 
 
 def default_allocator(header: Header) -> memoryview:
@@ -112,13 +115,18 @@ def default_allocator(header: Header) -> memoryview:
 
 
 class _State(enum.Enum):
-    PREFIX = enum.auto()  # collecting the 16-byte prefix
-    META = enum.auto()  # collecting the msgpack meta map
-    PAYLOAD = enum.auto()  # filling the allocator's buffer
+    STAGED = enum.auto()  # bytes land in the staging buffer; headers are parsed from there
+    DIRECT = enum.auto()  # the rest of a large payload lands straight in its destination
     BROKEN = enum.auto()  # a violation was seen; the connection must close
 
 
 _EMPTY = memoryview(b"")
+
+# Small frames are read many at a time into a staging buffer (one recv call for a burst
+# of 4 KiB messages instead of three per frame); once the remainder of a payload is at
+# least DIRECT_MIN bytes, the kernel writes it straight into the destination array.
+STAGE_BYTES = 256 * 1024
+DIRECT_MIN = 64 * 1024
 
 
 class FrameDecoder:
@@ -126,45 +134,70 @@ class FrameDecoder:
 
     Call :meth:`get_buffer`, write up to ``len(buffer)`` bytes into it, then call
     :meth:`buffer_updated` with the count; it returns the frames completed. For byte
-    strings use :meth:`feed`.
+    strings use :meth:`feed`. The staging buffer is allocated once, up front; a prefix
+    announcing any size allocates nothing before its limits are checked.
     """
 
     def __init__(self, *, limits: Limits | None = None, allocator: Allocator | None = None):
         self._limits = limits or Limits()
         self._allocate = allocator or default_allocator
-        self._prefix = bytearray(PREFIX_SIZE)
-        self._state = _State.PREFIX
-        self._target = memoryview(self._prefix)
+        self._stage = bytearray(STAGE_BYTES)
+        self._view = memoryview(self._stage)
+        self._start = 0  # first unparsed staged byte
+        self._end = 0  # end of staged bytes
+        self._state = _State.STAGED
+        self._prefix: tuple[FrameKind, int, int] | None = None
+        self._header: Header | None = None
+        self._target = _EMPTY
         self._filled = 0
-        self._kind = FrameKind.CONTROL
-        self._payload_len = 0
-        self._meta: dict[str, Any] = {}
-        self._meta_buf = bytearray()
+        self._waiting = False  # a header's destination is still to be decided
 
     @property
     def mid_frame(self) -> bool:
         """True when some bytes of an unfinished frame have been received."""
-        return self._state is not _State.PREFIX or self._filled > 0
+        return self._prefix is not None or self._end > self._start
 
     def get_buffer(self) -> memoryview:
         """Where the next received bytes must be written."""
+        if self._state is _State.DIRECT:
+            return self._target[self._filled :]
         if self._state is _State.BROKEN:
             raise ProtocolError("decoder is broken after an earlier protocol violation")
-        return self._target[self._filled :]
+        if self._end == len(self._stage):
+            self._compact()
+        return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> list[Frame]:
         """Account for ``nbytes`` written into the last :meth:`get_buffer` view."""
-        self._filled += nbytes
-        frames: list[Frame] = []
         try:
-            while self._filled == len(self._target):
-                frame = self._advance()
-                if frame is not None:
-                    frames.append(frame)
+            if self._state is _State.DIRECT:
+                self._filled += nbytes
+                if self._filled < len(self._target):
+                    return []
+                self._state = _State.STAGED
+                return [self._finish()]
+            self._end += nbytes
+            return self._parse()
         except Exception:
             self._state = _State.BROKEN
             raise
-        return frames
+
+    @property
+    def waiting(self) -> bool:
+        """True while the allocator deferred a destination and :meth:`resume` is due."""
+        return self._waiting
+
+    def resume(self, target: memoryview) -> list[Frame]:
+        """Supply the destination the allocator deferred; returns frames completed."""
+        assert self._waiting and self._header is not None
+        try:
+            self._check_target(target, self._header.payload_len)
+            self._waiting = False
+            self._target = target
+            return self._parse()
+        except Exception:
+            self._state = _State.BROKEN
+            raise
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Decode a byte string (copies it into the destinations)."""
@@ -178,28 +211,73 @@ class FrameDecoder:
             frames.extend(self.buffer_updated(n))
         return frames
 
-    def _advance(self) -> Frame | None:
-        if self._state is _State.PREFIX:
-            self._kind, meta_len, self._payload_len = parse_prefix(self._prefix, self._limits)
-            self._meta_buf = bytearray(meta_len)
-            return self._enter(_State.META, memoryview(self._meta_buf))
-        if self._state is _State.META:
-            self._meta = unpack_meta(self._meta_buf)
-            header = Header(self._kind, self._meta, self._payload_len)
-            target = self._allocate(header) if self._payload_len else _EMPTY
-            if len(target) != self._payload_len:
-                raise ProtocolError(
-                    f"allocator returned {len(target)} bytes for a {self._payload_len}-byte payload"
+    def _parse(self) -> list[Frame]:
+        frames: list[Frame] = []
+        while not self._waiting:
+            avail = self._end - self._start
+            if self._prefix is None:
+                if avail < PREFIX_SIZE:
+                    break
+                self._prefix = parse_prefix(
+                    self._view[self._start : self._start + PREFIX_SIZE], self._limits
                 )
-            return self._enter(_State.PAYLOAD, target)
-        frame = Frame(self._kind, self._meta, self._target)
-        self._enter(_State.PREFIX, memoryview(self._prefix))
+                self._start += PREFIX_SIZE
+            elif self._header is None:
+                kind, meta_len, payload_len = self._prefix
+                if avail < meta_len:
+                    if self._start + meta_len > len(self._stage):
+                        self._compact()
+                    break
+                meta = unpack_meta(self._view[self._start : self._start + meta_len])
+                self._start += meta_len
+                self._begin_payload(Header(kind, meta, payload_len))
+            else:
+                need = self._header.payload_len - self._filled
+                take = min(avail, need)
+                if take:
+                    chunk = self._view[self._start : self._start + take]
+                    self._target[self._filled : self._filled + take] = chunk
+                self._start += take
+                self._filled += take
+                if take == need:
+                    frames.append(self._finish())
+                    continue
+                self._start = self._end = 0
+                if need - take >= DIRECT_MIN:
+                    self._state = _State.DIRECT
+                break
+        if self._start == self._end:
+            self._start = self._end = 0
+        return frames
+
+    def _begin_payload(self, header: Header) -> None:
+        target = self._allocate(header) if header.payload_len else _EMPTY
+        self._header = header
+        self._filled = 0
+        if target is None:
+            self._waiting = True
+            return
+        self._check_target(target, header.payload_len)
+        self._target = target
+
+    @staticmethod
+    def _check_target(target: memoryview, payload_len: int) -> None:
+        if len(target) != payload_len:
+            raise ProtocolError(
+                f"allocator returned {len(target)} bytes for a {payload_len}-byte payload"
+            )
+
+    def _finish(self) -> Frame:
+        assert self._header is not None
+        frame = Frame(self._header.kind, self._header.meta, self._target)
+        self._prefix = None
+        self._header = None
+        self._target = _EMPTY
+        self._filled = 0
         return frame
 
-    def _enter(self, state: _State, target: memoryview) -> Frame | None:
-        self._state = state
-        self._target = target
-        self._filled = 0
-        if state is not _State.PREFIX and len(target) == 0:
-            return self._advance()
-        return None
+    def _compact(self) -> None:
+        """Move unparsed bytes to the front of the staging buffer."""
+        avail = self._end - self._start
+        self._stage[:avail] = self._stage[self._start : self._end]
+        self._start, self._end = 0, avail

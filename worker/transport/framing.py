@@ -105,7 +105,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     # ---- frames ------------------------------------------------------------------------
 
-    def _allocate(self, header: Header) -> memoryview:
+    def _allocate(self, header: Header) -> memoryview | None:
         raise ProtocolError("this connection does not accept data frames")
 
     def _on_data(self, frame: Frame) -> None:

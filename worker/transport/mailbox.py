@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardwire.protocol import MessageMismatch, Tag, TensorMeta
+from shardwire.protocol import MessageMismatch, Tag, TensorMeta, check_dtype
 
 Key = tuple[int, Tag]
 
@@ -58,9 +58,9 @@ def check_match(meta: TensorMeta, op: str, out: np.ndarray | None, rank: int) ->
     problem = ""
     if meta.op != op:
         problem = f"expected {op} #{meta.tag.seq}, got {_describe(meta)}"
-    elif out is not None and (out.dtype.name != meta.dtype or out.shape != meta.shape):
+    elif out is not None and (check_dtype(out.dtype) != meta.dtype or out.shape != meta.shape):
         problem = (
-            f"expected {out.dtype.name}{list(out.shape)} for {op} #{meta.tag.seq}, "
+            f"expected {out.dtype}{list(out.shape)} for {op} #{meta.tag.seq}, "
             f"got {meta.dtype}{list(meta.shape)}"
         )
     if problem:
@@ -109,6 +109,10 @@ class Mailbox:
             np.copyto(posted.out, array)
             array = posted.out
         posted.future.set_result(array)
+
+    def has_posted(self, meta: TensorMeta) -> bool:
+        """True if a receive is waiting for this message."""
+        return any(not p.future.done() for p in self._posted.get((meta.src, meta.tag), ()))
 
     def withdraw(self, src: int, tag: Tag, future: asyncio.Future) -> None:
         """Forget a receive whose waiter gave up (cancelled or timed out)."""

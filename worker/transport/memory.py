@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import numpy as np
 
@@ -54,14 +55,22 @@ class MemoryTransport(Transport):
         self._space = asyncio.Event()
         self._space.set()
 
-    async def _send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+    def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
         peer = self._hub.peer(dst)
-        while peer.mailbox.over_budget:  # backpressure like a full socket buffer
+        if peer._closed:
+            raise PeerFailed(rank=dst, reason="endpoint closed")
+        if peer.mailbox.over_budget:
+            return self._deliver_later(peer, meta, array)
+        peer.mailbox.deliver(meta, array)
+        return None
+
+    async def _deliver_later(
+        self, peer: MemoryTransport, meta: TensorMeta, array: np.ndarray
+    ) -> None:
+        while peer.mailbox.over_budget:  # backpressure, like a full socket buffer
             peer._space.clear()
             await peer._space.wait()
             self._check_usable()
-        if peer._closed:
-            raise PeerFailed(rank=dst, reason="endpoint closed")
         peer.mailbox.deliver(meta, array)
 
     def _resume(self) -> None:

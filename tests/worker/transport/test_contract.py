@@ -155,3 +155,47 @@ async def test_sender_may_reuse_buffer_after_send(kind: str) -> None:
         buf[:] = -1  # must not affect what the receiver gets
         got = await recv
         np.testing.assert_array_equal(got, expected)
+
+
+async def test_large_messages_received_out_of_order(kind: str) -> None:
+    first = np.arange(300_000, dtype=np.float64)
+    second = -np.arange(200_000, dtype=np.float64)
+    async with WORLDS[kind](2) as (a, b):
+        sender = asyncio.ensure_future(
+            asyncio.gather(a.send(1, first, tag=Tag(0, 1)), a.send(1, second, tag=Tag(0, 2)))
+        )
+        got_second = await b.recv(0, tag=Tag(0, 2))
+        out = np.empty_like(first)
+        got_first = await b.recv(0, tag=Tag(0, 1), out=out)
+        await sender
+        np.testing.assert_array_equal(got_second, second)
+        assert got_first is out
+        np.testing.assert_array_equal(out, first)
+
+
+async def test_head_to_head_large_sends_do_not_deadlock(kind: str) -> None:
+    data = [np.full(1 << 21, r, np.float64) for r in range(2)]  # 16 MiB each
+    async with WORLDS[kind](2) as ts:
+
+        async def run(t):
+            await t.send(1 - t.rank, data[t.rank], tag=Tag(0, 0))
+            return await t.recv(1 - t.rank, tag=Tag(0, 0))
+
+        got = await asyncio.gather(*(run(t) for t in ts))
+        assert got[0][0] == 1 and got[1][-1] == 0
+
+
+async def test_many_large_messages_in_a_row_arrive_intact(kind: str) -> None:
+    async with WORLDS[kind](2) as (a, b):
+        msgs = [np.full(100_000, i, np.int32) for i in range(20)]
+
+        async def produce():
+            for i, m in enumerate(msgs):
+                await a.send(1, m, tag=Tag(0, i))
+
+        producer = asyncio.ensure_future(produce())
+        out = np.empty(100_000, np.int32)
+        for i in range(20):
+            await b.recv(0, tag=Tag(0, i), out=out)
+            assert (out == i).all()
+        await producer
