@@ -132,10 +132,12 @@ DIRECT_MIN = 64 * 1024
 class FrameDecoder:
     """Incremental decoder, driven like ``asyncio.BufferedProtocol``.
 
-    Call :meth:`get_buffer`, write up to ``len(buffer)`` bytes into it, then call
-    :meth:`buffer_updated` with the count; it returns the frames completed. For byte
-    strings use :meth:`feed`. The staging buffer is allocated once, up front; a prefix
-    announcing any size allocates nothing before its limits are checked.
+    Call :meth:`get_buffer`, write up to ``len(buffer)`` bytes into it, call
+    :meth:`buffer_updated` with the count, then take frames with :meth:`next_frame` until
+    it returns None. Frames are parsed one at a time, so whatever the caller does with a
+    frame (finishing a handshake, say) happens before the next header is looked at. For
+    byte strings use :meth:`feed`. The staging buffer is allocated once, up front; a
+    prefix announcing any size allocates nothing before its limits are checked.
     """
 
     def __init__(self, *, limits: Limits | None = None, allocator: Allocator | None = None):
@@ -157,6 +159,11 @@ class FrameDecoder:
         """True when some bytes of an unfinished frame have been received."""
         return self._prefix is not None or self._end > self._start
 
+    @property
+    def waiting(self) -> bool:
+        """True while the allocator deferred a destination and :meth:`resume` is due."""
+        return self._waiting
+
     def get_buffer(self) -> memoryview:
         """Where the next received bytes must be written."""
         if self._state is _State.DIRECT:
@@ -167,37 +174,35 @@ class FrameDecoder:
             self._compact()
         return self._view[self._end :]
 
-    def buffer_updated(self, nbytes: int) -> list[Frame]:
+    def buffer_updated(self, nbytes: int) -> None:
         """Account for ``nbytes`` written into the last :meth:`get_buffer` view."""
-        try:
-            if self._state is _State.DIRECT:
-                self._filled += nbytes
-                if self._filled < len(self._target):
-                    return []
+        if self._state is _State.DIRECT:
+            self._filled += nbytes
+            if self._filled == len(self._target):
                 self._state = _State.STAGED
-                return [self._finish()]
+        else:
             self._end += nbytes
-            return self._parse()
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None until more bytes (or :meth:`resume`) arrive."""
+        if self._state is _State.BROKEN:
+            raise ProtocolError("decoder is broken after an earlier protocol violation")
+        try:
+            return self._parse_one()
         except Exception:
             self._state = _State.BROKEN
             raise
 
-    @property
-    def waiting(self) -> bool:
-        """True while the allocator deferred a destination and :meth:`resume` is due."""
-        return self._waiting
-
-    def resume(self, target: memoryview) -> list[Frame]:
-        """Supply the destination the allocator deferred; returns frames completed."""
+    def resume(self, target: memoryview) -> None:
+        """Supply the destination the allocator deferred."""
         assert self._waiting and self._header is not None
         try:
             self._check_target(target, self._header.payload_len)
-            self._waiting = False
-            self._target = target
-            return self._parse()
         except Exception:
             self._state = _State.BROKEN
             raise
+        self._waiting = False
+        self._target = target
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Decode a byte string (copies it into the destinations)."""
@@ -208,12 +213,16 @@ class FrameDecoder:
             n = min(len(buf), len(view))
             buf[:n] = view[:n]
             view = view[n:]
-            frames.extend(self.buffer_updated(n))
+            self.buffer_updated(n)
+            while (frame := self.next_frame()) is not None:
+                frames.append(frame)
         return frames
 
-    def _parse(self) -> list[Frame]:
-        frames: list[Frame] = []
-        while not self._waiting:
+    def _parse_one(self) -> Frame | None:
+        while not self._waiting and self._state is _State.STAGED:
+            header = self._header
+            if header is not None and self._filled == header.payload_len:
+                return self._finish()
             avail = self._end - self._start
             if self._prefix is None:
                 if avail < PREFIX_SIZE:
@@ -222,7 +231,7 @@ class FrameDecoder:
                     self._view[self._start : self._start + PREFIX_SIZE], self._limits
                 )
                 self._start += PREFIX_SIZE
-            elif self._header is None:
+            elif header is None:
                 kind, meta_len, payload_len = self._prefix
                 if avail < meta_len:
                     if self._start + meta_len > len(self._stage):
@@ -232,23 +241,21 @@ class FrameDecoder:
                 self._start += meta_len
                 self._begin_payload(Header(kind, meta, payload_len))
             else:
-                need = self._header.payload_len - self._filled
+                need = header.payload_len - self._filled
                 take = min(avail, need)
                 if take:
                     chunk = self._view[self._start : self._start + take]
                     self._target[self._filled : self._filled + take] = chunk
                 self._start += take
                 self._filled += take
-                if take == need:
-                    frames.append(self._finish())
-                    continue
-                self._start = self._end = 0
-                if need - take >= DIRECT_MIN:
-                    self._state = _State.DIRECT
-                break
+                if take < need:
+                    self._start = self._end = 0
+                    if need - take >= DIRECT_MIN:
+                        self._state = _State.DIRECT
+                    break
         if self._start == self._end:
             self._start = self._end = 0
-        return frames
+        return None
 
     def _begin_payload(self, header: Header) -> None:
         target = self._allocate(header) if header.payload_len else _EMPTY

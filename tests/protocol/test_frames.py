@@ -65,7 +65,9 @@ def test_payload_lands_in_the_allocators_buffer() -> None:
         n = min(len(buf), 7, len(wire) - pos)
         buf[:n] = wire[pos : pos + n]
         pos += n
-        frames += decoder.buffer_updated(n)
+        decoder.buffer_updated(n)
+        while (frame := decoder.next_frame()) is not None:
+            frames.append(frame)
     assert seen[0].payload_len == 32 and seen[0].meta == {"op": "x"}
     np.testing.assert_array_equal(dest, src)
     assert np.shares_memory(np.frombuffer(frames[0].payload, np.uint8), dest)
@@ -168,3 +170,38 @@ def test_oversized_lengths_are_refused_without_buffering(meta_len: int, payload_
         return
     assert meta_len <= 64 * 1024 and payload_len <= 1 << 20
     assert decoder.mid_frame
+
+
+def test_frames_are_handed_over_before_the_next_header_is_parsed() -> None:
+    # A handshake's last message and the first data frame often arrive in one read: the
+    # data frame's destination must only be chosen after the handshake frame is handled.
+    events: list[str] = []
+
+    def allocate(header: Header) -> memoryview:
+        events.append(f"allocate {header.meta['n']}")
+        return memoryview(bytearray(header.payload_len))
+
+    decoder = FrameDecoder(allocator=allocate)
+    wire = encode_head(FrameKind.HANDSHAKE, {"n": 0}) + data_frame(b"xy", n=1)
+    wire += data_frame(b"z", n=2)
+    buf = decoder.get_buffer()
+    buf[: len(wire)] = wire
+    decoder.buffer_updated(len(wire))
+    while (frame := decoder.next_frame()) is not None:
+        events.append(f"frame {frame.meta['n']}")
+    assert events == ["frame 0", "allocate 1", "frame 1", "allocate 2", "frame 2"]
+
+
+def test_deferred_destination_is_resumed_later() -> None:
+    decoder = FrameDecoder(allocator=lambda header: None)
+    decoder.feed(data_frame(b"abcd", n=1)[:-1])
+    assert decoder.waiting and decoder.next_frame() is None
+    target = memoryview(bytearray(4))
+    decoder.resume(target)
+    assert decoder.next_frame() is None  # one byte still missing
+    decoder.buffer_updated(0)
+    buf = decoder.get_buffer()
+    buf[:1] = b"d"
+    decoder.buffer_updated(1)
+    frame = decoder.next_frame()
+    assert frame is not None and bytes(frame.payload) == b"abcd" and frame.payload is target

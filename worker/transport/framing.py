@@ -80,8 +80,13 @@ class FramedProtocol(asyncio.BufferedProtocol):
         return self._decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._decoder.buffer_updated(nbytes)
+        self.drain_frames()
+
+    def drain_frames(self) -> None:
+        """Handle every complete frame, one at a time, in arrival order."""
         try:
-            for frame in self._decoder.buffer_updated(nbytes):
+            while (frame := self._decoder.next_frame()) is not None:
                 self._on_frame(frame)
         except ShardwireError as exc:
             self.fail(exc)

@@ -127,12 +127,13 @@ class PeerConnection(FramedProtocol):
         if meta is None or not self.is_open:
             return
         try:
-            for frame in self._decoder.resume(self._destination(meta)):
-                self._on_frame(frame)
+            self._decoder.resume(self._destination(meta))
         except ShardwireError as exc:
             self.fail(exc)
             return
-        if self._deferred is None and self not in self.mesh._paused and self.transport:
+        self.drain_frames()
+        if self.is_open and self._deferred is None and self not in self.mesh._paused:
+            assert self.transport is not None
             self.transport.resume_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
