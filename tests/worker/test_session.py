@@ -160,3 +160,44 @@ async def test_join_timeout_names_what_is_missing() -> None:
                 pass
         assert info.value.code == "join_timeout"
         assert time.monotonic() - begin < 2.0
+
+
+def _open_sockets() -> set[str]:
+    """This process's open sockets, by fd and inode."""
+    import os
+
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the directory listing's own fd, already closed
+            continue
+        if target.startswith("socket:"):
+            found.add(f"{fd}:{target}")
+    return found
+
+
+async def test_leaving_the_context_leaves_no_task_or_socket_behind() -> None:
+    fds_before = _open_sockets()
+    tasks_before = asyncio.all_tasks()
+    async with coordinator(2) as server:
+
+        async def worker(i: int):
+            async with init(worker_config(server, 2, i)) as pg:
+                await _ring_exchange(pg)
+
+        await asyncio.gather(*(worker(i) for i in range(2)))
+        await asyncio.wait_for(server.done.wait(), 5)
+    assert asyncio.all_tasks() == tasks_before
+    assert _open_sockets() - fds_before == set()
+
+
+async def test_failed_join_leaves_nothing_behind() -> None:
+    fds_before = _open_sockets()
+    tasks_before = asyncio.all_tasks()
+    async with coordinator(2) as server:
+        with pytest.raises(RendezvousError):
+            async with init(worker_config(server, 3, 0)):
+                pass
+    assert asyncio.all_tasks() == tasks_before
+    assert _open_sockets() - fds_before == set()
