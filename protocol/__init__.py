@@ -4,6 +4,10 @@ from shardwire.protocol.auth import Token
 from shardwire.protocol.control import frame_message, message_bytes
 from shardwire.protocol.errors import (
     AuthFailed,
+    CollectiveCancelled,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
     FrameTooLarge,
     JobAborted,
     MessageMismatch,
@@ -30,6 +34,10 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AuthFailed",
     "ClientHandshake",
+    "CollectiveCancelled",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
     "Frame",
     "FrameDecoder",
     "FrameKind",

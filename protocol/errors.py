@@ -78,3 +78,31 @@ class TransportClosed(ShardwireError):
 
 class MessageMismatch(ShardwireError):
     """A received frame does not match what the receive expected (dtype, shape, op)."""
+
+
+class CollectiveError(ShardwireError):
+    """A collective failed; the group is poisoned and refuses further calls with this."""
+
+
+class CollectiveMismatch(CollectiveError, MessageMismatch):
+    """Ranks called different collectives, or the same one with different arguments."""
+
+
+class CollectiveTimeout(CollectiveError, TimeoutError):
+    """A collective did not complete in time; the message names the ranks not heard from."""
+
+
+class CollectiveCancelled(CollectiveError):
+    """A collective was cancelled mid-flight on some rank, leaving the group inconsistent."""
+
+
+# Errors that one rank may hand to the others of its group (by class name, never code).
+_RELAYED = {
+    cls.__name__: cls
+    for cls in (CollectiveMismatch, CollectiveTimeout, CollectiveCancelled, CollectiveError)
+}
+
+
+def relayed_error(kind: str, message: str) -> CollectiveError:
+    """Rebuild an error another rank reported for the group (unknown kinds: the base)."""
+    return _RELAYED.get(kind, CollectiveError)(message)

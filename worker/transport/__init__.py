@@ -1,6 +1,6 @@
 """Transports: the contract, the TCP peer mesh and the in-memory hub."""
 
-from shardwire.worker.transport.base import Transport, TransportStats, TransportTimeout
+from shardwire.worker.transport.base import Receive, Transport, TransportStats, TransportTimeout
 from shardwire.worker.transport.memory import MemoryHub, MemoryTransport
 from shardwire.worker.transport.mesh import ConnectFailed, MeshConfig, TcpMesh
 
@@ -9,6 +9,7 @@ __all__ = [
     "MemoryHub",
     "MemoryTransport",
     "MeshConfig",
+    "Receive",
     "TcpMesh",
     "Transport",
     "TransportStats",

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
-from shardwire.worker.transport.mailbox import Mailbox
+from shardwire.protocol.codec import pack_object
+from shardwire.worker.transport.mailbox import POISON_OP, Mailbox
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MAX_EARLY_BYTES = 1 << 30
@@ -36,6 +37,45 @@ class TransportStats:
     bytes_received: int = 0
     messages_sent: int = 0
     messages_received: int = 0
+
+
+class Receive:
+    """A posted receive (from :meth:`Transport.irecv`)."""
+
+    __slots__ = ("_transport", "future", "limit", "op", "src", "tag")
+
+    def __init__(
+        self,
+        transport: Transport,
+        src: int,
+        tag: Tag,
+        op: str,
+        future: asyncio.Future,
+        *,
+        limit: float,
+    ):
+        self._transport = transport
+        self.src, self.tag, self.op, self.future, self.limit = src, tag, op, future, limit
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    async def wait(self) -> np.ndarray:
+        """The received array; raises on timeout, mismatch or a failed peer."""
+        t = self._transport
+        if self.future.done():  # it was already here: no timer, no suspension
+            result = self.future.result()
+        else:
+            result = await t._wait(self.future, self.src, self.tag, self.op, self.limit)
+        t.stats.bytes_received += result.nbytes
+        t.stats.messages_received += 1
+        return result
+
+    def cancel(self) -> None:
+        """Withdraw the receive if its payload has not started arriving."""
+        if not self.future.done():
+            self._transport.mailbox.withdraw(self.src, self.tag, self.future)
+            self.future.cancel()
 
 
 class Transport(abc.ABC):
@@ -102,6 +142,18 @@ class Transport(abc.ABC):
         timeout: float | None = None,
     ) -> np.ndarray:
         """Receive the next message from ``src`` with ``tag`` (into ``out`` if given)."""
+        return await self.irecv(src, tag=tag, op=op, out=out, timeout=timeout).wait()
+
+    def irecv(
+        self,
+        src: int,
+        *,
+        tag: Tag,
+        op: str = "p2p",
+        out: np.ndarray | None = None,
+        timeout: float | None = None,
+    ) -> Receive:
+        """Post a receive now (so the payload can land in ``out``); await ``wait()`` later."""
         self._check_usable()
         self._check_peer(src)
         if out is not None:
@@ -109,17 +161,33 @@ class Transport(abc.ABC):
             if not out.flags.c_contiguous or not out.flags.writeable:
                 raise ValueError("recv(out=...) needs a writeable C-contiguous array")
         future = self.mailbox.post(src, tag, op, out)
-        if not future.done() and src in self._departed:
-            self.mailbox.withdraw(src, tag, future)
-            raise self._departed[src]
-        if future.done():  # it was already here: no timer, no suspension
-            result = future.result()
-        else:
-            self._posted(src)
-            result = await self._wait(future, src, tag, op, timeout)
-        self.stats.bytes_received += result.nbytes
-        self.stats.messages_received += 1
-        return result
+        if not future.done():
+            if src in self._departed:
+                self.mailbox.withdraw(src, tag, future)
+                future.set_exception(self._departed[src])
+            else:
+                self._posted(src)
+        return Receive(
+            self, src, tag, op, future, limit=self.timeout if timeout is None else timeout
+        )
+
+    def poison_group(self, group: int, error: BaseException, peers: list[int]) -> None:
+        """Fail every receive of ``group`` here, and tell ``peers`` to do the same."""
+        self.mailbox.poison_group(group, error)
+        if self._error is not None or self._closed:
+            return
+        report = np.frombuffer(pack_object([type(error).__name__, str(error)]), np.uint8)
+        for peer in peers:
+            if peer != self.rank and peer not in self._departed:
+                meta = TensorMeta.for_array(
+                    report,
+                    src=self.rank,
+                    tag=Tag(group, 0),
+                    op=POISON_OP,
+                    generation=self.generation,
+                )
+                with contextlib.suppress(ShardwireError, OSError):
+                    self._post(peer, meta, report)
 
     def abort(self, exc: BaseException) -> None:
         """Poison the transport: pending and later calls raise ``exc``."""
@@ -128,11 +196,8 @@ class Transport(abc.ABC):
         self.mailbox.fail(self._error)
         self._on_abort()
 
-    async def _wait(
-        self, future: asyncio.Future, src: int, tag: Tag, op: str, timeout: float | None
-    ) -> np.ndarray:
+    async def _wait(self, future: asyncio.Future, src: int, tag: Tag, op: str, limit: float):
         # A plain timer handle: measured cheaper than asyncio.timeout() on the hot path.
-        limit = self.timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         timer = loop.call_later(limit, self._expire, future, src, tag, op, limit)
         try:
@@ -179,6 +244,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
         """Start sending; return what to await if ``array`` is not yet reusable."""
+
+    @abc.abstractmethod
+    def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+        """Queue a small message without waiting (its bytes are copied)."""
 
     @abc.abstractmethod
     async def _close(self) -> None: ...

@@ -3,13 +3,21 @@
 Theory of operation
 -------------------
 Messages are matched by (source rank, tag), first in first out for equal keys. When a
-frame header arrives, :meth:`Mailbox.destination` picks where its payload goes: straight
-into the ``out`` array of a receive that is already posted (zero copy), or into a fresh
-array that is held until the receive comes (an *early arrival*, bounded by
-``max_early_bytes``: past the bound the transport stops reading from the wire until a
-receive drains the backlog). A frame that does not match the posted receive (op, dtype
-or shape) fails that receive with :class:`MessageMismatch` and its payload is drained
-into scratch space, so the stream stays in sync.
+frame header arrives, :meth:`Mailbox.begin` picks where its payload goes: straight into
+the ``out`` array of a receive that is already posted (zero copy), or into a fresh array
+that is held until the receive comes (an *early arrival*, bounded by ``max_early_bytes``:
+past the bound the transport stops reading from the wire until a receive drains the
+backlog).
+
+Every frame carries an op *signature* (for collectives: name, dtype, size, reduction),
+and all frames of one call share (group, seq). The mailbox remembers the signature of the
+calls it has receives posted for and of the early frames it holds, so ranks that made
+different calls are caught on the first frame, whichever step of an algorithm it
+belongs to. A mismatch fails the receives of that call with :class:`MessageMismatch`;
+the payload is drained into scratch space, so the stream stays in sync.
+
+A *poison* frame (op ``__poison__``) carries another rank's error for a whole group: it
+fails every pending receive of the group and every later one.
 """
 
 from __future__ import annotations
@@ -22,8 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwire.protocol import MessageMismatch, Tag, TensorMeta, check_dtype
+from shardwire.protocol.codec import unpack_object
+from shardwire.protocol.errors import relayed_error
 
 Key = tuple[int, Tag]
+Call = tuple[int, int]  # (group, seq)
+POISON_OP = "__poison__"
 
 
 @dataclass(slots=True)
@@ -42,6 +54,7 @@ class _Inbound:
     array: np.ndarray
     posted: _Posted | None
     error: MessageMismatch | None = None
+    drop: bool = False  # a mismatched frame nobody will receive
 
 
 def byte_view(array: np.ndarray) -> memoryview:
@@ -49,22 +62,25 @@ def byte_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
-def _describe(meta: TensorMeta) -> str:
-    return f"{meta.op} #{meta.tag.seq} ({meta.dtype}{list(meta.shape)})"
+def _scratch(meta: TensorMeta) -> np.ndarray:
+    return np.empty(meta.shape, meta.dtype)
+
+
+def _mismatch(rank: int, src: int, seq: int, ours: str, theirs: str) -> MessageMismatch:
+    return MessageMismatch(
+        f"call #{seq}: rank {rank} called {ours}, but rank {src} called {theirs}"
+    )
 
 
 def check_match(meta: TensorMeta, op: str, out: np.ndarray | None, rank: int) -> None:
     """Raise :class:`MessageMismatch` if a frame does not fit the posted receive."""
-    problem = ""
     if meta.op != op:
-        problem = f"expected {op} #{meta.tag.seq}, got {_describe(meta)}"
-    elif out is not None and (check_dtype(out.dtype) != meta.dtype or out.shape != meta.shape):
-        problem = (
-            f"expected {out.dtype}{list(out.shape)} for {op} #{meta.tag.seq}, "
-            f"got {meta.dtype}{list(meta.shape)}"
+        raise _mismatch(rank, meta.src, meta.tag.seq, op, meta.op)
+    if out is not None and (check_dtype(out.dtype) != meta.dtype or out.shape != meta.shape):
+        raise MessageMismatch(
+            f"rank {rank} from rank {meta.src}: expected {out.dtype}{list(out.shape)} for "
+            f"{op} #{meta.tag.seq}, got {meta.dtype}{list(meta.shape)}"
         )
-    if problem:
-        raise MessageMismatch(f"rank {rank} from rank {meta.src}: {problem}")
 
 
 class Mailbox:
@@ -77,26 +93,51 @@ class Mailbox:
         self._on_drain = on_drain
         self._posted: dict[Key, deque[_Posted]] = {}
         self._early: dict[Key, deque[tuple[TensorMeta, np.ndarray]]] = {}
+        self._calls: dict[Call, list] = {}  # our posted calls: [op, receives pending]
+        self._early_calls: dict[Call, list] = {}  # held frames: [src, op, count]
+        self._group_errors: dict[int, BaseException] = {}
 
     @property
     def over_budget(self) -> bool:
         return self.early_bytes > self.max_early_bytes
 
+    # ---- receives ----------------------------------------------------------------------
+
     def post(self, src: int, tag: Tag, op: str, out: np.ndarray | None) -> asyncio.Future:
         """Register a receive; completes at once if the message is already here."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        group_error = self._group_errors.get(tag.group)
+        if group_error is not None:
+            future.set_exception(group_error)
+            return future
         posted = _Posted(op, out, future)
+        call = (tag.group, tag.seq)
+        held = self._early_calls.get(call)
+        if held is not None and held[1] != op:
+            future.set_exception(_mismatch(self.rank, held[0], tag.seq, op, held[1]))
+            return future
         key = (src, tag)
         early = self._early.get(key)
         if early:
             meta, array = early.popleft()
             if not early:
                 del self._early[key]
-            self._release(array.nbytes)
+            self._release(meta, array.nbytes)
             self._complete(posted, meta, array)
         else:
             self._posted.setdefault(key, deque()).append(posted)
+            entry = self._calls.setdefault(call, [op, 0])
+            entry[0] = op
+            entry[1] += 1
+            future.add_done_callback(lambda _f: self._call_done(call))
         return future
+
+    def _call_done(self, call: Call) -> None:
+        entry = self._calls.get(call)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._calls[call]
 
     def _complete(self, posted: _Posted, meta: TensorMeta, array: np.ndarray) -> None:
         """Hand a held message to a receive (one copy when it has an ``out`` array)."""
@@ -125,32 +166,48 @@ class Mailbox:
         if not queue:
             self._posted.pop((src, tag), None)
 
+    # ---- arrivals ----------------------------------------------------------------------
+
     def begin(self, meta: TensorMeta) -> _Inbound:
         """A frame header arrived: decide where its payload goes."""
+        if meta.op == POISON_OP:
+            return _Inbound(meta, _scratch(meta), None, drop=True)
+        call = (meta.tag.group, meta.tag.seq)
+        ours = self._calls.get(call)
+        if ours is not None and ours[0] != meta.op:
+            self._fail_call(call, _mismatch(self.rank, meta.src, meta.tag.seq, ours[0], meta.op))
+            return _Inbound(meta, _scratch(meta), None, drop=True)
         posted = self._take_posted((meta.src, meta.tag))
         if posted is None:
-            self.early_bytes += meta.nbytes
-            return _Inbound(meta, np.empty(meta.shape, meta.dtype), None)
+            self._hold(meta)
+            return _Inbound(meta, _scratch(meta), None)
         try:
             check_match(meta, posted.op, posted.out, self.rank)
         except MessageMismatch as exc:
-            return _Inbound(meta, np.empty(meta.shape, meta.dtype), posted, exc)
+            return _Inbound(meta, _scratch(meta), posted, exc)
         posted.filling = True
-        target = posted.out if posted.out is not None else np.empty(meta.shape, meta.dtype)
+        target = posted.out if posted.out is not None else _scratch(meta)
         return _Inbound(meta, target, posted)
 
     def finish(self, inbound: _Inbound) -> None:
         """The payload of ``inbound`` is complete."""
+        meta = inbound.meta
+        if meta.op == POISON_OP:
+            report = unpack_object(inbound.array.tobytes())
+            self.poison_group(meta.tag.group, relayed_error(report[0], report[1]))
+            return
+        if inbound.drop:
+            return
         posted = inbound.posted
         if posted is None:
             # The receive may have been posted while this payload was still arriving.
-            key = (inbound.meta.src, inbound.meta.tag)
+            key = (meta.src, meta.tag)
             late = self._take_posted(key)
             if late is None:
-                self._early.setdefault(key, deque()).append((inbound.meta, inbound.array))
+                self._early.setdefault(key, deque()).append((meta, inbound.array))
             else:
-                self._release(inbound.array.nbytes)
-                self._complete(late, inbound.meta, inbound.array)
+                self._release(meta, inbound.array.nbytes)
+                self._complete(late, meta, inbound.array)
             return
         if posted.future.done():
             return
@@ -158,6 +215,46 @@ class Mailbox:
             posted.future.set_exception(inbound.error)
         else:
             posted.future.set_result(inbound.array)
+
+    def deliver(self, meta: TensorMeta, array: np.ndarray) -> None:
+        """Hand over a complete in-memory message (copies it once)."""
+        inbound = self.begin(meta)
+        np.copyto(inbound.array, array, casting="no")
+        self.finish(inbound)
+
+    # ---- failures ----------------------------------------------------------------------
+
+    def fail(self, exc: BaseException, *, src: int | None = None) -> None:
+        """Fail pending receives (all, or only those from ``src``)."""
+        for key in list(self._posted):
+            if src is None or key[0] == src:
+                self._fail_queue(key, exc)
+
+    def poison_group(self, group: int, exc: BaseException) -> None:
+        """Fail every pending and later receive of ``group`` with ``exc``."""
+        self._group_errors.setdefault(group, exc)
+        for key in [k for k in self._posted if k[1].group == group]:
+            self._fail_queue(key, self._group_errors[group])
+
+    def group_error(self, group: int) -> BaseException | None:
+        return self._group_errors.get(group)
+
+    def _fail_call(self, call: Call, exc: BaseException) -> None:
+        for key in [k for k in self._posted if (k[1].group, k[1].seq) == call]:
+            self._fail_queue(key, exc)
+
+    def _fail_queue(self, key: Key, exc: BaseException) -> None:
+        for posted in self._posted.pop(key, ()):
+            if not posted.future.done():
+                posted.future.set_exception(exc)
+
+    def pending_sources(self, group: int, seq: int) -> list[int]:
+        """Ranks that a call still waits for (for timeout messages)."""
+        return sorted(
+            {src for (src, tag), q in self._posted.items() if q and tag[:2] == (group, seq)}
+        )
+
+    # ---- bookkeeping -------------------------------------------------------------------
 
     def _take_posted(self, key: Key) -> _Posted | None:
         queue = self._posted.get(key)
@@ -170,25 +267,18 @@ class Mailbox:
             del self._posted[key]
         return posted
 
-    def deliver(self, meta: TensorMeta, array: np.ndarray) -> None:
-        """Hand over a complete in-memory message (copies it once)."""
-        inbound = self.begin(meta)
-        np.copyto(inbound.array, array, casting="no")
-        self.finish(inbound)
+    def _hold(self, meta: TensorMeta) -> None:
+        self.early_bytes += meta.nbytes
+        held = self._early_calls.setdefault((meta.tag.group, meta.tag.seq), [meta.src, meta.op, 0])
+        held[2] += 1
 
-    def fail(self, exc: BaseException, *, src: int | None = None) -> None:
-        """Fail pending receives (all, or only those from ``src``)."""
-        for key in list(self._posted):
-            if src is not None and key[0] != src:
-                continue
-            for posted in self._posted.pop(key):
-                if not posted.future.done():
-                    posted.future.set_exception(exc)
-
-    def pending_sources(self) -> list[int]:
-        return sorted({src for (src, _tag), q in self._posted.items() if q})
-
-    def _release(self, nbytes: int) -> None:
+    def _release(self, meta: TensorMeta, nbytes: int) -> None:
+        call = (meta.tag.group, meta.tag.seq)
+        held = self._early_calls.get(call)
+        if held is not None:
+            held[2] -= 1
+            if held[2] <= 0:
+                del self._early_calls[call]
         was_over = self.over_budget
         self.early_bytes -= nbytes
         if was_over and not self.over_budget:

@@ -302,7 +302,7 @@ class TcpMesh(Transport):
             self._on_peer_failed(error)
         self.abort(error)
 
-    def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
+    def _write(self, dst: int, meta: TensorMeta, array: np.ndarray) -> asyncio.Transport:
         conn = self._conns.get(dst)
         if conn is None or not conn.is_open:
             raise PeerFailed(rank=dst, reason="no open connection")
@@ -311,11 +311,19 @@ class TcpMesh(Transport):
         head = encode_head(FrameKind.DATA, meta.to_wire(), array.nbytes)
         payload = byte_view(array)
         if array.nbytes <= _COALESCE_BYTES:
-            transport.write(head + payload)
+            transport.write(head + payload)  # one syscall; the bytes are copied
         else:
             transport.write(head)
             transport.write(payload)
-        return conn.wait_flushed() if transport.get_write_buffer_size() else None
+        return transport
+
+    def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
+        transport = self._write(dst, meta, array)
+        return self._conns[dst].wait_flushed() if transport.get_write_buffer_size() else None
+
+    def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+        assert array.nbytes <= _COALESCE_BYTES
+        self._write(dst, meta, array)
 
     def report_failure(self, reason: str, traceback: str) -> None:
         """Tell every peer why this rank is about to go away."""

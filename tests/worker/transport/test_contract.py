@@ -108,7 +108,9 @@ async def test_mismatched_shape_raises_naming_ranks_and_op(kind: str) -> None:
 async def test_mismatched_op_raises(kind: str) -> None:
     async with WORLDS[kind](2) as (a, b):
         await a.send(1, np.zeros(2), tag=Tag(0, 3), op="broadcast")
-        with pytest.raises(MessageMismatch, match="expected all_reduce #3, got broadcast #3"):
+        with pytest.raises(
+            MessageMismatch, match="rank 1 called all_reduce, but rank 0 called broadcast"
+        ):
             await b.recv(0, tag=Tag(0, 3), op="all_reduce")
 
 
@@ -199,3 +201,26 @@ async def test_many_large_messages_in_a_row_arrive_intact(kind: str) -> None:
             await b.recv(0, tag=Tag(0, i), out=out)
             assert (out == i).all()
         await producer
+
+
+async def test_mismatch_is_caught_across_different_steps(kind: str) -> None:
+    async with WORLDS[kind](2) as (a, b):
+        # rank 0 runs some other call #4 whose frames use a step rank 1 never receives
+        await a.send(1, np.zeros(2), tag=Tag(0, 4, step=9), op="all_gather:float64")
+        with pytest.raises(MessageMismatch, match="rank 0 called all_gather:float64"):
+            await b.recv(0, tag=Tag(0, 4, step=0), op="all_reduce:float64:sum", timeout=5)
+
+
+async def test_poisoned_group_fails_pending_and_later_receives(kind: str) -> None:
+    from shardwire.protocol import CollectiveTimeout
+
+    async with WORLDS[kind](3) as (a, b, c):
+        pending = b.irecv(2, tag=Tag(7, 1))
+        other_group = b.irecv(2, tag=Tag(8, 1))
+        a.poison_group(7, CollectiveTimeout("all_reduce #1 timed out on rank 0"), [1, 2])
+        with pytest.raises(CollectiveTimeout, match="timed out on rank 0"):
+            await pending.wait()
+        with pytest.raises(CollectiveTimeout):
+            await c.recv(0, tag=Tag(7, 2), timeout=5)
+        assert not other_group.done()
+        other_group.cancel()
