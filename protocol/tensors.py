@@ -28,6 +28,7 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
     }
 )
 MAX_NDIM = 32
+MAX_OP_CHARS = 256  # op names carry a collective's signature (name, dtype, sizes, root)
 
 
 class Tag(NamedTuple):
@@ -109,7 +110,7 @@ def parse_tensor_meta(meta: dict[str, Any], payload_len: int) -> TensorMeta:
     ):
         raise ProtocolError(f"data frame shape {shape!r} is not a list of non-negative ints")
     op = meta.get("op")
-    if not isinstance(op, str) or len(op) > 64:
+    if not isinstance(op, str) or len(op) > MAX_OP_CHARS:
         raise ProtocolError(f"data frame op {op!r} is not a short string")
     tag = Tag(_int(meta, "group"), _int(meta, "seq"), _int(meta, "step"))
     tm = TensorMeta(_int(meta, "src"), tag, op, dtype, tuple(shape), _int(meta, "gen"))

@@ -13,6 +13,10 @@ Typical script::
 
 from shardwire.protocol import (
     AuthFailed,
+    CollectiveCancelled,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
     JobAborted,
     PeerFailed,
     RendezvousError,
@@ -20,19 +24,27 @@ from shardwire.protocol import (
     Tag,
 )
 from shardwire.worker.api import Session, init
+from shardwire.worker.collectives import Group, ReduceOp, Work
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.runtime import run
 from shardwire.worker.settings import WorkerConfig
 
 __all__ = [
     "AuthFailed",
+    "CollectiveCancelled",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
+    "Group",
     "JobAborted",
     "PeerFailed",
     "ProcessGroup",
+    "ReduceOp",
     "RendezvousError",
     "Session",
     "ShardwireError",
     "Tag",
+    "Work",
     "WorkerConfig",
     "init",
     "run",

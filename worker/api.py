@@ -70,14 +70,13 @@ class Session:
         await mesh.connect(roster)
         me = roster.members[roster.rank]
         self.group = ProcessGroup(
-            rank=roster.rank,
-            world_size=roster.world_size,
+            mesh,
             local_rank=me.local_rank,
             local_world_size=cfg.local_world_size,
             node_rank=me.node_rank,
             generation=roster.generation,
-            transport=mesh,
-            members=list(roster.members),
+            members=roster.members,
+            timeout=cfg.timeout,
         )
         return self.group
 
@@ -113,6 +112,8 @@ class Session:
         await self._release()
 
     async def _release(self) -> None:
+        if self.group is not None:
+            await self.group.aclose()
         if self._mesh is not None:
             await self._mesh.aclose()
         if self._control is not None:

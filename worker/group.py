@@ -2,34 +2,43 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from shardwire.protocol.messages import Member
+from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
 from shardwire.worker.transport.base import Transport
 
 
-@dataclass
-class ProcessGroup:
-    """This process's place in the job, and the transport to its peers.
+class ProcessGroup(Group):
+    """This process's place in the job, and collectives over every rank.
 
     Attributes:
-        rank: global rank, 0 ... world_size-1.
-        world_size: number of worker processes.
-        local_rank: index on this node; local_world_size: processes per node.
-        node_rank: index of this node (ranks node_rank*L ... node_rank*L+L-1 live on it).
+        rank, world_size: global rank and number of worker processes.
+        local_rank, local_world_size: index on this node and processes per node.
+        node_rank: index of this node (it owns ranks node_rank*L ... node_rank*L+L-1).
         generation: rendezvous generation; every data frame carries it.
         members: the roster (rank, node, address) of every process.
         transport: point-to-point messaging to the other ranks.
     """
 
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    generation: int
-    transport: Transport
-    members: list[Member] = field(default_factory=list)
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        local_rank: int,
+        local_world_size: int,
+        node_rank: int,
+        generation: int,
+        members: Sequence[Member] = (),
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
+        super().__init__(transport, timeout=timeout)
+        self.world_size = self.size
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.node_rank = node_rank
+        self.generation = generation
+        self.members = list(members)
 
     @property
     def nnodes(self) -> int:
@@ -40,3 +49,19 @@ class ProcessGroup:
         node = self.node_rank if node_rank is None else node_rank
         start = node * self.local_world_size
         return list(range(start, start + self.local_world_size))
+
+    def node_group(self, *, local_world_size: int | None = None) -> Group:
+        """This node's ranks as a group (``local_world_size`` overrides the node size,
+        e.g. to test hybrid sharding on one host)."""
+        size = local_world_size or self.local_world_size
+        if self.world_size % size:
+            raise ValueError(f"world size {self.world_size} is not a multiple of {size}")
+        start = self.rank - self.rank % size
+        return self.new_group(range(start, start + size), name="node")
+
+    def cross_node_group(self, *, local_world_size: int | None = None) -> Group:
+        """The ranks with this rank's local index on every node, as a group."""
+        size = local_world_size or self.local_world_size
+        if self.world_size % size:
+            raise ValueError(f"world size {self.world_size} is not a multiple of {size}")
+        return self.new_group(range(self.rank % size, self.world_size, size), name="cross")

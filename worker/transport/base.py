@@ -42,7 +42,7 @@ class TransportStats:
 class Receive:
     """A posted receive (from :meth:`Transport.irecv`)."""
 
-    __slots__ = ("_transport", "future", "limit", "op", "src", "tag")
+    __slots__ = ("_transport", "future", "limit", "op", "received", "src", "tag")
 
     def __init__(
         self,
@@ -56,6 +56,7 @@ class Receive:
     ):
         self._transport = transport
         self.src, self.tag, self.op, self.future, self.limit = src, tag, op, future, limit
+        self.received = False  # set once wait() returned the array
 
     def done(self) -> bool:
         return self.future.done()
@@ -69,6 +70,7 @@ class Receive:
             result = await t._wait(self.future, self.src, self.tag, self.op, self.limit)
         t.stats.bytes_received += result.nbytes
         t.stats.messages_received += 1
+        self.received = True
         return result
 
     def cancel(self) -> None:
@@ -165,6 +167,7 @@ class Transport(abc.ABC):
             if src in self._departed:
                 self.mailbox.withdraw(src, tag, future)
                 future.set_exception(self._departed[src])
+                future.exception()  # raised by wait(); never logged as unretrieved
             else:
                 self._posted(src)
         return Receive(

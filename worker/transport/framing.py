@@ -61,6 +61,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._flushed = asyncio.Event()
         self._flushed.set()
         self.peer_host = ""
+        self.violation: BaseException | None = None  # why this side closed, if it did
 
     # ---- asyncio callbacks -------------------------------------------------------------
 
@@ -178,6 +179,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     def fail(self, exc: BaseException) -> None:
         """Close because of ``exc``; ``ready`` (if pending) raises it."""
+        self.violation = self.violation or exc
         if not self.ready.done():
             self.ready.set_exception(exc)
             self.ready.exception()

@@ -62,6 +62,13 @@ def byte_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
+def _fail(future: asyncio.Future, exc: BaseException) -> None:
+    """Fail a receive. Its waiter may be gone (a collective stops at its first error),
+    so the exception counts as retrieved instead of being logged at collection."""
+    future.set_exception(exc)
+    future.exception()
+
+
 def _scratch(meta: TensorMeta) -> np.ndarray:
     return np.empty(meta.shape, meta.dtype)
 
@@ -108,13 +115,13 @@ class Mailbox:
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         group_error = self._group_errors.get(tag.group)
         if group_error is not None:
-            future.set_exception(group_error)
+            _fail(future, group_error)
             return future
         posted = _Posted(op, out, future)
         call = (tag.group, tag.seq)
         held = self._early_calls.get(call)
         if held is not None and held[1] != op:
-            future.set_exception(_mismatch(self.rank, held[0], tag.seq, op, held[1]))
+            _fail(future, _mismatch(self.rank, held[0], tag.seq, op, held[1]))
             return future
         key = (src, tag)
         early = self._early.get(key)
@@ -144,7 +151,7 @@ class Mailbox:
         try:
             check_match(meta, posted.op, posted.out, self.rank)
         except MessageMismatch as exc:
-            posted.future.set_exception(exc)
+            _fail(posted.future, exc)
             return
         if posted.out is not None:
             np.copyto(posted.out, array)
@@ -212,7 +219,7 @@ class Mailbox:
         if posted.future.done():
             return
         if inbound.error is not None:
-            posted.future.set_exception(inbound.error)
+            _fail(posted.future, inbound.error)
         else:
             posted.future.set_result(inbound.array)
 
@@ -246,13 +253,7 @@ class Mailbox:
     def _fail_queue(self, key: Key, exc: BaseException) -> None:
         for posted in self._posted.pop(key, ()):
             if not posted.future.done():
-                posted.future.set_exception(exc)
-
-    def pending_sources(self, group: int, seq: int) -> list[int]:
-        """Ranks that a call still waits for (for timeout messages)."""
-        return sorted(
-            {src for (src, tag), q in self._posted.items() if q and tag[:2] == (group, seq)}
-        )
+                _fail(posted.future, exc)
 
     # ---- bookkeeping -------------------------------------------------------------------
 

@@ -296,7 +296,10 @@ class TcpMesh(Transport):
                 remote_traceback=conn.failure.traceback,
             )
         else:
-            why = f"connection lost ({exc})" if exc else "connection closed without goodbye"
+            if conn.violation is not None:
+                why = f"closed after a protocol violation: {conn.violation}"
+            else:
+                why = f"connection lost ({exc})" if exc else "connection closed without goodbye"
             error = PeerFailed(rank=conn.peer, reason=why)
         if self.error is None:
             self._on_peer_failed(error)

@@ -1,0 +1,23 @@
+"""Collectives as coroutines over a transport: see :class:`Group`."""
+
+from shardwire.protocol import (
+    CollectiveCancelled,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+)
+from shardwire.worker.collectives.core import DEFAULT_TIMEOUT, Work, group_id_for
+from shardwire.worker.collectives.group import Group
+from shardwire.worker.collectives.ops import ReduceOp
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "CollectiveCancelled",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
+    "Group",
+    "ReduceOp",
+    "Work",
+    "group_id_for",
+]

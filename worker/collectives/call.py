@@ -1,0 +1,61 @@
+"""One collective call's view of the group: who is where, and its tag space."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shardwire.protocol import Tag
+from shardwire.worker.transport.base import Receive, Transport
+
+# Transport-level waits are a backstop; the call's own deadline (the group timeout)
+# fires first and turns into CollectiveTimeout with the ranks not heard from.
+_BACKSTOP = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Messages of one call share (group id, seq) and carry its signature as the op."""
+
+    transport: Transport
+    ranks: tuple[int, ...]  # group rank -> global rank
+    rank: int  # this process's group rank
+    group_id: int
+    seq: int
+    signature: str
+    receives: list[Receive] = field(default_factory=list)  # for "not heard from" reports
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def tag(self, step: int) -> Tag:
+        return Tag(self.group_id, self.seq, step)
+
+    async def send(self, peer: int, array: np.ndarray, step: int) -> None:
+        await self.transport.send(
+            self.ranks[peer],
+            array,
+            tag=Tag(self.group_id, self.seq, step),
+            op=self.signature,
+            timeout=_BACKSTOP,
+        )
+
+    def irecv(self, peer: int, step: int, out: np.ndarray | None = None) -> Receive:
+        receive = self.transport.irecv(
+            self.ranks[peer],
+            tag=Tag(self.group_id, self.seq, step),
+            op=self.signature,
+            out=out,
+            timeout=_BACKSTOP,
+        )
+        self.receives.append(receive)
+        return receive
+
+    def silent_ranks(self) -> list[int]:
+        """Global ranks this call is still waiting for."""
+        return sorted({r.src for r in self.receives if not r.received})
+
+    async def recv(self, peer: int, step: int, out: np.ndarray | None = None) -> np.ndarray:
+        return await self.irecv(peer, step, out).wait()

@@ -1,0 +1,159 @@
+"""A group of ranks that runs collectives: sequence numbers, deadlines, poisoning, handles.
+
+Every call gets the next sequence number of its group at the moment it is made, so calls
+made in the same order on every rank line up even when they run concurrently. A call
+that fails (timeout, mismatch, cancellation, dead peer) poisons the group: the error is
+relayed to the other members, and every later call raises it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import zlib
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from shardwire.protocol import (
+    CollectiveCancelled,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    MessageMismatch,
+    ShardwireError,
+    TransportClosed,
+)
+from shardwire.worker.collectives.call import Call
+from shardwire.worker.transport.base import Transport, TransportTimeout
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT = 300.0
+
+
+def group_id_for(ranks: Sequence[int], name: str = "") -> int:
+    """A group id every member derives alike from the member list (0 is the world)."""
+    text = f"{name}|{','.join(map(str, ranks))}"
+    return (zlib.crc32(text.encode()) & 0x3FFFFFFF) + 1
+
+
+class Work:
+    """A collective started with ``async_op=True``; owned by its group.
+
+    ``await work.wait()`` returns the result (or raises the call's error); ``done()``
+    polls; ``cancel()`` aborts it, which poisons the group on every rank (the ranks
+    are mid-exchange and cannot agree on where they stopped).
+    """
+
+    def __init__(self, task: asyncio.Task[Any]):
+        self._task = task
+
+    async def wait(self) -> Any:
+        # shield: a waiter that gives up does not abort the collective; cancel() does.
+        return await asyncio.shield(self._task)
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+class GroupCore:
+    """Membership, sequencing and failure handling shared by all collectives."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        ranks: Sequence[int] | None = None,
+        *,
+        group_id: int = 0,
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
+        members = tuple(range(transport.world_size)) if ranks is None else tuple(ranks)
+        if len(set(members)) != len(members) or not members:
+            raise ValueError(f"group ranks must be distinct and non-empty, got {list(members)}")
+        if transport.rank not in members:
+            raise ValueError(f"rank {transport.rank} is not a member of group {list(members)}")
+        self.transport = transport
+        self.ranks = members
+        self.rank = members.index(transport.rank)
+        self.size = len(members)
+        self.group_id = group_id
+        self.timeout = timeout
+        self._seq = 0
+        self._error: BaseException | None = None
+        self._works: set[Work] = set()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that poisoned this group, if any."""
+        return self._error
+
+    def _check(self) -> None:
+        if self._error is None:
+            self._error = self.transport.mailbox.group_error(self.group_id)
+        if self._error is not None:
+            raise self._error
+        if self.transport.error is not None:
+            raise self.transport.error
+
+    def _start(
+        self,
+        signature: str,
+        algorithm: Callable[[Call], Awaitable[T]],
+        *,
+        timeout: float | None,
+        async_op: bool,
+    ) -> Any:
+        self._check()
+        self._seq += 1
+        call = Call(self.transport, self.ranks, self.rank, self.group_id, self._seq, signature)
+        coro = self._run(call, algorithm, self.timeout if timeout is None else timeout)
+        return self._spawn(coro) if async_op else coro
+
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> Work:
+        task = asyncio.ensure_future(coro)
+        work = Work(task)
+        self._works.add(work)
+        task.add_done_callback(lambda _t: self._works.discard(work))
+        return work
+
+    async def _run(self, call: Call, algorithm: Callable[[Call], Awaitable[T]], limit: float) -> T:
+        what = f"{call.signature.split(':')[0]} #{call.seq}"
+        me = self.transport.rank
+        try:
+            async with asyncio.timeout(limit):
+                return await algorithm(call)
+        except (TimeoutError, TransportTimeout):
+            waiting = call.silent_ranks()
+            heard = f"not heard from ranks {waiting}" if waiting else "stuck sending"
+            self._poison(
+                CollectiveTimeout(f"{what} timed out after {limit:g} s on rank {me}: {heard}")
+            )
+        except CollectiveError as exc:  # relayed by a peer that failed first
+            self._error = self._error or exc
+        except MessageMismatch as exc:
+            self._poison(CollectiveMismatch(f"{what} on rank {me}: {exc}"))
+        except asyncio.CancelledError:
+            self._poison(CollectiveCancelled(f"{what} was cancelled on rank {me}"))
+            raise
+        except (ShardwireError, OSError) as exc:  # PeerFailed, JobAborted, closed
+            self._error = self._error or exc
+        assert self._error is not None
+        raise self._error
+
+    def _poison(self, error: CollectiveError) -> None:
+        if self._error is None:
+            self._error = error
+        peers = [r for r in self.ranks if r != self.transport.rank]
+        with contextlib.suppress(TransportClosed):
+            self.transport.poison_group(self.group_id, self._error, peers)
+
+    async def aclose(self) -> None:
+        """Cancel and await every collective still running on this group."""
+        works = list(self._works)
+        for work in works:
+            work.cancel()
+        for work in works:
+            with contextlib.suppress(BaseException):
+                await work._task

@@ -1,0 +1,110 @@
+"""Bandwidth-optimal ring algorithms with chunk pipelining.
+
+Theory of operation
+-------------------
+The flat buffer is cut into one *segment* per rank. Reduce-scatter takes n-1 steps: at
+step s rank r sends segment (r-s-1) mod n to its right neighbour and receives segment
+(r-s-2) mod n from its left one, combining it with its own contribution; afterwards rank
+r holds segment r reduced over all ranks. All-gather then circulates the finished
+segments for another n-1 steps. Every rank sends and receives (n-1)/n of the buffer per
+phase, which is optimal (Patarasuk & Yuan, 2009).
+
+Each segment is further cut into ``depth`` chunks, and each chunk index runs the whole
+ring as its own *lane* (a coroutine): while one lane waits for bytes, another reduces,
+so copying, reducing and the wire overlap. Receives are posted before the matching send
+goes out, so payloads land directly in their destination. The broadcast is a pipelined
+chain in the same spirit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from shardwire.worker.collectives.call import Call
+from shardwire.worker.collectives.layout import bounds, pipeline_depth, sub
+from shardwire.worker.collectives.ops import ReduceOp, combine
+
+# Chunk size and lane count, from benchmarks/collectives.py on 2 cores over loopback:
+# 1 MiB chunks and up to 4 lanes gave the best 16-256 MiB all_reduce (smaller chunks
+# cost Python overhead per message, more lanes just queue behind each other).
+CHUNK_BYTES = 1 << 20
+MAX_LANES = 4
+# The chain broadcast needs more, smaller pieces: its latency is (n - 1 + pieces) hops.
+CHAIN_PIECES = 64
+
+
+def _lanes(segs: list[tuple[int, int]], itemsize: int) -> int:
+    widest = max(b - a for a, b in segs) * itemsize
+    return pipeline_depth(widest, chunk_bytes=CHUNK_BYTES, max_depth=MAX_LANES)
+
+
+async def reduce_scatter(
+    c: Call,
+    src: np.ndarray,
+    acc: np.ndarray,
+    segs: list[tuple[int, int]],
+    op: ReduceOp,
+    *,
+    base_step: int = 0,
+) -> None:
+    """Afterwards ``acc[segs[rank]]`` is segment ``rank`` reduced over the group.
+
+    ``src`` is this rank's contribution (flat); ``acc`` (flat, may be ``src``) receives
+    the partial reductions.
+    """
+    n, r = c.size, c.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    depth = _lanes(segs, src.itemsize)
+
+    async def lane(j: int) -> None:
+        widest = max(b - a for a, b in segs)
+        scratch = np.empty(widest // depth + 1, src.dtype)
+        for s in range(n - 1):
+            sa, sb = sub(segs[(r - s - 1) % n], depth, j)
+            ra, rb = sub(segs[(r - s - 2) % n], depth, j)
+            step = base_step + s * depth + j
+            incoming = scratch[: rb - ra]
+            receive = c.irecv(left, step, out=incoming)
+            await c.send(right, (src if s == 0 else acc)[sa:sb], step)
+            await receive.wait()
+            combine(op, incoming, src[ra:rb], out=acc[ra:rb])
+
+    await asyncio.gather(*(lane(j) for j in range(depth)))
+
+
+async def all_gather(
+    c: Call, buf: np.ndarray, segs: list[tuple[int, int]], *, base_step: int = 0
+) -> None:
+    """Circulate segments: afterwards every segment of ``buf`` (flat) is filled."""
+    n, r = c.size, c.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    depth = _lanes(segs, buf.itemsize)
+
+    async def lane(j: int) -> None:
+        for s in range(n - 1):
+            sa, sb = sub(segs[(r - s) % n], depth, j)
+            ra, rb = sub(segs[(r - s - 1) % n], depth, j)
+            step = base_step + s * depth + j
+            receive = c.irecv(left, step, out=buf[ra:rb])
+            await c.send(right, buf[sa:sb], step)
+            await receive.wait()
+
+    await asyncio.gather(*(lane(j) for j in range(depth)))
+
+
+async def broadcast_chain(c: Call, buf: np.ndarray, root: int) -> None:
+    """Pipelined chain root -> root+1 -> ...: each piece is forwarded as it arrives."""
+    n, r = c.size, c.rank
+    position = (r - root) % n
+    prev, nxt = (r - 1) % n, (r + 1) % n
+    pieces = bounds(len(buf), max(1, min(CHAIN_PIECES, buf.nbytes // (256 * 1024))))
+    receives = (
+        [c.irecv(prev, j, out=buf[a:b]) for j, (a, b) in enumerate(pieces)] if position else []
+    )
+    for j, (a, b) in enumerate(pieces):
+        if position:
+            await receives[j].wait()
+        if position < n - 1:
+            await c.send(nxt, buf[a:b], j)

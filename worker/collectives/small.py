@@ -1,0 +1,123 @@
+"""Latency-optimal algorithms for small payloads.
+
+* all_reduce: recursive doubling (log2 n rounds). For n not a power of two the first
+  2*rem ranks fold pairwise into one (rem = n - 2^k), the 2^k survivors double, and the
+  result is handed back (Thakur, Rabenseifner & Gropp, 2005).
+* all_gather, reduce_scatter, gather, scatter, all_to_all: direct exchange, one round.
+* broadcast and reduce: binomial trees rooted anywhere.
+* barrier: dissemination, ceil(log2 n) rounds of empty messages.
+
+Reductions always combine the lower ranks' part first, so every rank and every run
+computes the same expression.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import numpy as np
+
+from shardwire.worker.collectives.call import Call
+from shardwire.worker.collectives.layout import largest_power_of_two
+from shardwire.worker.collectives.ops import ReduceOp, combine
+
+_EMPTY = np.zeros(0, np.uint8)
+
+
+def _real(virtual: int, rem: int) -> int:
+    return 2 * virtual if virtual < rem else virtual + rem
+
+
+async def all_reduce_doubling(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
+    """In-place all-reduce of ``buf``."""
+    n, r = c.size, c.rank
+    p = largest_power_of_two(n)
+    rem = n - p
+    scratch = np.empty_like(buf)
+    last = p.bit_length()  # step numbers: 0 fold, 1..log2(p) rounds, last unfold
+    if r < 2 * rem:
+        if r % 2:
+            await c.send(r - 1, buf, 0)
+            await c.recv(r - 1, last, out=buf)
+            return
+        await c.recv(r + 1, 0, out=scratch)
+        combine(op, buf, scratch, out=buf)
+        virtual = r // 2
+    else:
+        virtual = r - rem
+    mask, step = 1, 1
+    while mask < p:
+        partner_v = virtual ^ mask
+        partner = _real(partner_v, rem)
+        receive = c.irecv(partner, step, out=scratch)
+        await c.send(partner, buf, step)
+        await receive.wait()
+        if virtual < partner_v:
+            combine(op, buf, scratch, out=buf)
+        else:
+            combine(op, scratch, buf, out=buf)
+        mask <<= 1
+        step += 1
+    if r < 2 * rem:
+        await c.send(r + 1, buf, last)
+
+
+async def exchange(
+    c: Call,
+    send_to: Mapping[int, np.ndarray],
+    recv_from: Mapping[int, np.ndarray | None],
+    *,
+    step: int = 0,
+) -> dict[int, np.ndarray]:
+    """One round: send ``send_to[p]`` to each listed peer, and receive from each peer in
+    ``recv_from`` (into the given array, or a new one for None). Returns what arrived."""
+    receives = {p: c.irecv(p, step, out=out) for p, out in recv_from.items() if p != c.rank}
+    await asyncio.gather(*(c.send(p, a, step) for p, a in send_to.items() if p != c.rank))
+    return {p: await receive.wait() for p, receive in receives.items()}
+
+
+async def broadcast_tree(c: Call, buf: np.ndarray | None, root: int) -> np.ndarray:
+    """Binomial-tree broadcast; non-roots may pass ``None`` to receive any shape."""
+    n, r = c.size, c.rank
+    v = (r - root) % n
+    mask = 1
+    while mask < n:  # receive from the parent: v with its lowest set bit cleared
+        if v & mask:
+            buf = await c.recv((r - mask) % n, 0, out=buf)
+            break
+        mask <<= 1
+    assert buf is not None
+    mask >>= 1
+    while mask:
+        if v + mask < n:
+            await c.send((r + mask) % n, buf, 0)
+        mask >>= 1
+    return buf
+
+
+async def reduce_tree(c: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None:
+    """Binomial-tree reduce into ``buf`` on ``root`` (``buf`` is overwritten elsewhere)."""
+    n, r = c.size, c.rank
+    v = (r - root) % n
+    scratch = np.empty_like(buf)
+    mask = 1
+    while mask < n:
+        if v & mask:
+            await c.send((r - mask) % n, buf, 0)
+            return
+        if v + mask < n:
+            await c.recv((r + mask) % n, 0, out=scratch)
+            combine(op, buf, scratch, out=buf)  # own (lower virtual ranks) part first
+        mask <<= 1
+
+
+async def barrier(c: Call) -> None:
+    n, r = c.size, c.rank
+    distance, step = 1, 0
+    while distance < n:
+        receive = c.irecv((r - distance) % n, step)
+        await c.send((r + distance) % n, _EMPTY, step)
+        await receive.wait()
+        distance <<= 1
+        step += 1
