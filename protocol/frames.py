@@ -127,6 +127,9 @@ _EMPTY = memoryview(b"")
 # least DIRECT_MIN bytes, the kernel writes it straight into the destination array.
 STAGE_BYTES = 256 * 1024
 DIRECT_MIN = 64 * 1024
+# At most this much is read into the stage at once: enough for a burst of small frames
+# per syscall, little enough that a large payload is mostly read straight into place.
+STAGE_READ = 64 * 1024
 
 
 class FrameDecoder:
@@ -170,9 +173,9 @@ class FrameDecoder:
             return self._target[self._filled :]
         if self._state is _State.BROKEN:
             raise ProtocolError("decoder is broken after an earlier protocol violation")
-        if self._end == len(self._stage):
+        if self._end > len(self._stage) - STAGE_READ:
             self._compact()
-        return self._view[self._end :]
+        return self._view[self._end : self._end + STAGE_READ]
 
     def buffer_updated(self, nbytes: int) -> None:
         """Account for ``nbytes`` written into the last :meth:`get_buffer` view."""

@@ -201,3 +201,23 @@ async def test_failed_join_leaves_nothing_behind() -> None:
                 pass
     assert asyncio.all_tasks() == tasks_before
     assert _open_sockets() - fds_before == set()
+
+
+async def test_node_and_cross_node_groups_from_the_roster() -> None:
+    async with coordinator(4) as server:
+
+        async def worker(node: str, local: int):
+            cfg = worker_config(server, 4, local, local_world_size=2, node_id=node)
+            async with init(cfg) as pg:
+                node_sum = await pg.node_group().all_reduce(np.array([pg.rank]))
+                cross = await pg.cross_node_group().all_gather(np.array([pg.rank]))
+                world = await pg.all_reduce(np.array([1.0]))
+                return pg.rank, int(node_sum[0]), cross.tolist(), float(world[0])
+
+        got = sorted(await asyncio.gather(*(worker(n, i) for n in "ab" for i in range(2))))
+        assert got == [
+            (0, 1, [0, 2], 4.0),
+            (1, 1, [1, 3], 4.0),
+            (2, 5, [0, 2], 4.0),
+            (3, 5, [1, 3], 4.0),
+        ]

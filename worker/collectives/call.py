@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardwire.protocol import Tag
+from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.transport.base import Receive, Transport
 
 # Transport-level waits are a backstop; the call's own deadline (the group timeout)
@@ -24,7 +25,15 @@ class Call:
     group_id: int
     seq: int
     signature: str
+    pool: ScratchPool = field(default_factory=ScratchPool)
     receives: list[Receive] = field(default_factory=list)  # for "not heard from" reports
+    taken: list[np.ndarray] = field(default_factory=list)  # scratch to give back
+
+    def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """A flat buffer that lives until the call ends (reused across calls)."""
+        array = self.pool.take(count, dtype)
+        self.taken.append(array)
+        return array
 
     @property
     def size(self) -> int:

@@ -24,6 +24,7 @@ from shardwire.protocol import (
     TransportClosed,
 )
 from shardwire.worker.collectives.call import Call
+from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.transport.base import Transport, TransportTimeout
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ class GroupCore:
         self._seq = 0
         self._error: BaseException | None = None
         self._works: set[Work] = set()
+        self._pool = ScratchPool()
 
     @property
     def error(self) -> BaseException | None:
@@ -123,7 +125,9 @@ class GroupCore:
         me = self.transport.rank
         try:
             async with asyncio.timeout(limit):
-                return await algorithm(call)
+                result = await algorithm(call)
+            self._pool.give(call.taken)
+            return result
         except (TimeoutError, TransportTimeout):
             waiting = call.silent_ranks()
             heard = f"not heard from ranks {waiting}" if waiting else "stuck sending"
@@ -157,3 +161,4 @@ class GroupCore:
         for work in works:
             with contextlib.suppress(BaseException):
                 await work._task
+        self._pool.clear()

@@ -12,7 +12,8 @@ phase, which is optimal (Patarasuk & Yuan, 2009).
 Each segment is further cut into ``depth`` chunks, and each chunk index runs the whole
 ring as its own *lane* (a coroutine): while one lane waits for bytes, another reduces,
 so copying, reducing and the wire overlap. Receives are posted before the matching send
-goes out, so payloads land directly in their destination. The broadcast is a pipelined
+goes out (all of a phase's receives at once), so payloads land directly in their
+destination. The broadcast is a pipelined
 chain in the same spirit.
 """
 
@@ -25,6 +26,7 @@ import numpy as np
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.layout import bounds, pipeline_depth, sub
 from shardwire.worker.collectives.ops import ReduceOp, combine
+from shardwire.worker.transport.base import Receive
 
 # Chunk size and lane count, from benchmarks/collectives.py on 2 cores over loopback:
 # 1 MiB chunks and up to 4 lanes gave the best 16-256 MiB all_reduce (smaller chunks
@@ -52,44 +54,67 @@ async def reduce_scatter(
     """Afterwards ``acc[segs[rank]]`` is segment ``rank`` reduced over the group.
 
     ``src`` is this rank's contribution (flat); ``acc`` (flat, may be ``src``) receives
-    the partial reductions.
+    the partial reductions. Every receive is posted up front into its own region of one
+    scratch buffer (each step receives a different segment), so no payload waits.
     """
     n, r = c.size, c.rank
     right, left = (r + 1) % n, (r - 1) % n
     depth = _lanes(segs, src.itemsize)
+    incoming = c.scratch(src.size, src.dtype)
+    receives = {}
+    for s in range(n - 1):
+        for j in range(depth):
+            ra, rb = sub(segs[(r - s - 2) % n], depth, j)
+            receives[s, j] = c.irecv(left, base_step + s * depth + j, out=incoming[ra:rb])
 
     async def lane(j: int) -> None:
-        widest = max(b - a for a, b in segs)
-        scratch = np.empty(widest // depth + 1, src.dtype)
         for s in range(n - 1):
             sa, sb = sub(segs[(r - s - 1) % n], depth, j)
+            await c.send(right, (src if s == 0 else acc)[sa:sb], base_step + s * depth + j)
+            await receives[s, j].wait()
             ra, rb = sub(segs[(r - s - 2) % n], depth, j)
-            step = base_step + s * depth + j
-            incoming = scratch[: rb - ra]
-            receive = c.irecv(left, step, out=incoming)
-            await c.send(right, (src if s == 0 else acc)[sa:sb], step)
-            await receive.wait()
-            combine(op, incoming, src[ra:rb], out=acc[ra:rb])
+            combine(op, incoming[ra:rb], src[ra:rb], out=acc[ra:rb])
 
     await asyncio.gather(*(lane(j) for j in range(depth)))
 
 
-async def all_gather(
+def post_all_gather(
     c: Call, buf: np.ndarray, segs: list[tuple[int, int]], *, base_step: int = 0
+) -> dict[tuple[int, int], Receive]:
+    """Post every all-gather receive straight into ``buf``.
+
+    Safe before a reduce-scatter on the same buffer finishes: the finished value of a
+    segment cannot exist anywhere before this rank has sent its own part of it.
+    """
+    n, r = c.size, c.rank
+    depth = _lanes(segs, buf.itemsize)
+    receives = {}
+    for s in range(n - 1):
+        for j in range(depth):
+            ra, rb = sub(segs[(r - s - 1) % n], depth, j)
+            receives[s, j] = c.irecv((r - 1) % n, base_step + s * depth + j, out=buf[ra:rb])
+    return receives
+
+
+async def all_gather(
+    c: Call,
+    buf: np.ndarray,
+    segs: list[tuple[int, int]],
+    *,
+    base_step: int = 0,
+    receives: dict[tuple[int, int], Receive] | None = None,
 ) -> None:
     """Circulate segments: afterwards every segment of ``buf`` (flat) is filled."""
     n, r = c.size, c.rank
-    right, left = (r + 1) % n, (r - 1) % n
     depth = _lanes(segs, buf.itemsize)
+    if receives is None:
+        receives = post_all_gather(c, buf, segs, base_step=base_step)
 
     async def lane(j: int) -> None:
         for s in range(n - 1):
             sa, sb = sub(segs[(r - s) % n], depth, j)
-            ra, rb = sub(segs[(r - s - 1) % n], depth, j)
-            step = base_step + s * depth + j
-            receive = c.irecv(left, step, out=buf[ra:rb])
-            await c.send(right, buf[sa:sb], step)
-            await receive.wait()
+            await c.send((r + 1) % n, buf[sa:sb], base_step + s * depth + j)
+            await receives[s, j].wait()
 
     await asyncio.gather(*(lane(j) for j in range(depth)))
 
@@ -99,7 +124,9 @@ async def broadcast_chain(c: Call, buf: np.ndarray, root: int) -> None:
     n, r = c.size, c.rank
     position = (r - root) % n
     prev, nxt = (r - 1) % n, (r + 1) % n
-    pieces = bounds(len(buf), max(1, min(CHAIN_PIECES, buf.nbytes // (256 * 1024))))
+    # Pieces only pay off with a hop to pipeline behind: two ranks send it whole.
+    count = 1 if n == 2 else max(1, min(CHAIN_PIECES, buf.nbytes // (256 * 1024)))
+    pieces = bounds(len(buf), count)
     receives = (
         [c.irecv(prev, j, out=buf[a:b]) for j, (a, b) in enumerate(pieces)] if position else []
     )

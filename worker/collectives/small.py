@@ -34,7 +34,7 @@ async def all_reduce_doubling(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
     n, r = c.size, c.rank
     p = largest_power_of_two(n)
     rem = n - p
-    scratch = np.empty_like(buf)
+    scratch = c.scratch(buf.size, buf.dtype)
     last = p.bit_length()  # step numbers: 0 fold, 1..log2(p) rounds, last unfold
     if r < 2 * rem:
         if r % 2:
@@ -100,7 +100,7 @@ async def reduce_tree(c: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None
     """Binomial-tree reduce into ``buf`` on ``root`` (``buf`` is overwritten elsewhere)."""
     n, r = c.size, c.rank
     v = (r - root) % n
-    scratch = np.empty_like(buf)
+    scratch = c.scratch(buf.size, buf.dtype)
     mask = 1
     while mask < n:
         if v & mask:

@@ -77,12 +77,23 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-u", args.script, *args.args]
 
 
+def _bench(argv: list[str]) -> int:
+    if argv[:1] != ["collectives"]:
+        print("usage: shardwire bench collectives [--help]", file=sys.stderr)
+        return 2
+    from shardwire.worker.bench.collectives import main as bench_main
+
+    return bench_main(argv[1:])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["coordinator"]:
         # Hand over to the coordinator package in a fresh interpreter: the worker side
         # never imports it (layering), and the process is the coordinator from here on.
         os.execv(sys.executable, [sys.executable, "-m", "shardwire.coordinator", *argv[1:]])
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
     args = parser().parse_args(argv)
     try:
         settings = _settings(args)

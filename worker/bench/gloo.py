@@ -1,0 +1,112 @@
+"""The gloo baseline: the same cells timed with torch.distributed's gloo backend.
+
+Run with an interpreter that has torch (``pip install torch``); this file imports
+nothing from shardwire so it can run outside shardwire's environment:
+
+    python gloo.py OUT.json '{"n": 2, "ops": [...], "sizes": [...], "target_s": 1.0}'
+
+It writes per-cell times (the slowest rank's, per iteration) as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _call(dist, torch, op: str, nbytes: int, n: int):
+    numel = nbytes // 4
+    if op == "all_reduce":
+        x = torch.ones(numel, dtype=torch.float32)
+        return lambda: dist.all_reduce(x)
+    if op == "broadcast":
+        x = torch.ones(numel, dtype=torch.float32)
+        return lambda: dist.broadcast(x, src=0)
+    if op == "all_gather":
+        inp = torch.ones(numel // n, dtype=torch.float32)
+        out = torch.empty(numel // n * n, dtype=torch.float32)
+        return lambda: dist.all_gather_into_tensor(out, inp)
+    if op == "reduce_scatter":
+        inp = torch.ones(numel // n * n, dtype=torch.float32)
+        out = torch.empty(numel // n, dtype=torch.float32)
+        return lambda: dist.reduce_scatter_tensor(out, inp)
+    raise ValueError(op)
+
+
+def _agree_max(dist, torch, value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _cell(dist, torch, op: str, nbytes: int, *, n: int, target_s: float) -> dict:
+    record: dict = {"op": op, "n": n, "bytes": nbytes}
+    try:
+        call = _call(dist, torch, op, nbytes, n)
+        call()
+        start = time.perf_counter()
+        call()
+        first = _agree_max(dist, torch, time.perf_counter() - start)
+        calibration = max(1, min(50, int(0.2 / max(first, 1e-7))))
+        start = time.perf_counter()
+        for _ in range(calibration):
+            call()
+        per = _agree_max(dist, torch, (time.perf_counter() - start) / calibration)
+        iters = max(3, min(20000, int(target_s / max(per, 1e-7))))
+        dist.barrier()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        mine = torch.tensor(times, dtype=torch.float64)
+        everyone = [torch.zeros(iters, dtype=torch.float64) for _ in range(n)]
+        dist.all_gather(everyone, mine)
+        record["times"] = torch.stack(everyone).max(dim=0).values.tolist()
+    except RuntimeError as exc:  # an op this torch build lacks
+        record["error"] = str(exc)[:200]
+    return record
+
+
+def _worker(rank: int, n: int, port: int, config: dict, out_path: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    records = [
+        _cell(dist, torch, op, nbytes, n=n, target_s=config["target_s"])
+        for op in config["ops"]
+        for nbytes in config["sizes"]
+    ]
+    if rank == 0:
+        with open(out_path, "w") as fh:
+            json.dump(records, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    import torch.multiprocessing as mp
+
+    out_path, config = sys.argv[1], json.loads(sys.argv[2])
+    n = config["n"]
+    with tempfile.TemporaryDirectory() as tmp:
+        partial = os.path.join(tmp, "gloo.json")
+        mp.spawn(_worker, args=(n, _free_port(), config, partial), nprocs=n, join=True)
+        os.replace(partial, out_path)
+
+
+if __name__ == "__main__":
+    main()
