@@ -65,7 +65,7 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
         await call()
         times[i] = clock() - t0
     everyone = await pg.all_gather(times.reshape(1, -1))
-    record = summarize(everyone.max(axis=0).tolist())
+    record: dict[str, Any] = dict(summarize(everyone.max(axis=0).tolist()))
     record.update(
         op=op, n=pg.world_size, bytes=nbytes, algorithm=algorithm_name(op, nbytes, pg.world_size)
     )
