@@ -27,7 +27,7 @@ MAX_ITERS = 20000
 def make_call(pg: sw.ProcessGroup, op: str, nbytes: int) -> Callable[[], Awaitable[Any]]:
     n, numel = pg.world_size, nbytes // 4
     if op == "all_reduce":
-        x = np.ones(numel, np.float32)
+        x = np.zeros(numel, np.float32)  # repeated in-place sums stay finite
         return lambda: pg.all_reduce(x)
     if op == "broadcast":
         x = np.ones(numel, np.float32)
