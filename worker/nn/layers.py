@@ -1,0 +1,155 @@
+"""Basic layers, each backward right below its forward."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from shardwire.worker.nn.module import Module
+
+
+class Linear(Module):
+    """y = x W^T + b, over the last axis. W: (out, in), initialised U(-1/sqrt(in), ..)."""
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        *,
+        rng: np.random.Generator,
+        bias: bool = True,
+        dtype: DTypeLike = np.float64,
+    ) -> None:
+        super().__init__()
+        bound = 1.0 / math.sqrt(d_in)
+        self.add_param("weight", rng.uniform(-bound, bound, (d_out, d_in)).astype(dtype))
+        if bias:
+            self.add_param("bias", np.zeros(d_out, dtype))
+        self._x: np.ndarray | None = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        self._x = x
+        y = x @ self.params["weight"].T
+        if "bias" in self.params:
+            y = y + self.params["bias"]
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x = self._x
+        assert x is not None, "backward before forward"
+        flat_x = x.reshape(-1, x.shape[-1])
+        flat_dy = dy.reshape(-1, dy.shape[-1])
+        self.grads["weight"] += flat_dy.T @ flat_x
+        if "bias" in self.grads:
+            self.grads["bias"] += flat_dy.sum(axis=0)
+        return dy @ self.params["weight"]
+
+
+class Embedding(Module):
+    """Rows of a (vocab, dim) table, N(0, 0.02) initialised."""
+
+    def __init__(
+        self, vocab: int, dim: int, *, rng: np.random.Generator, dtype: DTypeLike = np.float64
+    ) -> None:
+        super().__init__()
+        self.add_param("weight", (rng.standard_normal((vocab, dim)) * 0.02).astype(dtype))
+        self._ids: np.ndarray | None = None
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        self._ids = ids
+        return self.params["weight"][ids]
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        assert self._ids is not None, "backward before forward"
+        np.add.at(self.grads["weight"], self._ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+        return np.zeros(self._ids.shape)  # ids have no gradient
+
+
+class LayerNorm(Module):
+    """Normalise the last axis, then scale and shift."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, dtype: DTypeLike = np.float64):
+        super().__init__()
+        self.eps = eps
+        self.add_param("weight", np.ones(dim, dtype))
+        self.add_param("bias", np.zeros(dim, dtype))
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        mean = x.mean(axis=-1, keepdims=True)
+        inv_std = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + self.eps)
+        x_hat = (x - mean) * inv_std
+        self._cache = (x_hat, inv_std)
+        return x_hat * self.params["weight"] + self.params["bias"]
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        assert self._cache is not None, "backward before forward"
+        x_hat, inv_std = self._cache
+        axes = tuple(range(dy.ndim - 1))
+        self.grads["weight"] += (dy * x_hat).sum(axis=axes)
+        self.grads["bias"] += dy.sum(axis=axes)
+        g = dy * self.params["weight"]
+        return inv_std * (
+            g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).mean(axis=-1, keepdims=True)
+        )
+
+
+class ReLU(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self._mask: np.ndarray | None = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        self._mask = x > 0
+        return x * self._mask
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        assert self._mask is not None, "backward before forward"
+        return dy * self._mask
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class GELU(Module):
+    """GELU, tanh approximation (Hendrycks & Gimpel, 2016)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        t = np.tanh(_GELU_C * (x + 0.044715 * x**3))
+        self._cache = (x, t)
+        return 0.5 * x * (1.0 + t)
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        assert self._cache is not None, "backward before forward"
+        x, t = self._cache
+        dt = (1.0 - t**2) * _GELU_C * (1.0 + 3 * 0.044715 * x**2)
+        return dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
+
+
+class Dropout(Module):
+    """Inverted dropout with its own seeded generator (identical streams on every rank
+    that seeds it alike); the identity in eval mode."""
+
+    def __init__(self, p: float, *, seed: int) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+        self._rng = np.random.default_rng(seed)
+        self._mask: np.ndarray | None = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        if not self.training or self.p == 0.0:
+            self._mask = None
+            return x
+        self._mask = (self._rng.random(x.shape) >= self.p) / (1.0 - self.p)
+        return x * self._mask
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        return dy if self._mask is None else dy * self._mask

@@ -1,0 +1,91 @@
+"""A pre-norm transformer block and a small character-level language model."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from shardwire.worker.nn.attention import CausalSelfAttention
+from shardwire.worker.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
+from shardwire.worker.nn.module import Module, Sequential
+
+
+class Block(Module):
+    """x + attn(ln1(x)), then h + mlp(ln2(h)) with a 4x GELU MLP."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        rng: np.random.Generator,
+        dropout: float = 0.0,
+        seed: int = 0,
+        dtype: DTypeLike = np.float64,
+    ) -> None:
+        super().__init__()
+        self.ln1 = self.add("ln1", LayerNorm(dim, dtype=dtype))
+        self.attn = self.add("attn", CausalSelfAttention(dim, heads, rng=rng, dtype=dtype))
+        self.ln2 = self.add("ln2", LayerNorm(dim, dtype=dtype))
+        self.mlp = self.add(
+            "mlp",
+            Sequential(
+                Linear(dim, 4 * dim, rng=rng, dtype=dtype),
+                GELU(),
+                Linear(4 * dim, dim, rng=rng, dtype=dtype),
+                Dropout(dropout, seed=seed),
+            ),
+        )
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        h = x + self.attn(self.ln1(x))
+        return h + self.mlp(self.ln2(h))
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        dh = dy + self.ln2.backward(self.mlp.backward(dy))
+        return dh + self.ln1.backward(self.attn.backward(dh))
+
+
+class TransformerLM(Module):
+    """Token + position embeddings, ``layers`` blocks, final norm, vocabulary head."""
+
+    def __init__(
+        self,
+        *,
+        vocab: int,
+        dim: int,
+        heads: int,
+        layers: int,
+        context: int,
+        rng: np.random.Generator,
+        dropout: float = 0.0,
+        seed: int = 0,
+        dtype: DTypeLike = np.float64,
+    ) -> None:
+        super().__init__()
+        self.context = context
+        self.tok = self.add("tok", Embedding(vocab, dim, rng=rng, dtype=dtype))
+        self.pos = self.add("pos", Embedding(context, dim, rng=rng, dtype=dtype))
+        self.blocks = self.add(
+            "blocks",
+            Sequential(
+                *(
+                    Block(dim, heads, rng=rng, dropout=dropout, seed=seed + i, dtype=dtype)
+                    for i in range(layers)
+                )
+            ),
+        )
+        self.ln_f = self.add("ln_f", LayerNorm(dim, dtype=dtype))
+        self.head = self.add("head", Linear(dim, vocab, rng=rng, bias=False, dtype=dtype))
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        t = ids.shape[-1]
+        if t > self.context:
+            raise ValueError(f"sequence of {t} exceeds the context of {self.context}")
+        x = self.tok(ids) + self.pos(np.arange(t))
+        return self.head(self.ln_f(self.blocks(x)))
+
+    def backward(self, dlogits: np.ndarray) -> np.ndarray:
+        dx = self.blocks.backward(self.ln_f.backward(self.head.backward(dlogits)))
+        self.pos.backward(dx.sum(axis=0))
+        return self.tok.backward(dx)

@@ -1,0 +1,116 @@
+"""Optimizers over flat arrays (whole parameters or shards of them) and an LR schedule.
+
+Updates are elementwise, so updating a shard gives exactly the corresponding slice of
+the full update: ZeRO-style sharded optimizer state needs nothing more than passing
+shards. State arrays are created on the first step, shaped like their parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Optimizer:
+    """Common bookkeeping: per-parameter state arrays and the step counter."""
+
+    def __init__(self, *, lr: float, weight_decay: float = 0.0) -> None:
+        if lr < 0 or weight_decay < 0:
+            raise ValueError("lr and weight_decay must be non-negative")
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.steps = 0
+        self.state: list[dict[str, np.ndarray]] = []
+
+    def _slots(self, params: Sequence[np.ndarray], names: Sequence[str]) -> None:
+        if not self.state:
+            self.state = [{n: np.zeros_like(p) for n in names} for p in params]
+        if len(self.state) != len(params):
+            raise ValueError(
+                f"optimizer holds state for {len(self.state)} arrays, step got {len(params)}"
+            )
+
+    def state_bytes(self) -> int:
+        return sum(a.nbytes for slot in self.state for a in slot.values())
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "state": [dict(s) for s in self.state]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        self.state = [{k: np.array(v) for k, v in s.items()} for s in state["state"]]
+
+    def step(
+        self, params: Sequence[np.ndarray], grads: Sequence[np.ndarray], *, lr: float | None = None
+    ) -> None:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """SGD with momentum (PyTorch's form: v = m v + g; p -= lr v) and L2 weight decay."""
+
+    def __init__(self, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        super().__init__(lr=lr, weight_decay=weight_decay)
+        self.momentum = momentum
+
+    def step(
+        self, params: Sequence[np.ndarray], grads: Sequence[np.ndarray], *, lr: float | None = None
+    ) -> None:
+        lr = self.lr if lr is None else lr
+        if self.momentum:
+            self._slots(params, ["velocity"])
+        self.steps += 1
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            d = g + self.weight_decay * p if self.weight_decay else g
+            if self.momentum:
+                v = self.state[i]["velocity"]
+                v *= self.momentum
+                v += d
+                d = v
+            p[...] -= lr * d
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter, 2019)."""
+
+    def __init__(
+        self,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ):
+        super().__init__(lr=lr, weight_decay=weight_decay)
+        self.betas = betas
+        self.eps = eps
+
+    def step(
+        self, params: Sequence[np.ndarray], grads: Sequence[np.ndarray], *, lr: float | None = None
+    ) -> None:
+        lr = self.lr if lr is None else lr
+        self._slots(params, ["m", "v"])
+        self.steps += 1
+        b1, b2 = self.betas
+        c1, c2 = 1.0 - b1**self.steps, 1.0 - b2**self.steps
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            m, v = self.state[i]["m"], self.state[i]["v"]
+            m *= b1
+            m += (1.0 - b1) * g
+            v *= b2
+            v += (1.0 - b2) * g * g
+            if self.weight_decay:
+                p[...] *= 1.0 - lr * self.weight_decay
+            p[...] -= lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+
+
+def warmup_cosine(
+    step: int, *, base_lr: float, warmup: int, total: int, min_lr: float = 0.0
+) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine decay to ``min_lr`` at ``total``."""
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
