@@ -1,0 +1,364 @@
+"""Fully sharded data parallel training over a process group.
+
+Theory of operation
+-------------------
+The model is cut into *units* by a policy (e.g. every transformer block); parameters
+that no unit claims form the *root* unit. Each unit owns one flat, padded buffer (see
+``flat.py``) of which each rank keeps a shard.
+
+``forward`` runs the model's own numpy code in a worker thread, so the event loop stays
+free to move bytes while numpy computes. Each unit's ``forward``/``backward`` is wrapped
+by a hook that hops to the event loop: before a unit computes, its parameters are
+gathered (one all-gather per unit) and the next units' gathers are started (prefetch,
+bounded by depth and bytes); after it computes, FULL_SHARD frees them again. Backward
+walks the units in reverse: re-gather, compute, then *start* the unit's gradient
+reduce-scatter (or all-reduce for NO_SHARD) without waiting, so it overlaps the next
+unit's backward. The end of ``backward`` collects the reductions in unit order (then,
+for HYBRID_SHARD, all-reduces each shard across the replica groups). Every rank issues
+the same collectives in the same order, because the hooks run in model order.
+
+The optimizer updates flat shards only; SHARD_GRAD_OP gathers the updated shards back
+into its full parameters after each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any
+
+import numpy as np
+
+from shardwire.worker.collectives import Group, Work
+from shardwire.worker.fsdp import checkpoint
+from shardwire.worker.fsdp.flat import FlatLayout
+from shardwire.worker.fsdp.strategy import Policy, Strategy
+from shardwire.worker.fsdp.unit import Unit, UnitState
+from shardwire.worker.nn.module import Module
+from shardwire.worker.optim.optimizers import Optimizer
+
+
+class FSDPError(RuntimeError):
+    """Misuse of the wrapper (the message says what to do instead)."""
+
+
+def _partition(model: Module, policy: Policy | None) -> list[tuple[str, Module]]:
+    """Unit roots in registration (= forward) order; nested matches belong to the outer."""
+    roots: list[tuple[str, Module]] = []
+    for name, module in model.named_modules():
+        if module is model or policy is None:
+            continue
+        if any(name.startswith(r + ".") for r, _ in roots):
+            continue
+        if policy(name, module):
+            roots.append((name, module))
+    return roots
+
+
+def _owned(prefix: str, module: Module) -> list[tuple[str, Module, str]]:
+    return [
+        (f"{path}.{local}", owner, local)
+        for path, owner in module.named_modules(prefix)
+        for local in owner.params
+    ]
+
+
+def fingerprint(model: Module) -> str:
+    text = ";".join(f"{n}:{p.shape}:{p.dtype}" for n, p in model.named_parameters())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class FSDP:
+    """Wrap ``model`` for sharded training on ``group``; build with :meth:`create`."""
+
+    def __init__(
+        self,
+        model: Module,
+        group: Group,
+        *,
+        strategy: Strategy,
+        optimizer: Optimizer,
+        policy: Policy | None,
+        prefetch: bool,
+        prefetch_depth: int,
+        prefetch_bytes: int | None,
+        shard_size: int | None,
+    ) -> None:
+        self.model = model
+        self.group = group
+        self.strategy = strategy
+        self.optimizer = optimizer
+        self.prefetch_enabled = prefetch
+        self.prefetch_depth = prefetch_depth
+        self.prefetch_bytes = prefetch_bytes
+        self.shard_group, self.replica_group = self._groups(shard_size)
+        roots = _partition(model, policy)
+        inside = {id(m) for _, r in roots for _, m in r.named_modules()}
+        root_owned = [
+            ((f"{path}.{local}" if path else local), owner, local)
+            for path, owner in model.named_modules()
+            if id(owner) not in inside
+            for local in owner.params
+        ]
+        self.root = self._unit("", root_owned)
+        self.units = [self._unit(name, _owned(name, m)) for name, m in roots]
+        self._sync = True
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reductions: list[tuple[Unit, Work]] = []
+        self._prefetched = False
+        for index, (_, module) in enumerate(roots):
+            self._hook(module, index)
+
+    @classmethod
+    async def create(
+        cls,
+        model: Module,
+        group: Group,
+        *,
+        strategy: Strategy | str = Strategy.FULL_SHARD,
+        optimizer: Optimizer,
+        policy: Policy | None = None,
+        prefetch: bool = True,
+        prefetch_depth: int = 1,
+        prefetch_bytes: int | None = None,
+        shard_size: int | None = None,
+    ) -> FSDP:
+        """Check that every rank wraps the same model, then shard it.
+
+        Args:
+            strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD.
+            policy: which submodules become units (see ``by_type``/``by_size``).
+            prefetch_depth, prefetch_bytes: how far ahead gathers may run, and the most
+                bytes of gathered-ahead parameters at once.
+            shard_size: HYBRID_SHARD's intra-node group size (default: the process
+                group's ``local_world_size``).
+        """
+        mine = fingerprint(model)
+        everyone = await group.all_gather_object(mine)
+        differ = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
+        if differ:
+            raise FSDPError(
+                f"model on rank(s) {differ} differs from rank 0's (parameter "
+                "names, shapes or dtypes); build the same model everywhere"
+            )
+        return cls(
+            model,
+            group,
+            strategy=Strategy(strategy),
+            optimizer=optimizer,
+            policy=policy,
+            prefetch=prefetch,
+            prefetch_depth=prefetch_depth,
+            prefetch_bytes=prefetch_bytes,
+            shard_size=shard_size,
+        )
+
+    def _groups(self, shard_size: int | None) -> tuple[Group, Group | None]:
+        if self.strategy is not Strategy.HYBRID_SHARD:
+            return self.group, None
+        size = shard_size or getattr(self.group, "local_world_size", None)
+        if not size or self.group.size % size:
+            raise FSDPError(
+                f"HYBRID_SHARD needs a shard group size dividing the world "
+                f"size {self.group.size}, got {size}"
+            )
+        r = self.group.rank
+        start = r - r % size
+        shard = self.group.new_group(range(start, start + size), name="fsdp-shard")
+        replica = self.group.new_group(range(r % size, self.group.size, size), name="fsdp-replica")
+        return shard, replica
+
+    def _unit(self, name: str, owned: list[tuple[str, Module, str]]) -> Unit:
+        layout = FlatLayout.build(owned, self.shard_group.size)
+        return Unit(
+            name,
+            layout,
+            strategy=self.strategy,
+            shard_group=self.shard_group,
+            replica_group=self.replica_group,
+        )
+
+    # ---- hooks (run in the compute thread) ---------------------------------------------
+
+    def _on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout=self.group.timeout)
+
+    def _hook(self, module: Module, index: int) -> None:
+        forward, backward = module.forward, module.backward
+
+        def hooked_forward(x: np.ndarray) -> np.ndarray:
+            self._on_loop(self._before_forward(index))
+            y = forward(x)
+            self._on_loop(self._after_forward(index))
+            return y
+
+        def hooked_backward(dy: np.ndarray) -> np.ndarray:
+            self._on_loop(self._before_backward(index))
+            dx = backward(dy)
+            self._on_loop(self._after_backward(index))
+            return dx
+
+        module.forward = hooked_forward  # type: ignore[method-assign]
+        module.backward = hooked_backward  # type: ignore[method-assign]
+
+    def _prefetch_after(self, order: list[int]) -> None:
+        if not self.prefetch_enabled:
+            return
+        budget = self.prefetch_bytes
+        in_flight = 0
+        for index in order[: self.prefetch_depth]:
+            unit = self.units[index]
+            if budget is not None and in_flight + unit.gathered_bytes > budget:
+                break
+            unit.start_gather()
+            in_flight += unit.gathered_bytes
+
+    async def _before_forward(self, index: int) -> None:
+        await self.units[index].gather()
+        self._prefetch_after(list(range(index + 1, len(self.units))))
+
+    async def _after_forward(self, index: int) -> None:
+        self.units[index].free()
+
+    async def _before_backward(self, index: int) -> None:
+        unit = self.units[index]
+        await unit.gather()
+        self._prefetch_after(list(range(index - 1, -1, -1)))
+        unit.begin_backward()
+
+    async def _after_backward(self, index: int) -> None:
+        unit = self.units[index]
+        if self._sync:
+            self._start_reduction(unit)
+        unit.free()
+
+    def _start_reduction(self, unit: Unit) -> None:
+        grad = unit.grad_full
+        assert grad is not None
+        if self.strategy is Strategy.NO_SHARD:
+            work = self.shard_group.all_reduce(grad, async_op=True)
+        else:
+            work = self.shard_group.reduce_scatter(grad, async_op=True)
+        self._reductions.append((unit, work))
+
+    # ---- training step -----------------------------------------------------------------
+
+    async def forward(self, x: np.ndarray) -> np.ndarray:
+        """Run the model forward on this rank's batch."""
+        self._loop = asyncio.get_running_loop()
+        await self.root.gather()
+        if not self._prefetched:
+            self._prefetch_after(list(range(len(self.units))))
+        self._prefetched = False
+        return await asyncio.to_thread(self.model.forward, x)
+
+    def prefetch(self) -> None:
+        """Start gathering the first units now (e.g. while the next batch loads)."""
+        if not self.strategy.shards_params:
+            raise FSDPError(f"{self.strategy.name} keeps full parameters: nothing to prefetch")
+        if self._prefetched:
+            raise FSDPError("prefetch() called twice without a forward in between")
+        self._prefetched = True
+        self.root.start_gather()
+        order = list(range(len(self.units)))
+        for index in order[: max(1, self.prefetch_depth)]:
+            self.units[index].start_gather()
+
+    async def backward(self, dy: np.ndarray) -> np.ndarray:
+        """Backward from the loss gradient; returns once gradients are reduced (or, in
+        ``no_sync``, accumulated locally)."""
+        self._loop = asyncio.get_running_loop()
+        await self.root.gather()
+        self.root.begin_backward()
+        try:
+            dx = await asyncio.to_thread(self.model.backward, dy)
+            if self._sync:
+                self._start_reduction(self.root)
+                await self._finish_reductions()
+        finally:
+            self.root.free()
+        return dx
+
+    async def _finish_reductions(self) -> None:
+        pending, self._reductions = self._reductions, []
+        for unit, work in pending:
+            reduced = await work.wait()
+            if self.replica_group is not None and self.replica_group.size > 1:
+                await self.replica_group.all_reduce(reduced)
+            unit.grad_shard += reduced
+            unit.grad_full = None
+            unit.layout.release_grads()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no communication) until the context exits; the
+        next synced backward reduces the sum."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
+
+    def all_units(self) -> list[Unit]:
+        return [self.root, *self.units]
+
+    async def step(self, *, lr: float | None = None) -> None:
+        """Apply the optimizer to this rank's shards."""
+        units = self.all_units()
+        self.optimizer.step([u.shard for u in units], [u.grad_shard for u in units], lr=lr)
+        if self.strategy is Strategy.SHARD_GRAD_OP:
+            for unit in units:
+                await unit.resync()
+
+    def zero_grad(self) -> None:
+        for unit in self.all_units():
+            unit.zero_grad()
+
+    async def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale gradients so their global L2 norm is at most ``max_norm``; returns the
+        norm before clipping (the same number single-process training computes)."""
+        local = float(sum(np.dot(u.grad_shard, u.grad_shard) for u in self.all_units()))
+        if self.strategy is Strategy.NO_SHARD:
+            total = local
+        else:  # shards are disjoint within the shard group, replicated across replicas
+            total = float((await self.shard_group.all_reduce(np.array([local])))[0])
+        norm = total**0.5
+        if norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for unit in self.all_units():
+                unit.grad_shard *= scale
+        return norm
+
+    @contextlib.asynccontextmanager
+    async def full_params(self) -> AsyncIterator[Module]:
+        """Temporarily gather every parameter (e.g. to evaluate or generate)."""
+        for unit in self.all_units():
+            await unit.gather()
+        try:
+            yield self.model
+        finally:
+            for unit in self.all_units():
+                unit.free()
+
+    async def aclose(self) -> None:
+        """Wait out reductions still in flight (after an error, they are cancelled)."""
+        for _, work in self._reductions:
+            work.cancel()
+        self._reductions = []
+
+    async def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
+        """Full parameters by name (every rank gets them), or this rank's pieces."""
+        if sharded:
+            return checkpoint.sharded_state(self.all_units())
+        return await checkpoint.full_state(self.all_units())
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load full parameters by name, or a list of sharded pieces from any world size."""
+        await checkpoint.load(self.all_units(), state)
+
+    def unit_states(self) -> dict[str, UnitState]:
+        return {u.name or "<root>": u.state for u in self.all_units()}
