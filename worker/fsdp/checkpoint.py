@@ -49,26 +49,20 @@ def sharded_state(units: list[Unit]) -> dict[str, Any]:
 
 def assemble(states: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Full parameters from every rank's sharded state (in any order)."""
-    full: dict[str, np.ndarray] = {}
+    flat: dict[str, np.ndarray] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     filled: dict[str, int] = {}
     for state in states:
         for name, piece in state["pieces"].items():
-            shape = tuple(piece["shape"])
             data = np.asarray(piece["data"])
-            target = full.setdefault(name, np.zeros(int(np.prod(shape)), data.dtype))
+            shapes[name] = tuple(piece["shape"])
+            target = flat.setdefault(name, np.zeros(int(np.prod(shapes[name])), data.dtype))
             target[piece["start"] : piece["start"] + data.size] = data
             filled[name] = filled.get(name, 0) + data.size
-    for name, array in full.items():
+    for name, array in flat.items():
         if filled[name] != array.size:
             raise ValueError(f"{name}: the pieces cover {filled[name]} of {array.size} values")
-    return {name: a.reshape(states_shape(states, name)) for name, a in full.items()}
-
-
-def states_shape(states: list[dict[str, Any]], name: str) -> tuple[int, ...]:
-    for state in states:
-        if name in state["pieces"]:
-            return tuple(state["pieces"][name]["shape"])
-    raise KeyError(name)
+    return {name: array.reshape(shapes[name]) for name, array in flat.items()}
 
 
 async def load(units: list[Unit], state: dict[str, Any] | list[dict[str, Any]]) -> None:

@@ -360,5 +360,34 @@ class FSDP:
         """Load full parameters by name, or a list of sharded pieces from any world size."""
         await checkpoint.load(self.all_units(), state)
 
+    def memory_stats(self) -> dict[str, dict[str, int]]:
+        """Per-rank bytes by category: what the strategy implies between steps
+        ("estimated") and what this rank holds right now ("held")."""
+        units = self.all_units()
+        padded = sum(u.layout.padded * u.layout.dtype.itemsize for u in units)
+        shard = sum(u.shard.nbytes for u in units)
+        slots = len(self.optimizer.state[0]) if self.optimizer.state else 0
+        full_params = self.strategy in (Strategy.NO_SHARD, Strategy.SHARD_GRAD_OP)
+        estimated = {
+            "params": padded + (shard if self.strategy is Strategy.SHARD_GRAD_OP else 0)
+            if full_params
+            else shard,
+            "grads": shard,
+            "optimizer": slots * shard,
+        }
+        held = {
+            "params": sum(
+                u.shard.nbytes
+                + (u.full.nbytes if u.full is not None and u.full is not u.shard else 0)
+                for u in units
+            ),
+            "grads": sum(
+                u.grad_shard.nbytes + (u.grad_full.nbytes if u.grad_full is not None else 0)
+                for u in units
+            ),
+            "optimizer": self.optimizer.state_bytes(),
+        }
+        return {"estimated": estimated, "held": held}
+
     def unit_states(self) -> dict[str, UnitState]:
         return {u.name or "<root>": u.state for u in self.all_units()}

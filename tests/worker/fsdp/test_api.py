@@ -1,0 +1,110 @@
+"""Wrapper behaviour besides the training oracle: memory, checkpoints, misuse."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from shardwire.worker.collectives import Group
+from shardwire.worker.fsdp import FSDP, FSDPError, Strategy, by_type, checkpoint
+from shardwire.worker.fsdp.unit import UnitState
+from shardwire.worker.nn import Block, TransformerLM
+from shardwire.worker.optim import AdamW
+from tests.worker.transport.fabric import WORLDS
+
+from .training import fsdp_world, make_model, reference, train_rank
+
+
+async def test_full_shard_holds_a_quarter_of_no_shard_at_four_ranks() -> None:
+    totals = {}
+    for strategy in (Strategy.FULL_SHARD, Strategy.NO_SHARD):
+        async with fsdp_world(4, strategy, "adamw") as ranks:
+            await asyncio.gather(*(train_rank(f, r, 4) for r, f in enumerate(ranks)))
+            stats = ranks[0].memory_stats()
+            assert stats["held"] == stats["estimated"], strategy
+            totals[strategy] = sum(stats["held"].values())
+    assert totals[Strategy.FULL_SHARD] <= 0.30 * totals[Strategy.NO_SHARD]
+
+
+async def test_sharded_state_from_four_ranks_loads_at_two_and_in_one_process() -> None:
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adamw") as ranks:
+        await asyncio.gather(*(train_rank(f, r, 4) for r, f in enumerate(ranks)))
+        pieces = [await f.state_dict(sharded=True) for f in ranks]
+        trained = (await asyncio.gather(*(f.state_dict() for f in ranks)))[0]
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adamw") as ranks:
+        await asyncio.gather(*(f.load_state_dict(pieces) for f in ranks))
+        states = await asyncio.gather(*(f.state_dict() for f in ranks))
+    async with fsdp_world(1, Strategy.NO_SHARD, "adamw") as (single,):
+        await single.load_state_dict(pieces)
+        one = await single.state_dict()
+    model = make_model()  # a plain single-process model takes the assembled state too
+    for name, value in checkpoint.assemble(pieces).items():
+        owner, _, local = name.rpartition(".")
+        dict(model.named_modules())[owner].params[local][...] = value
+    plain = dict(model.named_parameters())
+    for state in (*states, one, plain):
+        assert state.keys() == trained.keys()
+        for name, value in trained.items():
+            np.testing.assert_array_equal(state[name], value)
+    want = reference("adamw")["params"]
+    np.testing.assert_allclose(trained["head.weight"], want["head.weight"], rtol=1e-10)
+
+
+async def test_models_that_differ_are_refused_naming_the_rank() -> None:
+    async with WORLDS["memory"](3) as transports:
+        groups = [Group(t) for t in transports]
+        models = [make_model() for _ in range(3)]
+        models[2] = TransformerLM(
+            vocab=11, dim=8, heads=2, layers=2, context=6, rng=np.random.default_rng(1)
+        )
+        results = await asyncio.gather(
+            *(
+                FSDP.create(m, g, optimizer=AdamW(lr=0.1), policy=by_type(Block))
+                for m, g in zip(models, groups, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        for err in results:
+            assert isinstance(err, FSDPError) and "rank(s) [2]" in str(err)
+
+
+async def test_prefetch_misuse_is_explained() -> None:
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd") as ranks:
+        for f in ranks:
+            f.prefetch()
+        with pytest.raises(FSDPError, match="twice without a forward"):
+            ranks[0].prefetch()
+        x = np.zeros((1, 3), np.int64)
+        await asyncio.gather(*(f.forward(x) for f in ranks))
+    async with fsdp_world(2, Strategy.NO_SHARD, "sgd") as ranks:
+        with pytest.raises(FSDPError, match="NO_SHARD keeps full parameters"):
+            ranks[0].prefetch()
+
+
+async def test_full_shard_frees_gathered_parameters_after_use() -> None:
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd") as ranks:
+        x = np.zeros((1, 3), np.int64)
+        await asyncio.gather(*(f.forward(x) for f in ranks))
+        states = ranks[0].unit_states()
+        assert states["<root>"] is UnitState.FULL  # embeddings and head stay for backward
+        assert all(s is UnitState.SHARDED for n, s in states.items() if n != "<root>")
+        contexts = [f.full_params() for f in ranks]  # entered together: it gathers
+        models = await asyncio.gather(*(c.__aenter__() for c in contexts))
+        assert models[0].blocks[0].attn.qkv.params["weight"].shape == (24, 8)
+        await asyncio.gather(*(c.__aexit__(None, None, None) for c in contexts))
+        assert ranks[0].unit_states()["blocks.0"] is UnitState.SHARDED
+
+
+async def test_prefetch_byte_budget_limits_gathers_in_flight() -> None:
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd") as ranks:
+        for f in ranks:
+            f.prefetch_depth = 3
+            f.prefetch_bytes = ranks[0].units[0].gathered_bytes  # room for one unit
+        for f in ranks:
+            f._prefetch_after([0, 1, 2])
+        states = ranks[0].unit_states()
+        assert states["blocks.0"] is UnitState.GATHERING
+        assert states["blocks.1"] is UnitState.SHARDED
+        await asyncio.gather(*(f.units[0].gather() for f in ranks))
