@@ -38,12 +38,14 @@ class Unit:
         strategy: Strategy,
         shard_group: Group,
         replica_group: Group | None,
+        param_dtype: np.dtype | None = None,
     ) -> None:
         self.name = name
         self.layout = layout
         self.strategy = strategy
         self.shard_group = shard_group
         self.replica_group = replica_group
+        self.param_dtype = param_dtype or layout.dtype  # dtype parameters are gathered in
         flat = layout.flatten()
         if strategy.shards_grads:
             a, b = layout.shard_range(shard_group.rank)
@@ -63,7 +65,7 @@ class Unit:
 
     @property
     def gathered_bytes(self) -> int:
-        return self.layout.padded * self.layout.dtype.itemsize
+        return self.layout.padded * self.param_dtype.itemsize
 
     # ---- parameters --------------------------------------------------------------------
 
@@ -75,7 +77,10 @@ class Unit:
     def start_gather(self) -> None:
         """Begin gathering the full parameters (no-op unless SHARDED)."""
         if self.state is UnitState.SHARDED:
-            self._gathering = self.shard_group.all_gather(self.shard, async_op=True)
+            source = self.shard
+            if self.param_dtype != source.dtype:
+                source = source.astype(self.param_dtype)
+            self._gathering = self.shard_group.all_gather(source, async_op=True)
             self.state = UnitState.GATHERING
 
     async def gather(self) -> None:
@@ -96,7 +101,12 @@ class Unit:
 
     async def resync(self) -> None:
         """SHARD_GRAD_OP after a step: gather the updated shards into the full params."""
-        full = await self.shard_group.all_gather(self.shard)
+        source = (
+            self.shard
+            if self.param_dtype == self.shard.dtype
+            else (self.shard.astype(self.param_dtype))
+        )
+        full = await self.shard_group.all_gather(source)
         assert self.full is not None
         np.copyto(self.full, full)
 
@@ -107,22 +117,6 @@ class Unit:
         if self.grad_full is None:
             self.grad_full = np.zeros(self.layout.padded, self.layout.dtype)
         self.layout.bind_grads(self.grad_full)
-
-    async def reduce(self) -> None:
-        """Reduce the accumulated full gradient into this rank's gradient shard."""
-        grad = self.grad_full
-        if grad is None:
-            return
-        if self.strategy is Strategy.NO_SHARD:
-            await self.shard_group.all_reduce(grad)
-            self.grad_shard += grad
-        else:
-            part = await self.shard_group.reduce_scatter(grad)
-            if self.replica_group is not None and self.replica_group.size > 1:
-                await self.replica_group.all_reduce(part)
-            self.grad_shard += part
-        self.grad_full = None
-        self.layout.release_grads()
 
     def zero_grad(self) -> None:
         self.grad_shard.fill(0)

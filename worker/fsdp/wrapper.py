@@ -31,9 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from shardwire.worker.collectives import Group, Work
+from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp import checkpoint
+from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
+from shardwire.worker.fsdp.reducer import Reducer
 from shardwire.worker.fsdp.strategy import Policy, Strategy
 from shardwire.worker.fsdp.unit import Unit, UnitState
 from shardwire.worker.nn.module import Module
@@ -74,27 +76,18 @@ class FSDP:
     """Wrap ``model`` for sharded training on ``group``; build with :meth:`create`."""
 
     def __init__(
-        self,
-        model: Module,
-        group: Group,
-        *,
-        strategy: Strategy,
-        optimizer: Optimizer,
-        policy: Policy | None,
-        prefetch: bool,
-        prefetch_depth: int,
-        prefetch_bytes: int | None,
-        shard_size: int | None,
+        self, model: Module, group: Group, *, optimizer: Optimizer, config: FSDPConfig
     ) -> None:
         self.model = model
         self.group = group
-        self.strategy = strategy
+        self.config = config
+        self.strategy = config.strategy
         self.optimizer = optimizer
-        self.prefetch_enabled = prefetch
-        self.prefetch_depth = prefetch_depth
-        self.prefetch_bytes = prefetch_bytes
-        self.shard_group, self.replica_group = self._groups(shard_size)
-        roots = _partition(model, policy)
+        self.prefetch_enabled = config.prefetch
+        self.prefetch_depth = config.prefetch_depth
+        self.prefetch_bytes = config.prefetch_bytes
+        self.shard_group, self.replica_group = self._groups(config.shard_size)
+        roots = _partition(model, config.policy)
         inside = {id(m) for _, r in roots for _, m in r.named_modules()}
         root_owned = [
             ((f"{path}.{local}" if path else local), owner, local)
@@ -106,35 +99,23 @@ class FSDP:
         self.units = [self._unit(name, _owned(name, m)) for name, m in roots]
         self._sync = True
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reductions: list[tuple[Unit, Work]] = []
+        self._reducer = Reducer(config)
         self._prefetched = False
         for index, (_, module) in enumerate(roots):
             self._hook(module, index)
 
     @classmethod
     async def create(
-        cls,
-        model: Module,
-        group: Group,
-        *,
-        strategy: Strategy | str = Strategy.FULL_SHARD,
-        optimizer: Optimizer,
-        policy: Policy | None = None,
-        prefetch: bool = True,
-        prefetch_depth: int = 1,
-        prefetch_bytes: int | None = None,
-        shard_size: int | None = None,
+        cls, model: Module, group: Group, *, optimizer: Optimizer, **options: Any
     ) -> FSDP:
         """Check that every rank wraps the same model, then shard it.
 
-        Args:
-            strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD.
-            policy: which submodules become units (see ``by_type``/``by_size``).
-            prefetch_depth, prefetch_bytes: how far ahead gathers may run, and the most
-                bytes of gathered-ahead parameters at once.
-            shard_size: HYBRID_SHARD's intra-node group size (default: the process
-                group's ``local_world_size``).
+        ``options`` are the fields of :class:`FSDPConfig` (strategy, policy, prefetch,
+        prefetch_depth, prefetch_bytes, shard_size, mixed_precision, bucket_bytes).
         """
+        if "strategy" in options:
+            options["strategy"] = Strategy(options["strategy"])
+        config = FSDPConfig(**options)
         mine = fingerprint(model)
         everyone = await group.all_gather_object(mine)
         differ = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
@@ -143,17 +124,7 @@ class FSDP:
                 f"model on rank(s) {differ} differs from rank 0's (parameter "
                 "names, shapes or dtypes); build the same model everywhere"
             )
-        return cls(
-            model,
-            group,
-            strategy=Strategy(strategy),
-            optimizer=optimizer,
-            policy=policy,
-            prefetch=prefetch,
-            prefetch_depth=prefetch_depth,
-            prefetch_bytes=prefetch_bytes,
-            shard_size=shard_size,
-        )
+        return cls(model, group, optimizer=optimizer, config=config)
 
     def _groups(self, shard_size: int | None) -> tuple[Group, Group | None]:
         if self.strategy is not Strategy.HYBRID_SHARD:
@@ -233,17 +204,9 @@ class FSDP:
     async def _after_backward(self, index: int) -> None:
         unit = self.units[index]
         if self._sync:
-            self._start_reduction(unit)
+            assert unit.grad_full is not None
+            self._reducer.add(unit, unit.grad_full)
         unit.free()
-
-    def _start_reduction(self, unit: Unit) -> None:
-        grad = unit.grad_full
-        assert grad is not None
-        if self.strategy is Strategy.NO_SHARD:
-            work = self.shard_group.all_reduce(grad, async_op=True)
-        else:
-            work = self.shard_group.reduce_scatter(grad, async_op=True)
-        self._reductions.append((unit, work))
 
     # ---- training step -----------------------------------------------------------------
 
@@ -277,21 +240,51 @@ class FSDP:
         try:
             dx = await asyncio.to_thread(self.model.backward, dy)
             if self._sync:
-                self._start_reduction(self.root)
-                await self._finish_reductions()
+                assert self.root.grad_full is not None
+                self._reducer.add(self.root, self.root.grad_full)
+                await self._reducer.finish()
+        except BaseException:
+            self._reducer.cancel()
+            raise
         finally:
             self.root.free()
         return dx
 
-    async def _finish_reductions(self) -> None:
-        pending, self._reductions = self._reductions, []
-        for unit, work in pending:
-            reduced = await work.wait()
-            if self.replica_group is not None and self.replica_group.size > 1:
-                await self.replica_group.all_reduce(reduced)
-            unit.grad_shard += reduced
-            unit.grad_full = None
-            unit.layout.release_grads()
+    async def sync_gradients(self, grads: dict[str, np.ndarray]) -> None:
+        """Add gradients computed outside the wrapper (full arrays by parameter name,
+        this rank's contribution), reduced over the ranks like backward's."""
+        for unit in self.all_units():
+            flat = np.zeros(unit.layout.padded, unit.layout.dtype)
+            for e in unit.layout.entries:
+                if e.name in grads:
+                    value = np.asarray(grads[e.name])
+                    if value.shape != e.shape:
+                        raise ValueError(
+                            f"gradient {e.name} has shape {value.shape}, the parameter {e.shape}"
+                        )
+                    flat[e.offset : e.offset + e.numel] = value.reshape(-1)
+            self._reducer.add(unit, flat)
+        await self._reducer.finish()
+
+    def shards(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(parameter shard, gradient shard) per unit, for an external optimizer."""
+        return [(u.shard, u.grad_shard) for u in self.all_units()]
+
+    async def update_shards(self, values: list[np.ndarray]) -> None:
+        """Replace this rank's parameter shards (one flat array per unit, sizes checked)."""
+        units = self.all_units()
+        if len(values) != len(units):
+            raise ValueError(f"expected {len(units)} shards (one per unit), got {len(values)}")
+        for unit, value in zip(units, values, strict=True):
+            if np.shape(value) != unit.shard.shape:
+                raise ValueError(
+                    f"unit {unit.name or '<root>'}: expected a shard of "
+                    f"{unit.shard.size} values, got shape {np.shape(value)}"
+                )
+        for unit, value in zip(units, values, strict=True):
+            unit.shard[...] = value
+            if self.strategy is Strategy.SHARD_GRAD_OP:
+                await unit.resync()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -345,10 +338,8 @@ class FSDP:
                 unit.free()
 
     async def aclose(self) -> None:
-        """Wait out reductions still in flight (after an error, they are cancelled)."""
-        for _, work in self._reductions:
-            work.cancel()
-        self._reductions = []
+        """Cancel reductions still in flight (left over after an error)."""
+        self._reducer.cancel()
 
     async def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
         """Full parameters by name (every rank gets them), or this rank's pieces."""
