@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 _TAIL_LINES = 20
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass
@@ -74,7 +75,11 @@ class Supervisor:
     def child_env(self, local_rank: int) -> dict[str, str]:
         la = self.launch
         rank = la.node_rank * la.nproc + local_rank
+        # Like torchrun: one BLAS/OpenMP thread per process unless the user says
+        # otherwise, so N processes on N cores do not fight N*N spinning threads.
+        threads = {k: "1" for k in _THREAD_VARS if k not in la.env}
         return {
+            **threads,
             **la.env,
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),

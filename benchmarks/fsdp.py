@@ -1,0 +1,173 @@
+"""FSDP step time per strategy, with and without prefetch, on a small transformer; the
+share of all-gather time that prefetch hides; and per-rank memory by category.
+
+    python benchmarks/fsdp.py [--world 2 4] [--steps 6] [--json out.json]
+
+Each world size runs as one ``shardwire launch --standalone`` job. "Hidden" is
+(step without prefetch - step with prefetch) / (time of the step's all-gathers run back
+to back without compute): 100 % means the gathers cost nothing on the critical path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+# Wide and shallow-batched, so parameter traffic is a visible share of a CPU step.
+MODEL = {"vocab": 96, "dim": 256, "heads": 4, "layers": 8, "context": 32}
+BATCH = 2  # sequences per rank
+
+
+async def step_time(fsdp, ids, targets, steps: int) -> float:
+    from shardwire.worker.nn import softmax_cross_entropy
+
+    times = []
+    denom = ids.size * fsdp.group.size
+    for i in range(steps + 2):
+        await fsdp.group.barrier()
+        start = time.perf_counter()
+        fsdp.zero_grad()
+        logits = await fsdp.forward(ids)
+        _, dlogits = softmax_cross_entropy(logits, targets, denom=denom)
+        await fsdp.backward(dlogits)
+        await fsdp.step(lr=1e-3)
+        if i >= 2:  # two warm-up steps
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+async def gather_time(fsdp, repeats: int = 5) -> float:
+    """All-gathers of one step (forward and backward re-gather), without compute."""
+    units = fsdp.all_units()
+    times = []
+    for _ in range(repeats):
+        await fsdp.group.barrier()
+        start = time.perf_counter()
+        for _ in range(2):
+            for unit in units:
+                await unit.gather()
+                unit.free()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+async def worker(out: str, steps: int) -> None:
+    import shardwire.worker as sw
+    from shardwire.worker.fsdp import FSDP, Strategy, by_type
+    from shardwire.worker.nn import Block, TransformerLM
+    from shardwire.worker.optim import AdamW
+
+    async with sw.init() as pg:
+        rng = np.random.default_rng(pg.rank)
+        ids = rng.integers(0, MODEL["vocab"], (BATCH, MODEL["context"]))
+        targets = np.roll(ids, -1, axis=1)
+        rows = []
+        plans = [
+            (Strategy.NO_SHARD, False),
+            (Strategy.SHARD_GRAD_OP, False),
+            (Strategy.FULL_SHARD, False),
+            (Strategy.FULL_SHARD, True),
+        ]
+        if pg.world_size >= 4:
+            plans += [(Strategy.HYBRID_SHARD, False), (Strategy.HYBRID_SHARD, True)]
+        for strategy, prefetch in plans:
+            model = TransformerLM(**MODEL, rng=np.random.default_rng(0), dtype=np.float32)
+            fsdp = await FSDP.create(
+                model,
+                pg,
+                optimizer=AdamW(lr=1e-3),
+                strategy=strategy,
+                policy=by_type(Block),
+                prefetch=prefetch,
+                shard_size=2,
+            )
+            seconds = await step_time(fsdp, ids, targets, steps)
+            gathers = await gather_time(fsdp) if strategy.shards_params else 0.0
+            stats = fsdp.memory_stats()["held"]
+            rows.append(
+                {
+                    "strategy": strategy.name,
+                    "prefetch": prefetch,
+                    "step_ms": seconds * 1e3,
+                    "gather_ms": gathers * 1e3,
+                    "memory": stats,
+                    "n": pg.world_size,
+                }
+            )
+        if pg.rank == 0:
+            Path(out).write_text(json.dumps(rows))
+
+
+def report(rows: list[dict]) -> None:
+    print(
+        "| n | strategy | prefetch | step (ms) | all-gathers alone (ms) | hidden by prefetch "
+        "| params MiB | grads MiB | optimizer MiB | total vs NO_SHARD |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n in sorted({r["n"] for r in rows}):
+        mine = [r for r in rows if r["n"] == n]
+        base = next(sum(r["memory"].values()) for r in mine if r["strategy"] == "NO_SHARD")
+        without = {r["strategy"]: r["step_ms"] for r in mine if not r["prefetch"]}
+        for r in mine:
+            hidden = "-"
+            if r["prefetch"] and r["gather_ms"]:
+                hidden = f"{(without[r['strategy']] - r['step_ms']) / r['gather_ms']:.0%}"
+            m = r["memory"]
+            print(
+                f"| {n} | {r['strategy']} | {'on' if r['prefetch'] else 'off'} | "
+                f"{r['step_ms']:.1f} | {r['gather_ms']:.1f} | {hidden} | "
+                f"{m['params'] / 2**20:.2f} | {m['grads'] / 2**20:.2f} | "
+                f"{m['optimizer'] / 2**20:.2f} | {sum(m.values()) / base:.2f} |"
+            )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--json")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        from shardwire.worker import run
+
+        run(worker(args.worker, args.steps))
+        return
+    rows = []
+    shardwire = str(Path(sys.executable).parent / "shardwire")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.world:
+            out = f"{tmp}/fsdp-{n}.json"
+            subprocess.run(
+                [
+                    shardwire,
+                    "launch",
+                    "--standalone",
+                    "--nproc-per-node",
+                    str(n),
+                    __file__,
+                    "--worker",
+                    out,
+                    "--steps",
+                    str(args.steps),
+                ],
+                check=True,
+                timeout=3600,
+                stdout=subprocess.DEVNULL,
+            )
+            rows += json.loads(Path(out).read_text())
+    report(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
