@@ -59,7 +59,7 @@ async def gather_time(fsdp, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-async def worker(out: str, steps: int) -> None:
+async def worker(steps: int) -> list[dict] | None:
     import shardwire.worker as sw
     from shardwire.worker.fsdp import FSDP, Strategy, by_type
     from shardwire.worker.nn import Block, TransformerLM
@@ -102,8 +102,7 @@ async def worker(out: str, steps: int) -> None:
                     "n": pg.world_size,
                 }
             )
-        if pg.rank == 0:
-            Path(out).write_text(json.dumps(rows))
+        return rows if pg.rank == 0 else None
 
 
 def report(rows: list[dict]) -> None:
@@ -139,7 +138,9 @@ def main() -> None:
     if args.worker:
         from shardwire.worker import run
 
-        run(worker(args.worker, args.steps))
+        rows = run(worker(args.steps))
+        if rows is not None:
+            Path(args.worker).write_text(json.dumps(rows))
         return
     rows = []
     shardwire = str(Path(sys.executable).parent / "shardwire")
