@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
@@ -101,6 +102,7 @@ class FSDP:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reducer = Reducer(config)
         self._prefetched = False
+        self.gather_wait_s = 0.0  # compute time spent waiting for unit parameters
         for index, (_, module) in enumerate(roots):
             self._hook(module, index)
 
@@ -158,17 +160,24 @@ class FSDP:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result(timeout=self.group.timeout)
 
+    def _wait_for(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Block compute until a unit's parameters are there; the time spent is what
+        prefetch failed to hide (``gather_wait_s``)."""
+        start = time.perf_counter()
+        self._on_loop(coro)
+        self.gather_wait_s += time.perf_counter() - start
+
     def _hook(self, module: Module, index: int) -> None:
         forward, backward = module.forward, module.backward
 
         def hooked_forward(x: np.ndarray) -> np.ndarray:
-            self._on_loop(self._before_forward(index))
+            self._wait_for(self._before_forward(index))
             y = forward(x)
             self._on_loop(self._after_forward(index))
             return y
 
         def hooked_backward(dy: np.ndarray) -> np.ndarray:
-            self._on_loop(self._before_backward(index))
+            self._wait_for(self._before_backward(index))
             dx = backward(dy)
             self._on_loop(self._after_backward(index))
             return dx

@@ -1,0 +1,99 @@
+"""What a training run shows and leaves behind.
+
+Rank 0 prints progress (a tqdm bar when stdout is a terminal and tqdm is installed,
+plain periodic lines otherwise, so container logs stay readable) and writes the run
+directory: ``metrics.jsonl`` (one JSON object per logged step) and ``summary.json``.
+Every rank's bytes sent and received are gathered into each record.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from shardwire.worker.group import ProcessGroup
+
+
+@dataclass
+class RunLog:
+    """Create on every rank (the records need every rank's traffic); rank 0 writes."""
+
+    pg: ProcessGroup
+    run_dir: Path
+    total_steps: int
+    every: int = 50
+    out: TextIO = sys.stdout
+    started: float = field(default_factory=time.perf_counter)
+    _bar: Any = None
+    _file: Any = None
+    _last: tuple[float, int] = (0.0, 0)
+
+    def __post_init__(self) -> None:
+        self._last = (self.started, 0)
+        if self.pg.rank != 0:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = (self.run_dir / "metrics.jsonl").open("w", encoding="utf-8")
+        if self.out.isatty():
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=self.total_steps, file=self.out, unit="step")
+            except ImportError:
+                self._bar = None
+
+    async def step(self, step: int, *, samples: int, **metrics: float) -> None:
+        """Record ``step`` (1-based) every ``every`` steps and at the last one.
+
+        Every rank must call this with the same ``step``: the record gathers traffic.
+        """
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items()})
+        if step % self.every and step != self.total_steps:
+            return
+        stats = self.pg.transport.stats
+        traffic = await self.pg.all_gather_object([stats.bytes_sent, stats.bytes_received])
+        now = time.perf_counter()
+        last_time, last_step = self._last
+        self._last = (now, step)
+        rate = samples * (step - last_step) / max(now - last_time, 1e-9)
+        record = {
+            "step": step,
+            "time_s": round(now - self.started, 4),
+            **metrics,
+            "samples_per_s": rate,
+            "bytes_sent": [t[0] for t in traffic],
+            "bytes_received": [t[1] for t in traffic],
+        }
+        if self.pg.rank != 0:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._bar is None:
+            shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            print(
+                f"step {step}/{self.total_steps} {shown} samples/s {rate:.0f}",
+                file=self.out,
+                flush=True,
+            )
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Write ``summary.json`` and print the final table (rank 0)."""
+        if self.pg.rank != 0:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        if self._file is not None:
+            self._file.close()
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        width = max(len(k) for k in summary)
+        print("-" * (width + 24), file=self.out)
+        for key, value in summary.items():
+            text = f"{value:.4g}" if isinstance(value, float) else str(value)
+            print(f"{key:<{width}}  {text}", file=self.out)
+        print("-" * (width + 24), file=self.out, flush=True)
