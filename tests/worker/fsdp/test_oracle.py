@@ -38,9 +38,10 @@ def assert_same(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize(("strategy", "world", "shard_size"), CASES)
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
-async def test_matches_single_process(strategy, world, shard_size, kind) -> None:
+@pytest.mark.parametrize("prefetch", [True, False])
+async def test_matches_single_process(strategy, world, shard_size, kind, prefetch) -> None:
     want = reference(kind)
-    async with fsdp_world(world, strategy, kind, shard_size=shard_size) as ranks:
+    async with fsdp_world(world, strategy, kind, shard_size=shard_size, prefetch=prefetch) as ranks:
         await asyncio.gather(*(train_rank(f, r, world) for r, f in enumerate(ranks)))
         states = await asyncio.gather(*(f.state_dict() for f in ranks))
     for state in states:
