@@ -34,7 +34,9 @@ from shardwire.protocol.messages import (
     Message,
     NodeAssignment,
     NodeJoin,
+    RankStatus,
     Roster,
+    StatusReply,
 )
 
 ConnId = Hashable
@@ -81,6 +83,7 @@ class _Worker:
     rank: int = -1
     state: RankState = RankState.JOINED
     step: int = 0
+    samples_per_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -291,6 +294,7 @@ class Rendezvous:
         if worker is not None:
             worker.last_seen = now
             worker.step = msg.step
+            worker.samples_per_s = msg.samples_per_s
         return []
 
     def report_failure(self, conn: ConnId, msg: Failure) -> list[Action]:
@@ -387,16 +391,25 @@ class Rendezvous:
         worker = self._workers.get(conn)
         return worker.rank if worker else -1
 
-    def ranks(self) -> list[dict[str, object]]:
-        """Per-rank view for status reports."""
-        return [
-            {
-                "rank": w.rank,
-                "node_id": w.join.node_id,
-                "host": w.host,
-                "state": w.state.value,
-                "step": w.step,
-                "last_seen": w.last_seen,
-            }
-            for w in sorted(self._workers.values(), key=lambda w: (w.rank, str(w.join.node_id)))
-        ]
+    def status(self, now: float) -> StatusReply:
+        """The job as a monitoring client sees it."""
+        failure = self.failure
+        return StatusReply(
+            run_id=self.config.run_id,
+            state=self.state.value,
+            world_size=self._shape.world_size if self._shape else (self.config.world_size or 0),
+            generation=self.generation,
+            failure=f"rank {failure.rank}: {failure.reason}" if failure else "",
+            ranks=[
+                RankStatus(
+                    rank=w.rank,
+                    node_id=w.join.node_id,
+                    host=w.host,
+                    state=w.state.value,
+                    step=w.step,
+                    heartbeat_age_s=round(max(0.0, now - w.last_seen), 3),
+                    samples_per_s=w.samples_per_s,
+                )
+                for w in sorted(self._workers.values(), key=lambda w: (w.rank, w.join.node_id))
+            ],
+        )

@@ -43,6 +43,7 @@ from shardwire.protocol.messages import (
     Leave,
     Message,
     NodeJoin,
+    StatusRequest,
 )
 
 log = logging.getLogger("shardwire.coordinator")
@@ -213,6 +214,8 @@ class CoordinatorServer:
                 return rdzv.report_failure(conn_id, msg)
             case Leave():
                 return rdzv.leave(conn_id, msg)
+            case StatusRequest():
+                return [Send(conn_id, rdzv.status(now))]
         return [
             Send(conn_id, Error(code="bad_request", message=f"unexpected {msg.kind!r}")),
             Close(conn_id),

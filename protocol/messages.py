@@ -122,6 +122,37 @@ class Heartbeat(_Msg):
 
     kind: Literal["heartbeat"] = "heartbeat"
     step: int = 0
+    samples_per_s: float = 0.0
+
+
+class StatusRequest(_Msg):
+    """A monitoring client asks for the job state."""
+
+    kind: Literal["status_request"] = "status_request"
+
+
+class RankStatus(_Msg):
+    """One row of a status reply."""
+
+    rank: int
+    node_id: _Str
+    host: _Str
+    state: _Str
+    step: int = 0
+    heartbeat_age_s: float = 0.0
+    samples_per_s: float = 0.0
+
+
+class StatusReply(_Msg):
+    """The job state as the coordinator sees it."""
+
+    kind: Literal["status"] = "status"
+    run_id: _Str
+    state: _Str
+    world_size: int = 0
+    generation: int = 0
+    failure: Annotated[str, Field(max_length=4096)] = ""
+    ranks: Annotated[list[RankStatus], Field(max_length=1 << 16)] = []
 
 
 class Failure(_Msg):
@@ -164,6 +195,8 @@ Message = Annotated[
     | NodeAssignment
     | Roster
     | Heartbeat
+    | StatusRequest
+    | StatusReply
     | Failure
     | Abort
     | Leave,

@@ -77,6 +77,7 @@ class Session:
             generation=roster.generation,
             members=roster.members,
             timeout=cfg.timeout,
+            progress=control.set_progress,
         )
         return self.group
 

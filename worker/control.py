@@ -26,6 +26,8 @@ from shardwire.protocol.messages import (
     NodeAssignment,
     NodeJoin,
     Roster,
+    StatusReply,
+    StatusRequest,
 )
 from shardwire.worker.transport.framing import FramedProtocol
 
@@ -60,6 +62,7 @@ class ControlClient:
         self._heartbeat: asyncio.Task[None] | None = None
         self._leaving = False
         self.step = 0
+        self.samples_per_s = 0.0
 
     async def connect(self, host: str, port: int, *, timeout: float) -> None:
         """Connect and authenticate; retries refused connections until ``timeout``."""
@@ -98,7 +101,7 @@ class ControlClient:
         if not self._leaving:
             self._on_abort(None)
 
-    async def _request(self, msg: Join | NodeJoin, expect: type, timeout: float):
+    async def _request(self, msg: Join | NodeJoin | StatusRequest, expect: type, timeout: float):
         assert self._proto is not None
         self._proto.write_message(msg)
         try:
@@ -135,13 +138,23 @@ class ControlClient:
         """Join as a node agent and wait for the node rank."""
         return await self._request(msg, NodeAssignment, timeout)
 
+    async def status(self, *, timeout: float) -> StatusReply:
+        """Ask the coordinator for the job state (role "client" connections)."""
+        return await self._request(StatusRequest(), StatusReply, timeout)
+
+    def set_progress(self, step: int, samples_per_s: float) -> None:
+        """Report progress now and in every later heartbeat (``shardwire status``)."""
+        self.step, self.samples_per_s = step, samples_per_s
+        if self._proto is not None:
+            self._proto.write_message(Heartbeat(step=step, samples_per_s=samples_per_s))
+
     def start_heartbeats(self, interval: float) -> None:
         self._heartbeat = asyncio.create_task(self._beat(interval), name="shardwire-heartbeat")
 
     async def _beat(self, interval: float) -> None:
         assert self._proto is not None
         while self._proto.is_open:
-            self._proto.write_message(Heartbeat(step=self.step))
+            self._proto.write_message(Heartbeat(step=self.step, samples_per_s=self.samples_per_s))
             await asyncio.sleep(interval)
 
     def report_failure(self, reason: str, traceback: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardwire.protocol.messages import Member
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
@@ -31,6 +31,7 @@ class ProcessGroup(Group):
         generation: int,
         members: Sequence[Member] = (),
         timeout: float = DEFAULT_TIMEOUT,
+        progress: Callable[[int, float], None] | None = None,
     ):
         super().__init__(transport, timeout=timeout)
         self.world_size = self.size
@@ -39,6 +40,11 @@ class ProcessGroup(Group):
         self.node_rank = node_rank
         self.generation = generation
         self.members = list(members)
+        self._progress = progress or (lambda _step, _rate: None)
+
+    def report_progress(self, step: int, samples_per_s: float = 0.0) -> None:
+        """Publish training progress; ``shardwire status`` shows it per rank."""
+        self._progress(step, samples_per_s)
 
     @property
     def nnodes(self) -> int:

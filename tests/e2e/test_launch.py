@@ -184,3 +184,58 @@ def test_wrong_token_between_node_and_coordinator_is_reported() -> None:
     finally:
         coordinator.kill()
         coordinator.wait()
+
+
+def test_status_command_against_a_running_job(tmp_path) -> None:
+    port_file = tmp_path / "port"
+    token = {"SHARDWIRE_TOKEN": "status-token"}
+    coordinator = subprocess.Popen(
+        [
+            SHARDWIRE,
+            "coordinator",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--world-size",
+            "2",
+        ],
+        env=env(**token),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert coordinator.stderr is not None
+    port = coordinator.stderr.readline().strip().rsplit(":", 1)[1]
+    node = subprocess.Popen(
+        [
+            SHARDWIRE,
+            "worker",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--nproc-per-node",
+            "2",
+            str(SCRIPTS / "wait.py"),
+        ],
+        env=env(**token),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert node.stdout is not None
+        ready = sum("ready" in node.stdout.readline() for _ in range(2))
+        assert ready == 2
+        result = shardwire("status", "--coordinator", f"127.0.0.1:{port}", timeout=30, **token)
+        assert result.returncode == 0, result.stderr
+        assert "run 'shardwire': running, world size 2" in result.stdout
+        assert len([line for line in result.stdout.splitlines() if " running " in line]) == 2
+        wrong = shardwire(
+            "status", "--coordinator", f"127.0.0.1:{port}", timeout=30, SHARDWIRE_TOKEN="nope"
+        )
+        assert wrong.returncode == 1 and "token" in wrong.stderr
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(timeout=30)
+        coordinator.wait(timeout=30)

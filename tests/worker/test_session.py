@@ -221,3 +221,35 @@ async def test_node_and_cross_node_groups_from_the_roster() -> None:
             (2, 5, [0, 2], 4.0),
             (3, 5, [1, 3], 4.0),
         ]
+
+
+async def test_status_shows_each_rank_and_its_progress() -> None:
+    from shardwire.worker.launcher.status import fetch, render
+
+    async with coordinator(2) as server:
+        done = asyncio.Event()
+
+        async def worker(i: int):
+            async with init(worker_config(server, 2, i)) as pg:
+                pg.report_progress(10 * (pg.rank + 1), 123.0)
+                await done.wait()
+
+        workers = asyncio.gather(worker(0), worker(1))
+        want = [(0, 10, 123.0), (1, 20, 123.0)]
+        for _ in range(100):  # status is eventually consistent: poll, bounded
+            reply = await fetch(
+                *server.address,
+                run_id="test",
+                token_secret="cluster-token",
+                token_file=None,
+                timeout=5,
+            )
+            if sorted((r.rank, r.step, r.samples_per_s) for r in reply.ranks) == want:
+                break
+            await asyncio.sleep(0.02)
+        done.set()
+        await workers
+    assert reply.state == "running" and reply.world_size == 2
+    assert sorted((r.rank, r.step, r.samples_per_s) for r in reply.ranks) == want
+    text = render(reply)
+    assert "run 'test': running, world size 2" in text and "node-a" in text

@@ -94,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "shardwire.coordinator", *argv[1:]])
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["status"]:
+        from shardwire.worker.launcher.status import main as status_main
+
+        try:
+            return status_main(argv[1:])
+        except ShardwireError as exc:
+            print(f"shardwire status: {exc}", file=sys.stderr)
+            return 1
     args = parser().parse_args(argv)
     try:
         settings = _settings(args)
