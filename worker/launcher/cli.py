@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "shardwire.coordinator", *argv[1:]])
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["plot"]:
+        from shardwire.worker.launcher.plot import main as plot_main
+
+        return plot_main(argv[1:])
     if argv[:1] == ["status"]:
         from shardwire.worker.launcher.status import main as status_main
 

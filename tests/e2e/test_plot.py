@@ -1,0 +1,42 @@
+"""``shardwire plot`` writes a PNG a person can open."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .cli import shardwire
+
+pytestmark = pytest.mark.e2e
+
+
+def test_plot_writes_a_decodable_png_of_the_expected_size(tmp_path) -> None:
+    import matplotlib.image
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [
+        {
+            "step": s,
+            "time_s": s / 10,
+            "loss": 2.0 / s,
+            "lr": 1e-3,
+            "accuracy": s / 400,
+            "samples_per_s": 1000.0 + s,
+            "bytes_sent": [1, 2],
+            "bytes_received": [2, 1],
+        }
+        for s in range(50, 350, 50)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = shardwire("plot", str(run))
+    assert result.returncode == 0, result.stderr
+    image = matplotlib.image.imread(run / "metrics.png")
+    assert image.shape[:2] == (400, 1000)
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_plot_explains_a_missing_run_directory(tmp_path) -> None:
+    result = shardwire("plot", str(tmp_path / "nope"))
+    assert result.returncode == 1 and "metrics.jsonl does not exist" in result.stderr

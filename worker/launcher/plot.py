@@ -1,0 +1,64 @@
+"""``shardwire plot RUN_DIR``: loss (and accuracy, when logged) and throughput curves from
+a run directory's metrics.jsonl, as a PNG. Needs matplotlib (the ``examples`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+WIDTH_IN, HEIGHT_IN, DPI = 10, 4, 100  # a 1000 x 400 pixel image
+
+
+def load(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; is {run_dir} a run directory?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot(run_dir: Path, out: Path) -> Path:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit(
+            "shardwire plot needs matplotlib: pip install 'shardwire[examples]'"
+        ) from None
+    records = load(run_dir)
+    steps = [r["step"] for r in records]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    left.plot(steps, [r["loss"] for r in records], label="loss", color="tab:blue")
+    left.set_xlabel("step")
+    left.set_ylabel("loss")
+    if any("accuracy" in r for r in records):
+        acc = left.twinx()
+        acc.plot(steps, [r.get("accuracy") for r in records], color="tab:green", label="accuracy")
+        acc.set_ylabel("accuracy")
+    left.set_title("loss")
+    right.plot(steps, [r["samples_per_s"] for r in records], color="tab:orange")
+    right.set_xlabel("step")
+    right.set_ylabel("samples / s")
+    right.set_title("throughput")
+    fig.suptitle(run_dir.name)
+    fig.tight_layout()
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="shardwire plot", description=__doc__)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/metrics.png)")
+    args = p.parse_args(argv)
+    try:
+        out = plot(args.run_dir, args.out or args.run_dir / "metrics.png")
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"shardwire plot: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
