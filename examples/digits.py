@@ -81,7 +81,10 @@ async def main(args: argparse.Namespace) -> None:
             await fsdp.backward(dlogits)
             await fsdp.step(lr=lr)
             total = await pg.all_reduce(np.array([loss]))  # every rank's share of the loss
-            await log.step(step + 1, samples=args.batch, loss=float(total[0]), lr=lr)
+            metrics = {"loss": float(total[0]), "lr": lr}
+            if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+                metrics["accuracy"] = await accuracy(fsdp, pg, x_test, y_test)
+            await log.step(step + 1, samples=args.batch, **metrics)
         elapsed = time.perf_counter() - start
         acc = await accuracy(fsdp, pg, x_test, y_test)
         memory = await pg.all_gather_object(sum(fsdp.memory_stats()["held"].values()))
@@ -112,7 +115,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--run-dir", help="default runs/digits-<strategy>-seed<seed>")
     return p.parse_args()
 

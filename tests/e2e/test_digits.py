@@ -10,7 +10,7 @@ from .cli import shardwire
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {"step", "time_s", "loss", "lr", "samples_per_s", "bytes_sent", "bytes_received"}
+KEYS = {"step", "time_s", "loss", "lr", "accuracy", "samples_per_s", "bytes_sent", "bytes_received"}
 
 
 def _run(run_dir) -> tuple[list[dict], dict]:
@@ -37,7 +37,8 @@ def test_digits_trains_to_accuracy_and_repeats_exactly(tmp_path) -> None:
     second, again = _run(tmp_path / "b")
     assert summary["held_out_accuracy"] >= 0.95
     assert summary["held_out_accuracy"] == again["held_out_accuracy"]
-    assert [r["step"] for r in first] == [50, 100, 150]
+    assert [r["step"] for r in first] == [25, 50, 75, 100, 125, 150]
+    assert round(first[-1]["accuracy"], 4) == summary["held_out_accuracy"]
     for record in first:
         assert set(record) == KEYS
         assert len(record["bytes_sent"]) == 2 and min(record["bytes_sent"]) > 0

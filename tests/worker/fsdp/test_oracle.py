@@ -11,6 +11,7 @@ from shardwire.worker.fsdp import Strategy
 
 from .training import fsdp_world, reference, train_rank
 
+TRANSPORTS = ["memory", "tcp"]
 CASES = [
     (Strategy.FULL_SHARD, 1, None),
     (Strategy.FULL_SHARD, 2, None),
@@ -39,9 +40,14 @@ def assert_same(got: dict, want: dict) -> None:
 @pytest.mark.parametrize(("strategy", "world", "shard_size"), CASES)
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
 @pytest.mark.parametrize("prefetch", [True, False])
-async def test_matches_single_process(strategy, world, shard_size, kind, prefetch) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_matches_single_process(
+    strategy, world, shard_size, kind, prefetch, transport
+) -> None:
     want = reference(kind)
-    async with fsdp_world(world, strategy, kind, shard_size=shard_size, prefetch=prefetch) as ranks:
+    async with fsdp_world(
+        world, strategy, kind, shard_size=shard_size, prefetch=prefetch, transport=transport
+    ) as ranks:
         await asyncio.gather(*(train_rank(f, r, world) for r, f in enumerate(ranks)))
         states = await asyncio.gather(*(f.state_dict() for f in ranks))
     for state in states:
@@ -49,10 +55,14 @@ async def test_matches_single_process(strategy, world, shard_size, kind, prefetc
 
 
 @pytest.mark.parametrize("strategy", list(Strategy))
-async def test_no_sync_accumulation_and_no_prefetch(strategy) -> None:
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_no_sync_accumulation(strategy, prefetch, transport) -> None:
     world, shard = (4, 2) if strategy is Strategy.HYBRID_SHARD else (2, None)
     want = reference("adamw", micro=2)
-    async with fsdp_world(world, strategy, "adamw", prefetch=False, shard_size=shard) as ranks:
+    async with fsdp_world(
+        world, strategy, "adamw", prefetch=prefetch, shard_size=shard, transport=transport
+    ) as ranks:
         await asyncio.gather(*(train_rank(f, r, world, micro=2) for r, f in enumerate(ranks)))
         states = await asyncio.gather(*(f.state_dict() for f in ranks))
     for state in states:
@@ -60,10 +70,11 @@ async def test_no_sync_accumulation_and_no_prefetch(strategy) -> None:
 
 
 @pytest.mark.parametrize("strategy", list(Strategy))
-async def test_clip_grad_norm_is_the_global_norm(strategy) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_clip_grad_norm_is_the_global_norm(strategy, transport) -> None:
     world, shard = (4, 2) if strategy is Strategy.HYBRID_SHARD else (3, None)
     want = reference("sgd", clip=0.05)
-    async with fsdp_world(world, strategy, "sgd", shard_size=shard) as ranks:
+    async with fsdp_world(world, strategy, "sgd", shard_size=shard, transport=transport) as ranks:
         norms = await asyncio.gather(
             *(train_rank(f, r, world, clip=0.05) for r, f in enumerate(ranks))
         )
@@ -72,11 +83,3 @@ async def test_clip_grad_norm_is_the_global_norm(strategy) -> None:
         np.testing.assert_allclose(got, want["norms"], rtol=1e-10)
     assert max(want["norms"]) > 0.05  # clipping actually happened
     assert_same(states[0], want["params"])
-
-
-async def test_over_tcp() -> None:
-    want = reference("adamw")
-    async with fsdp_world(2, Strategy.FULL_SHARD, "adamw", transport="tcp") as ranks:
-        await asyncio.gather(*(train_rank(f, r, 2) for r, f in enumerate(ranks)))
-        states = await asyncio.gather(*(f.state_dict() for f in ranks))
-    assert_same(states[1], want["params"])
