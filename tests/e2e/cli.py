@@ -28,3 +28,17 @@ def shardwire(*args: str, timeout: float = 90, **extra: str) -> subprocess.Compl
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
     )
+
+
+def start_coordinator(*args: str, **extra: str) -> tuple[subprocess.Popen, str]:
+    """``shardwire coordinator --port 0 ARGS`` in the background; returns it and its port."""
+    proc = subprocess.Popen(
+        [SHARDWIRE, "coordinator", "--port", "0", *args],
+        env=env(**extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # "shardwire coordinator listening on HOST:PORT"
+    return proc, line.strip().rsplit(":", 1)[1]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, env, shardwire
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, shardwire, start_coordinator
 
 pytestmark = pytest.mark.e2e
 
@@ -69,31 +69,10 @@ def test_raising_child_shows_its_exception_on_the_launcher() -> None:
     assert "[rank0]: shardwire: stopped: rank 2 failed" in result.stderr
 
 
-def test_two_nodes_through_a_separate_coordinator(tmp_path) -> None:
-    port_file = tmp_path / "port"
+def test_two_nodes_through_a_separate_coordinator() -> None:
     token = {"SHARDWIRE_TOKEN": "e2e-token"}
-    coordinator = subprocess.Popen(
-        [
-            SHARDWIRE,
-            "coordinator",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            "--world-size",
-            "4",
-            "--run-id",
-            "e2e",
-        ],
-        env=env(**token),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    coordinator, port = start_coordinator("--world-size", "4", "--run-id", "e2e", **token)
     try:
-        assert coordinator.stderr is not None
-        line = coordinator.stderr.readline()
-        port = line.strip().rsplit(":", 1)[1]
         nodes = [
             subprocess.Popen(
                 [
@@ -161,16 +140,10 @@ def test_sigterm_is_forwarded_and_nothing_is_left_behind() -> None:
 
 
 def test_wrong_token_between_node_and_coordinator_is_reported() -> None:
-    coordinator = subprocess.Popen(
-        [SHARDWIRE, "coordinator", "--port", "0", "--world-size", "1", "--join-timeout", "20"],
-        env=env(SHARDWIRE_TOKEN="right"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    coordinator, port = start_coordinator(
+        "--world-size", "1", "--join-timeout", "20", SHARDWIRE_TOKEN="right"
     )
     try:
-        assert coordinator.stderr is not None
-        port = coordinator.stderr.readline().strip().rsplit(":", 1)[1]
         result = shardwire(
             "worker",
             "--coordinator",
@@ -186,27 +159,9 @@ def test_wrong_token_between_node_and_coordinator_is_reported() -> None:
         coordinator.wait()
 
 
-def test_status_command_against_a_running_job(tmp_path) -> None:
-    port_file = tmp_path / "port"
+def test_status_command_against_a_running_job() -> None:
     token = {"SHARDWIRE_TOKEN": "status-token"}
-    coordinator = subprocess.Popen(
-        [
-            SHARDWIRE,
-            "coordinator",
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            "--world-size",
-            "2",
-        ],
-        env=env(**token),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert coordinator.stderr is not None
-    port = coordinator.stderr.readline().strip().rsplit(":", 1)[1]
+    coordinator, port = start_coordinator("--world-size", "2", **token)
     node = subprocess.Popen(
         [
             SHARDWIRE,
