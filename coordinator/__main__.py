@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from shardwire.coordinator.http import StatusHTTP
 from shardwire.coordinator.rendezvous import JobState, RendezvousConfig
 from shardwire.coordinator.server import CoordinatorServer, ServerConfig
 from shardwire.coordinator.settings import CoordinatorSettings
@@ -38,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--heartbeat-timeout", type=float, help="silence that marks a worker dead (5)")
     p.add_argument("--port-file", help="write the bound port here once listening")
+    p.add_argument("--http-host", help="address of the status page and /metrics (127.0.0.1)")
+    p.add_argument("--http-port", type=int, help="its port (29480; 0 any, -1 none)")
     p.add_argument("--log-level", help="logging level (INFO)")
     return p
 
@@ -68,14 +71,19 @@ async def serve(settings: CoordinatorSettings) -> int:
         )
     )
     server = CoordinatorServer(config, token)
+    http = StatusHTTP(server.rendezvous)
     try:
         host, port = await server.start(settings.host, settings.port)
         if settings.port_file:
             _write_port_file(settings.port_file, port)
         print(f"shardwire coordinator listening on {host}:{port}", file=sys.stderr, flush=True)
+        if settings.http_port >= 0:
+            http_host, http_port = await http.start(settings.http_host, settings.http_port)
+            print(f"status page on http://{http_host}:{http_port}/", file=sys.stderr, flush=True)
         await server.done.wait()
         await asyncio.sleep(_LINGER)
     finally:
+        await http.aclose()
         await server.aclose()
     failure = server.rendezvous.failure
     if failure is not None:

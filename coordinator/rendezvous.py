@@ -20,6 +20,7 @@ Inputs are (connection id, message) pairs plus ``tick(now)``; outputs are
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -84,6 +85,9 @@ class _Worker:
     state: RankState = RankState.JOINED
     step: int = 0
     samples_per_s: float = 0.0
+    loss: float | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 @dataclass(slots=True)
@@ -117,6 +121,10 @@ class RendezvousConfig:
     heartbeat_timeout: float = 5.0
 
 
+_EVENTS = 200  # recent events kept for status pages
+_LOSSES = 2000  # rank 0's reported losses kept for the loss curve
+
+
 def _refuse(conn: ConnId, code: str, message: str) -> list[Action]:
     return [Send(conn, Error(code=code, message=message)), Close(conn)]
 
@@ -133,6 +141,15 @@ class Rendezvous:
     _agents: dict[ConnId, _Agent] = field(default_factory=dict)
     _shape: _Shape | None = None
     _deadline: float | None = None
+    events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
+    losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_LOSSES))
+
+    _now: float = 0.0  # the latest time an input carried (events are stamped with it)
+
+    def _event(self, text: str, now: float | None = None) -> None:
+        if now is not None:
+            self._now = now
+        self.events.append((self._now, text))
 
     # ---- joins -------------------------------------------------------------------
 
@@ -197,6 +214,9 @@ class Rendezvous:
             return _refuse(conn, code, text)
         host = msg.listen_host or peer_host
         self._workers[conn] = _Worker(conn, msg, host, now)
+        self._event(
+            f"worker joined from {host} (node {msg.node_id!r}, local rank {msg.local_rank})", now
+        )
         assert self._shape is not None
         if len(self._workers) < self._shape.world_size:
             return []
@@ -260,6 +280,11 @@ class Rendezvous:
             w.last_seen = now  # building the peer mesh comes next; the clock starts here
         self.generation += 1
         self.state = JobState.RUNNING
+        self._event(
+            f"all {self._shape.world_size} workers joined; job running "
+            f"(generation {self.generation})",
+            now,
+        )
         members = sorted(
             (
                 Member(
@@ -291,10 +316,16 @@ class Rendezvous:
 
     def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
         worker = self._workers.get(conn)
+        self._now = now
         if worker is not None:
             worker.last_seen = now
             worker.step = msg.step
             worker.samples_per_s = msg.samples_per_s
+            worker.bytes_sent, worker.bytes_received = msg.bytes_sent, msg.bytes_received
+            if msg.loss is not None and msg.loss != worker.loss:
+                worker.loss = msg.loss
+                if worker.rank == 0:
+                    self.losses.append((msg.step, msg.loss))
         return []
 
     def report_failure(self, conn: ConnId, msg: Failure) -> list[Action]:
@@ -314,10 +345,12 @@ class Rendezvous:
         if worker is None or worker.state is not RankState.RUNNING:
             return []
         worker.state = RankState.LEFT
+        self._event(f"rank {worker.rank} finished")
         if self.state is JobState.RUNNING and all(
             w.state is RankState.LEFT for w in self._workers.values()
         ):
             self.state = JobState.FINISHED
+            self._event("job finished")
         return []
 
     def disconnected(self, conn: ConnId) -> list[Action]:
@@ -333,6 +366,7 @@ class Rendezvous:
         return []
 
     def tick(self, now: float) -> list[Action]:
+        self._now = now
         if self.state is JobState.WAITING and self._deadline is not None and now > self._deadline:
             return self._join_timeout()
         if self.state is not JobState.RUNNING:
@@ -350,6 +384,7 @@ class Rendezvous:
             return []
         self.state = JobState.FAILED
         self.failure = FailureRecord(worker.rank, reason, traceback)
+        self._event(f"rank {worker.rank} failed: {reason}")
         abort = Abort(rank=worker.rank, reason=reason, traceback=traceback)
         targets = [w.conn for w in self._workers.values() if w.state is RankState.RUNNING]
         targets += list(self._agents)
@@ -357,6 +392,7 @@ class Rendezvous:
 
     def _join_timeout(self) -> list[Action]:
         message = f"join timeout after {self.config.join_timeout:g} s: {self.missing()}"
+        self._event(message)
         conns = list(self._workers) + list(self._agents)
         self._workers.clear()
         self._agents.clear()
@@ -409,6 +445,9 @@ class Rendezvous:
                     step=w.step,
                     heartbeat_age_s=round(max(0.0, now - w.last_seen), 3),
                     samples_per_s=w.samples_per_s,
+                    loss=w.loss,
+                    bytes_sent=w.bytes_sent,
+                    bytes_received=w.bytes_received,
                 )
                 for w in sorted(self._workers.values(), key=lambda w: (w.rank, w.join.node_id))
             ],

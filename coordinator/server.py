@@ -106,11 +106,6 @@ class CoordinatorServer:
         self._server = await asyncio.start_server(self._on_connect, host, port)
         self.address = self._server.sockets[0].getsockname()[:2]
         self._ticker = asyncio.create_task(self._tick_loop(), name="coordinator-ticker")
-        log.info(
-            "coordinator for run %r listening on %s:%d",
-            self._config.rendezvous.run_id,
-            *self.address,
-        )
         return self.address
 
     async def aclose(self) -> None:

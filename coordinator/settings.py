@@ -21,4 +21,6 @@ class CoordinatorSettings(BaseSettings):
     join_timeout: float = Field(default=300.0, gt=0)
     heartbeat_timeout: float = Field(default=5.0, gt=0)
     port_file: str | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=29480, ge=-1, le=65535)  # -1: no HTTP
     log_level: str = "INFO"

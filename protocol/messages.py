@@ -123,6 +123,9 @@ class Heartbeat(_Msg):
     kind: Literal["heartbeat"] = "heartbeat"
     step: int = 0
     samples_per_s: float = 0.0
+    loss: float | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 class StatusRequest(_Msg):
@@ -141,6 +144,9 @@ class RankStatus(_Msg):
     step: int = 0
     heartbeat_age_s: float = 0.0
     samples_per_s: float = 0.0
+    loss: float | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 class StatusReply(_Msg):

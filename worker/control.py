@@ -61,8 +61,7 @@ class ControlClient:
         self._proto: FramedProtocol | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._leaving = False
-        self.step = 0
-        self.samples_per_s = 0.0
+        self._progress = Heartbeat()
 
     async def connect(self, host: str, port: int, *, timeout: float) -> None:
         """Connect and authenticate; retries refused connections until ``timeout``."""
@@ -142,11 +141,11 @@ class ControlClient:
         """Ask the coordinator for the job state (role "client" connections)."""
         return await self._request(StatusRequest(), StatusReply, timeout)
 
-    def set_progress(self, step: int, samples_per_s: float) -> None:
-        """Report progress now and in every later heartbeat (``shardwire status``)."""
-        self.step, self.samples_per_s = step, samples_per_s
+    def set_progress(self, progress: Heartbeat) -> None:
+        """Report progress now and in every later heartbeat (status pages, metrics)."""
+        self._progress = progress
         if self._proto is not None:
-            self._proto.write_message(Heartbeat(step=step, samples_per_s=samples_per_s))
+            self._proto.write_message(progress)
 
     def start_heartbeats(self, interval: float) -> None:
         self._heartbeat = asyncio.create_task(self._beat(interval), name="shardwire-heartbeat")
@@ -154,7 +153,7 @@ class ControlClient:
     async def _beat(self, interval: float) -> None:
         assert self._proto is not None
         while self._proto.is_open:
-            self._proto.write_message(Heartbeat(step=self.step, samples_per_s=self.samples_per_s))
+            self._proto.write_message(self._progress)
             await asyncio.sleep(interval)
 
     def report_failure(self, reason: str, traceback: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from shardwire.protocol.messages import Member
+from shardwire.protocol.messages import Heartbeat, Member
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
 from shardwire.worker.transport.base import Transport
 
@@ -31,7 +31,7 @@ class ProcessGroup(Group):
         generation: int,
         members: Sequence[Member] = (),
         timeout: float = DEFAULT_TIMEOUT,
-        progress: Callable[[int, float], None] | None = None,
+        progress: Callable[[Heartbeat], None] | None = None,
     ):
         super().__init__(transport, timeout=timeout)
         self.world_size = self.size
@@ -40,11 +40,23 @@ class ProcessGroup(Group):
         self.node_rank = node_rank
         self.generation = generation
         self.members = list(members)
-        self._progress = progress or (lambda _step, _rate: None)
+        self._progress = progress or (lambda _heartbeat: None)
 
-    def report_progress(self, step: int, samples_per_s: float = 0.0) -> None:
-        """Publish training progress; ``shardwire status`` shows it per rank."""
-        self._progress(step, samples_per_s)
+    def report_progress(
+        self, step: int, samples_per_s: float = 0.0, loss: float | None = None
+    ) -> None:
+        """Publish training progress (with this rank's traffic) to the coordinator's
+        status views: ``shardwire status``, the status page and ``/metrics``."""
+        stats = self.transport.stats
+        self._progress(
+            Heartbeat(
+                step=step,
+                samples_per_s=samples_per_s,
+                loss=loss,
+                bytes_sent=stats.bytes_sent,
+                bytes_received=stats.bytes_received,
+            )
+        )
 
     @property
     def nnodes(self) -> int:

@@ -62,7 +62,8 @@ class RunLog:
         last_time, last_step = self._last
         self._last = (now, step)
         rate = samples * (step - last_step) / max(now - last_time, 1e-9)
-        self.pg.report_progress(step, rate)
+        loss = metrics.get("loss")
+        self.pg.report_progress(step, rate, None if loss is None else float(loss))
         record = {
             "step": step,
             "time_s": round(now - self.started, 4),

@@ -194,3 +194,18 @@ def test_status_command_against_a_running_job() -> None:
         node.send_signal(signal.SIGTERM)
         node.wait(timeout=30)
         coordinator.wait(timeout=30)
+
+
+def test_health_command_checks_the_coordinator() -> None:
+    coordinator, _port = start_coordinator("--world-size", "1", "--http-port", "0")
+    try:
+        assert coordinator.stderr is not None
+        line = coordinator.stderr.readline()
+        assert line.startswith("status page on http://"), line
+        url = line.strip().rsplit(" ", 1)[1]
+        assert shardwire("health", "--url", f"{url}healthz").returncode == 0
+    finally:
+        coordinator.kill()
+        coordinator.wait()
+    down = shardwire("health", "--url", f"{url}healthz", "--timeout", "2")
+    assert down.returncode == 1 and "healthz" in down.stderr

@@ -57,6 +57,8 @@ async def standalone_coordinator(
         str(settings.join_timeout),
         "--heartbeat-timeout",
         str(settings.heartbeat_timeout),
+        "--http-port",
+        "0",
         env={**os.environ, **env},
         stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

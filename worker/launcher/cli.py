@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "shardwire.coordinator", *argv[1:]])
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["health"]:
+        from shardwire.worker.launcher.health import main as health_main
+
+        return health_main(argv[1:])
     if argv[:1] == ["plot"]:
         from shardwire.worker.launcher.plot import main as plot_main
 

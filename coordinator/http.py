@@ -1,0 +1,128 @@
+"""The coordinator's HTTP side: health, readiness, JSON status, Prometheus metrics and a
+self-refreshing status page. Read-only views of the rendezvous state; bound to
+127.0.0.1 unless told otherwise."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shardwire.coordinator.page import STATUS_PAGE
+from shardwire.coordinator.rendezvous import JobState, Rendezvous
+
+Clock = Callable[[], float]
+
+
+def status_json(rdzv: Rendezvous, now: float, wall: float) -> dict:
+    """The job for machines: state, ranks, recent events (wall-clock times), losses."""
+    reply = rdzv.status(now)
+    return {
+        **reply.model_dump(exclude={"kind"}),
+        "events": [{"time": wall - (now - t), "text": text} for t, text in rdzv.events],
+        "losses": [{"step": s, "loss": loss} for s, loss in rdzv.losses],
+    }
+
+
+class _Metrics(Collector):
+    """Prometheus view, computed at scrape time (base units, ``shardwire_`` prefix)."""
+
+    def __init__(self, rdzv: Rendezvous, clock: Clock):
+        self._rdzv, self._clock = rdzv, clock
+
+    def collect(self) -> Iterator:
+        reply = self._rdzv.status(self._clock())
+        state = GaugeMetricFamily(
+            "shardwire_job_state", "1 for the job's current state", labels=["state"]
+        )
+        for s in JobState:
+            state.add_metric([s.value], 1.0 if s.value == reply.state else 0.0)
+        yield state
+        yield GaugeMetricFamily(
+            "shardwire_world_size", "Worker processes in the job", value=reply.world_size
+        )
+        step = GaugeMetricFamily("shardwire_rank_step", "Last reported step", labels=["rank"])
+        rate = GaugeMetricFamily(
+            "shardwire_rank_samples_per_second",
+            "Last reported training throughput",
+            labels=["rank"],
+        )
+        age = GaugeMetricFamily(
+            "shardwire_rank_heartbeat_age_seconds",
+            "Seconds since the rank's last heartbeat",
+            labels=["rank"],
+        )
+        loss = GaugeMetricFamily("shardwire_rank_loss", "Last reported loss", labels=["rank"])
+        sent = CounterMetricFamily(
+            "shardwire_rank_sent_bytes", "Payload bytes sent", labels=["rank"]
+        )
+        received = CounterMetricFamily(
+            "shardwire_rank_received_bytes", "Payload bytes received", labels=["rank"]
+        )
+        for r in reply.ranks:
+            label = [str(r.rank)]
+            step.add_metric(label, r.step)
+            rate.add_metric(label, r.samples_per_s)
+            age.add_metric(label, r.heartbeat_age_s)
+            if r.loss is not None:
+                loss.add_metric(label, r.loss)
+            sent.add_metric(label, r.bytes_sent)
+            received.add_metric(label, r.bytes_received)
+        yield from (step, rate, age, loss, sent, received)
+        failures = CounterMetricFamily("shardwire_failures", "Worker failures seen")
+        failures.add_metric([], 1.0 if reply.failure else 0.0)
+        yield failures
+
+
+class StatusHTTP:
+    """aiohttp application serving the views; ``start``/``aclose`` own its runner."""
+
+    def __init__(self, rdzv: Rendezvous, *, clock: Clock = time.monotonic):
+        self._rdzv = rdzv
+        self._clock = clock
+        self._registry = CollectorRegistry()
+        self._registry.register(_Metrics(rdzv, clock))
+        self._runner: web.AppRunner | None = None
+        self.address: tuple[str, int] = ("", 0)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/api/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/", self._page)
+        return app
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.address = tuple(self._runner.addresses[0][:2])
+        return self.address
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        ready = self._rdzv.state in (JobState.WAITING, JobState.RUNNING)
+        return web.Response(text=f"{self._rdzv.state.value}\n", status=200 if ready else 503)
+
+    async def _status(self, _request: web.Request) -> web.Response:
+        return web.json_response(status_json(self._rdzv, self._clock(), time.time()))
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def _page(self, _request: web.Request) -> web.Response:
+        return web.Response(text=STATUS_PAGE, content_type="text/html")

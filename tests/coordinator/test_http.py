@@ -1,0 +1,86 @@
+"""The coordinator's HTTP views of a live job: health, readiness, status, metrics, page."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import numpy as np
+
+from shardwire.coordinator.http import StatusHTTP
+from shardwire.worker import init
+from tests.worker.cluster import coordinator, worker_config
+
+
+async def test_views_of_a_running_job() -> None:
+    async with coordinator(2) as server:
+        http = StatusHTTP(server.rendezvous)
+        host, port = await http.start("127.0.0.1", 0)
+        base = f"http://{host}:{port}"
+        done = asyncio.Event()
+        reported = [asyncio.Event(), asyncio.Event()]
+
+        async def worker(i: int):
+            async with init(worker_config(server, 2, i)) as pg:
+                await pg.all_reduce(np.ones(1000))
+                for step in (10, 20):
+                    pg.report_progress(step, 50.0 * (pg.rank + 1), loss=1.0 / step)
+                reported[pg.rank].set()
+                await done.wait()
+
+        workers = asyncio.gather(worker(0), worker(1))
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in reported)), 10)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
+                for _ in range(100):  # heartbeats travel on other connections: poll, bounded
+                    async with web.get(f"{base}/api/status") as response:
+                        status = await response.json()
+                    if [r["step"] for r in status["ranks"]] == [20, 20]:
+                        break
+                    await asyncio.sleep(0.02)
+                async with web.get(f"{base}/healthz") as response:
+                    assert response.status == 200
+                async with web.get(f"{base}/readyz") as response:
+                    assert response.status == 200 and (await response.text()) == "running\n"
+                async with web.get(f"{base}/metrics") as response:
+                    metrics = await response.text()
+                async with web.get(f"{base}/") as response:
+                    page = await response.text()
+        finally:
+            done.set()
+            await workers
+            await http.aclose()
+    assert status["state"] == "running" and status["world_size"] == 2
+    assert [(r["rank"], r["step"], r["samples_per_s"]) for r in status["ranks"]] == [
+        (0, 20, 50.0),
+        (1, 20, 100.0),
+    ]
+    assert all(r["bytes_sent"] >= 8000 for r in status["ranks"])  # the all_reduce
+    assert status["losses"][-1] == {"step": 20, "loss": 0.05}
+    texts = [e["text"] for e in status["events"]]
+    assert any("job running" in t for t in texts)
+    assert 'shardwire_rank_step{rank="1"} 20.0' in metrics
+    assert 'shardwire_job_state{state="running"} 1.0' in metrics
+    assert "shardwire_rank_sent_bytes_total" in metrics
+    assert "<title>shardwire status</title>" in page and "/api/status" in page
+
+
+async def test_readiness_fails_after_the_job_failed() -> None:
+    async with coordinator(1) as server:
+        http = StatusHTTP(server.rendezvous)
+        host, port = await http.start("127.0.0.1", 0)
+        try:
+            session = init(worker_config(server, 1, 0))
+            await session.__aenter__()
+            session._control.report_failure("raised ValueError: boom", "Traceback ...")
+            await asyncio.wait_for(server.done.wait(), 5)
+            async with aiohttp.ClientSession() as web:
+                async with web.get(f"http://{host}:{port}/readyz") as response:
+                    assert response.status == 503
+                async with web.get(f"http://{host}:{port}/api/status") as response:
+                    status = await response.json()
+            await session.__aexit__(None, None, None)
+        finally:
+            await http.aclose()
+    assert status["state"] == "failed"
+    assert status["failure"] == "rank 0: raised ValueError: boom"
