@@ -9,7 +9,7 @@ NPROC ?= 4
 PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test lint typecheck bench sync clean
+.PHONY: run test lint validate bench sync clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -29,6 +29,10 @@ lint: sync
 	$(RUN)/ruff check .
 	$(RUN)/ruff format --check .
 	$(RUN)/mypy -p shardwire.protocol -p shardwire.coordinator -p shardwire.worker
+
+# Dockerfile and compose file, checked without a Docker engine.
+validate:
+	bash scripts/validate-deploy.sh
 
 bench: sync
 	$(RUN)/python benchmarks/transport.py

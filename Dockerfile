@@ -1,0 +1,30 @@
+# shardwire: a slim, non-root image whose entrypoint is the `shardwire` command.
+# The base image is a build argument so a locally built Python base works too.
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
+ARG UV_VERSION=0.13.9
+ENV UV_PROJECT_ENVIRONMENT=/opt/venv \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_LINK_MODE=copy \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir "uv==${UV_VERSION}"
+COPY pyproject.toml uv.lock README.md ./
+COPY protocol protocol
+COPY coordinator coordinator
+COPY worker worker
+RUN /opt/uv/bin/uv sync --locked --no-editable --no-dev --extra examples --compile-bytecode
+
+FROM ${BASE_IMAGE} AS runtime
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1
+COPY --from=build /opt/venv /opt/venv
+COPY examples /app/examples
+WORKDIR /app
+USER 10001:10001
+# The slim image has no curl; `shardwire health` asks the coordinator's /healthz.
+HEALTHCHECK --interval=5s --timeout=3s --start-period=5s --retries=12 \
+    CMD ["shardwire", "health"]
+ENTRYPOINT ["shardwire"]
+CMD ["--help"]

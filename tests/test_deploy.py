@@ -1,0 +1,55 @@
+"""The container rules: non-root slim image, health-gated workers, no published peer
+ports, no inline secrets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def test_only_the_coordinators_http_port_is_published_on_loopback() -> None:
+    services = COMPOSE["services"]
+    assert "ports" not in services["worker"]
+    (published,) = services["coordinator"]["ports"]
+    assert re.fullmatch(r"127\.0\.0\.1:\$\{SHARDWIRE_HTTP_PORT:-\d+\}:29480", published)
+    assert "--http-port=29480" in services["coordinator"]["command"]
+    assert not any("29400" in str(p) for s in services.values() for p in s.get("ports", []))
+
+
+def test_workers_wait_for_a_healthy_coordinator() -> None:
+    worker = COMPOSE["services"]["worker"]
+    assert worker["depends_on"] == {"coordinator": {"condition": "service_healthy"}}
+    assert COMPOSE["services"]["coordinator"]["healthcheck"]["test"] == [
+        "CMD",
+        "shardwire",
+        "health",
+    ]
+    assert worker["deploy"]["replicas"] == "${SHARDWIRE_WORKERS:-3}"
+
+
+def test_the_token_is_a_secret_never_inline() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "SHARDWIRE_TOKEN=" not in text and "SHARDWIRE_TOKEN:" not in text
+    assert COMPOSE["secrets"]["shardwire_token"] == {
+        "file": "${SHARDWIRE_TOKEN_FILE:-.secrets/token}"
+    }
+    for service in COMPOSE["services"].values():
+        assert service["secrets"] == ["shardwire_token"]
+        assert "--token-file=/run/secrets/shardwire_token" in service["command"]
+
+
+def test_the_image_is_multi_stage_slim_non_root_and_health_checked() -> None:
+    assert "ARG BASE_IMAGE=python:3.11-slim" in DOCKERFILE
+    stages = re.findall(r"^FROM \$\{BASE_IMAGE\} AS (\w+)", DOCKERFILE, re.M)
+    assert stages == ["build", "runtime"]
+    runtime = DOCKERFILE.split("AS runtime", 1)[1]
+    assert re.search(r"^USER \d+:\d+$", runtime, re.M)  # numeric, non-root
+    assert 'CMD ["shardwire", "health"]' in runtime
+    assert 'ENTRYPOINT ["shardwire"]' in runtime
+    assert "uv" not in runtime.replace("/opt/venv", "")  # no build tools in the final stage
