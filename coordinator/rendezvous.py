@@ -423,10 +423,6 @@ class Rendezvous:
 
     # ---- views -------------------------------------------------------------------
 
-    def rank_of(self, conn: ConnId) -> int:
-        worker = self._workers.get(conn)
-        return worker.rank if worker else -1
-
     def status(self, now: float) -> StatusReply:
         """The job as a monitoring client sees it."""
         failure = self.failure

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl as _ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -63,8 +62,6 @@ class MeshConfig:
     bind_host: str = "127.0.0.1"
     connect_timeout: float = 30.0
     max_payload: int = 1 << 32
-    ssl_server: _ssl.SSLContext | None = None
-    ssl_client: _ssl.SSLContext | None = None
 
 
 class PeerConnection(FramedProtocol):
@@ -195,9 +192,7 @@ class TcpMesh(Transport):
     async def listen(self) -> int:
         """Bind the peer listener on an ephemeral port; returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._accepted, self.config.bind_host, 0, ssl=self.config.ssl_server
-        )
+        self._server = await loop.create_server(self._accepted, self.config.bind_host, 0)
         return self.listen_port
 
     def _accepted(self) -> PeerConnection:
@@ -263,8 +258,6 @@ class TcpMesh(Transport):
                 lambda: PeerConnection(self, shake, peer=peer),
                 host,
                 port,
-                ssl=self.config.ssl_client,
-                server_hostname=host if self.config.ssl_client else None,
             )
         except OSError as exc:
             raise ConnectFailed(f"cannot reach rank {peer} at {host}:{port}: {exc}") from exc
