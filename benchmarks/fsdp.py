@@ -62,7 +62,7 @@ async def gather_time(fsdp, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-async def worker(steps: int) -> list[dict] | None:
+async def worker(steps: int, depth: int) -> list[dict] | None:
     import shardwire.worker as sw
     from shardwire.worker.fsdp import FSDP, Strategy, by_type
     from shardwire.worker.nn import Block, TransformerLM
@@ -90,6 +90,7 @@ async def worker(steps: int) -> list[dict] | None:
                 strategy=strategy,
                 policy=by_type(Block),
                 prefetch=prefetch,
+                prefetch_depth=depth,
                 shard_size=2,
             )
             seconds, waited = await step_time(fsdp, ids, targets, steps)
@@ -136,13 +137,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--prefetch-depth", type=int, default=1, help="units gathered ahead")
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         from shardwire.worker import run
 
-        rows = run(worker(args.steps))
+        rows = run(worker(args.steps, args.prefetch_depth))
         if rows is not None:
             Path(args.worker).write_text(json.dumps(rows))
         return
@@ -163,6 +165,8 @@ def main() -> None:
                     out,
                     "--steps",
                     str(args.steps),
+                    "--prefetch-depth",
+                    str(args.prefetch_depth),
                 ],
                 check=True,
                 timeout=3600,
