@@ -78,6 +78,7 @@ class Session:
             members=roster.members,
             timeout=cfg.timeout,
             progress=control.set_progress,
+            interactive=cfg.interactive,
         )
         return self.group
 

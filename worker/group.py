@@ -32,6 +32,7 @@ class ProcessGroup(Group):
         members: Sequence[Member] = (),
         timeout: float = DEFAULT_TIMEOUT,
         progress: Callable[[Heartbeat], None] | None = None,
+        interactive: bool = False,
     ):
         super().__init__(transport, timeout=timeout)
         self.world_size = self.size
@@ -41,6 +42,7 @@ class ProcessGroup(Group):
         self.generation = generation
         self.members = list(members)
         self._progress = progress or (lambda _heartbeat: None)
+        self.interactive = interactive  # a person watches this job's output on a terminal
 
     def report_progress(
         self, step: int, samples_per_s: float = 0.0, loss: float | None = None

@@ -38,7 +38,7 @@ class RunLog:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = (self.run_dir / "metrics.jsonl").open("w", encoding="utf-8")
-        if self.out.isatty():
+        if self.pg.interactive or self.out.isatty():
             try:
                 from tqdm import tqdm
 

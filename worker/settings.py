@@ -42,6 +42,7 @@ class WorkerEnv(BaseModel):
         default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT")
     )
     timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
+    interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class WorkerConfig:
     join_timeout: float = 300.0
     connect_timeout: float = 60.0
     timeout: float = 300.0
+    interactive: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
@@ -96,4 +98,5 @@ class WorkerConfig:
             heartbeat_interval=env.heartbeat_interval,
             join_timeout=env.join_timeout,
             timeout=env.timeout,
+            interactive=env.interactive,
         )

@@ -44,3 +44,52 @@ def test_digits_trains_to_accuracy_and_repeats_exactly(tmp_path) -> None:
         assert len(record["bytes_sent"]) == 2 and min(record["bytes_sent"]) > 0
     assert [(r["loss"], r["lr"]) for r in first] == [(r["loss"], r["lr"]) for r in second]
     assert first[-1]["loss"] < first[0]["loss"]
+
+
+def test_a_terminal_gets_a_progress_bar_tagged_with_the_rank(tmp_path) -> None:
+    import os
+    import subprocess
+
+    from .cli import ROOT, SHARDWIRE, env
+
+    primary, replica = os.openpty()
+    proc = subprocess.Popen(
+        [
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "examples/digits.py",
+            "--steps",
+            "60",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=replica,
+        stderr=replica,
+        env=env(),
+        cwd=ROOT,
+    )
+    os.close(replica)
+    output = b""
+    try:
+        while chunk := _read(primary):  # ends when the launcher closes the terminal
+            output += chunk
+    finally:
+        os.close(primary)
+        assert proc.wait(timeout=120) == 0
+    text = output.decode(errors="replace")
+    assert "\r[rank0]: " in text and "60/60" in text  # tqdm redraws in place, tagged
+    assert "step 60/60" not in text  # no plain log lines on a terminal
+    assert "[rank0]: held_out_accuracy" in text
+
+
+def _read(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: the other side of the terminal is gone
+        return b""

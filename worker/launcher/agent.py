@@ -136,6 +136,8 @@ async def _agent(
             "MASTER_PORT": str(address[1]),
             "SHARDWIRE_RUN_ID": settings.run_id,
             "SHARDWIRE_JOIN_TIMEOUT": str(settings.join_timeout),
+            # rank 0 draws a progress bar only when the person at the terminal sees it
+            "SHARDWIRE_INTERACTIVE": "1" if sys.stdout.isatty() else "0",
         }
         if settings.bind_host:
             child_env["SHARDWIRE_BIND_HOST"] = settings.bind_host

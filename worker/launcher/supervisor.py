@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 import time
@@ -122,12 +123,23 @@ class Supervisor:
     async def _pump(
         self, child: Child, stream: asyncio.StreamReader, sink: TextIO, *, keep: bool
     ) -> None:
+        # Lines end in "\n", progress-bar redraws in "\r": both start a new prefixed
+        # segment, and "\r" passes through so a terminal redraws the bar in place.
         prefix = f"[rank{child.rank}]: "
-        while line := await stream.readline():
-            text = line.decode(errors="replace").rstrip("\n")
+        pending = ""
+        while chunk := await stream.read(65536):
+            pending += chunk.decode(errors="replace")
+            *done, pending = re.split(r"(?<=[\r\n])", pending)
+            for segment in done:
+                text = segment.rstrip("\r\n")
+                if keep and segment.endswith("\n"):
+                    child.tail.append(text)
+                sink.write(prefix + text + segment[len(text) :])
+            sink.flush()
+        if pending:
             if keep:
-                child.tail.append(text)
-            sink.write(prefix + text + "\n")
+                child.tail.append(pending)
+            sink.write(prefix + pending + "\n")
             sink.flush()
 
     def signal_all(self, sig: int) -> None:
