@@ -134,7 +134,10 @@ class Supervisor:
                 text = segment.rstrip("\r\n")
                 if keep and segment.endswith("\n"):
                     child.tail.append(text)
-                sink.write(prefix + text + segment[len(text) :])
+                if text or segment == "\n":
+                    sink.write(prefix + text + segment[len(text) :])
+                else:  # a bare "\r" before a redraw: no empty tagged line
+                    sink.write(segment)
             sink.flush()
         if pending:
             if keep:
