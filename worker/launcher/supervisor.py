@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import sys
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -34,7 +33,6 @@ class Child:
     proc: asyncio.subprocess.Process
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
     returncode: int | None = None
-    exited_at: float = 0.0
 
     def outcome(self) -> str:
         code = self.returncode
@@ -115,7 +113,6 @@ class Supervisor:
             tg.create_task(self._pump(child, child.proc.stdout, self._out, keep=False))
             tg.create_task(self._pump(child, child.proc.stderr, self._err, keep=True))
         child.returncode = await child.proc.wait()
-        child.exited_at = time.monotonic()
         if child.returncode != 0 and self.root_cause is None and not self._stopping.is_set():
             self.root_cause = child
             await self.stop()
