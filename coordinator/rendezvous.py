@@ -83,11 +83,7 @@ class _Worker:
     last_seen: float
     rank: int = -1
     state: RankState = RankState.JOINED
-    step: int = 0
-    samples_per_s: float = 0.0
-    loss: float | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
+    progress: Heartbeat = field(default_factory=Heartbeat)  # the last one received
 
 
 @dataclass(slots=True)
@@ -319,13 +315,9 @@ class Rendezvous:
         self._now = now
         if worker is not None:
             worker.last_seen = now
-            worker.step = msg.step
-            worker.samples_per_s = msg.samples_per_s
-            worker.bytes_sent, worker.bytes_received = msg.bytes_sent, msg.bytes_received
-            if msg.loss is not None and msg.loss != worker.loss:
-                worker.loss = msg.loss
-                if worker.rank == 0:
-                    self.losses.append((msg.step, msg.loss))
+            if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
+                self.losses.append((msg.step, msg.loss))
+            worker.progress = msg
         return []
 
     def report_failure(self, conn: ConnId, msg: Failure) -> list[Action]:
@@ -434,16 +426,12 @@ class Rendezvous:
             failure=f"rank {failure.rank}: {failure.reason}" if failure else "",
             ranks=[
                 RankStatus(
+                    **w.progress.model_dump(exclude={"kind"}),
                     rank=w.rank,
                     node_id=w.join.node_id,
                     host=w.host,
                     state=w.state.value,
-                    step=w.step,
                     heartbeat_age_s=round(max(0.0, now - w.last_seen), 3),
-                    samples_per_s=w.samples_per_s,
-                    loss=w.loss,
-                    bytes_sent=w.bytes_sent,
-                    bytes_received=w.bytes_received,
                 )
                 for w in sorted(self._workers.values(), key=lambda w: (w.rank, w.join.node_id))
             ],

@@ -117,15 +117,20 @@ class Roster(_Msg):
     members: Annotated[list[Member], Field(max_length=1 << 16)]
 
 
-class Heartbeat(_Msg):
-    """Liveness signal, with the worker's progress for status reporting."""
+class _Progress(_Msg):
+    """A worker's training progress, as it reports it and as status views show it."""
 
-    kind: Literal["heartbeat"] = "heartbeat"
     step: int = 0
     samples_per_s: float = 0.0
     loss: float | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+
+
+class Heartbeat(_Progress):
+    """Liveness signal, with the worker's progress for status reporting."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
 
 
 class StatusRequest(_Msg):
@@ -134,19 +139,14 @@ class StatusRequest(_Msg):
     kind: Literal["status_request"] = "status_request"
 
 
-class RankStatus(_Msg):
+class RankStatus(_Progress):
     """One row of a status reply."""
 
     rank: int
     node_id: _Str
     host: _Str
     state: _Str
-    step: int = 0
     heartbeat_age_s: float = 0.0
-    samples_per_s: float = 0.0
-    loss: float | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
 
 
 class StatusReply(_Msg):
