@@ -9,9 +9,9 @@ import os
 import sys
 
 from shardwire.coordinator.http import StatusHTTP
-from shardwire.coordinator.rendezvous import JobState, RendezvousConfig
 from shardwire.coordinator.server import CoordinatorServer, ServerConfig
 from shardwire.coordinator.settings import CoordinatorSettings
+from shardwire.coordinator.state import JobState, RendezvousConfig
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import check_bind, load_token
 
@@ -38,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--heartbeat-timeout", type=float, help="silence that marks a worker dead (5)")
+    p.add_argument(
+        "--diagnose-timeout",
+        type=float,
+        help="seconds a hang's inquest waits for every rank's answer (3)",
+    )
     p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--http-host", help="address of the status page and /metrics (127.0.0.1)")
     p.add_argument("--http-port", type=int, help="its port (29480; 0 any, -1 none)")
@@ -68,6 +73,7 @@ async def serve(settings: CoordinatorSettings) -> int:
             world_size=settings.world_size,
             join_timeout=settings.join_timeout,
             heartbeat_timeout=settings.heartbeat_timeout,
+            diagnose_timeout=settings.diagnose_timeout,
         )
     )
     server = CoordinatorServer(config, token)
@@ -88,6 +94,8 @@ async def serve(settings: CoordinatorSettings) -> int:
     failure = server.rendezvous.failure
     if failure is not None:
         print(f"job failed: rank {failure.rank}: {failure.reason}", file=sys.stderr)
+        if failure.diagnosed and failure.traceback:
+            print(failure.traceback.rstrip(), file=sys.stderr)
     return 0 if server.rendezvous.state is JobState.FINISHED else 1
 
 

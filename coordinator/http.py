@@ -13,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shardwire.coordinator.page import STATUS_PAGE
-from shardwire.coordinator.rendezvous import JobState, Rendezvous
+from shardwire.coordinator.rendezvous import Rendezvous
+from shardwire.coordinator.state import JobState
 
 Clock = Callable[[], float]
 

@@ -14,25 +14,48 @@ Inputs are (connection id, message) pairs plus ``tick(now)``; outputs are
   rank; the remaining nodes take the remaining node ranks in ``node_id`` order.
 * RUNNING: heartbeats are tracked; a closed connection, missed heartbeats or a reported
   failure moves the job to FAILED and broadcasts one ``Abort`` naming the first failure.
+  Heartbeats also say when a worker's event loop is busy; that is logged, never failed.
+* FAILING: a worker gave up on a collective (timeout). Every live worker is asked for
+  its flight recorder and stack; once all answered or ``diagnose_timeout`` passed, the
+  verdict (who never entered the call, and where it is) goes out as the ``Abort``.
 * FINISHED: every worker sent ``Leave``.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import deque
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from shardwire.coordinator.diagnosis import Inquest
+from shardwire.coordinator.membership import (
+    Shape,
+    assign_node_ranks,
+    describe_missing,
+    membership_problem,
+    shape_problem,
+)
+from shardwire.coordinator.state import (
+    Action,
+    Agent,
+    ConnId,
+    FailureRecord,
+    JobState,
+    Notice,
+    RankState,
+    RendezvousConfig,
+    Send,
+    Worker,
+    refuse,
+)
 from shardwire.protocol.messages import (
     Abort,
-    Error,
+    DiagnoseReply,
+    DiagnoseRequest,
     Failure,
     Heartbeat,
     Join,
     Leave,
     Member,
-    Message,
     NodeAssignment,
     NodeJoin,
     RankStatus,
@@ -40,89 +63,8 @@ from shardwire.protocol.messages import (
     StatusReply,
 )
 
-ConnId = Hashable
-
-
-class JobState(enum.Enum):
-    """Where the job is."""
-
-    WAITING = "waiting"  # accepting joins
-    RUNNING = "running"  # roster sent; watching liveness
-    FAILED = "failed"  # a worker failed; abort broadcast
-    FINISHED = "finished"  # every worker left cleanly
-
-
-class RankState(enum.Enum):
-    """Where one worker is."""
-
-    JOINED = "joined"  # waiting for the world to complete
-    RUNNING = "running"  # has the roster, heartbeating
-    LEFT = "left"  # finished cleanly
-    FAILED = "failed"  # died, hung or raised
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    conn: ConnId
-    msg: Message
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    conn: ConnId
-
-
-Action = Send | Close
-
-
-@dataclass(slots=True)
-class _Worker:
-    conn: ConnId
-    join: Join
-    host: str
-    last_seen: float
-    rank: int = -1
-    state: RankState = RankState.JOINED
-    progress: Heartbeat = field(default_factory=Heartbeat)  # the last one received
-
-
-@dataclass(slots=True)
-class _Agent:
-    conn: ConnId
-    join: NodeJoin
-
-
-@dataclass(frozen=True, slots=True)
-class FailureRecord:
-    rank: int
-    reason: str
-    traceback: str = ""
-
-
-@dataclass(slots=True)
-class _Shape:
-    world_size: int
-    local_world_size: int
-
-    @property
-    def nnodes(self) -> int:
-        return self.world_size // self.local_world_size
-
-
-@dataclass(frozen=True, slots=True)
-class RendezvousConfig:
-    run_id: str
-    world_size: int | None = None
-    join_timeout: float = 300.0
-    heartbeat_timeout: float = 5.0
-
-
 _EVENTS = 200  # recent events kept for status pages
 _LOSSES = 2000  # rank 0's reported losses kept for the loss curve
-
-
-def _refuse(conn: ConnId, code: str, message: str) -> list[Action]:
-    return [Send(conn, Error(code=code, message=message)), Close(conn)]
 
 
 @dataclass
@@ -133,9 +75,10 @@ class Rendezvous:
     state: JobState = JobState.WAITING
     generation: int = 0
     failure: FailureRecord | None = None
-    _workers: dict[ConnId, _Worker] = field(default_factory=dict)
-    _agents: dict[ConnId, _Agent] = field(default_factory=dict)
-    _shape: _Shape | None = None
+    inquest: Inquest | None = None
+    _workers: dict[ConnId, Worker] = field(default_factory=dict)
+    _agents: dict[ConnId, Agent] = field(default_factory=dict)
+    _shape: Shape | None = None
     _deadline: float | None = None
     events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
     losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_LOSSES))
@@ -149,31 +92,15 @@ class Rendezvous:
 
     # ---- joins -------------------------------------------------------------------
 
-    def _check_shape(self, world_size: int, local_world_size: int) -> str | None:
-        expected = self.config.world_size or (self._shape and self._shape.world_size)
-        if expected and world_size != expected:
-            return f"world size disagreement: this joiner says {world_size}, the job has {expected}"
-        if world_size % local_world_size:
-            return (
-                f"world size {world_size} is not a multiple of processes per node "
-                f"{local_world_size}"
-            )
-        if self._shape and local_world_size != self._shape.local_world_size:
-            return (
-                f"processes-per-node disagreement: this joiner says {local_world_size}, "
-                f"the job has {self._shape.local_world_size}"
-            )
-        return None
-
     def _admit(self, conn: ConnId, world_size: int, lws: int, now: float) -> list[Action] | None:
         if self.state is not JobState.WAITING:
-            return _refuse(
+            return refuse(
                 conn, "already_started", f"job {self.config.run_id!r} is {self.state.value}"
             )
-        problem = self._check_shape(world_size, lws)
+        problem = shape_problem(self.config.world_size, self._shape, world_size, lws)
         if problem:
-            return _refuse(conn, "world_size", problem)
-        self._shape = self._shape or _Shape(world_size, lws)
+            return refuse(conn, "world_size", problem)
+        self._shape = self._shape or Shape(world_size, lws)
         if self._deadline is None:
             self._deadline = now + self.config.join_timeout
         return None
@@ -183,11 +110,11 @@ class Rendezvous:
         if refusal:
             return refusal
         if any(a.join.node_id == msg.node_id for a in self._agents.values()):
-            return _refuse(conn, "duplicate_rank", f"node {msg.node_id!r} already has an agent")
+            return refuse(conn, "duplicate_rank", f"node {msg.node_id!r} already has an agent")
         assert self._shape is not None
         if len(self._agents) >= self._shape.nnodes:
-            return _refuse(conn, "world_size", f"all {self._shape.nnodes} nodes already joined")
-        self._agents[conn] = _Agent(conn, msg)
+            return refuse(conn, "world_size", f"all {self._shape.nnodes} nodes already joined")
+        self._agents[conn] = Agent(conn, msg)
         if len(self._agents) < self._shape.nnodes:
             return []
         ordered = sorted(self._agents.values(), key=lambda a: a.join.node_id)
@@ -204,12 +131,13 @@ class Rendezvous:
         refusal = self._admit(conn, msg.world_size, msg.local_world_size, now)
         if refusal:
             return refusal
-        problem = self._membership_problem(msg)
+        assert self._shape is not None
+        problem = membership_problem(self._shape, [w.join for w in self._workers.values()], msg)
         if problem:
             code, text = problem
-            return _refuse(conn, code, text)
+            return refuse(conn, code, text)
         host = msg.listen_host or peer_host
-        self._workers[conn] = _Worker(conn, msg, host, now)
+        self._workers[conn] = Worker(conn, msg, host, now)
         self._event(
             f"worker joined from {host} (node {msg.node_id!r}, local rank {msg.local_rank})", now
         )
@@ -218,58 +146,12 @@ class Rendezvous:
             return []
         return self._start(now)
 
-    def _membership_problem(self, msg: Join) -> tuple[str, str] | None:
-        assert self._shape is not None
-        lws = self._shape.local_world_size
-        if msg.local_rank >= lws:
-            return "bad_request", f"local rank {msg.local_rank} >= processes per node {lws}"
-        same_node = [w.join for w in self._workers.values() if w.join.node_id == msg.node_id]
-        if any(j.local_rank == msg.local_rank for j in same_node):
-            return (
-                "duplicate_rank",
-                f"node {msg.node_id!r} already has local rank {msg.local_rank}",
-            )
-        nodes = {w.join.node_id for w in self._workers.values()}
-        if msg.node_id not in nodes and len(nodes) >= self._shape.nnodes:
-            return "world_size", f"already {len(nodes)} nodes, the job has {self._shape.nnodes}"
-        if msg.requested_rank is None:
-            return None
-        r = msg.requested_rank
-        if r >= self._shape.world_size or r % lws != msg.local_rank:
-            return "bad_request", (
-                f"requested rank {r} does not fit world size {self._shape.world_size} "
-                f"with local rank {msg.local_rank} of {lws}"
-            )
-        for w in self._workers.values():
-            if w.join.requested_rank == r:
-                return (
-                    "duplicate_rank",
-                    f"rank {r} was already requested by node {w.join.node_id!r}",
-                )
-            other = w.join.requested_rank
-            if other is not None and w.join.node_id == msg.node_id and other // lws != r // lws:
-                return "bad_request", f"node {msg.node_id!r} requested ranks on two nodes"
-            if other is not None and w.join.node_id != msg.node_id and other // lws == r // lws:
-                return "duplicate_rank", f"node rank {r // lws} is taken by {w.join.node_id!r}"
-        return None
-
     # ---- start -------------------------------------------------------------------
-
-    def _node_ranks(self) -> dict[str, int]:
-        assert self._shape is not None
-        lws = self._shape.local_world_size
-        fixed: dict[str, int] = {}
-        for w in self._workers.values():
-            if w.join.requested_rank is not None:
-                fixed[w.join.node_id] = w.join.requested_rank // lws
-        free = iter(sorted(set(range(self._shape.nnodes)) - set(fixed.values())))
-        nodes = sorted({w.join.node_id for w in self._workers.values()} - set(fixed))
-        return fixed | {node: next(free) for node in nodes}
 
     def _start(self, now: float) -> list[Action]:
         assert self._shape is not None
         lws = self._shape.local_world_size
-        node_ranks = self._node_ranks()
+        node_ranks = assign_node_ranks(self._shape, [w.join for w in self._workers.values()])
         for w in self._workers.values():
             w.rank = node_ranks[w.join.node_id] * lws + w.join.local_rank
             w.state = RankState.RUNNING
@@ -313,24 +195,83 @@ class Rendezvous:
     def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
         worker = self._workers.get(conn)
         self._now = now
-        if worker is not None:
-            worker.last_seen = now
-            if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
-                self.losses.append((msg.step, msg.loss))
-            worker.progress = msg
-        return []
+        if worker is None:
+            return []
+        worker.last_seen = now
+        if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
+            self.losses.append((msg.step, msg.loss))
+        before, worker.progress = worker.progress, msg
+        return self._stall_notice(worker, before)
 
-    def report_failure(self, conn: ConnId, msg: Failure) -> list[Action]:
+    def _stall_notice(self, worker: Worker, before: Heartbeat) -> list[Action]:
+        """Log a busy event loop when it starts and when it ends (never a failure)."""
+        who = f"rank {worker.rank}" if worker.rank >= 0 else f"worker on {worker.join.node_id}"
+        now = worker.progress
+        if now.busy_s and not before.busy_s:
+            text = (
+                f"{who} busy for {now.busy_s:.0f} s at {now.busy_at or 'an unknown place'} "
+                "(its event loop is not running; heartbeats continue, the job goes on)"
+            )
+        elif before.busy_s and not now.busy_s:
+            text = f"{who} responsive again (its event loop was busy for {before.busy_s:.0f} s or more)"
+        else:
+            return []
+        self._event(text)
+        return [Notice(text)]
+
+    def report_failure(self, conn: ConnId, msg: Failure, now: float) -> list[Action]:
         worker = self._workers.get(conn)
+        self._now = now
         if worker is None or worker.rank < 0:
             return []
+        if self.state is JobState.FAILING:
+            return self._testify(worker, msg.diagnosis, now)
         if msg.rank >= 0 and msg.rank != worker.rank:
             blamed = [w for w in self._workers.values() if w.rank == msg.rank]
             if not blamed:
                 return []
             reason = f"{msg.reason} (reported by rank {worker.rank})"
             return self._fail(blamed[0], reason)
+        if msg.code == "collective_timeout" and self.state is JobState.RUNNING:
+            return self._open_inquest(worker, msg, now)
         return self._fail(worker, msg.reason, msg.traceback)
+
+    def _open_inquest(self, worker: Worker, msg: Failure, now: float) -> list[Action]:
+        worker.state = RankState.FAILED
+        self.state = JobState.FAILING
+        self._event(f"rank {worker.rank}: {msg.reason}; asking every rank what it is doing")
+        live = [w for w in self._workers.values() if w.state is RankState.RUNNING]
+        self.inquest = Inquest(
+            reporter=worker.rank,
+            reason=msg.reason,
+            deadline=now + self.config.diagnose_timeout,
+            asked={w.rank for w in live},
+        )
+        self.inquest.add(worker.rank, msg.diagnosis)
+        return [Send(w.conn, DiagnoseRequest()) for w in live] + self._conclude(now)
+
+    def diagnosis(self, conn: ConnId, msg: DiagnoseReply, now: float) -> list[Action]:
+        worker = self._workers.get(conn)
+        self._now = now
+        if worker is None or self.state is not JobState.FAILING:
+            return []
+        return self._testify(worker, msg.diagnosis, now)
+
+    def _testify(self, worker: Worker, diagnosis, now: float) -> list[Action]:
+        assert self.inquest is not None
+        if worker.state is RankState.RUNNING and diagnosis is None:
+            worker.state = RankState.FAILED  # it failed too, without saying more
+        self.inquest.add(worker.rank, diagnosis)
+        return self._conclude(now)
+
+    def _conclude(self, now: float) -> list[Action]:
+        inquest = self.inquest
+        if inquest is None or not inquest.complete(now):
+            return []
+        assert self._shape is not None
+        verdict = inquest.verdict(self._shape.world_size)
+        self.inquest = None
+        return self._abort(verdict.rank, verdict.reason, verdict.traceback, diagnosed=True)
 
     def leave(self, conn: ConnId, msg: Leave) -> list[Action]:
         worker = self._workers.get(conn)
@@ -353,6 +294,11 @@ class Rendezvous:
         if self.state is JobState.WAITING:
             del self._workers[conn]
             return []
+        worker.connected = False
+        if self.inquest is not None:
+            worker.state = RankState.FAILED
+            self.inquest.give_up_on(worker.rank)
+            return self._conclude(self._now)
         if worker.state is RankState.RUNNING:
             return self._fail(worker, "connection to the coordinator closed (process died?)")
         return []
@@ -361,6 +307,8 @@ class Rendezvous:
         self._now = now
         if self.state is JobState.WAITING and self._deadline is not None and now > self._deadline:
             return self._join_timeout()
+        if self.state is JobState.FAILING:
+            return self._conclude(now)
         if self.state is not JobState.RUNNING:
             return []
         limit = self.config.heartbeat_timeout
@@ -370,15 +318,23 @@ class Rendezvous:
                 return self._fail(w, f"no heartbeat for {silent:.1f} s (hung or partitioned)")
         return []
 
-    def _fail(self, worker: _Worker, reason: str, traceback: str = "") -> list[Action]:
+    def _fail(self, worker: Worker, reason: str, traceback: str = "") -> list[Action]:
         worker.state = RankState.FAILED
         if self.state is not JobState.RUNNING:
             return []
+        return self._abort(worker.rank, reason, traceback)
+
+    def _abort(
+        self, rank: int, reason: str, traceback: str, *, diagnosed: bool = False
+    ) -> list[Action]:
+        """End the job: record the root cause and tell every worker and agent still here."""
         self.state = JobState.FAILED
-        self.failure = FailureRecord(worker.rank, reason, traceback)
-        self._event(f"rank {worker.rank} failed: {reason}")
-        abort = Abort(rank=worker.rank, reason=reason, traceback=traceback)
-        targets = [w.conn for w in self._workers.values() if w.state is RankState.RUNNING]
+        self.failure = FailureRecord(rank, reason, traceback, diagnosed)
+        self._event(f"rank {rank} failed: {reason}")
+        abort = Abort(rank=rank, reason=reason, traceback=traceback)
+        targets = [
+            w.conn for w in self._workers.values() if w.connected and w.state is not RankState.LEFT
+        ]
         targets += list(self._agents)
         return [Send(conn, abort) for conn in targets]
 
@@ -392,26 +348,13 @@ class Rendezvous:
         self._shape = None
         actions: list[Action] = []
         for conn in conns:
-            actions += _refuse(conn, "join_timeout", message)
+            actions += refuse(conn, "join_timeout", message)
         return actions
 
     def missing(self) -> str:
         """Describe who has not joined yet (used in timeout errors and status)."""
-        if self._shape is None:
-            return "nobody joined"
-        lws, nnodes = self._shape.local_world_size, self._shape.nnodes
-        joined = len(self._workers) if self._workers or not self._agents else len(self._agents)
-        unit = "workers" if self._workers or not self._agents else "node agents"
-        total = self._shape.world_size if unit == "workers" else nnodes
-        requested = {w.join.requested_rank for w in self._workers.values()}
-        if unit == "workers" and None not in requested:
-            gone = sorted(set(range(self._shape.world_size)) - requested)
-            return f"{joined} of {total} {unit} joined; missing ranks {gone}"
-        per_node: dict[str, int] = {}
-        for w in self._workers.values():
-            per_node[w.join.node_id] = per_node.get(w.join.node_id, 0) + 1
-        nodes = ", ".join(f"{n} {c}/{lws}" for n, c in sorted(per_node.items()))
-        return f"{joined} of {total} {unit} joined" + (f" (nodes: {nodes})" if nodes else "")
+        joins = [w.join for w in self._workers.values()]
+        return describe_missing(self._shape, joins, agents=len(self._agents))
 
     # ---- views -------------------------------------------------------------------
 

@@ -8,18 +8,18 @@ typed error and is closed; everyone else keeps being served.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass
 
-from shardwire.coordinator.rendezvous import (
+from shardwire.coordinator.rendezvous import Rendezvous
+from shardwire.coordinator.state import (
     Action,
     Close,
     JobState,
-    Rendezvous,
+    Notice,
     RendezvousConfig,
     Send,
 )
@@ -35,6 +35,7 @@ from shardwire.protocol import (
     message_bytes,
 )
 from shardwire.protocol.messages import (
+    DiagnoseReply,
     Error,
     Failure,
     Heartbeat,
@@ -52,6 +53,7 @@ log = logging.getLogger("shardwire.coordinator")
 # more than 64 KiB per connection.
 _CONTROL_LIMITS = Limits(max_payload=0)
 _READ_CHUNK = 64 * 1024
+_CLOSE_GRACE = 2.0  # seconds connection handlers get to end by themselves on close
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,7 @@ class CoordinatorServer:
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.done = asyncio.Event()
+        self._closing = False
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -109,34 +112,58 @@ class CoordinatorServer:
         return self.address
 
     async def aclose(self) -> None:
+        """Stop listening, end every connection and the ticker; re-raise a ticker error.
+
+        Connections are closed first, so their handlers see end-of-stream and return
+        on their own; only a handler that does not within the grace period is cancelled.
+        """
+        self._closing = True
         if self._server is not None:
             self._server.close()
-        tasks = [t for t in (self._ticker, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for conn in self._conns.values():
             conn.writer.close()
+        handlers = list(self._tasks)
+        if handlers:
+            _done, late = await asyncio.wait(handlers, timeout=_CLOSE_GRACE)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         self._conns.clear()
+        ticker_error: BaseException | None = None
+        if self._ticker is not None:
+            self._ticker.cancel()
+            try:
+                await self._ticker
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # the ticker died: the owner must hear of it
+                ticker_error = exc
         if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            try:
+                async with asyncio.timeout(_CLOSE_GRACE):
+                    await self._server.wait_closed()
+            except TimeoutError:
+                log.warning("listener did not close within %g s", _CLOSE_GRACE)
+        if ticker_error is not None:
+            raise ticker_error
 
     async def _tick_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.tick_interval)
-            self._apply(self.rendezvous.tick(self._clock()))
+        try:
+            while True:
+                await asyncio.sleep(self._config.tick_interval)
+                self._apply(self.rendezvous.tick(self._clock()))
+        finally:  # it only ends by cancellation or an error; aclose() re-raises the error
+            self.done.set()
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:
-            conn = self._conns.get(action.conn)  # type: ignore[call-overload]
-            if conn is None:
-                continue
             match action:
-                case Send(msg=msg):
-                    conn.send(msg)
-                case Close():
-                    conn.writer.close()
+                case Notice(text=text):
+                    log.info("%s", text)
+                case Send(conn=conn_id, msg=msg) if conn_id in self._conns:
+                    self._conns[conn_id].send(msg)
+                case Close(conn=conn_id) if conn_id in self._conns:
+                    self._conns[conn_id].writer.close()
         if self.rendezvous.state in (JobState.FINISHED, JobState.FAILED):
             self.done.set()
 
@@ -155,6 +182,11 @@ class CoordinatorServer:
             conn.send(Error(code="bad_request", message=str(exc)))
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # Cancelled by aclose() only. asyncio's start_server callback (3.11) reports a
+            # cancelled handler as an unhandled error, so the handler ends normally here.
+            if not self._closing:
+                raise
         finally:
             self._conns.pop(conn_id, None)
             self._apply(self.rendezvous.disconnected(conn_id))
@@ -206,7 +238,9 @@ class CoordinatorServer:
             case Heartbeat():
                 return rdzv.heartbeat(conn_id, msg, now)
             case Failure():
-                return rdzv.report_failure(conn_id, msg)
+                return rdzv.report_failure(conn_id, msg, now)
+            case DiagnoseReply():
+                return rdzv.diagnosis(conn_id, msg, now)
             case Leave():
                 return rdzv.leave(conn_id, msg)
             case StatusRequest():

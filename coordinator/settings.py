@@ -20,6 +20,7 @@ class CoordinatorSettings(BaseSettings):
     insecure: bool = False
     join_timeout: float = Field(default=300.0, gt=0)
     heartbeat_timeout: float = Field(default=5.0, gt=0)
+    diagnose_timeout: float = Field(default=3.0, gt=0)
     port_file: str | None = None
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=29480, ge=-1, le=65535)  # -1: no HTTP

@@ -31,7 +31,7 @@ from shardwire.protocol.codec import pack_meta, unpack_meta
 from shardwire.protocol.errors import FrameTooLarge, ProtocolError, VersionMismatch
 
 MAGIC = b"SW"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 PREFIX = struct.Struct(">2sBBIQ")
 PREFIX_SIZE = PREFIX.size
 MAX_META_BYTES = 64 * 1024

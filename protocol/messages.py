@@ -18,6 +18,11 @@ _Str = Annotated[str, Field(max_length=256)]
 _Hex = Annotated[str, Field(min_length=16, max_length=128, pattern="^[0-9a-f]+$")]
 _Rank = Annotated[int, Field(ge=0, lt=1 << 20)]
 _Size = Annotated[int, Field(ge=1, lt=1 << 20)]
+_Text = Annotated[str, Field(max_length=8192)]
+# Tracebacks are clipped to this many characters (from the end) so that a Failure or an
+# Abort, with its reason and diagnosis, stays inside the 64 KiB control-frame limit.
+TRACEBACK_CHARS = 24 * 1024
+_Trace = Annotated[str, Field(max_length=TRACEBACK_CHARS)]
 
 
 class _Msg(BaseModel):
@@ -118,13 +123,21 @@ class Roster(_Msg):
 
 
 class _Progress(_Msg):
-    """A worker's training progress, as it reports it and as status views show it."""
+    """A worker's training progress, as it reports it and as status views show it.
+
+    ``busy_s`` is how long the worker's event loop has not run (0 unless that exceeds the
+    stall-warning threshold); ``busy_at`` and ``busy_stack`` say where its main thread is.
+    A busy worker is reported, never failed: its heartbeats come from another thread.
+    """
 
     step: int = 0
     samples_per_s: float = 0.0
     loss: float | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    busy_s: float = 0.0
+    busy_at: _Str = ""
+    busy_stack: _Text = ""
 
 
 class Heartbeat(_Progress):
@@ -161,18 +174,58 @@ class StatusReply(_Msg):
     ranks: Annotated[list[RankStatus], Field(max_length=1 << 16)] = []
 
 
+class CollectiveRecord(_Msg):
+    """One entry of a rank's flight recorder: a recent collective and how it went."""
+
+    group: int  # group id (0: the world); alike on every member
+    size: int = 0  # members of the group
+    ranks: Annotated[list[_Rank], Field(max_length=1024)] = []  # global ranks; [] if many
+    op: _Str
+    seq: int
+    nbytes: int = 0
+    age_s: float  # seconds since it started, when the record was taken
+    duration_s: float | None = None  # None while it runs
+    outcome: _Str = "running"  # running | ok | timeout | error: ...
+    pending: Annotated[list[_Rank], Field(max_length=1024)] = []  # not heard from yet
+
+
+class Diagnosis(_Msg):
+    """What a rank was doing: its recent collectives and where its code is."""
+
+    collectives: Annotated[list[CollectiveRecord], Field(max_length=64)] = []
+    where: _Str = ""  # "train.py:88 in load_batch"
+    stack: _Text = ""
+
+
+class DiagnoseRequest(_Msg):
+    """The coordinator asks a rank for its :class:`Diagnosis` (a job is hanging)."""
+
+    kind: Literal["diagnose"] = "diagnose"
+
+
+class DiagnoseReply(_Msg):
+    """A rank's answer to :class:`DiagnoseRequest`, sent from its control thread."""
+
+    kind: Literal["diagnosis"] = "diagnosis"
+    diagnosis: Diagnosis
+
+
 class Failure(_Msg):
     """A worker reports a failure; the coordinator aborts the job with this.
 
     ``rank`` is -1 when the sender itself raised, or the peer rank whose connection the
     sender saw die (so the abort names the dead rank even if its own coordinator
-    connection is noticed later).
+    connection is noticed later). ``code`` is ``"collective_timeout"`` when the sender
+    gave up waiting for a collective: the coordinator then asks every rank for its
+    diagnosis and names the rank that never arrived.
     """
 
     kind: Literal["failure"] = "failure"
     rank: int = -1
     reason: Annotated[str, Field(max_length=4096)]
-    traceback: Annotated[str, Field(max_length=65536)] = ""
+    traceback: _Trace = ""
+    code: _Str = ""
+    diagnosis: Diagnosis | None = None
 
 
 class Abort(_Msg):
@@ -181,7 +234,7 @@ class Abort(_Msg):
     kind: Literal["abort"] = "abort"
     rank: int
     reason: Annotated[str, Field(max_length=4096)]
-    traceback: Annotated[str, Field(max_length=65536)] = ""
+    traceback: _Trace = ""
 
 
 class Leave(_Msg):
@@ -204,6 +257,8 @@ Message = Annotated[
     | StatusRequest
     | StatusReply
     | Failure
+    | DiagnoseRequest
+    | DiagnoseReply
     | Abort
     | Leave,
     Field(discriminator="kind"),

@@ -12,4 +12,6 @@ _SELECTED = os.environ.get("SHARDWIRE_TEST_LOOPS", "asyncio,uvloop").split(",")
 
 
 def pytest_asyncio_loop_factories(config, item):
+    if item.get_closest_marker("one_loop"):
+        return {_SELECTED[0]: _FACTORIES[_SELECTED[0]]}
     return {name: _FACTORIES[name] for name in _SELECTED}

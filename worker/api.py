@@ -6,13 +6,19 @@ import os
 import traceback
 from types import TracebackType
 
-from shardwire.protocol import JobAborted, PeerFailed
+from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed
 from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
-from shardwire.worker.control import ControlClient
+from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.group import ProcessGroup
+from shardwire.worker.liveness import ControlThread
 from shardwire.worker.settings import WorkerConfig
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
+
+# A rank that gave up on a collective waits this long for the coordinator's verdict (it
+# asks every rank what it was doing) before it closes its connections: closing them
+# first would make the others blame it.
+_VERDICT_WAIT = 10.0
 
 
 class Session:
@@ -27,7 +33,8 @@ class Session:
         self.config = config
         self.group: ProcessGroup | None = None
         self._mesh: TcpMesh | None = None
-        self._control: ControlClient | None = None
+        self._control: ControlThread | None = None
+        self._rank = -1
 
     async def __aenter__(self) -> ProcessGroup:
         try:
@@ -50,11 +57,16 @@ class Session:
             on_peer_failed=self._peer_failed,
         )
         port = await mesh.listen()
-        control = self._control = ControlClient(
-            token=cfg.token, run_id=cfg.run_id, role="worker", on_abort=self._aborted
+        recorder = FlightRecorder()
+        control = self._control = ControlThread(
+            token=cfg.token,
+            run_id=cfg.run_id,
+            heartbeat_interval=cfg.heartbeat_interval,
+            stall_warn=cfg.stall_warn,
+            recorder=recorder,
+            on_abort=self._aborted,
         )
         await control.connect(*cfg.coordinator, timeout=min(cfg.join_timeout, 60.0))
-        control.start_heartbeats(cfg.heartbeat_interval)
         roster = await control.join(
             Join(
                 world_size=cfg.world_size,
@@ -67,6 +79,7 @@ class Session:
             ),
             timeout=cfg.join_timeout,
         )
+        self._rank = roster.rank
         await mesh.connect(roster)
         me = roster.members[roster.rank]
         self.group = ProcessGroup(
@@ -79,6 +92,7 @@ class Session:
             timeout=cfg.timeout,
             progress=control.set_progress,
             interactive=cfg.interactive,
+            recorder=recorder,
         )
         return self.group
 
@@ -91,6 +105,8 @@ class Session:
             return
         if msg is None:
             self._mesh.abort(JobAborted("lost the connection to the coordinator"))
+        elif msg.rank == self._rank:
+            self._mesh.abort(JobAborted(f"stopped by the coordinator: {msg.reason}"))
         else:
             self._mesh.abort(
                 PeerFailed(rank=msg.rank, reason=msg.reason, remote_traceback=msg.traceback)
@@ -106,12 +122,25 @@ class Session:
             if exc is None:
                 self._control.leave()
             elif not isinstance(exc, JobAborted):  # a survivor is not the root cause
-                text = "".join(traceback.format_exception(exc_type, exc, tb))
-                reason = f"raised {type(exc).__name__}: {exc}".splitlines()[0]
-                self._control.report_failure(reason, text)
-                if self._mesh is not None:
-                    self._mesh.report_failure(reason, text)
+                await self._report(exc, "".join(traceback.format_exception(exc_type, exc, tb)))
         await self._release()
+
+    async def _report(self, exc: BaseException, text: str) -> None:
+        assert self._control is not None
+        reason = f"raised {type(exc).__name__}: {exc}".splitlines()[0]
+        # A timed-out collective names no culprit by itself: the coordinator asks every
+        # rank for its flight recorder and stack, and this rank waits for that verdict.
+        hang = isinstance(exc, CollectiveTimeout) and self.group is not None
+        self._control.report_failure(
+            reason,
+            text,
+            code="collective_timeout" if hang else "",
+            diagnosis=self._control.diagnosis() if hang else None,
+        )
+        if self._mesh is not None:
+            self._mesh.report_failure(reason, text)
+        if hang:
+            await self._control.wait_verdict(_VERDICT_WAIT)
 
     async def _release(self) -> None:
         if self.group is not None:

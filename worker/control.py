@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shardwire.protocol import (
@@ -16,7 +16,11 @@ from shardwire.protocol import (
     Token,
 )
 from shardwire.protocol.messages import (
+    TRACEBACK_CHARS,
     Abort,
+    DiagnoseReply,
+    DiagnoseRequest,
+    Diagnosis,
     Error,
     Failure,
     Heartbeat,
@@ -38,11 +42,16 @@ class CoordinatorUnreachable(ShardwireError):
     """No coordinator answered at the given address in time."""
 
 
+async def _no_diagnosis() -> Diagnosis:
+    return Diagnosis()
+
+
 class ControlClient:
     """Handshake, join, heartbeats and abort notifications over one connection.
 
     ``on_abort`` runs (synchronously, in the event loop) when the coordinator broadcasts
-    an abort or the connection to it is lost while the job runs.
+    an abort or the connection to it is lost while the job runs. ``on_diagnose`` builds
+    the answer when the coordinator asks what this process is doing (a job hangs).
     """
 
     def __init__(
@@ -52,16 +61,20 @@ class ControlClient:
         run_id: str,
         role: str,
         on_abort: Callable[[Abort | None], None] = lambda _msg: None,
+        on_diagnose: Callable[[], Awaitable[Diagnosis]] = _no_diagnosis,
     ):
         self._token = token
         self._run_id = run_id
         self._role = role
         self._on_abort = on_abort
+        self._on_diagnose = on_diagnose
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._proto: FramedProtocol | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._replies: set[asyncio.Task[None]] = set()  # diagnosis answers in flight
         self._leaving = False
         self._progress = Heartbeat()
+        self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
 
     async def connect(self, host: str, port: int, *, timeout: float) -> None:
         """Connect and authenticate; retries refused connections until ``timeout``."""
@@ -92,9 +105,19 @@ class ControlClient:
             ) from None
 
     def _received(self, msg: Message) -> None:
+        if isinstance(msg, DiagnoseRequest):
+            task = asyncio.create_task(self._answer(), name="shardwire-diagnosis")
+            self._replies.add(task)
+            task.add_done_callback(self._replies.discard)
+            return
         if isinstance(msg, Abort):
             self._on_abort(msg)
         self._inbox.put_nowait(msg)
+
+    async def _answer(self) -> None:
+        diagnosis = await self._on_diagnose()
+        if self._proto is not None:
+            self._proto.write_message(DiagnoseReply(diagnosis=diagnosis))
 
     def _lost(self, _fut: asyncio.Future) -> None:
         if not self._leaving:
@@ -147,20 +170,45 @@ class ControlClient:
         if self._proto is not None:
             self._proto.write_message(progress)
 
-    def start_heartbeats(self, interval: float) -> None:
+    def start_heartbeats(
+        self,
+        interval: float,
+        *,
+        compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress,
+    ) -> None:
+        """Send a heartbeat every ``interval`` seconds; ``compose`` adds to the progress."""
+        self._compose = compose
         self._heartbeat = asyncio.create_task(self._beat(interval), name="shardwire-heartbeat")
 
     async def _beat(self, interval: float) -> None:
         assert self._proto is not None
         while self._proto.is_open:
-            self._proto.write_message(self._progress)
+            self.beat()
             await asyncio.sleep(interval)
 
-    def report_failure(self, reason: str, traceback: str) -> None:
+    def beat(self) -> None:
+        """Send a heartbeat now (besides the periodic ones)."""
+        if self._proto is not None:
+            self._proto.write_message(self._compose(self._progress))
+
+    @property
+    def is_open(self) -> bool:
+        return self._proto is not None and self._proto.is_open
+
+    def report_failure(
+        self, reason: str, traceback: str, *, code: str = "", diagnosis: Diagnosis | None = None
+    ) -> None:
         """Tell the coordinator this process raised (it aborts the job with this)."""
         self._leaving = True
         if self._proto is not None:
-            self._proto.write_message(Failure(reason=reason[:4096], traceback=traceback[-65536:]))
+            self._proto.write_message(
+                Failure(
+                    reason=reason[:4096],
+                    traceback=traceback[-TRACEBACK_CHARS:],
+                    code=code,
+                    diagnosis=diagnosis,
+                )
+            )
 
     def report_peer_failure(self, rank: int, reason: str) -> None:
         """Tell the coordinator that the connection to peer ``rank`` died."""
@@ -173,13 +221,17 @@ class ControlClient:
             self._proto.write_message(Leave())
 
     async def aclose(self) -> None:
+        """Stop heartbeats and pending answers, then close (bounded), whatever happens."""
         self._leaving = True
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+        tasks = [t for t in (self._heartbeat, *self._replies) if t is not None]
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         if self._proto is not None:
             self._proto.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2.0):
                     await asyncio.shield(self._proto.closed)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result

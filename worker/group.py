@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from shardwire.protocol.messages import Heartbeat, Member
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
+from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport
 
 
@@ -33,8 +34,9 @@ class ProcessGroup(Group):
         timeout: float = DEFAULT_TIMEOUT,
         progress: Callable[[Heartbeat], None] | None = None,
         interactive: bool = False,
+        recorder: FlightRecorder | None = None,
     ):
-        super().__init__(transport, timeout=timeout)
+        super().__init__(transport, timeout=timeout, recorder=recorder)
         self.world_size = self.size
         self.local_rank = local_rank
         self.local_world_size = local_world_size

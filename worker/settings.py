@@ -42,6 +42,7 @@ class WorkerEnv(BaseModel):
         default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT")
     )
     timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
+    stall_warn: float = Field(default=10.0, gt=0, validation_alias=_alias("SHARDWIRE_STALL_WARN"))
     interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))
 
 
@@ -57,7 +58,10 @@ class WorkerConfig:
         rank: requested global rank, or None to let the coordinator assign one.
         token: shared secret (``Token(None)`` for none; only allowed on loopback).
         bind_host: address of the peer listener; advertise_host overrides what peers dial.
-        timeout: default bound for every transport operation, in seconds.
+        timeout: default bound for every collective and transport operation, in seconds.
+        heartbeat_interval: seconds between heartbeats (sent from a thread of their own).
+        stall_warn: seconds without the event loop running before the rank is reported
+            busy (with its stack) on the status views; a busy rank is never failed.
     """
 
     coordinator: tuple[str, int]
@@ -75,6 +79,7 @@ class WorkerConfig:
     join_timeout: float = 300.0
     connect_timeout: float = 60.0
     timeout: float = 300.0
+    stall_warn: float = 10.0
     interactive: bool = False
 
     @classmethod
@@ -98,5 +103,6 @@ class WorkerConfig:
             heartbeat_interval=env.heartbeat_interval,
             join_timeout=env.join_timeout,
             timeout=env.timeout,
+            stall_warn=env.stall_warn,
             interactive=env.interactive,
         )

@@ -25,6 +25,7 @@ from shardwire.protocol import (
 )
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.scratch import ScratchPool
+from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport, TransportTimeout
 
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class GroupCore:
         *,
         group_id: int = 0,
         timeout: float = DEFAULT_TIMEOUT,
+        recorder: FlightRecorder | None = None,
     ):
         members = tuple(range(transport.world_size)) if ranks is None else tuple(ranks)
         if len(set(members)) != len(members) or not members:
@@ -85,6 +87,8 @@ class GroupCore:
         self._error: BaseException | None = None
         self._works: set[Work] = set()
         self._pool = ScratchPool()
+        # Recent calls of this group and its subgroups, for hang diagnosis.
+        self.recorder = recorder or FlightRecorder()
 
     @property
     def error(self) -> BaseException | None:
@@ -106,11 +110,12 @@ class GroupCore:
         *,
         timeout: float | None,
         async_op: bool,
+        nbytes: int = 0,
     ) -> Any:
         self._check()
         self._seq += 1
         call = Call(self.transport, self.ranks, self.rank, self.group_id, self._seq, signature)
-        coro = self._run(call, algorithm, self.timeout if timeout is None else timeout)
+        coro = self._run(call, algorithm, self.timeout if timeout is None else timeout, nbytes)
         return self._spawn(coro) if async_op else coro
 
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> Work:
@@ -120,15 +125,29 @@ class GroupCore:
         task.add_done_callback(lambda _t: self._works.discard(work))
         return work
 
-    async def _run(self, call: Call, algorithm: Callable[[Call], Awaitable[T]], limit: float) -> T:
-        what = f"{call.signature.split(':')[0]} #{call.seq}"
+    async def _run(
+        self, call: Call, algorithm: Callable[[Call], Awaitable[T]], limit: float, nbytes: int
+    ) -> T:
+        op = call.signature.split(":")[0]
+        what = f"{op} #{call.seq}"
         me = self.transport.rank
+        entry = self.recorder.begin(
+            group=self.group_id,
+            ranks=self.ranks,
+            op=op,
+            seq=call.seq,
+            nbytes=nbytes,
+            pending=call.silent_ranks,
+        )
+        outcome = "error"
         try:
             async with asyncio.timeout(limit):
                 result = await algorithm(call)
             self._pool.give(call.taken)
+            outcome = "ok"
             return result
         except (TimeoutError, TransportTimeout):
+            outcome = "timeout"
             waiting = call.silent_ranks()
             heard = f"not heard from ranks {waiting}" if waiting else "stuck sending"
             self._poison(
@@ -139,10 +158,15 @@ class GroupCore:
         except MessageMismatch as exc:
             self._poison(CollectiveMismatch(f"{what} on rank {me}: {exc}"))
         except asyncio.CancelledError:
+            outcome = "cancelled"
             self._poison(CollectiveCancelled(f"{what} was cancelled on rank {me}"))
             raise
         except (ShardwireError, OSError) as exc:  # PeerFailed, JobAborted, closed
             self._error = self._error or exc
+        finally:
+            if outcome == "error":
+                outcome = f"error: {type(self._error).__name__}"
+            self.recorder.end(entry, outcome, silent=call.silent_ranks())
         assert self._error is not None
         raise self._error
 

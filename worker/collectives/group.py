@@ -73,6 +73,7 @@ class Group(GroupCore):
             global_ranks,
             group_id=group_id_for(global_ranks, name),
             timeout=self.timeout if timeout is None else timeout,
+            recorder=self.recorder,
         )
 
     # ---- reductions --------------------------------------------------------------------
@@ -108,7 +109,9 @@ class Group(GroupCore):
                 await ring.all_gather(c, buf, segs, base_step=_GATHER_STEP, receives=gathered)
             return target
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature, algorithm, timeout=timeout, async_op=async_op, nbytes=x.nbytes
+        )
 
     def reduce_scatter(
         self,
@@ -152,7 +155,9 @@ class Group(GroupCore):
             finish(op, result, c.size)
             return result
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature, algorithm, timeout=timeout, async_op=async_op, nbytes=x.nbytes
+        )
 
     def reduce(
         self,
@@ -196,7 +201,9 @@ class Group(GroupCore):
             np.copyto(target.reshape(-1), work)
             return target
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature, algorithm, timeout=timeout, async_op=async_op, nbytes=x.nbytes
+        )
 
     # ---- data movement -----------------------------------------------------------------
 
@@ -237,7 +244,9 @@ class Group(GroupCore):
                 await ring.all_gather(c, buf, segs)
             return result
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature, algorithm, timeout=timeout, async_op=async_op, nbytes=x.nbytes
+        )
 
     def broadcast(
         self, x: np.ndarray, *, root: int = 0, timeout: float | None = None, async_op: bool = False
@@ -254,7 +263,9 @@ class Group(GroupCore):
                 await ring.broadcast_chain(c, buf, root)
             return x
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature, algorithm, timeout=timeout, async_op=async_op, nbytes=x.nbytes
+        )
 
     def gather(
         self,
@@ -285,7 +296,9 @@ class Group(GroupCore):
             np.copyto(incoming[c.rank].reshape(-1), src)
             return result
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature, algorithm, timeout=timeout, async_op=async_op, nbytes=x.nbytes
+        )
 
     def scatter(
         self,
@@ -319,7 +332,13 @@ class Group(GroupCore):
             np.copyto(out, mine)
             return out
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature,
+            algorithm,
+            timeout=timeout,
+            async_op=async_op,
+            nbytes=0 if x is None else x.nbytes,
+        )
 
     def all_to_all(
         self,
@@ -354,7 +373,9 @@ class Group(GroupCore):
             pieces = [got[p] if p != c.rank else parts[p] for p in range(c.size)]
             return np.concatenate([g.reshape(-1, *row_shape) for g in pieces])
 
-        return self._start(signature, algorithm, timeout=timeout, async_op=async_op)
+        return self._start(
+            signature, algorithm, timeout=timeout, async_op=async_op, nbytes=x.nbytes
+        )
 
     def barrier(self, *, timeout: float | None = None, async_op: bool = False) -> Any:
         """Return once every member has entered the barrier."""

@@ -37,7 +37,15 @@ from shardwire.protocol import (
     encode_head,
     parse_tensor_meta,
 )
-from shardwire.protocol.messages import Error, Failure, Hello, Leave, Message, Roster
+from shardwire.protocol.messages import (
+    TRACEBACK_CHARS,
+    Error,
+    Failure,
+    Hello,
+    Leave,
+    Message,
+    Roster,
+)
 from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.framing import FramedProtocol
 from shardwire.worker.transport.mailbox import _Inbound, byte_view
@@ -324,7 +332,7 @@ class TcpMesh(Transport):
     def report_failure(self, reason: str, traceback: str) -> None:
         """Tell every peer why this rank is about to go away."""
         self._reported_failure = True
-        msg = Failure(reason=reason[:4096], traceback=traceback[-65536:])
+        msg = Failure(reason=reason[:4096], traceback=traceback[-TRACEBACK_CHARS:])
         for conn in self._conns.values():
             conn.write_message(msg)
 

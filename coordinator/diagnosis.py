@@ -1,0 +1,118 @@
+"""Naming the culprit of a hang from every rank's flight recorder (pure).
+
+Theory of operation: a rank that gives up on a collective reports it with its recorder
+tail. The coordinator asks every other live rank for its tail and current stack (they
+answer from their control threads, so a blocked rank answers too) and, once all have
+answered or the inquest's deadline passed, compares them: the ranks of that call's group
+whose tails hold no entry for it *never entered* it, and their stacks say where they are
+instead. Ranks that did not answer are named as such. The verdict is one line for logs
+and summaries ("rank 3 never entered all_reduce #57 (ranks 0-2 waited 30 s); rank 3 is
+at train.py:88 in load_batch") plus the culprits' stacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardwire.protocol.messages import CollectiveRecord, Diagnosis
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; one rank -> ``"rank 3"``."""
+    runs: list[tuple[int, int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs]
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
+
+
+def _call_name(rec: CollectiveRecord) -> str:
+    group = "" if rec.group == 0 else f" on group {rec.group}"
+    return f"{rec.op} #{rec.seq}{group}"
+
+
+def _stuck(diagnosis: Diagnosis) -> CollectiveRecord | None:
+    """The call a reporting rank gave up on: its newest one that did not end ``ok``."""
+    for rec in reversed(diagnosis.collectives):
+        if rec.outcome != "ok":
+            return rec
+    return None
+
+
+def _entered(diagnosis: Diagnosis, rec: CollectiveRecord) -> bool:
+    return any(r.group == rec.group and r.seq == rec.seq for r in diagnosis.collectives)
+
+
+def _last_on_group(diagnosis: Diagnosis, group: int) -> CollectiveRecord | None:
+    mine = [r for r in diagnosis.collectives if r.group == group]
+    return mine[-1] if mine else None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    rank: int  # the rank blamed
+    reason: str
+    traceback: str  # the culprits' stacks
+
+
+def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_size: int) -> Verdict:
+    """The verdict for a timed-out collective, from the ranks' diagnoses."""
+    mine = reports.get(reporter)
+    stuck = _stuck(mine) if mine is not None else None
+    if stuck is None:
+        return Verdict(reporter, reason, "")
+    members = stuck.ranks or list(range(world_size))
+    waited = [r for r in members if r in reports and _entered(reports[r], stuck)]
+    absent = [r for r in members if r in reports and not _entered(reports[r], stuck)]
+    silent = [r for r in members if r not in reports]
+    name = _call_name(stuck)
+    if not absent and not silent:
+        return Verdict(reporter, f"{reason}; every rank of the group entered {name}", "")
+    longest = max(
+        (rec.duration_s or rec.age_s)
+        for r in waited
+        for rec in reports[r].collectives
+        if rec.group == stuck.group and rec.seq == stuck.seq
+    )
+    parts = []
+    if absent:
+        parts.append(f"{ranks_text(absent)} never entered {name}")
+    if silent:
+        parts.append(f"{ranks_text(silent)} did not answer")
+    text = " and ".join(parts) + f" ({ranks_text(waited)} waited {longest:.0f} s)"
+    stacks = []
+    for r in absent:
+        report = reports[r]
+        last = _last_on_group(report, stuck.group)
+        after = f", after {_call_name(last)} ({last.outcome})" if last is not None else ""
+        text += f"; rank {r} is at {report.where or 'an unknown place'}{after}"
+        stacks.append(f"--- rank {r} ---\n{report.stack.rstrip()}\n")
+    return Verdict((absent or silent)[0], text, "".join(stacks))
+
+
+@dataclass
+class Inquest:
+    """Diagnoses collected for one timed-out collective until all asked have answered."""
+
+    reporter: int
+    reason: str
+    deadline: float
+    asked: set[int] = field(default_factory=set)
+    reports: dict[int, Diagnosis] = field(default_factory=dict)
+
+    def add(self, rank: int, diagnosis: Diagnosis | None) -> None:
+        if diagnosis is not None:
+            self.reports[rank] = diagnosis
+        self.asked.discard(rank)
+
+    def give_up_on(self, rank: int) -> None:
+        self.asked.discard(rank)
+
+    def complete(self, now: float) -> bool:
+        return not self.asked or now >= self.deadline
+
+    def verdict(self, world_size: int) -> Verdict:
+        return explain(self.reporter, self.reason, self.reports, world_size)

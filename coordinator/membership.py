@@ -1,0 +1,104 @@
+"""Checks on joiners against the job's shape and the members so far (pure functions).
+
+Each returns ``None`` when the joiner fits, or a ``(code, message)`` refusal that the
+rendezvous sends back at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardwire.protocol.messages import Join
+
+
+@dataclass(slots=True)
+class Shape:
+    world_size: int
+    local_world_size: int
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+
+def shape_problem(
+    expected: int | None, shape: Shape | None, world_size: int, local_world_size: int
+) -> str | None:
+    """Does a joiner's (world size, processes per node) agree with the job's?"""
+    expected = expected or (shape.world_size if shape else None)
+    if expected and world_size != expected:
+        return f"world size disagreement: this joiner says {world_size}, the job has {expected}"
+    if world_size % local_world_size:
+        return f"world size {world_size} is not a multiple of processes per node {local_world_size}"
+    if shape and local_world_size != shape.local_world_size:
+        return (
+            f"processes-per-node disagreement: this joiner says {local_world_size}, "
+            f"the job has {shape.local_world_size}"
+        )
+    return None
+
+
+def membership_problem(shape: Shape, joined: Sequence[Join], msg: Join) -> tuple[str, str] | None:
+    """Does a worker's node, local rank and requested rank fit those already joined?"""
+    lws = shape.local_world_size
+    if msg.local_rank >= lws:
+        return "bad_request", f"local rank {msg.local_rank} >= processes per node {lws}"
+    same_node = [j for j in joined if j.node_id == msg.node_id]
+    if any(j.local_rank == msg.local_rank for j in same_node):
+        return (
+            "duplicate_rank",
+            f"node {msg.node_id!r} already has local rank {msg.local_rank}",
+        )
+    nodes = {j.node_id for j in joined}
+    if msg.node_id not in nodes and len(nodes) >= shape.nnodes:
+        return "world_size", f"already {len(nodes)} nodes, the job has {shape.nnodes}"
+    if msg.requested_rank is None:
+        return None
+    r = msg.requested_rank
+    if r >= shape.world_size or r % lws != msg.local_rank:
+        return "bad_request", (
+            f"requested rank {r} does not fit world size {shape.world_size} "
+            f"with local rank {msg.local_rank} of {lws}"
+        )
+    for j in joined:
+        if j.requested_rank == r:
+            return "duplicate_rank", f"rank {r} was already requested by node {j.node_id!r}"
+        other = j.requested_rank
+        if other is not None and j.node_id == msg.node_id and other // lws != r // lws:
+            return "bad_request", f"node {msg.node_id!r} requested ranks on two nodes"
+        if other is not None and j.node_id != msg.node_id and other // lws == r // lws:
+            return "duplicate_rank", f"node rank {r // lws} is taken by {j.node_id!r}"
+    return None
+
+
+def assign_node_ranks(shape: Shape, joined: Sequence[Join]) -> dict[str, int]:
+    """Node id -> node rank: requested ranks fix their node's; the rest by node id."""
+    lws = shape.local_world_size
+    fixed: dict[str, int] = {}
+    for j in joined:
+        if j.requested_rank is not None:
+            fixed[j.node_id] = j.requested_rank // lws
+    free = iter(sorted(set(range(shape.nnodes)) - set(fixed.values())))
+    nodes = sorted({j.node_id for j in joined} - set(fixed))
+    return fixed | {node: next(free) for node in nodes}
+
+
+def describe_missing(shape: Shape | None, joined: Sequence[Join], *, agents: int) -> str:
+    """Who has not joined yet, for join-timeout errors and status."""
+    if shape is None:
+        return "nobody joined"
+    lws, nnodes = shape.local_world_size, shape.nnodes
+    workers = bool(joined) or not agents
+    count = len(joined) if workers else agents
+    unit = "workers" if workers else "node agents"
+    total = shape.world_size if workers else nnodes
+    requested = {j.requested_rank for j in joined}
+    if workers and None not in requested:
+        gone = sorted(set(range(shape.world_size)) - requested)
+        return f"{count} of {total} {unit} joined; missing ranks {gone}"
+    per_node: dict[str, int] = {}
+    for j in joined:
+        per_node[j.node_id] = per_node.get(j.node_id, 0) + 1
+    nodes = ", ".join(f"{n} {c}/{lws}" for n, c in sorted(per_node.items()))
+    return f"{count} of {total} {unit} joined" + (f" (nodes: {nodes})" if nodes else "")

@@ -1,0 +1,90 @@
+"""The rendezvous's data: job and rank states, actions, members and configuration."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from shardwire.protocol.messages import Error, Heartbeat, Join, Message, NodeJoin
+
+ConnId = Hashable
+
+
+class JobState(enum.Enum):
+    """Where the job is."""
+
+    WAITING = "waiting"  # accepting joins
+    RUNNING = "running"  # roster sent; watching liveness
+    FAILING = "failing"  # a collective timed out; asking every rank what it is doing
+    FAILED = "failed"  # a worker failed; abort broadcast
+    FINISHED = "finished"  # every worker left cleanly
+
+
+class RankState(enum.Enum):
+    """Where one worker is."""
+
+    JOINED = "joined"  # waiting for the world to complete
+    RUNNING = "running"  # has the roster, heartbeating
+    LEFT = "left"  # finished cleanly
+    FAILED = "failed"  # died, hung or raised
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    conn: ConnId
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    conn: ConnId
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A line for the coordinator's log (the server logs it; nothing is sent)."""
+
+    text: str
+
+
+Action = Send | Close | Notice
+
+
+@dataclass(slots=True)
+class Worker:
+    conn: ConnId
+    join: Join
+    host: str
+    last_seen: float
+    rank: int = -1
+    state: RankState = RankState.JOINED
+    progress: Heartbeat = field(default_factory=Heartbeat)  # the last one received
+    connected: bool = True
+
+
+@dataclass(slots=True)
+class Agent:
+    conn: ConnId
+    join: NodeJoin
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRecord:
+    rank: int
+    reason: str
+    traceback: str = ""
+    diagnosed: bool = False  # named by a hang inquest; ``traceback`` holds the stacks
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousConfig:
+    run_id: str
+    world_size: int | None = None
+    join_timeout: float = 300.0
+    heartbeat_timeout: float = 5.0
+    diagnose_timeout: float = 3.0  # how long a hang's inquest waits for the ranks' answers
+
+
+def refuse(conn: ConnId, code: str, message: str) -> list[Action]:
+    return [Send(conn, Error(code=code, message=message)), Close(conn)]

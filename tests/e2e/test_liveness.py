@@ -1,0 +1,121 @@
+"""Liveness with real processes: busy ranks live on, stopped and dead ranks are caught,
+and a hang names the rank that never arrived and where it is."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+
+import aiohttp
+import pytest
+
+from shardwire.coordinator import JobState
+
+from .cli import SCRIPTS
+from .faults import Job, job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.one_loop]
+
+
+def _marker_line(marker: str) -> int:
+    lines = (SCRIPTS / "steps.py").read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if f"marker: {marker}" in text)
+
+
+async def _busy_rows(job: Job, pattern: str, *, timeout: float) -> dict:
+    """Poll /api/status (bounded) until a rank is reported busy at ``pattern``."""
+    async with aiohttp.ClientSession() as http, asyncio.timeout(timeout):
+        while True:
+            async with http.get(job.url("/api/status")) as response:
+                status = await response.json()
+            busy = [r for r in status["ranks"] if r["busy_s"] > 0]
+            if busy and re.fullmatch(pattern, busy[0]["busy_at"]):
+                return {"row": busy[0], "status": status}
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("mode", ["sleep", "numpy"])
+async def test_a_rank_blocking_its_loop_is_reported_busy_and_the_job_finishes(mode) -> None:
+    # The loop blocks for 3x the heartbeat timeout; heartbeats come from another thread.
+    blocked, heartbeat_timeout = 6.0, 2.0
+    async with job(
+        2,
+        heartbeat_timeout=heartbeat_timeout,
+        STEPS="6",
+        STALL_RANK="1",
+        STALL_AT="3",
+        STALL_MODE=mode,
+        STALL_SECONDS=str(blocked),
+        SHARDWIRE_STALL_WARN="1",
+        SHARDWIRE_HEARTBEAT_INTERVAL="0.25",
+    ) as j:
+        await j.workers[1].line("stalling")
+        where = (
+            rf"steps\.py:{_marker_line('nap-sleep')} in nap"
+            if mode == "sleep"
+            else r"steps\.py:\d+ in crunch"
+        )
+        seen = await _busy_rows(j, where, timeout=blocked)
+        await j.wait()
+    assert seen["row"]["rank"] == 1 and seen["row"]["state"] == "running"
+    assert seen["status"]["state"] == "running"
+    assert ("nap" if mode == "sleep" else "crunch") in seen["row"]["busy_stack"]
+    assert [w.proc.returncode for w in j.workers] == [0, 0]
+    # step s all-reduces s + 0 and s + 1: the sum over 6 steps is 2 * 15 + 6 = 36
+    assert all(w.out[-1] == "done 36" for w in j.workers), [w.out[-3:] for w in j.workers]
+    assert j.server.rendezvous.state is JobState.FINISHED
+    events = [text for _t, text in j.server.rendezvous.events]
+    assert any(re.search(rf"rank 1 busy for \d+ s at {where}", e) for e in events), events
+    assert any("rank 1 responsive again" in e for e in events), events
+
+
+async def test_a_stopped_rank_fails_every_other_rank_naming_it() -> None:
+    async with job(3, STEPS="100000", STEP_DELAY="0.01") as j:
+        await j.workers[1].line(r"^step 5 ")
+        j.workers[1].signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        await j.wait([0, 2], timeout=60)
+        for w in (j.workers[0], j.workers[2]):
+            assert w.proc.returncode == 1
+            assert re.search(r"stopped: rank 1 failed: no heartbeat", "\n".join(w.err)), w.err
+            assert w.exited_at is not None
+            elapsed = w.exited_at - stopped
+            # 5 s heartbeat timeout with 1 s heartbeats: caught 4-5 s after the stop
+            assert elapsed < 8.0, elapsed
+    failure = j.server.rendezvous.failure
+    assert failure is not None and failure.rank == 1 and "no heartbeat" in failure.reason
+
+
+async def test_a_killed_rank_fails_every_other_rank_at_once() -> None:
+    async with job(3, STEPS="100000", STEP_DELAY="0.01") as j:
+        await j.workers[2].line(r"^step 5 ")
+        j.workers[2].signal(signal.SIGKILL)
+        killed = time.monotonic()
+        await j.wait([0, 1], timeout=60)
+        for w in j.workers[:2]:
+            assert w.proc.returncode == 1
+            assert re.search(r"stopped: rank 2 failed", "\n".join(w.err)), w.err
+            assert w.exited_at is not None and w.exited_at - killed < 3.0
+    assert j.server.rendezvous.failure.rank == 2
+
+
+async def test_a_rank_that_skips_a_collective_is_named_with_its_stack() -> None:
+    async with job(3, STEPS="20", SKIP_RANK="2", SKIP_AT="4", SHARDWIRE_TIMEOUT="3") as j:
+        await j.wait([0, 1], timeout=60)
+        await asyncio.wait_for(j.server.done.wait(), 30)
+    failure = j.server.rendezvous.failure
+    assert failure is not None and failure.diagnosed
+    line = _marker_line("dawdle-await")
+    # all_reduce #5 is step 4's (sequence numbers count from 1)
+    assert failure.rank == 2
+    assert re.match(
+        rf"rank 2 never entered all_reduce #5 \(ranks 0-1 waited \d+ s\); "
+        rf"rank 2 is at steps\.py:{line} in dawdle, after all_reduce #4 \(ok\)",
+        failure.reason,
+    ), failure.reason
+    assert "in dawdle" in failure.traceback and "--- rank 2 ---" in failure.traceback
+    for w in j.workers[:2]:
+        assert w.proc.returncode == 1
+        assert "CollectiveTimeout" in "\n".join(w.err)

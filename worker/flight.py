@@ -1,0 +1,106 @@
+"""The flight recorder: each rank's always-on ring buffer of its recent collectives.
+
+Theory of operation: every collective adds an entry when it starts and closes it when
+it ends (``ok``, ``timeout`` or the error). When a job hangs, the coordinator asks each
+rank for the tail of this buffer; comparing the tails tells which rank never entered the
+call the others are waiting in. Entries are written by the event loop and read by the
+control thread, which must answer even while the loop is blocked, so the ring is the one
+structure here shared between threads and it guards itself with a lock (a few hundred
+nanoseconds per collective, next to tens of microseconds for the smallest one).
+
+Which ranks a running call still waits for is asked of the call itself, and only on the
+event loop (``snapshot(live=True)``); from another thread only the stored fields are read.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shardwire.protocol.messages import CollectiveRecord
+
+CAPACITY = 32  # recent collectives kept per rank
+SHOWN = 16  # the newest ones a diagnosis carries
+_LISTED = 128  # groups larger than this are sent by size only (control frames are small)
+
+Pending = Callable[[], list[int]]
+
+
+@dataclass(slots=True)
+class _Entry:
+    group: int
+    ranks: tuple[int, ...]
+    op: str
+    seq: int
+    nbytes: int
+    start: float
+    pending: Pending | None  # asked on the event loop only
+    end: float | None = None
+    outcome: str = "running"
+    silent: tuple[int, ...] = ()  # not heard from, as of the end
+
+
+class FlightRecorder:
+    """A bounded, thread-safe log of recent collectives."""
+
+    def __init__(self, capacity: int = CAPACITY, *, clock: Callable[[], float] = time.monotonic):
+        self._ring: deque[_Entry] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def begin(
+        self,
+        *,
+        group: int,
+        ranks: Sequence[int],
+        op: str,
+        seq: int,
+        nbytes: int,
+        pending: Pending | None = None,
+    ) -> _Entry:
+        """Record that a collective started; returns the entry to :meth:`end`."""
+        entry = _Entry(group, tuple(ranks), op, seq, nbytes, self._clock(), pending)
+        with self._lock:
+            self._ring.append(entry)
+        return entry
+
+    def end(self, entry: _Entry, outcome: str = "ok", *, silent: Sequence[int] = ()) -> None:
+        """Record how a collective ended (``silent``: ranks never heard from)."""
+        with self._lock:
+            entry.end = self._clock()
+            entry.outcome = outcome[:200]
+            entry.silent = tuple(silent)
+            entry.pending = None
+
+    def snapshot(self, *, live: bool, limit: int = SHOWN) -> list[CollectiveRecord]:
+        """The newest entries, oldest first. ``live=True`` only on the loop that writes them."""
+        now = self._clock()
+        with self._lock:
+            entries = [
+                (e.group, e.ranks, e.op, e.seq, e.nbytes, e.start, e.end, e.outcome, e.silent)
+                + (e.pending,)
+                for e in list(self._ring)[-limit:]
+            ]
+        records = []
+        for group, ranks, op, seq, nbytes, start, end, outcome, silent, pending in entries:
+            waiting = list(silent)
+            if end is None and live and pending is not None:
+                waiting = pending()
+            records.append(
+                CollectiveRecord(
+                    group=group,
+                    size=len(ranks),
+                    ranks=list(ranks) if len(ranks) <= _LISTED else [],
+                    op=op,
+                    seq=seq,
+                    nbytes=nbytes,
+                    age_s=round(now - start, 3),
+                    duration_s=None if end is None else round(end - start, 3),
+                    outcome=outcome,
+                    pending=waiting[:_LISTED],
+                )
+            )
+        return records
