@@ -17,7 +17,7 @@ $(UV):
 
 # Non-editable on purpose: tests run against the installed package layout (the wheel's).
 sync: $(UV)
-	$(UV) sync --locked --no-editable --extra examples --reinstall-package shardwire --python $(PYTHON) --quiet
+	$(UV) sync --locked --no-editable --compile-bytecode --extra examples --reinstall-package shardwire --python $(PYTHON) --quiet
 
 run: sync
 	$(RUN)/shardwire launch --standalone --nproc-per-node $(NPROC) examples/digits.py

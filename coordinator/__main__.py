@@ -94,8 +94,8 @@ async def serve(settings: CoordinatorSettings) -> int:
     failure = server.rendezvous.failure
     if failure is not None:
         print(f"job failed: rank {failure.rank}: {failure.reason}", file=sys.stderr)
-        if failure.diagnosed and failure.traceback:
-            print(failure.traceback.rstrip(), file=sys.stderr)
+        if failure.stacks:
+            print(failure.stacks.rstrip(), file=sys.stderr)
     return 0 if server.rendezvous.state is JobState.FINISHED else 1
 
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"shardwire coordinator: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="[coordinator] %(message)s")
+    logging.basicConfig(level=settings.log_level.upper(), format="%(message)s")
     try:
         return asyncio.run(serve(settings))
     except ShardwireError as exc:

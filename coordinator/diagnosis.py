@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from shardwire.protocol.messages import CollectiveRecord, Diagnosis
 
+_STACKS = 8000  # characters of culprits' stacks kept (an Abort carries at most 8192)
+
 
 def ranks_text(ranks: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; one rank -> ``"rank 3"``."""
@@ -55,7 +57,7 @@ def _last_on_group(diagnosis: Diagnosis, group: int) -> CollectiveRecord | None:
 class Verdict:
     rank: int  # the rank blamed
     reason: str
-    traceback: str  # the culprits' stacks
+    stacks: str  # the culprits' stacks
 
 
 def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_size: int) -> Verdict:
@@ -90,7 +92,7 @@ def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_siz
         after = f", after {_call_name(last)} ({last.outcome})" if last is not None else ""
         text += f"; rank {r} is at {report.where or 'an unknown place'}{after}"
         stacks.append(f"--- rank {r} ---\n{report.stack.rstrip()}\n")
-    return Verdict((absent or silent)[0], text, "".join(stacks))
+    return Verdict((absent or silent)[0], text, "".join(stacks)[-_STACKS:])
 
 
 @dataclass

@@ -26,7 +26,7 @@ STATUS_PAGE = """<!doctype html>
 <table id="ranks">
   <thead><tr><th>rank</th><th>host</th><th>node</th><th>state</th><th>step</th>
   <th>heartbeat (s)</th><th>samples/s</th><th>loss</th><th>sent MiB</th>
-  <th>received MiB</th></tr></thead>
+  <th>received MiB</th><th>busy</th></tr></thead>
   <tbody></tbody>
 </table>
 <h2>loss (rank 0)</h2>
@@ -82,7 +82,9 @@ async function refresh() {
                 cell(r.state, r.state === "failed" ? "text failed" : "text"), cell(r.step),
                 cell(r.heartbeat_age_s.toFixed(1)), cell(r.samples_per_s.toFixed(0)),
                 cell(r.loss === null ? "" : r.loss.toFixed(4)),
-                cell((r.bytes_sent / MiB).toFixed(1)), cell((r.bytes_received / MiB).toFixed(1)));
+                cell((r.bytes_sent / MiB).toFixed(1)), cell((r.bytes_received / MiB).toFixed(1)),
+                cell(r.busy_s ? `${r.busy_s.toFixed(0)} s at ${r.busy_at}` : "", "text busy"));
+      if (r.busy_stack) tr.title = r.busy_stack;
       body.appendChild(tr);
     }
     drawLoss(s.losses);

@@ -213,7 +213,8 @@ class Rendezvous:
                 "(its event loop is not running; heartbeats continue, the job goes on)"
             )
         elif before.busy_s and not now.busy_s:
-            text = f"{who} responsive again (its event loop was busy for {before.busy_s:.0f} s or more)"
+            busy = f"{before.busy_s:.0f} s or more"
+            text = f"{who} responsive again (its event loop was busy for {busy})"
         else:
             return []
         self._event(text)
@@ -271,7 +272,7 @@ class Rendezvous:
         assert self._shape is not None
         verdict = inquest.verdict(self._shape.world_size)
         self.inquest = None
-        return self._abort(verdict.rank, verdict.reason, verdict.traceback, diagnosed=True)
+        return self._abort(verdict.rank, verdict.reason, stacks=verdict.stacks)
 
     def leave(self, conn: ConnId, msg: Leave) -> list[Action]:
         worker = self._workers.get(conn)
@@ -325,13 +326,13 @@ class Rendezvous:
         return self._abort(worker.rank, reason, traceback)
 
     def _abort(
-        self, rank: int, reason: str, traceback: str, *, diagnosed: bool = False
+        self, rank: int, reason: str, traceback: str = "", *, stacks: str = ""
     ) -> list[Action]:
         """End the job: record the root cause and tell every worker and agent still here."""
         self.state = JobState.FAILED
-        self.failure = FailureRecord(rank, reason, traceback, diagnosed)
+        self.failure = FailureRecord(rank, reason, traceback, stacks)
         self._event(f"rank {rank} failed: {reason}")
-        abort = Abort(rank=rank, reason=reason, traceback=traceback)
+        abort = Abort(rank=rank, reason=reason, traceback=traceback, stacks=stacks)
         targets = [
             w.conn for w in self._workers.values() if w.connected and w.state is not RankState.LEFT
         ]

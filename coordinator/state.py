@@ -74,7 +74,7 @@ class FailureRecord:
     rank: int
     reason: str
     traceback: str = ""
-    diagnosed: bool = False  # named by a hang inquest; ``traceback`` holds the stacks
+    stacks: str = ""  # where the culprits of a hang were (set by a hang inquest)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ prefetch. Reports held-out loss in nats per character and prints a generated sam
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from pathlib import Path
 
@@ -76,7 +77,7 @@ async def sample(
 
 async def main(args: argparse.Namespace) -> None:
     async with sw.init() as pg:
-        data, chars = corpus()
+        data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
         cut = int(len(data) * 0.9)
         train, held = data[:cut], data[cut:]
         model = TransformerLM(

@@ -12,6 +12,7 @@ the run directory gets metrics.jsonl and summary.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from pathlib import Path
 
@@ -59,7 +60,9 @@ async def accuracy(fsdp: FSDP, pg: sw.ProcessGroup, x: np.ndarray, y: np.ndarray
 
 async def main(args: argparse.Namespace) -> None:
     async with sw.init() as pg:
-        x_train, y_train, x_test, y_test = load(args.seed)
+        # Importing scikit-learn and reading the data set blocks for seconds on a busy
+        # machine; a thread keeps the event loop free meanwhile.
+        x_train, y_train, x_test, y_test = await asyncio.to_thread(load, args.seed)
         fsdp = await FSDP.create(
             make_model(args.hidden, args.seed),
             pg,

@@ -229,12 +229,17 @@ class Failure(_Msg):
 
 
 class Abort(_Msg):
-    """Broadcast to every survivor: rank ``rank`` failed for ``reason``."""
+    """Broadcast to every survivor: rank ``rank`` failed for ``reason``.
+
+    ``traceback`` is the failed rank's own (when it raised); ``stacks`` says where the
+    culprits of a hang were (when an inquest named them).
+    """
 
     kind: Literal["abort"] = "abort"
     rank: int
     reason: Annotated[str, Field(max_length=4096)]
     traceback: _Trace = ""
+    stacks: _Text = ""
 
 
 class Leave(_Msg):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import traceback
 from types import TracebackType
@@ -127,6 +128,9 @@ class Session:
 
     async def _report(self, exc: BaseException, text: str) -> None:
         assert self._control is not None
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+            self._control.report_failure("interrupted (its main task was cancelled)", "")
+            return
         reason = f"raised {type(exc).__name__}: {exc}".splitlines()[0]
         # A timed-out collective names no culprit by itself: the coordinator asks every
         # rank for its flight recorder and stack, and this rank waits for that verdict.

@@ -30,3 +30,6 @@ def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool = True) -> T:
     except JobAborted as exc:
         print(f"shardwire: stopped: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C or SIGINT: the user knows why, no traceback
+        print("shardwire: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None

@@ -93,3 +93,35 @@ def _read(fd: int) -> bytes:
         return os.read(fd, 65536)
     except OSError:  # EIO: the other side of the terminal is gone
         return b""
+
+
+@pytest.mark.slow
+def test_make_run_passes_with_a_busy_process_per_core_and_no_bytecode_writes(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    try:
+        result = shardwire(
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            "examples/digits.py",
+            "--run-dir",
+            str(tmp_path / "run"),
+            timeout=600,
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["held_out_accuracy"] >= 0.95
+    assert "Traceback" not in result.stderr

@@ -49,6 +49,7 @@ def test_killed_child_fails_the_launch_with_a_summary() -> None:
     summary = result.stderr[result.stderr.index("shardwire: job failed") :]
     assert "root cause (from the coordinator): rank 1" in summary
     assert re.search(r"first failure on this node: rank 1 .* killed by signal SIGKILL", summary)
+    assert "Traceback" not in result.stderr  # nobody raised: no traceback anywhere
 
 
 def test_raising_child_shows_its_exception_on_the_launcher() -> None:
@@ -67,6 +68,8 @@ def test_raising_child_shows_its_exception_on_the_launcher() -> None:
     assert "RuntimeError: deliberate failure on rank 2" in summary.split("last lines")[1]
     # survivors stop with one line naming the failed rank, not a wall of tracebacks
     assert "[rank0]: shardwire: stopped: rank 2 failed" in result.stderr
+    others = [x for x in result.stderr.splitlines() if not x.startswith("[rank2]")]
+    assert not any("Traceback" in x for x in others), result.stderr
 
 
 def test_two_nodes_through_a_separate_coordinator() -> None:
@@ -111,7 +114,8 @@ def test_two_nodes_through_a_separate_coordinator() -> None:
     assert "[rank3]: rank 3/4 (node 1, local 1) received [2.0, 2.0, 2.0, 2.0]" in node_b
 
 
-def test_sigterm_is_forwarded_and_nothing_is_left_behind() -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_is_forwarded_cleanly_and_nothing_is_left_behind(sig) -> None:
     proc = subprocess.Popen(
         [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py")],
         env=env(),
@@ -127,8 +131,12 @@ def test_sigterm_is_forwarded_and_nothing_is_left_behind() -> None:
         while ready < 2 and time.monotonic() < deadline:
             ready += "ready" in proc.stdout.readline()
         assert ready == 2
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        assert f"shardwire: job stopped by {sig.name}" in err
+        assert "Traceback" not in err and "Error" not in err, err
     finally:
         if proc.poll() is None:
             proc.kill()

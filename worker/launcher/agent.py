@@ -113,7 +113,7 @@ async def _agent(
 
     def on_abort(msg: Abort | None) -> None:
         if msg is not None and supervisor is not None:
-            supervisor.note_abort(msg.rank, msg.reason, msg.traceback)
+            supervisor.note_abort(msg.rank, msg.reason, msg.traceback, msg.stacks)
 
     token = load_token(env.get("SHARDWIRE_TOKEN"), None)
     control = ControlClient(token=token, run_id=settings.run_id, role="agent", on_abort=on_abort)
@@ -136,6 +136,7 @@ async def _agent(
             "MASTER_PORT": str(address[1]),
             "SHARDWIRE_RUN_ID": settings.run_id,
             "SHARDWIRE_JOIN_TIMEOUT": str(settings.join_timeout),
+            "SHARDWIRE_STALL_WARN": str(settings.stall_warn),
             # rank 0 draws a progress bar only when the person at the terminal sees it
             "SHARDWIRE_INTERACTIVE": "1" if sys.stdout.isatty() else "0",
         }
@@ -171,6 +172,7 @@ async def _supervise(supervisor: Supervisor) -> int:
 
     def forward(sig: int) -> None:
         received.append(sig)
+        supervisor.interrupted_by = supervisor.interrupted_by or sig
         task = asyncio.ensure_future(supervisor.stop(sig))
         stop_tasks.add(task)
 

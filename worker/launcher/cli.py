@@ -31,6 +31,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise-host", help="address peers should dial (default: as seen)")
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--term-timeout", type=float, help="grace after SIGTERM before SIGKILL (5)")
+    p.add_argument(
+        "--stall-warn",
+        type=float,
+        help="seconds a worker's event loop may be busy before it is reported busy (10)",
+    )
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module")
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -61,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
     )
     la.add_argument("--coordinator", help="HOST:PORT when not standalone")
     la.add_argument("--nnodes", type=int, help="number of nodes in the job (1)")
+    la.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        help="with --standalone: silence that marks a worker dead (5)",
+    )
     _add_node_flags(la)
     return p
 

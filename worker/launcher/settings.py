@@ -24,6 +24,7 @@ class LaunchSettings(BaseSettings):
     advertise_host: str | None = None
     join_timeout: float = Field(default=300.0, gt=0)
     heartbeat_timeout: float = Field(default=5.0, gt=0)
+    stall_warn: float = Field(default=10.0, gt=0)
     term_timeout: float = Field(default=5.0, gt=0)
 
     def coordinator_address(self) -> tuple[str, int]:

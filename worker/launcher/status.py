@@ -57,6 +57,7 @@ def render(reply: StatusReply) -> str:
         lines.append(
             f"{r.rank:>4}  {r.host:<16} {r.node_id:<12} {r.state:<8} {r.step:>7} "
             f"{r.heartbeat_age_s:>9.1f}s {r.samples_per_s:>10.0f}"
+            + (f"  busy for {r.busy_s:.0f} s at {r.busy_at}" if r.busy_s else "")
         )
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 _TAIL_LINES = 20
+_STACK_LINES = 30
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -69,7 +70,10 @@ class Supervisor:
         self._err = err
         self.root_cause: Child | None = None
         self.remote_abort: tuple[int, str, str] | None = None
+        self.remote_stacks = ""  # where the culprits of a hang were, as the coordinator found
         self._stopping = asyncio.Event()
+        self._reaper: asyncio.Task[None] | None = None  # stops the node after an abort
+        self.interrupted_by = 0  # the signal the launcher received and forwarded, if any
 
     def child_env(self, local_rank: int) -> dict[str, str]:
         la = self.launch
@@ -102,9 +106,14 @@ class Supervisor:
             )
             rank = self.launch.node_rank * self.launch.nproc + local
             self.children.append(Child(rank, local, proc))
-        async with asyncio.TaskGroup() as tg:
-            for child in self.children:
-                tg.create_task(self._watch(child))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for child in self.children:
+                    tg.create_task(self._watch(child))
+        finally:
+            if self._reaper is not None:
+                self._reaper.cancel()
+                await asyncio.gather(self._reaper, return_exceptions=True)
         return self._exit_code()
 
     async def _watch(self, child: Child) -> None:
@@ -113,6 +122,8 @@ class Supervisor:
             tg.create_task(self._pump(child, child.proc.stdout, self._out, keep=False))
             tg.create_task(self._pump(child, child.proc.stderr, self._err, keep=True))
         child.returncode = await child.proc.wait()
+        # Once the coordinator named the root cause, the ranks exit by themselves (and
+        # whoever does not is stopped by the reaper, see note_abort).
         if child.returncode != 0 and self.root_cause is None and not self._stopping.is_set():
             self.root_cause = child
             await self.stop()
@@ -170,10 +181,18 @@ class Supervisor:
 
     def summary(self) -> str:
         """The root-cause report printed when the node's job did not succeed."""
-        lines = ["=" * 72, "shardwire: job failed", "-" * 72]
+        title = "shardwire: job failed"
+        if self.interrupted_by:
+            title = f"shardwire: job stopped by {signal.Signals(self.interrupted_by).name}"
+        lines = ["=" * 72, title, "-" * 72]
         if self.remote_abort is not None:
             rank, reason, _tb = self.remote_abort
             lines.append(f"root cause (from the coordinator): rank {rank}: {reason}")
+            if self.remote_stacks:
+                lines.append("where the ranks that did not arrive were:")
+                lines += [
+                    f"  {t}" for t in self.remote_stacks.rstrip().splitlines()[-_STACK_LINES:]
+                ]
         cause = self.root_cause
         if cause is not None:
             lines.append(
@@ -190,10 +209,24 @@ class Supervisor:
         lines.append("=" * 72)
         return "\n".join(lines)
 
-    def note_abort(self, rank: int, reason: str, traceback: str) -> None:
+    def note_abort(self, rank: int, reason: str, traceback: str, stacks: str = "") -> None:
         """The coordinator named the failed rank; it is the root cause if it is ours."""
         if self.remote_abort is None:
             self.remote_abort = (rank, reason, traceback)
+            self.remote_stacks = stacks
         local = [c for c in self.children if c.rank == rank]
         if local:
             self.root_cause = local[0]
+        if self._reaper is None and self.children:
+            # The job is over. Ranks normally exit by themselves at their next collective;
+            # one stuck elsewhere (the rank a hang inquest named, say) is stopped.
+            self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
+
+    async def _stop_after(self, grace: float) -> None:
+        running = [c.proc.wait() for c in self.children if c.proc.returncode is None]
+        try:
+            async with asyncio.timeout(grace):
+                await asyncio.gather(*running)
+        except TimeoutError:
+            if not self._stopping.is_set():
+                await self.stop()

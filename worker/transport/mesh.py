@@ -290,7 +290,11 @@ class TcpMesh(Transport):
         if conn.said_goodbye and conn.failure is None:
             self.depart(conn.peer, PeerFailed(rank=conn.peer, reason="rank left the job"))
             return
-        if conn.failure is not None:
+        if conn.failure is not None and conn.failure.rank >= 0 and conn.failure.rank != self.rank:
+            error = PeerFailed(  # the peer left because another rank failed
+                rank=conn.failure.rank, reason=f"{conn.failure.reason} (seen by rank {conn.peer})"
+            )
+        elif conn.failure is not None:
             error = PeerFailed(
                 rank=conn.peer,
                 reason=conn.failure.reason,
@@ -349,6 +353,14 @@ class TcpMesh(Transport):
 
     def _on_abort(self) -> None:
         self._closing = True
+        # Say which rank failed before hanging up, so that a peer which sees this
+        # connection close first does not blame this rank for it.
+        error = self.error
+        if isinstance(error, PeerFailed) and not self._reported_failure:
+            self._reported_failure = True
+            why = Failure(rank=error.rank, reason=error.reason[:4096])
+            for conn in self._conns.values():
+                conn.write_message(why)
         for conn in list(self._conns.values()):
             conn.close()
 
