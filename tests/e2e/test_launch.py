@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +219,55 @@ def test_health_command_checks_the_coordinator() -> None:
         coordinator.wait()
     down = shardwire("health", "--url", f"{url}healthz", "--timeout", "2")
     assert down.returncode == 1 and "healthz" in down.stderr
+
+
+def _child_pid(launcher: int, rank: int) -> int:
+    """The launcher's worker process with ``RANK=rank`` (from /proc)."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    for pid in children:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no child with RANK={rank} among {children}")
+
+
+def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
+    proc = subprocess.Popen(
+        [
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "3",
+            "--heartbeat-timeout",
+            "1.5",
+            "--term-timeout",
+            "2",
+            str(SCRIPTS / "steps.py"),
+        ],
+        env=env(STEPS="100000", STEP_DELAY="0.01"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not proc.stdout.readline().startswith(
+            "[rank1]: step 5"
+        ):
+            pass
+        os.kill(_child_pid(proc.pid, 1), signal.SIGSTOP)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    summary = err[err.index("shardwire: job failed") :]
+    # --heartbeat-timeout reached the standalone coordinator: silent for 1.5 s, not 5
+    assert re.search(
+        r"root cause \(from the coordinator\): rank 1: no heartbeat for 1\.\d s", summary
+    )
+    assert re.search(r"first failure on this node: rank 1 .*: unresponsive", summary), summary

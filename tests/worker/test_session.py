@@ -216,3 +216,47 @@ async def test_status_shows_each_rank_and_its_progress() -> None:
     assert sorted((r.rank, r.step, r.samples_per_s) for r in reply.ranks) == want
     text = render(reply)
     assert "run 'test': running, world size 2" in text and "node-a" in text
+
+
+async def test_heartbeat_interval_sets_how_often_the_coordinator_hears() -> None:
+    async with coordinator(1) as server:
+        async with init(worker_config(server, 1, 0, heartbeat_interval=0.05)):
+            ages = []
+            for _ in range(40):
+                await asyncio.sleep(0.05)
+                ages.append(server.rendezvous.status(time.monotonic()).ranks[0].heartbeat_age_s)
+    assert max(ages) < 0.6  # the default (1 s) would let ages reach 1 s
+
+
+async def test_a_session_leaves_no_control_thread_behind() -> None:
+    import threading
+
+    async with coordinator(2) as server:
+
+        async def worker(i: int):
+            async with init(worker_config(server, 2, i)) as pg:
+                await _ring_exchange(pg)
+                return {t.name for t in threading.enumerate()}
+
+        during = await asyncio.gather(worker(0), worker(1))
+    assert all("shardwire-control" in names for names in during)
+    assert "shardwire-control" not in {t.name for t in threading.enumerate()}
+
+
+def test_status_render_shows_a_busy_rank_and_where() -> None:
+    from shardwire.protocol.messages import RankStatus, StatusReply
+    from shardwire.worker.launcher.status import render
+
+    row = dict(node_id="n", host="h", state="running")
+    reply = StatusReply(
+        run_id="r",
+        state="running",
+        world_size=2,
+        ranks=[
+            RankStatus(rank=0, **row),
+            RankStatus(rank=1, busy_s=14.2, busy_at="digits.py:33 in load", **row),
+        ],
+    )
+    first, second = render(reply).splitlines()[-2:]
+    assert "busy" not in first
+    assert second.endswith("busy for 14 s at digits.py:33 in load")

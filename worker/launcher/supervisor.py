@@ -34,11 +34,22 @@ class Child:
     proc: asyncio.subprocess.Process
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
     returncode: int | None = None
+    unresponsive: bool = False  # outlived SIGTERM and was killed
+    was_stopped: bool = False  # found stopped (SIGSTOP, a debugger) when the node stopped
 
     def outcome(self) -> str:
         code = self.returncode
         if code is None:
             return "still running"
+        if self.unresponsive:
+            return "unresponsive (stuck): killed after SIGTERM went unheeded"
+        if self.was_stopped:
+            return f"unresponsive (it was stopped, e.g. by SIGSTOP), then {self._ended()}"
+        return self._ended()
+
+    def _ended(self) -> str:
+        code = self.returncode
+        assert code is not None
         if code < 0:
             try:
                 return f"killed by signal {signal.Signals(-code).name}"
@@ -162,12 +173,17 @@ class Supervisor:
     async def stop(self, sig: int = signal.SIGTERM) -> None:
         """Signal every running child, then SIGKILL whoever outlives ``term_timeout``."""
         self._stopping.set()
+        for child in self.children:
+            child.was_stopped = child.proc.returncode is None and _is_stopped(child.proc.pid)
         self.signal_all(sig)
+        self.signal_all(signal.SIGCONT)  # a stopped child acts on the signal only once continued
         running = [c.proc.wait() for c in self.children if c.proc.returncode is None]
         try:
             async with asyncio.timeout(self.launch.term_timeout):
                 await asyncio.gather(*running)
         except TimeoutError:
+            for child in self.children:
+                child.unresponsive = child.proc.returncode is None
             self.signal_all(signal.SIGKILL)
 
     def _exit_code(self) -> int:
@@ -230,3 +246,12 @@ class Supervisor:
         except TimeoutError:
             if not self._stopping.is_set():
                 await self.stop()
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether a process is stopped (state T in /proc; False where there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
