@@ -105,7 +105,8 @@ class Session:
         if self._mesh is None:
             return
         if msg is None:
-            self._mesh.abort(JobAborted("lost the connection to the coordinator"))
+            host, port = self.config.coordinator
+            self._mesh.abort(JobAborted(f"lost the coordinator at {host}:{port}"))
         elif msg.rank == self._rank:
             self._mesh.abort(JobAborted(f"stopped by the coordinator: {msg.reason}"))
         else:

@@ -30,6 +30,18 @@ def shardwire(*args: str, timeout: float = 90, **extra: str) -> subprocess.Compl
     )
 
 
+def launch_background(*args: str, **extra: str) -> subprocess.Popen:
+    """``shardwire launch ARGS`` in the background, output piped as text."""
+    return subprocess.Popen(
+        [SHARDWIRE, "launch", *args],
+        env=env(**extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
 def start_coordinator(*args: str, **extra: str) -> tuple[subprocess.Popen, str]:
     """``shardwire coordinator --port 0 ARGS`` in the background; returns it and its port."""
     proc = subprocess.Popen(

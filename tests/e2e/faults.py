@@ -16,9 +16,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
+from shardwire.coordinator import CoordinatorServer
 from shardwire.coordinator.http import StatusHTTP
 from shardwire.protocol import Token
+from tests.worker.cluster import coordinator
 
 from .cli import ROOT, SCRIPTS, env
 
@@ -93,22 +94,28 @@ async def job(
     **variables: str,
 ) -> AsyncIterator[Job]:
     """Run ``world`` processes of ``tests/e2e/scripts/<script>`` against a coordinator."""
-    server = CoordinatorServer(
-        ServerConfig(
-            RendezvousConfig(
-                run_id="faults",
-                world_size=world,
-                join_timeout=120.0,
-                heartbeat_timeout=heartbeat_timeout,
-                diagnose_timeout=diagnose_timeout,
-            ),
-            tick_interval=0.05,
-        ),
-        Token(TOKEN),
-    )
-    host, port = await server.start("127.0.0.1", 0)
-    http = StatusHTTP(server.rendezvous)
-    await http.start("127.0.0.1", 0)
+    async with coordinator(
+        world,
+        run_id="faults",
+        token=Token(TOKEN),
+        heartbeat_timeout=heartbeat_timeout,
+        join_timeout=120.0,
+        diagnose_timeout=diagnose_timeout,
+    ) as server:
+        http = StatusHTTP(server.rendezvous)
+        await http.start("127.0.0.1", 0)
+        try:
+            async with _workers(world, script, server.address, variables) as workers:
+                yield Job(server, http, workers)
+        finally:
+            await http.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _workers(
+    world: int, script: str, address: tuple[str, int], variables: dict[str, str]
+) -> AsyncIterator[list[Worker]]:
+    host, port = address
     workers: list[Worker] = []
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -139,7 +146,7 @@ async def job(
         for w in workers:
             w.watcher = asyncio.create_task(_watch(w))
             tasks.append(w.watcher)
-        yield Job(server, http, workers)
+        yield workers
     finally:
         for w in workers:
             if w.proc.returncode is None:
@@ -149,5 +156,3 @@ async def job(
         for w in workers:
             await w.proc.wait()
         await asyncio.gather(*tasks, return_exceptions=True)  # the pipes are closed now
-        await http.aclose()
-        await server.aclose()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, env, shardwire, start_coordinator
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, launch_background, shardwire, start_coordinator
 
 pytestmark = pytest.mark.e2e
 
@@ -118,14 +118,7 @@ def test_two_nodes_through_a_separate_coordinator() -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_is_forwarded_cleanly_and_nothing_is_left_behind(sig) -> None:
-    proc = subprocess.Popen(
-        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py")],
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = launch_background("--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
     try:
         assert proc.stdout is not None
         ready = 0
@@ -232,24 +225,17 @@ def _child_pid(launcher: int, rank: int) -> int:
 
 
 def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
-    proc = subprocess.Popen(
-        [
-            SHARDWIRE,
-            "launch",
-            "--standalone",
-            "--nproc-per-node",
-            "3",
-            "--heartbeat-timeout",
-            "1.5",
-            "--term-timeout",
-            "2",
-            str(SCRIPTS / "steps.py"),
-        ],
-        env=env(STEPS="100000", STEP_DELAY="0.01"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+    proc = launch_background(
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--heartbeat-timeout",
+        "1.5",
+        "--term-timeout",
+        "2",
+        str(SCRIPTS / "steps.py"),
+        STEPS="100000",
+        STEP_DELAY="0.01",
     )
     try:
         assert proc.stdout is not None
@@ -271,3 +257,77 @@ def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
         r"root cause \(from the coordinator\): rank 1: no heartbeat for 1\.\d s", summary
     )
     assert re.search(r"first failure on this node: rank 1 .*: unresponsive", summary), summary
+
+
+def test_standalone_jobs_get_a_fresh_token_that_no_command_line_shows() -> None:
+    proc = launch_background("--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        address = ""
+        while not address:
+            line = proc.stderr.readline()
+            assert line, "the launcher ended early"
+            if line.startswith("[coordinator]: listening on "):
+                address = line.strip().rsplit(" ", 1)[1]
+        ready = sum("ready" in proc.stdout.readline() for _ in range(2))
+        assert ready == 2
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        tokens = set()
+        for pid in children:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            tokens |= {e for e in environ if e.startswith(b"SHARDWIRE_TOKEN=")}
+        assert len(tokens) == 1  # the coordinator and both workers share one token
+        (token,) = tokens
+        secret = token.split(b"=", 1)[1]
+        assert len(secret) >= 32
+        for pid in [proc.pid, *children]:
+            assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        refused = shardwire("status", "--coordinator", address, timeout=30)
+        assert refused.returncode == 1 and "token" in refused.stderr
+        allowed = shardwire(
+            "status", "--coordinator", address, timeout=30, SHARDWIRE_TOKEN=secret.decode()
+        )
+        assert allowed.returncode == 0 and "running" in allowed.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_when_the_coordinator_dies_every_rank_and_the_launcher_say_so() -> None:
+    token = {"SHARDWIRE_TOKEN": "lost-token"}
+    coordinator, port = start_coordinator("--world-size", "4", **token)
+    node = subprocess.Popen(
+        [
+            SHARDWIRE,
+            "worker",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--nproc-per-node",
+            "4",
+            str(SCRIPTS / "steps.py"),
+        ],
+        env=env(STEPS="100000", STEP_DELAY="0.01", **token),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert node.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not node.stdout.readline().startswith(
+            "[rank3]: step 5"
+        ):
+            pass
+        coordinator.kill()
+        _out, err = node.communicate(timeout=60)
+    finally:
+        for proc in (coordinator, node):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    lost = f"lost the coordinator at 127.0.0.1:{port}"
+    for rank in range(4):
+        assert f"[rank{rank}]: shardwire: stopped: {lost}" in err, err
+    assert f"root cause: {lost}" in err
+    assert "Traceback" not in err

@@ -20,6 +20,7 @@ async def coordinator(
     token: Token = TOKEN,
     heartbeat_timeout: float = 5.0,
     join_timeout: float = 30.0,
+    diagnose_timeout: float = 3.0,
 ) -> AsyncIterator[CoordinatorServer]:
     server = CoordinatorServer(
         ServerConfig(
@@ -28,6 +29,7 @@ async def coordinator(
                 world_size=world_size,
                 join_timeout=join_timeout,
                 heartbeat_timeout=heartbeat_timeout,
+                diagnose_timeout=diagnose_timeout,
             ),
             tick_interval=0.05,
         ),

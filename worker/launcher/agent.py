@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -71,6 +72,7 @@ async def standalone_coordinator(
         if "listening on" not in first:
             raise ShardwireError(f"the coordinator did not start: {first or 'no output'}")
         host, _, port = first.rsplit(" ", 1)[-1].rpartition(":")
+        print(f"[coordinator]: listening on {host}:{port}", file=sys.stderr, flush=True)
         pump = asyncio.create_task(_echo(proc.stderr, "[coordinator]: "))
         yield host, int(port)
         with contextlib.suppress(TimeoutError):
@@ -100,6 +102,10 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     """Join as this node's agent, run the processes, and report how they ended."""
     env = _token_env(settings)
     if settings.standalone:
+        # A fresh random token unless the user gave one: any local process could join or
+        # read a job that has none. It reaches the coordinator and the workers through
+        # their environment, never a command line.
+        env = env or {"SHARDWIRE_TOKEN": secrets.token_hex(32)}
         async with standalone_coordinator(settings, env) as address:
             return await _agent(settings, argv, address, env)
     return await _agent(settings, argv, settings.coordinator_address(), env)
@@ -112,7 +118,11 @@ async def _agent(
     supervisor: Supervisor | None = None
 
     def on_abort(msg: Abort | None) -> None:
-        if msg is not None and supervisor is not None:
+        if supervisor is None:
+            return
+        if msg is None:
+            supervisor.note_lost_coordinator(f"{address[0]}:{address[1]}")
+        else:
             supervisor.note_abort(msg.rank, msg.reason, msg.traceback, msg.stacks)
 
     token = load_token(env.get("SHARDWIRE_TOKEN"), None)

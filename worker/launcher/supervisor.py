@@ -85,6 +85,7 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._reaper: asyncio.Task[None] | None = None  # stops the node after an abort
         self.interrupted_by = 0  # the signal the launcher received and forwarded, if any
+        self.lost_coordinator = ""  # its address, when the connection to it broke mid-job
 
     def child_env(self, local_rank: int) -> dict[str, str]:
         la = self.launch
@@ -201,7 +202,9 @@ class Supervisor:
         if self.interrupted_by:
             title = f"shardwire: job stopped by {signal.Signals(self.interrupted_by).name}"
         lines = ["=" * 72, title, "-" * 72]
-        if self.remote_abort is not None:
+        if self.lost_coordinator:
+            lines.append(f"root cause: lost the coordinator at {self.lost_coordinator}")
+        elif self.remote_abort is not None:
             rank, reason, _tb = self.remote_abort
             lines.append(f"root cause (from the coordinator): rank {rank}: {reason}")
             if self.remote_stacks:
@@ -237,6 +240,13 @@ class Supervisor:
             # The job is over. Ranks normally exit by themselves at their next collective;
             # one stuck elsewhere (the rank a hang inquest named, say) is stopped.
             self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
+
+    def note_lost_coordinator(self, address: str) -> None:
+        """The coordinator went away while the job ran: that is the root cause."""
+        if self.remote_abort is None and not self.lost_coordinator:
+            self.lost_coordinator = address
+            if self._reaper is None and self.children:
+                self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
 
     async def _stop_after(self, grace: float) -> None:
         running = [c.proc.wait() for c in self.children if c.proc.returncode is None]

@@ -27,6 +27,7 @@ from shardwire.protocol import (
     Frame,
     FrameKind,
     Header,
+    JobAborted,
     Limits,
     PeerFailed,
     ProtocolError,
@@ -53,6 +54,7 @@ from shardwire.worker.transport.mailbox import _Inbound, byte_view
 # Below this size prefix, meta and payload go out as one write (one syscall); above it
 # the payload is written from the caller's array without a copy.
 _COALESCE_BYTES = 64 * 1024
+_JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
 # Payloads at least this large wait (one loop turn) for their receive to be posted
 # rather than being read into scratch space: at 1 MiB this took p2p throughput on
 # loopback from ~3.3 to ~13 GB/s (scratch allocation page faults plus a second copy).
@@ -290,7 +292,9 @@ class TcpMesh(Transport):
         if conn.said_goodbye and conn.failure is None:
             self.depart(conn.peer, PeerFailed(rank=conn.peer, reason="rank left the job"))
             return
-        if conn.failure is not None and conn.failure.rank >= 0 and conn.failure.rank != self.rank:
+        if conn.failure is not None and conn.failure.code == _JOB_ABORTED:
+            error = JobAborted(conn.failure.reason)
+        elif conn.failure is not None and conn.failure.rank >= 0 and conn.failure.rank != self.rank:
             error = PeerFailed(  # the peer left because another rank failed
                 rank=conn.failure.rank, reason=f"{conn.failure.reason} (seen by rank {conn.peer})"
             )
@@ -306,7 +310,7 @@ class TcpMesh(Transport):
             else:
                 why = f"connection lost ({exc})" if exc else "connection closed without goodbye"
             error = PeerFailed(rank=conn.peer, reason=why)
-        if self.error is None:
+        if self.error is None and isinstance(error, PeerFailed):
             self._on_peer_failed(error)
         self.abort(error)
 
@@ -356,9 +360,12 @@ class TcpMesh(Transport):
         # Say which rank failed before hanging up, so that a peer which sees this
         # connection close first does not blame this rank for it.
         error = self.error
-        if isinstance(error, PeerFailed) and not self._reported_failure:
+        if isinstance(error, JobAborted) and not self._reported_failure:
             self._reported_failure = True
-            why = Failure(rank=error.rank, reason=error.reason[:4096])
+            if isinstance(error, PeerFailed):
+                why = Failure(rank=error.rank, reason=error.reason[:4096])
+            else:  # the coordinator is gone: say so rather than look like a failure
+                why = Failure(rank=self.rank, reason=str(error)[:4096], code=_JOB_ABORTED)
             for conn in self._conns.values():
                 conn.write_message(why)
         for conn in list(self._conns.values()):
