@@ -30,10 +30,10 @@ def shardwire(*args: str, timeout: float = 90, **extra: str) -> subprocess.Compl
     )
 
 
-def launch_background(*args: str, **extra: str) -> subprocess.Popen:
-    """``shardwire launch ARGS`` in the background, output piped as text."""
+def background(*args: str, **extra: str) -> subprocess.Popen:
+    """``shardwire ARGS`` in the background, output piped as text."""
     return subprocess.Popen(
-        [SHARDWIRE, "launch", *args],
+        [SHARDWIRE, *args],
         env=env(**extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

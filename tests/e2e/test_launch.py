@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, env, launch_background, shardwire, start_coordinator
+from .cli import ROOT, SCRIPTS, SHARDWIRE, background, env, shardwire, start_coordinator
 
 pytestmark = pytest.mark.e2e
 
@@ -118,7 +118,7 @@ def test_two_nodes_through_a_separate_coordinator() -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_is_forwarded_cleanly_and_nothing_is_left_behind(sig) -> None:
-    proc = launch_background("--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
+    proc = background("launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
     try:
         assert proc.stdout is not None
         ready = 0
@@ -165,21 +165,14 @@ def test_wrong_token_between_node_and_coordinator_is_reported() -> None:
 def test_status_command_against_a_running_job() -> None:
     token = {"SHARDWIRE_TOKEN": "status-token"}
     coordinator, port = start_coordinator("--world-size", "2", **token)
-    node = subprocess.Popen(
-        [
-            SHARDWIRE,
-            "worker",
-            "--coordinator",
-            f"127.0.0.1:{port}",
-            "--nproc-per-node",
-            "2",
-            str(SCRIPTS / "wait.py"),
-        ],
-        env=env(**token),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+    node = background(
+        "worker",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "wait.py"),
+        **token,
     )
     try:
         assert node.stdout is not None
@@ -214,6 +207,18 @@ def test_health_command_checks_the_coordinator() -> None:
     assert down.returncode == 1 and "healthz" in down.stderr
 
 
+def _wait_for_line(proc: subprocess.Popen, start: str, timeout: float = 60) -> None:
+    """Read the process's stdout until a line starts with ``start`` (bounded)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, f"output ended before {start!r}"
+        if line.startswith(start):
+            return
+    raise AssertionError(f"no {start!r} within {timeout:g} s")
+
+
 def _child_pid(launcher: int, rank: int) -> int:
     """The launcher's worker process with ``RANK=rank`` (from /proc)."""
     children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
@@ -225,7 +230,8 @@ def _child_pid(launcher: int, rank: int) -> int:
 
 
 def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
-    proc = launch_background(
+    proc = background(
+        "launch",
         "--standalone",
         "--nproc-per-node",
         "3",
@@ -238,12 +244,7 @@ def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
         STEP_DELAY="0.01",
     )
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not proc.stdout.readline().startswith(
-            "[rank1]: step 5"
-        ):
-            pass
+        _wait_for_line(proc, "[rank1]: step 5")
         os.kill(_child_pid(proc.pid, 1), signal.SIGSTOP)
         _out, err = proc.communicate(timeout=60)
     finally:
@@ -260,7 +261,7 @@ def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
 
 
 def test_standalone_jobs_get_a_fresh_token_that_no_command_line_shows() -> None:
-    proc = launch_background("--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
+    proc = background("launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
     try:
         assert proc.stdout is not None and proc.stderr is not None
         address = ""
@@ -296,29 +297,19 @@ def test_standalone_jobs_get_a_fresh_token_that_no_command_line_shows() -> None:
 def test_when_the_coordinator_dies_every_rank_and_the_launcher_say_so() -> None:
     token = {"SHARDWIRE_TOKEN": "lost-token"}
     coordinator, port = start_coordinator("--world-size", "4", **token)
-    node = subprocess.Popen(
-        [
-            SHARDWIRE,
-            "worker",
-            "--coordinator",
-            f"127.0.0.1:{port}",
-            "--nproc-per-node",
-            "4",
-            str(SCRIPTS / "steps.py"),
-        ],
-        env=env(STEPS="100000", STEP_DELAY="0.01", **token),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+    node = background(
+        "worker",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--nproc-per-node",
+        "4",
+        str(SCRIPTS / "steps.py"),
+        STEPS="100000",
+        STEP_DELAY="0.01",
+        **token,
     )
     try:
-        assert node.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not node.stdout.readline().startswith(
-            "[rank3]: step 5"
-        ):
-            pass
+        _wait_for_line(node, "[rank3]: step 5")
         coordinator.kill()
         _out, err = node.communicate(timeout=60)
     finally:
