@@ -62,6 +62,7 @@ class ServerConfig:
     handshake_timeout: float = 10.0
     tick_interval: float = 0.2
     idle_timeout: float = 60.0
+    max_unauthenticated: int = 512  # connections still in their handshake, at most
 
 
 class _Conn:
@@ -103,6 +104,7 @@ class CoordinatorServer:
         self._ticker: asyncio.Task[None] | None = None
         self.done = asyncio.Event()
         self._closing = False
+        self._unauthenticated = 0
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -194,8 +196,14 @@ class CoordinatorServer:
             self._tasks.discard(task)
 
     async def _serve(self, conn_id: int, conn: _Conn) -> None:
-        async with asyncio.timeout(self._config.handshake_timeout):
-            hello = await self._handshake(conn)
+        if self._unauthenticated >= self._config.max_unauthenticated:
+            return  # over the limit: closed on arrival, before any buffer is filled
+        self._unauthenticated += 1
+        try:
+            async with asyncio.timeout(self._config.handshake_timeout):
+                hello = await self._handshake(conn)
+        finally:
+            self._unauthenticated -= 1
         if hello is None:
             return
         self._conns[conn_id] = conn

@@ -124,3 +124,33 @@ async def test_keeps_serving_after_1000_malformed_connections() -> None:
         await legit.authenticate(TOKEN)
         legit.send(join("a", 0, 1, 1))
         assert isinstance(await legit.recv(), Roster)
+
+
+async def test_connections_over_the_unauthenticated_cap_are_closed_on_arrival() -> None:
+    from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
+
+    server = CoordinatorServer(
+        ServerConfig(
+            RendezvousConfig(run_id="test", world_size=1),
+            max_unauthenticated=3,
+            handshake_timeout=0.5,
+        ),
+        TOKEN,
+    )
+    await server.start("127.0.0.1", 0)
+    idle: list[RawClient] = []
+    try:
+        idle = [await RawClient.open(server.address) for _ in range(3)]
+        extra = await RawClient.open(server.address)
+        assert await extra.closed_by_server(timeout=5)
+        for client in idle:  # the deadline frees their slots
+            assert await client.closed_by_server(timeout=5)
+        legit = await RawClient.open(server.address)
+        await legit.authenticate(TOKEN)
+        legit.send(join("a", 0, 1, 1))
+        assert isinstance(await legit.recv(), Roster)
+        legit.close()
+    finally:
+        for client in idle:
+            client.close()
+        await server.aclose()

@@ -133,6 +133,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if self.authenticated:
             raise ProtocolError(f"handshake message {msg.kind!r} after authentication")
         if self._hold():
+            if self._held:  # a client sends one message, then waits for the reply
+                raise ProtocolError("more than one handshake message before the reply")
             self._held.append(msg)
             return
         reply = self._shake.receive(msg)

@@ -61,6 +61,13 @@ _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job w
 _DEFER_BYTES = 64 * 1024
 
 
+class _Refused(asyncio.Protocol):
+    """Closes a connection over the listener's unauthenticated limit on arrival."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
 class ConnectFailed(ShardwireError):
     """The mesh could not be built (a peer unreachable or refusing the handshake)."""
 
@@ -72,6 +79,11 @@ class MeshConfig:
     bind_host: str = "127.0.0.1"
     connect_timeout: float = 30.0
     max_payload: int = 1 << 32
+    # Before authentication a connection costs a decoder buffer and a slot: it gets
+    # handshake_timeout seconds to prove itself, and at most max_unauthenticated of them
+    # are open at once (further ones are closed on arrival).
+    handshake_timeout: float = 10.0
+    max_unauthenticated: int = 512  # above the largest burst of legitimate dialers
 
 
 class PeerConnection(FramedProtocol):
@@ -205,10 +217,19 @@ class TcpMesh(Transport):
         self._server = await loop.create_server(self._accepted, self.config.bind_host, 0)
         return self.listen_port
 
-    def _accepted(self) -> PeerConnection:
+    def _accepted(self) -> asyncio.BaseProtocol:
+        if len(self._pending) >= self.config.max_unauthenticated:
+            return _Refused()
         conn = PeerConnection(self, ServerHandshake(self.config.token, accept=self._check_hello))
         self._pending.append(conn)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.config.handshake_timeout, self._handshake_expired, conn)
         return conn
+
+    def _handshake_expired(self, conn: PeerConnection) -> None:
+        if not conn.authenticated and not conn.closed.done():
+            limit = self.config.handshake_timeout
+            conn.fail(ProtocolError(f"no handshake from {conn.peer_host} within {limit:g} s"))
 
     def _check_hello(self, hello: Hello) -> Error | None:
         problem = ""

@@ -1,0 +1,66 @@
+"""The peer listener bounds what an unauthenticated client can hold: a handshake
+deadline, a cap on connections still in their handshake, one held message each."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from shardwire.protocol import ClientHandshake, Tag
+from shardwire.worker.transport import MeshConfig, TcpMesh
+from tests.coordinator.rawclient import RawClient
+
+from .fabric import TOKEN, roster_for
+
+
+def _mesh(**config) -> TcpMesh:
+    return TcpMesh(MeshConfig(run_id="test", token=TOKEN, **config), timeout=10)
+
+
+async def test_a_silent_connection_is_closed_at_the_handshake_deadline() -> None:
+    mesh = _mesh(handshake_timeout=0.3)
+    try:
+        port = await mesh.listen()
+        idle = await RawClient.open(("127.0.0.1", port))
+        assert await idle.closed_by_server(timeout=5)  # nothing sent: dropped after 0.3 s
+        assert mesh._pending == []
+    finally:
+        await mesh.aclose()
+
+
+async def test_connections_over_the_cap_are_closed_and_peers_still_connect() -> None:
+    meshes = [_mesh(max_unauthenticated=4, handshake_timeout=0.5), _mesh()]
+    idle: list[RawClient] = []
+    try:
+        ports = [await m.listen() for m in meshes]
+        idle = [await RawClient.open(("127.0.0.1", ports[0])) for _ in range(4)]
+        extra = await RawClient.open(("127.0.0.1", ports[0]))
+        assert await extra.closed_by_server(timeout=5)
+        for client in idle:  # the deadline frees their slots
+            assert await client.closed_by_server(timeout=5)
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(m.connect(roster_for(ports, r)) for r, m in enumerate(meshes)))
+        got, _ = await asyncio.gather(
+            meshes[0].recv(1, tag=Tag(0, 0)), meshes[1].send(0, np.arange(3.0), tag=Tag(0, 0))
+        )
+        assert got.tolist() == [0.0, 1.0, 2.0]
+    finally:
+        for client in idle:
+            client.close()
+        for m in meshes:
+            await m.aclose()
+
+
+async def test_a_second_handshake_message_before_the_reply_is_refused() -> None:
+    mesh = _mesh()  # no roster yet: the listener holds the client's hello
+    try:
+        port = await mesh.listen()
+        client = await RawClient.open(("127.0.0.1", port))
+        shake = ClientHandshake(TOKEN, role="peer", run_id="test", rank=1, generation=1)
+        client.send(shake.hello)
+        client.send(shake.hello)
+        assert await client.closed_by_server(timeout=5)
+        assert mesh._pending == []
+    finally:
+        await mesh.aclose()
