@@ -51,6 +51,7 @@ from shardwire.protocol.messages import (
     Abort,
     DiagnoseReply,
     DiagnoseRequest,
+    Diagnosis,
     Failure,
     Heartbeat,
     Join,
@@ -258,7 +259,7 @@ class Rendezvous:
             return []
         return self._testify(worker, msg.diagnosis, now)
 
-    def _testify(self, worker: Worker, diagnosis, now: float) -> list[Action]:
+    def _testify(self, worker: Worker, diagnosis: Diagnosis | None, now: float) -> list[Action]:
         assert self.inquest is not None
         if worker.state is RankState.RUNNING and diagnosis is None:
             worker.state = RankState.FAILED  # it failed too, without saying more

@@ -166,7 +166,8 @@ class GroupCore:
         finally:
             if outcome == "error":
                 outcome = f"error: {type(self._error).__name__}"
-            self.recorder.end(entry, outcome, silent=call.silent_ranks())
+            silent = call.silent_ranks() if outcome != "ok" else ()  # the hot path skips it
+            self.recorder.end(entry, outcome, silent=silent)
         assert self._error is not None
         raise self._error
 
