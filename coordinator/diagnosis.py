@@ -106,11 +106,9 @@ class Inquest:
     reports: dict[int, Diagnosis] = field(default_factory=dict)
 
     def add(self, rank: int, diagnosis: Diagnosis | None) -> None:
+        """A rank's answer; ``None`` when it has none (it failed or went away)."""
         if diagnosis is not None:
             self.reports[rank] = diagnosis
-        self.asked.discard(rank)
-
-    def give_up_on(self, rank: int) -> None:
         self.asked.discard(rank)
 
     def complete(self, now: float) -> bool:

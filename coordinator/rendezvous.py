@@ -299,7 +299,7 @@ class Rendezvous:
         worker.connected = False
         if self.inquest is not None:
             worker.state = RankState.FAILED
-            self.inquest.give_up_on(worker.rank)
+            self.inquest.add(worker.rank, None)
             return self._conclude(self._now)
         if worker.state is RankState.RUNNING:
             return self._fail(worker, "connection to the coordinator closed (process died?)")

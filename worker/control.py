@@ -191,10 +191,6 @@ class ControlClient:
         if self._proto is not None:
             self._proto.write_message(self._compose(self._progress))
 
-    @property
-    def is_open(self) -> bool:
-        return self._proto is not None and self._proto.is_open
-
     def report_failure(
         self, reason: str, traceback: str, *, code: str = "", diagnosis: Diagnosis | None = None
     ) -> None:

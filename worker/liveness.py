@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -124,7 +125,8 @@ class ControlThread:
         self, reason: str, traceback: str, *, code: str = "", diagnosis: Diagnosis | None = None
     ) -> None:
         if self._client is not None:
-            self._post(_report, self._client, reason, traceback, code, diagnosis)
+            report = self._client.report_failure
+            self._post(functools.partial(report, reason, traceback, code=code, diagnosis=diagnosis))
 
     def report_peer_failure(self, rank: int, reason: str) -> None:
         if self._client is not None:
@@ -242,9 +244,3 @@ class ControlThread:
             where=stacks.place(stack),
             stack=stacks.render([("event loop thread (blocked)", stack)]),
         )
-
-
-def _report(
-    client: ControlClient, reason: str, traceback: str, code: str, diagnosis: Diagnosis | None
-) -> None:
-    client.report_failure(reason, traceback, code=code, diagnosis=diagnosis)
