@@ -4,6 +4,7 @@ self-refreshing status page. Read-only views of the rendezvous state; bound to
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 
@@ -17,6 +18,7 @@ from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import JobState
 
 Clock = Callable[[], float]
+_SHUTDOWN_GRACE = 2.0  # seconds in-flight requests get when the coordinator stops
 
 
 def status_json(rdzv: Rendezvous, now: float, wall: float) -> dict:
@@ -79,15 +81,38 @@ class _Metrics(Collector):
         yield failures
 
 
-class StatusHTTP:
-    """aiohttp application serving the views; ``start``/``aclose`` own its runner."""
+class _Refused(asyncio.Protocol):
+    """Closes a connection over the listener's limit on arrival."""
 
-    def __init__(self, rdzv: Rendezvous, *, clock: Clock = time.monotonic):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class StatusHTTP:
+    """aiohttp application serving the views; ``start``/``aclose`` own its runner and
+    listener.
+
+    A connection that has not sent a complete request within ``request_timeout`` seconds
+    is closed (aiohttp's keep-alive timer also runs from the moment a connection opens),
+    as is an idle keep-alive connection; at most ``max_connections`` are open at once.
+    """
+
+    def __init__(
+        self,
+        rdzv: Rendezvous,
+        *,
+        clock: Clock = time.monotonic,
+        request_timeout: float = 10.0,
+        max_connections: int = 256,
+    ):
         self._rdzv = rdzv
         self._clock = clock
         self._registry = CollectorRegistry()
         self._registry.register(_Metrics(rdzv, clock))
+        self._request_timeout = request_timeout
+        self._max_connections = max_connections
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.address: tuple[str, int] = ("", 0)
 
     def app(self) -> web.Application:
@@ -100,16 +125,32 @@ class StatusHTTP:
         return app
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            keepalive_timeout=self._request_timeout,
+            lingering_time=min(self._request_timeout, 10.0),
+            shutdown_timeout=_SHUTDOWN_GRACE,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.address = tuple(self._runner.addresses[0][:2])
+        server = self._runner.server
+        assert server is not None
+
+        def accept() -> asyncio.BaseProtocol:
+            if len(server.connections) >= self._max_connections:
+                return _Refused()
+            return server()
+
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(accept, host, port)
+        self.address = tuple(self._listener.sockets[0].getsockname()[:2])
         return self.address
 
     async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # ends the open connections
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -24,6 +24,8 @@ from shardwire.coordinator.state import (
     Send,
 )
 from shardwire.protocol import (
+    HANDSHAKE_LIMITS,
+    SMALL_STAGE,
     Frame,
     FrameDecoder,
     Limits,
@@ -71,7 +73,8 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader = reader
         self.writer = writer
-        self.decoder = FrameDecoder(limits=_CONTROL_LIMITS)
+        # Handshake limits and a small stage until the client is authenticated.
+        self.decoder = FrameDecoder(limits=HANDSHAKE_LIMITS, stage_bytes=SMALL_STAGE)
         self.frames: deque[Frame] = deque()
         peer = writer.get_extra_info("peername") or ("", 0)
         self.peer_host = str(peer[0])
@@ -206,6 +209,7 @@ class CoordinatorServer:
             self._unauthenticated -= 1
         if hello is None:
             return
+        conn.decoder.upgrade(_CONTROL_LIMITS, stage_bytes=SMALL_STAGE)  # grows on demand
         self._conns[conn_id] = conn
         while not conn.writer.is_closing():
             async with asyncio.timeout(self._config.idle_timeout):

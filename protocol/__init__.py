@@ -19,7 +19,9 @@ from shardwire.protocol.errors import (
     VersionMismatch,
 )
 from shardwire.protocol.frames import (
+    HANDSHAKE_LIMITS,
     PROTOCOL_VERSION,
+    SMALL_STAGE,
     Frame,
     FrameDecoder,
     FrameKind,
@@ -31,7 +33,9 @@ from shardwire.protocol.handshake import ClientHandshake, ServerHandshake
 from shardwire.protocol.tensors import Tag, TensorMeta, check_dtype, parse_tensor_meta
 
 __all__ = [
+    "HANDSHAKE_LIMITS",
     "PROTOCOL_VERSION",
+    "SMALL_STAGE",
     "AuthFailed",
     "ClientHandshake",
     "CollectiveCancelled",

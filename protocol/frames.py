@@ -57,6 +57,10 @@ class Limits:
     max_payload: int = DEFAULT_MAX_PAYLOAD
 
 
+# Before a connection is authenticated it may only exchange small handshake frames.
+HANDSHAKE_LIMITS = Limits(max_meta=16 * 1024, max_payload=0)
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """A fully received frame. ``payload`` is the buffer the allocator supplied."""
@@ -130,6 +134,9 @@ DIRECT_MIN = 64 * 1024
 # At most this much is read into the stage at once: enough for a burst of small frames
 # per syscall, little enough that a large payload is mostly read straight into place.
 STAGE_READ = 64 * 1024
+# An unauthenticated connection starts with this small stage; it grows only as far as a
+# frame within the connection's limits needs.
+SMALL_STAGE = 4 * 1024
 
 
 class FrameDecoder:
@@ -139,15 +146,24 @@ class FrameDecoder:
     :meth:`buffer_updated` with the count, then take frames with :meth:`next_frame` until
     it returns None. Frames are parsed one at a time, so whatever the caller does with a
     frame (finishing a handshake, say) happens before the next header is looked at. For
-    byte strings use :meth:`feed`. The staging buffer is allocated once, up front; a
-    prefix announcing any size allocates nothing before its limits are checked.
+    byte strings use :meth:`feed`. The staging buffer starts at ``stage_bytes`` and grows
+    only as far as a frame within the limits needs; a prefix announcing any size
+    allocates nothing before its limits are checked. :meth:`upgrade` raises the limits
+    (and the stage) once the peer is authenticated.
     """
 
-    def __init__(self, *, limits: Limits | None = None, allocator: Allocator | None = None):
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        allocator: Allocator | None = None,
+        stage_bytes: int = STAGE_BYTES,
+    ):
         self._limits = limits or Limits()
         self._allocate = allocator or default_allocator
-        self._stage = bytearray(STAGE_BYTES)
+        self._stage = bytearray(stage_bytes)
         self._view = memoryview(self._stage)
+        self._read = min(STAGE_READ, stage_bytes // 2)
         self._start = 0  # first unparsed staged byte
         self._end = 0  # end of staged bytes
         self._state = _State.STAGED
@@ -156,6 +172,19 @@ class FrameDecoder:
         self._target = _EMPTY
         self._filled = 0
         self._waiting = False  # a header's destination is still to be decided
+
+    @property
+    def stage_bytes(self) -> int:
+        """Size of the staging buffer now."""
+        return len(self._stage)
+
+    def upgrade(self, limits: Limits, *, stage_bytes: int = STAGE_BYTES) -> None:
+        """Apply the limits of an authenticated connection, with a stage of at least
+        ``stage_bytes``; frames already parsed are unaffected."""
+        self._limits = limits
+        if stage_bytes > len(self._stage):
+            self._resize(stage_bytes)
+        self._read = min(STAGE_READ, len(self._stage) // 2)
 
     @property
     def mid_frame(self) -> bool:
@@ -173,9 +202,11 @@ class FrameDecoder:
             return self._target[self._filled :]
         if self._state is _State.BROKEN:
             raise ProtocolError("decoder is broken after an earlier protocol violation")
-        if self._end > len(self._stage) - STAGE_READ:
+        if self._end + self._read > len(self._stage):
             self._compact()
-        return self._view[self._end : self._end + STAGE_READ]
+            if self._end + self._read > len(self._stage):  # a frame's meta is still partial
+                self._resize(self._end + self._read)
+        return self._view[self._end : self._end + self._read]
 
     def buffer_updated(self, nbytes: int) -> None:
         """Account for ``nbytes`` written into the last :meth:`get_buffer` view."""
@@ -285,6 +316,13 @@ class FrameDecoder:
         self._target = _EMPTY
         self._filled = 0
         return frame
+
+    def _resize(self, size: int) -> None:
+        """Move the unparsed bytes into a fresh stage of ``size`` bytes."""
+        self._compact()
+        stage = bytearray(size)
+        stage[: self._end] = self._view[: self._end]
+        self._stage, self._view = stage, memoryview(stage)
 
     def _compact(self) -> None:
         """Move unparsed bytes to the front of the staging buffer."""

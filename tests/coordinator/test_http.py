@@ -9,6 +9,7 @@ import numpy as np
 
 from shardwire.coordinator.http import StatusHTTP
 from shardwire.worker import init
+from tests.coordinator.rawclient import RawClient
 from tests.worker.cluster import coordinator, worker_config
 
 
@@ -84,3 +85,26 @@ async def test_readiness_fails_after_the_job_failed() -> None:
             await http.aclose()
     assert status["state"] == "failed"
     assert status["failure"] == "rank 0: raised ValueError: boom"
+
+
+async def test_slow_and_excess_http_connections_are_dropped() -> None:
+    async with coordinator(2) as server:
+        http = StatusHTTP(server.rendezvous, request_timeout=3.0, max_connections=3)
+        host, port = await http.start("127.0.0.1", 0)
+        clients: list[RawClient] = []
+        try:
+            slow = await RawClient.open((host, port))
+            slow.writer.write(b"GET /api/st")  # a request that never completes
+            idle = [await RawClient.open((host, port)) for _ in range(2)]
+            extra = await RawClient.open((host, port))  # the fourth: over the limit
+            clients = [slow, *idle, extra]
+            assert await extra.closed_by_server(timeout=2)  # on arrival, not at 3 s
+            for client in (slow, *idle):  # at the request deadline
+                assert await client.closed_by_server(timeout=15)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
+                async with web.get(f"http://{host}:{port}/healthz") as response:
+                    assert response.status == 200  # slots are free again
+        finally:
+            for client in clients:
+                client.close()
+            await http.aclose()

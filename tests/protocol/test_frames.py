@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwire.protocol import (
+    HANDSHAKE_LIMITS,
+    SMALL_STAGE,
     FrameDecoder,
     FrameKind,
     FrameTooLarge,
@@ -20,7 +22,7 @@ from shardwire.protocol import (
     VersionMismatch,
     encode_head,
 )
-from shardwire.protocol.frames import MAGIC, PREFIX, PROTOCOL_VERSION
+from shardwire.protocol.frames import MAGIC, PREFIX, PROTOCOL_VERSION, STAGE_BYTES
 
 
 def data_frame(payload: bytes, **meta) -> bytes:
@@ -79,7 +81,7 @@ def _prefix(*, magic=MAGIC, version=PROTOCOL_VERSION, kind=2, meta_len=2, payloa
 
 def test_huge_length_prefix_is_refused_before_allocating() -> None:
     prefix = _prefix(payload_len=2**63)
-    decoder = FrameDecoder()  # its fixed staging buffer is allocated here, not per frame
+    decoder = FrameDecoder()  # its staging buffer is allocated here, not per frame
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
@@ -205,3 +207,32 @@ def test_deferred_destination_is_resumed_later() -> None:
     decoder.buffer_updated(1)
     frame = decoder.next_frame()
     assert frame is not None and bytes(frame.payload) == b"abcd" and frame.payload is target
+
+
+def test_a_small_stage_grows_only_as_far_as_a_frame_within_the_limits_needs() -> None:
+    decoder = FrameDecoder(limits=HANDSHAKE_LIMITS, stage_bytes=SMALL_STAGE)
+    assert decoder.stage_bytes == SMALL_STAGE
+    small = encode_head(FrameKind.CONTROL, {"kind": "hello", "pad": "x" * 100})
+    assert len(decoder.feed(small * 20)) == 20  # many small frames, no growth
+    assert decoder.stage_bytes == SMALL_STAGE
+    big = encode_head(FrameKind.CONTROL, {"kind": "hello", "pad": "y" * 12000})
+    frames = decoder.feed(big[:7000]) + decoder.feed(big[7000:])
+    assert frames[0].meta["pad"] == "y" * 12000
+    assert SMALL_STAGE < decoder.stage_bytes < 2 * HANDSHAKE_LIMITS.max_meta
+    with pytest.raises(FrameTooLarge, match="exceeds limit 16384"):
+        decoder.feed(encode_head(FrameKind.CONTROL, {"pad": "z" * 20000}))
+
+
+def test_handshake_limits_refuse_data_frames_until_upgraded() -> None:
+    payload = np.arange(4, dtype=np.float32).tobytes()
+    with pytest.raises(FrameTooLarge, match="payload length 16 exceeds limit 0"):
+        FrameDecoder(limits=HANDSHAKE_LIMITS, stage_bytes=SMALL_STAGE).feed(data_frame(payload))
+    decoder = FrameDecoder(limits=HANDSHAKE_LIMITS, stage_bytes=SMALL_STAGE)
+    hello = encode_head(FrameKind.HANDSHAKE, {"kind": "hello"})
+    wire = hello + data_frame(payload)
+    first = decoder.feed(wire[: len(hello) + 5])  # part of the data prefix is staged
+    decoder.upgrade(Limits(), stage_bytes=STAGE_BYTES)
+    rest = decoder.feed(wire[len(hello) + 5 :])
+    assert [f.kind for f in first + rest] == [FrameKind.HANDSHAKE, FrameKind.DATA]
+    assert bytes(rest[0].payload) == payload
+    assert decoder.stage_bytes == STAGE_BYTES

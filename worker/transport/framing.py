@@ -20,6 +20,8 @@ from collections.abc import Callable
 from typing import cast
 
 from shardwire.protocol import (
+    HANDSHAKE_LIMITS,
+    SMALL_STAGE,
     ClientHandshake,
     Frame,
     FrameDecoder,
@@ -47,13 +49,19 @@ class FramedProtocol(asyncio.BufferedProtocol):
         limits: Limits,
         on_message: Callable[[Message], None],
         hold_handshake: Callable[[], bool] = lambda: False,
+        stage_bytes: int = SMALL_STAGE,
     ):
         loop = asyncio.get_running_loop()
         self._shake = handshake
         self._on_message = on_message
         self._hold = hold_handshake
         self._held: deque[Message] = deque()
-        self._decoder = FrameDecoder(limits=limits, allocator=self._allocate)
+        # Until the peer is authenticated it gets handshake limits and a small stage.
+        self._limits = limits
+        self._stage_bytes = stage_bytes
+        self._decoder = FrameDecoder(
+            limits=HANDSHAKE_LIMITS, allocator=self._allocate, stage_bytes=SMALL_STAGE
+        )
         self.transport: asyncio.Transport | None = None
         self.authenticated = False
         self.ready: asyncio.Future[None] = loop.create_future()
@@ -144,6 +152,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.fail(ProtocolError(f"refused peer at {self.peer_host}: {reply.message}"))
         elif self._shake.done:
             self.authenticated = True
+            self._decoder.upgrade(self._limits, stage_bytes=self._stage_bytes)
             self._authenticated()
             if not self.ready.done():
                 self.ready.set_result(None)

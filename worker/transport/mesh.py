@@ -38,6 +38,7 @@ from shardwire.protocol import (
     encode_head,
     parse_tensor_meta,
 )
+from shardwire.protocol.frames import STAGE_BYTES
 from shardwire.protocol.messages import (
     TRACEBACK_CHARS,
     Error,
@@ -95,6 +96,7 @@ class PeerConnection(FramedProtocol):
             limits=Limits(max_payload=mesh.config.max_payload),
             on_message=self._on_control,
             hold_handshake=lambda: not mesh.has_roster,
+            stage_bytes=STAGE_BYTES,
         )
         self.mesh = mesh
         self.peer = peer
