@@ -1,5 +1,6 @@
 """Point-to-point throughput and round-trip time: shardwire's TCP transport next to a raw
-socket baseline (blocking ``sendall`` / ``recv_into``), measured in the same run.
+socket baseline (blocking ``sendall`` / ``recv_into``), measured in the same run, with
+shardwire's data-frame checksums on (the default) and off, so their cost is a column.
 
     python benchmarks/transport.py [--sizes 4K 64K 1M 16M 64M 256M] [--json out.json]
 
@@ -164,7 +165,14 @@ async def shardwire_worker(sizes: list[int], trials: int) -> dict | None:
         return result
 
 
-def shardwire_side(sizes: list[int], trials: int) -> dict:
+# shardwire configurations measured side by side: name -> extra environment.
+VARIANTS: dict[str, dict[str, str]] = {
+    "shardwire": {},
+    "no checksum": {"SHARDWIRE_CHECKSUM": "0"},
+}
+
+
+def shardwire_side(sizes: list[int], trials: int, extra_env: dict[str, str]) -> dict:
     out = Path(f"/tmp/shardwire-bench-{os.getpid()}.json")
     shardwire = Path(sys.executable).parent / "shardwire"
     cmd = [
@@ -181,7 +189,9 @@ def shardwire_side(sizes: list[int], trials: int) -> dict:
         "--sizes",
         *map(str, sizes),
     ]
-    subprocess.run(cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL, env={**os.environ, **extra_env}
+    )
     result = json.loads(out.read_text())
     out.unlink()
     return {
@@ -202,18 +212,23 @@ def best_of(a: dict | None, b: dict) -> dict:
 # ---- report -------------------------------------------------------------------------------
 
 
-def report(sizes: list[int], raw: dict, sw: dict) -> list[dict]:
+def report(sizes: list[int], raw: dict, variants: dict[str, dict]) -> list[dict]:
+    """Print the table (GB/s per variant, its ratio to raw) and return its rows."""
     rows = []
-    print(f"{'size':>10} {'raw GB/s':>10} {'shardwire GB/s':>15} {'ratio':>7}")
+    names = list(variants)
+    head = f"{'size':>10} {'raw GB/s':>10}" + "".join(f" {n + ' GB/s':>18}" for n in names)
+    print(head + f" {'ratio':>7} {'checksum cost':>14}")
     for size in sizes:
-        r, s = raw["throughput"][size] / 1e9, sw["throughput"][size] / 1e9
-        rows.append({"size": size, "raw_gbps": r, "shardwire_gbps": s, "ratio": s / r})
-        print(f"{human(size):>10} {r:>10.2f} {s:>15.2f} {s / r:>7.2f}")
-    ratio = sw["rtt_us"] / raw["rtt_us"]
-    print(
-        f"\n4 KiB round trip: raw {raw['rtt_us']:.1f} us, shardwire {sw['rtt_us']:.1f} us "
-        f"({ratio:.2f}x raw)"
-    )
+        r = raw["throughput"][size] / 1e9
+        got = {n: variants[n]["throughput"][size] / 1e9 for n in names}
+        main, plain = got["shardwire"], got.get("no checksum", got["shardwire"])
+        cost = 1 - main / plain
+        rows.append({"size": size, "raw_gbps": r, **{f"{n}_gbps": g for n, g in got.items()}})
+        rows[-1].update(ratio=main / r, checksum_cost=cost)
+        cells = "".join(f" {got[n]:>18.2f}" for n in names)
+        print(f"{human(size):>10} {r:>10.2f}{cells} {main / r:>7.2f} {cost:>13.1%}")
+    rtts = ", ".join(f"{n} {v['rtt_us']:.1f} us" for n, v in variants.items())
+    print(f"\n4 KiB round trip: raw {raw['rtt_us']:.1f} us, {rtts}")
     return rows
 
 
@@ -236,23 +251,19 @@ def main() -> None:
         if result is not None:
             Path(args.shardwire_worker).write_text(json.dumps(result))
         return
-    # Alternate the two sides so that drift on this shared machine hits both alike.
-    raw = sw_result = None
+    # Alternate the sides so that drift on this shared machine hits them all alike.
+    raw = None
+    results: dict[str, dict | None] = dict.fromkeys(VARIANTS)
     for _ in range(args.trials):
         raw = best_of(raw, raw_side(sizes, 1))
-        sw_result = best_of(sw_result, shardwire_side(sizes, 1))
-    assert raw is not None and sw_result is not None
-    rows = report(sizes, raw, sw_result)
+        for name, extra in VARIANTS.items():
+            results[name] = best_of(results[name], shardwire_side(sizes, 1, extra))
+    assert raw is not None
+    done = {name: r for name, r in results.items() if r is not None}
+    rows = report(sizes, raw, done)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "throughput": rows,
-                    "rtt_us": {"raw": raw["rtt_us"], "shardwire": sw_result["rtt_us"]},
-                },
-                indent=2,
-            )
-        )
+        rtt = {"raw": raw["rtt_us"], **{n: r["rtt_us"] for n, r in done.items()}}
+        Path(args.json).write_text(json.dumps({"throughput": rows, "rtt_us": rtt}, indent=2))
 
 
 if __name__ == "__main__":

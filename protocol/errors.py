@@ -96,10 +96,30 @@ class CollectiveCancelled(CollectiveError):
     """A collective was cancelled mid-flight on some rank, leaving the group inconsistent."""
 
 
+class IntegrityError(CollectiveError):
+    """A data frame's checksum did not match: bytes were corrupted between two ranks.
+
+    Attributes (on the rank that detected it; ranks it is relayed to see the message):
+        peer: the rank the corrupted frame came from.
+        op: the operation (signature) of the frame.
+        seq: the collective sequence number of the frame.
+    """
+
+    def __init__(self, message: str, *, peer: int = -1, op: str = "", seq: int = -1) -> None:
+        super().__init__(message)
+        self.peer, self.op, self.seq = peer, op, seq
+
+
 # Errors that one rank may hand to the others of its group (by class name, never code).
-_RELAYED = {
+_RELAYED: dict[str, type[CollectiveError]] = {
     cls.__name__: cls
-    for cls in (CollectiveMismatch, CollectiveTimeout, CollectiveCancelled, CollectiveError)
+    for cls in (
+        CollectiveMismatch,
+        CollectiveTimeout,
+        CollectiveCancelled,
+        IntegrityError,
+        CollectiveError,
+    )
 }
 
 

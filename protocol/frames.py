@@ -29,6 +29,7 @@ from typing import Any
 
 from shardwire.protocol.codec import pack_meta, unpack_meta
 from shardwire.protocol.errors import FrameTooLarge, ProtocolError, VersionMismatch
+from shardwire.protocol.integrity import CHECK_KEY, TRAILER_BYTES, Digest, meta_digest
 
 MAGIC = b"SW"
 PROTOCOL_VERSION = 2
@@ -63,16 +64,21 @@ HANDSHAKE_LIMITS = Limits(max_meta=16 * 1024, max_payload=0)
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """A fully received frame. ``payload`` is the buffer the allocator supplied."""
+    """A fully received frame. ``payload`` is the buffer the allocator supplied.
+
+    ``intact`` is None for a frame without a checksum, else whether its checksum matched.
+    """
 
     kind: FrameKind
     meta: dict[str, Any]
     payload: memoryview
+    intact: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Header:
-    """Kind, meta and payload size of a frame whose payload has not arrived yet."""
+    """Kind, meta and payload size of a frame whose payload has not arrived yet
+    (``payload_len`` excludes a checksum trailer)."""
 
     kind: FrameKind
     meta: dict[str, Any]
@@ -86,6 +92,13 @@ def encode_head(kind: FrameKind, meta: dict[str, Any], payload_len: int = 0) -> 
         raise FrameTooLarge(f"meta map is {len(meta_bytes)} bytes, limit {MAX_META_BYTES}")
     prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, int(kind), len(meta_bytes), payload_len)
     return prefix + meta_bytes
+
+
+def encode_sealed_head(meta: dict[str, Any], payload_len: int) -> tuple[bytes, Digest]:
+    """Prefix and meta of a checksummed data frame, and the digest its payload is fed to;
+    the frame ends with ``digest.digest()`` (see :mod:`shardwire.protocol.integrity`)."""
+    head = encode_head(FrameKind.DATA, {**meta, CHECK_KEY: 1}, payload_len + TRAILER_BYTES)
+    return head, meta_digest(memoryview(head)[PREFIX_SIZE:])
 
 
 def parse_prefix(
@@ -172,6 +185,7 @@ class FrameDecoder:
         self._target = _EMPTY
         self._filled = 0
         self._waiting = False  # a header's destination is still to be decided
+        self._digest: Digest | None = None  # running checksum of the current frame
 
     @property
     def stage_bytes(self) -> int:
@@ -211,6 +225,8 @@ class FrameDecoder:
     def buffer_updated(self, nbytes: int) -> None:
         """Account for ``nbytes`` written into the last :meth:`get_buffer` view."""
         if self._state is _State.DIRECT:
+            if self._digest is not None:  # hashed while the kernel's copy is in cache
+                self._digest.update(self._target[self._filled : self._filled + nbytes])
             self._filled += nbytes
             if self._filled == len(self._target):
                 self._state = _State.STAGED
@@ -255,9 +271,15 @@ class FrameDecoder:
     def _parse_one(self) -> Frame | None:
         while not self._waiting and self._state is _State.STAGED:
             header = self._header
-            if header is not None and self._filled == header.payload_len:
-                return self._finish()
             avail = self._end - self._start
+            if header is not None and self._filled == header.payload_len:
+                if self._digest is None:
+                    return self._finish(None)
+                if avail < TRAILER_BYTES:
+                    break
+                trailer = self._view[self._start : self._start + TRAILER_BYTES]
+                self._start += TRAILER_BYTES
+                return self._finish(self._digest.digest() == trailer)
             if self._prefix is None:
                 if avail < PREFIX_SIZE:
                     break
@@ -271,7 +293,13 @@ class FrameDecoder:
                     if self._start + meta_len > len(self._stage):
                         self._compact()
                     break
-                meta = unpack_meta(self._view[self._start : self._start + meta_len])
+                raw = self._view[self._start : self._start + meta_len]
+                meta = unpack_meta(raw)
+                if kind is FrameKind.DATA and meta.get(CHECK_KEY) == 1:
+                    if payload_len < TRAILER_BYTES:
+                        raise ProtocolError("checksummed data frame shorter than its trailer")
+                    self._digest = meta_digest(raw)
+                    payload_len -= TRAILER_BYTES
                 self._start += meta_len
                 self._begin_payload(Header(kind, meta, payload_len))
             else:
@@ -280,6 +308,8 @@ class FrameDecoder:
                 if take:
                     chunk = self._view[self._start : self._start + take]
                     self._target[self._filled : self._filled + take] = chunk
+                    if self._digest is not None:
+                        self._digest.update(chunk)
                 self._start += take
                 self._filled += take
                 if take < need:
@@ -308,9 +338,10 @@ class FrameDecoder:
                 f"allocator returned {len(target)} bytes for a {payload_len}-byte payload"
             )
 
-    def _finish(self) -> Frame:
+    def _finish(self, intact: bool | None) -> Frame:
         assert self._header is not None
-        frame = Frame(self._header.kind, self._header.meta, self._target)
+        frame = Frame(self._header.kind, self._header.meta, self._target, intact)
+        self._digest = None
         self._prefix = None
         self._header = None
         self._target = _EMPTY

@@ -53,6 +53,7 @@ class Session:
                 token=cfg.token,
                 bind_host=cfg.bind_host,
                 connect_timeout=cfg.connect_timeout,
+                checksum=cfg.checksum,
             ),
             timeout=cfg.timeout,
             on_peer_failed=self._peer_failed,

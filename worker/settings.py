@@ -44,6 +44,7 @@ class WorkerEnv(BaseModel):
     timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
     stall_warn: float = Field(default=10.0, gt=0, validation_alias=_alias("SHARDWIRE_STALL_WARN"))
     interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))
+    checksum: bool = Field(default=True, validation_alias=_alias("SHARDWIRE_CHECKSUM"))
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class WorkerConfig:
         heartbeat_interval: seconds between heartbeats (sent from a thread of their own).
         stall_warn: seconds without the event loop running before the rank is reported
             busy (with its stack) on the status views; a busy rank is never failed.
+        checksum: data frames carry an xxh3-64 checksum of meta and payload, verified on
+            arrival (a mismatch raises IntegrityError on every rank of the group). Every
+            rank must use the same setting.
     """
 
     coordinator: tuple[str, int]
@@ -81,6 +85,7 @@ class WorkerConfig:
     timeout: float = 300.0
     stall_warn: float = 10.0
     interactive: bool = False
+    checksum: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
@@ -105,4 +110,5 @@ class WorkerConfig:
             timeout=env.timeout,
             stall_warn=env.stall_warn,
             interactive=env.interactive,
+            checksum=env.checksum,
         )

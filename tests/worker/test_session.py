@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 
 from shardwire.coordinator import JobState
-from shardwire.protocol import AuthFailed, PeerFailed, RendezvousError, Tag, Token
-from shardwire.worker import init
+from shardwire.protocol import (
+    AuthFailed,
+    IntegrityError,
+    PeerFailed,
+    RendezvousError,
+    ShardwireError,
+    Tag,
+    Token,
+)
+from shardwire.worker import WorkerConfig, init
 
 from .cluster import coordinator, worker_config
 
@@ -260,3 +268,25 @@ def test_status_render_shows_a_busy_rank_and_where() -> None:
     first, second = render(reply).splitlines()[-2:]
     assert "busy" not in first
     assert second.endswith("busy for 14 s at digits.py:33 in load")
+
+
+def test_checksum_setting_is_read_from_the_environment() -> None:
+    env = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
+    assert WorkerConfig.from_env(env).checksum is True
+    assert WorkerConfig.from_env({**env, "SHARDWIRE_CHECKSUM": "0"}).checksum is False
+
+
+async def test_the_checksum_setting_reaches_the_wire() -> None:
+    async with coordinator(2) as server:
+
+        async def worker(i: int):
+            async with init(worker_config(server, 2, i, checksum=i == 0)) as pg:
+                for _ in range(2):  # rank 1 may finish the first call before rank 0 fails
+                    await pg.all_reduce(np.ones(100))
+
+        results = await asyncio.wait_for(
+            asyncio.gather(worker(0), worker(1), return_exceptions=True), 30
+        )
+        assert isinstance(results[0], IntegrityError), results  # rank 1 sent no checksums
+        assert "carries no checksum" in str(results[0])
+        assert isinstance(results[1], ShardwireError)

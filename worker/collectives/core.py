@@ -19,6 +19,7 @@ from shardwire.protocol import (
     CollectiveError,
     CollectiveMismatch,
     CollectiveTimeout,
+    IntegrityError,
     MessageMismatch,
     ShardwireError,
     TransportClosed,
@@ -153,6 +154,10 @@ class GroupCore:
             self._poison(
                 CollectiveTimeout(f"{what} timed out after {limit:g} s on rank {me}: {heard}")
             )
+        except IntegrityError as exc:  # seen here first when not relayed
+            if exc.peer >= 0:
+                self._poison(exc)
+            self._error = self._error or exc
         except CollectiveError as exc:  # relayed by a peer that failed first
             self._error = self._error or exc
         except MessageMismatch as exc:

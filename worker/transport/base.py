@@ -126,6 +126,9 @@ class Transport(abc.ABC):
             try:
                 async with asyncio.timeout(self.timeout if timeout is None else timeout):
                     await pending
+            except ConnectionError:
+                self._check_usable()  # a lost peer poisons the transport: raise why
+                raise
             except TimeoutError:
                 self._check_usable()
                 raise TransportTimeout(

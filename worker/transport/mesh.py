@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -24,42 +23,26 @@ import numpy as np
 
 from shardwire.protocol import (
     ClientHandshake,
-    Frame,
-    FrameKind,
-    Header,
     JobAborted,
-    Limits,
     PeerFailed,
     ProtocolError,
     ServerHandshake,
     ShardwireError,
     TensorMeta,
     Token,
-    encode_head,
-    parse_tensor_meta,
 )
-from shardwire.protocol.frames import STAGE_BYTES
 from shardwire.protocol.messages import (
     TRACEBACK_CHARS,
     Error,
     Failure,
     Hello,
     Leave,
-    Message,
     Roster,
 )
 from shardwire.worker.transport.base import Transport
-from shardwire.worker.transport.framing import FramedProtocol
-from shardwire.worker.transport.mailbox import _Inbound, byte_view
+from shardwire.worker.transport.peer import PeerConnection
 
-# Below this size prefix, meta and payload go out as one write (one syscall); above it
-# the payload is written from the caller's array without a copy.
-_COALESCE_BYTES = 64 * 1024
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
-# Payloads at least this large wait (one loop turn) for their receive to be posted
-# rather than being read into scratch space: at 1 MiB this took p2p throughput on
-# loopback from ~3.3 to ~13 GB/s (scratch allocation page faults plus a second copy).
-_DEFER_BYTES = 64 * 1024
 
 
 class _Refused(asyncio.Protocol):
@@ -85,105 +68,8 @@ class MeshConfig:
     # are open at once (further ones are closed on arrival).
     handshake_timeout: float = 10.0
     max_unauthenticated: int = 512  # above the largest burst of legitimate dialers
-
-
-class PeerConnection(FramedProtocol):
-    """A connection to one peer rank, carrying data frames after the handshake."""
-
-    def __init__(self, mesh: TcpMesh, handshake, *, peer: int = -1):
-        super().__init__(
-            handshake,
-            limits=Limits(max_payload=mesh.config.max_payload),
-            on_message=self._on_control,
-            hold_handshake=lambda: not mesh.has_roster,
-            stage_bytes=STAGE_BYTES,
-        )
-        self.mesh = mesh
-        self.peer = peer
-        self.said_goodbye = False
-        self.failure: Failure | None = None
-        self._inbound: deque[_Inbound] = deque()
-        self._deferred: TensorMeta | None = None
-
-    def _authenticated(self) -> None:
-        if isinstance(self._shake, ServerHandshake):
-            assert self._shake.hello is not None
-            self.peer = self._shake.hello.rank
-        self.mesh._register(self)
-
-    def _tensor_meta(self, meta: dict, payload_len: int) -> TensorMeta:
-        if not self.authenticated:
-            raise ProtocolError("data frame before the handshake finished")
-        tm = parse_tensor_meta(meta, payload_len)
-        if tm.src != self.peer or tm.generation != self.mesh.generation:
-            raise ProtocolError(
-                f"data frame claims rank {tm.src} generation {tm.generation} on the "
-                f"connection of rank {self.peer} generation {self.mesh.generation}"
-            )
-        return tm
-
-    def _allocate(self, header: Header) -> memoryview | None:
-        meta = self._tensor_meta(header.meta, header.payload_len)
-        if header.payload_len >= _DEFER_BYTES and not self.mesh.mailbox.has_posted(meta):
-            # Nobody waits for this payload yet. Usually the receive is one loop turn
-            # away (its task was just woken), so stop reading until then instead of
-            # landing the payload in a scratch array and copying it again later.
-            self._deferred = meta
-            assert self.transport is not None
-            self.transport.pause_reading()
-            asyncio.get_running_loop().call_soon(self.settle)
-            return None
-        return self._destination(meta)
-
-    def _destination(self, meta: TensorMeta) -> memoryview:
-        # The decoder may parse several headers before it hands over their frames, so
-        # destinations queue up in arrival order.
-        inbound = self.mesh.mailbox.begin(meta)
-        self._inbound.append(inbound)
-        return byte_view(inbound.array)
-
-    def settle(self) -> None:
-        """Give a deferred payload its destination (the posted receive, or scratch)."""
-        meta, self._deferred = self._deferred, None
-        if meta is None or not self.is_open:
-            return
-        try:
-            self._decoder.resume(self._destination(meta))
-        except ShardwireError as exc:
-            self.fail(exc)
-            return
-        self.drain_frames()
-        if self.is_open and self._deferred is None and self not in self.mesh._paused:
-            assert self.transport is not None
-            self.transport.resume_reading()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._deferred is not None:  # the loop kept reading while we deferred
-            self.settle()
-        return super().get_buffer(sizehint)
-
-    def _on_data(self, frame: Frame) -> None:
-        if len(frame.payload):
-            inbound = self._inbound.popleft()
-        else:  # zero-byte payloads skip the allocator
-            inbound = self.mesh.mailbox.begin(self._tensor_meta(frame.meta, 0))
-        self.mesh.mailbox.finish(inbound)
-        if self.mesh.mailbox.over_budget and self.transport is not None:
-            self.transport.pause_reading()
-            self.mesh._paused.add(self)
-
-    def _on_control(self, msg: Message) -> None:
-        if isinstance(msg, Leave):
-            self.said_goodbye = True
-            return
-        if isinstance(msg, Failure):
-            self.failure = msg
-            return
-        raise ProtocolError(f"unexpected {msg.kind!r} on a peer connection")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self.mesh._lost(self, exc)
+    # Data frames carry an xxh3-64 checksum of meta and payload, verified on arrival.
+    checksum: bool = True
 
 
 class TcpMesh(Transport):
@@ -337,28 +223,17 @@ class TcpMesh(Transport):
             self._on_peer_failed(error)
         self.abort(error)
 
-    def _write(self, dst: int, meta: TensorMeta, array: np.ndarray) -> asyncio.Transport:
+    def _conn_to(self, dst: int) -> PeerConnection:
         conn = self._conns.get(dst)
         if conn is None or not conn.is_open:
             raise PeerFailed(rank=dst, reason="no open connection")
-        transport = conn.transport
-        assert transport is not None
-        head = encode_head(FrameKind.DATA, meta.to_wire(), array.nbytes)
-        payload = byte_view(array)
-        if array.nbytes <= _COALESCE_BYTES:
-            transport.write(head + payload)  # one syscall; the bytes are copied
-        else:
-            transport.write(head)
-            transport.write(payload)
-        return transport
+        return conn
 
     def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
-        transport = self._write(dst, meta, array)
-        return self._conns[dst].wait_flushed() if transport.get_write_buffer_size() else None
+        return self._conn_to(dst).outbox.send(meta, array)
 
     def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
-        assert array.nbytes <= _COALESCE_BYTES
-        self._write(dst, meta, array)
+        self._conn_to(dst).outbox.post(meta, array)
 
     def report_failure(self, reason: str, traceback: str) -> None:
         """Tell every peer why this rank is about to go away."""
@@ -408,6 +283,10 @@ class TcpMesh(Transport):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2.0):
                     await asyncio.shield(conn.closed)
+        writers = [c.outbox.task for c in conns if c.outbox.task is not None]
+        for task in writers:  # each ends by itself once its connection is closed
+            task.cancel()
+        await asyncio.gather(*writers, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2.0):
