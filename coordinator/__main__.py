@@ -12,6 +12,7 @@ from shardwire.coordinator.http import StatusHTTP
 from shardwire.coordinator.server import CoordinatorServer, ServerConfig
 from shardwire.coordinator.settings import CoordinatorSettings
 from shardwire.coordinator.state import JobState, RendezvousConfig
+from shardwire.coordinator.tls import server_context
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import check_bind, load_token
 
@@ -47,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--http-host", help="address of the status page and /metrics (127.0.0.1)")
     p.add_argument("--http-port", type=int, help="its port (29480; 0 any, -1 none)")
     p.add_argument("--log-level", help="logging level (INFO)")
+    p.add_argument("--tls-cert", help="PEM certificate: TLS with mutual authentication")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", help="PEM CA that signs every member's certificate")
     return p
 
 
@@ -74,7 +78,8 @@ async def serve(settings: CoordinatorSettings) -> int:
             join_timeout=settings.join_timeout,
             heartbeat_timeout=settings.heartbeat_timeout,
             diagnose_timeout=settings.diagnose_timeout,
-        )
+        ),
+        tls=server_context(settings.tls_cert, settings.tls_key, settings.tls_ca),
     )
     server = CoordinatorServer(config, token)
     http = StatusHTTP(server.rendezvous)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class ServerConfig:
     tick_interval: float = 0.2
     idle_timeout: float = 60.0
     max_unauthenticated: int = 512  # connections still in their handshake, at most
+    tls: ssl.SSLContext | None = None  # mutual TLS on the listener, or plain TCP
 
 
 class _Conn:
@@ -111,7 +113,14 @@ class CoordinatorServer:
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._on_connect, host, port)
+        tls = self._config.tls
+        self._server = await asyncio.start_server(
+            self._on_connect,
+            host,
+            port,
+            ssl=tls,
+            ssl_handshake_timeout=self._config.handshake_timeout if tls else None,
+        )
         self.address = self._server.sockets[0].getsockname()[:2]
         self._ticker = asyncio.create_task(self._tick_loop(), name="coordinator-ticker")
         return self.address

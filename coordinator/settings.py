@@ -25,3 +25,6 @@ class CoordinatorSettings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=29480, ge=-1, le=65535)  # -1: no HTTP
     log_level: str = "INFO"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
+from pathlib import Path
+
+import pytest
 
 import uvloop
 
@@ -15,3 +19,13 @@ def pytest_asyncio_loop_factories(config, item):
     if item.get_closest_marker("one_loop"):
         return {_SELECTED[0]: _FACTORIES[_SELECTED[0]]}
     return {name: _FACTORIES[name] for name in _SELECTED}
+
+
+@pytest.fixture(scope="session")
+def certificates():
+    """A job CA with a member certificate, and an unrelated CA's (see tests/tlsfiles.py);
+    the files are removed at the end of the session."""
+    from tests.tlsfiles import make_certificates
+
+    with tempfile.TemporaryDirectory(prefix="shardwire-tls-") as directory:
+        yield make_certificates(Path(directory))

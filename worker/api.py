@@ -47,6 +47,7 @@ class Session:
     async def _start(self) -> ProcessGroup:
         cfg = self.config
         check_bind(cfg.bind_host, cfg.token, insecure=cfg.insecure, what="peer listener")
+        tls = cfg.tls
         mesh = self._mesh = TcpMesh(
             MeshConfig(
                 run_id=cfg.run_id,
@@ -54,6 +55,8 @@ class Session:
                 bind_host=cfg.bind_host,
                 connect_timeout=cfg.connect_timeout,
                 checksum=cfg.checksum,
+                tls_server=tls.server_context() if tls else None,
+                tls_client=tls.client_context() if tls else None,
             ),
             timeout=cfg.timeout,
             on_peer_failed=self._peer_failed,
@@ -67,6 +70,7 @@ class Session:
             stall_warn=cfg.stall_warn,
             recorder=recorder,
             on_abort=self._aborted,
+            tls=tls.client_context() if tls else None,
         )
         await control.connect(*cfg.coordinator, timeout=min(cfg.join_timeout, 60.0))
         roster = await control.join(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -62,8 +63,10 @@ class ControlClient:
         role: str,
         on_abort: Callable[[Abort | None], None] = lambda _msg: None,
         on_diagnose: Callable[[], Awaitable[Diagnosis]] = _no_diagnosis,
+        tls: ssl.SSLContext | None = None,
     ):
         self._token = token
+        self._tls = tls
         self._run_id = run_id
         self._role = role
         self._on_abort = on_abort
@@ -91,6 +94,7 @@ class ControlClient:
                             ),
                             host,
                             port,
+                            ssl=self._tls,
                         )
                         break
                     except ConnectionRefusedError:

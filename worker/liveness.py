@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -60,8 +61,10 @@ class ControlThread:
         stall_warn: float,
         recorder: FlightRecorder,
         on_abort: Callable[[Abort | None], None],
+        tls: ssl.SSLContext | None = None,
     ):
         self._token = token
+        self._tls = tls
         self._run_id = run_id
         self._interval = heartbeat_interval
         self._stall_warn = stall_warn
@@ -199,6 +202,7 @@ class ControlThread:
             role="worker",
             on_abort=lambda msg: self._to_user(self._deliver, msg),
             on_diagnose=self._diagnose,
+            tls=self._tls,
         )
         self._client = client
         await client.connect(host, port, timeout=timeout)

@@ -11,6 +11,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
 
 from shardwire.protocol import Token
 from shardwire.protocol.auth import is_loopback, load_token
+from shardwire.worker.tls import TlsFiles
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -45,6 +46,9 @@ class WorkerEnv(BaseModel):
     stall_warn: float = Field(default=10.0, gt=0, validation_alias=_alias("SHARDWIRE_STALL_WARN"))
     interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))
     checksum: bool = Field(default=True, validation_alias=_alias("SHARDWIRE_CHECKSUM"))
+    tls_cert: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CERT"))
+    tls_key: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_KEY"))
+    tls_ca: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CA"))
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class WorkerConfig:
         checksum: data frames carry an xxh3-64 checksum of meta and payload, verified on
             arrival (a mismatch raises IntegrityError on every rank of the group). Every
             rank must use the same setting.
+        tls: certificate, key and CA for TLS on the coordinator and peer connections
+            (mutual authentication), or None for plain TCP.
     """
 
     coordinator: tuple[str, int]
@@ -86,6 +92,7 @@ class WorkerConfig:
     stall_warn: float = 10.0
     interactive: bool = False
     checksum: bool = True
+    tls: TlsFiles | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
@@ -111,4 +118,5 @@ class WorkerConfig:
             stall_warn=env.stall_warn,
             interactive=env.interactive,
             checksum=env.checksum,
+            tls=TlsFiles.from_values(env.tls_cert, env.tls_key, env.tls_ca),
         )

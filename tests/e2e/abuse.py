@@ -104,7 +104,10 @@ class FlipProxy:
     """A loopback TCP proxy to ``target`` that flips one byte of the ``nth`` data frame
     (counted from 1 over all connections, dialer to listener) at ``offset`` of its meta
     (``part="meta"``) or payload (``part="payload"``), or at the byte right after the
-    first occurrence of ``after`` in that part. Frames are parsed, not guessed."""
+    first occurrence of ``after`` in that part. Frames are parsed, not guessed. With
+    ``part="stream"`` nothing is parsed (TLS): byte ``offset`` of the first connection's
+    dialer-to-listener stream is flipped; with ``part="cut"`` the first connection is cut
+    (both ways) after ``offset`` bytes of that stream."""
 
     target: tuple[str, int]
     nth: int = 1
@@ -144,12 +147,31 @@ class FlipProxy:
             writer.close()
             up_writer.close()
 
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        passed = 0
+        while data := await reader.read(1 << 16):
+            if not self.flipped and passed <= self.offset < passed + len(data):
+                self.flipped += 1
+                if self.part == "cut":
+                    writer.write(data[: self.offset - passed])
+                    await writer.drain()
+                    return  # _serve closes both sides
+                changed = bytearray(data)
+                changed[self.offset - passed] ^= 0x01
+                data = bytes(changed)
+            passed += len(data)
+            writer.write(data)
+            await writer.drain()
+
     async def _bytes(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while data := await reader.read(1 << 16):
             writer.write(data)
             await writer.drain()
 
     async def _frames(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.part in ("stream", "cut"):
+            await self._stream(reader, writer)
+            return
         while True:
             prefix = await reader.readexactly(PREFIX_SIZE)
             _magic, _version, kind, meta_len, payload_len = PREFIX.unpack(prefix)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 
 from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
@@ -21,6 +22,7 @@ async def coordinator(
     heartbeat_timeout: float = 5.0,
     join_timeout: float = 30.0,
     diagnose_timeout: float = 3.0,
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[CoordinatorServer]:
     server = CoordinatorServer(
         ServerConfig(
@@ -32,6 +34,7 @@ async def coordinator(
                 diagnose_timeout=diagnose_timeout,
             ),
             tick_interval=0.05,
+            tls=tls,
         ),
         token,
     )

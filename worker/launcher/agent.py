@@ -24,6 +24,7 @@ from shardwire.protocol.messages import Abort, NodeJoin
 from shardwire.worker.control import ControlClient
 from shardwire.worker.launcher.settings import LaunchSettings
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
+from shardwire.worker.tls import TlsFiles
 
 _COORDINATOR_START_TIMEOUT = 30.0
 
@@ -101,11 +102,14 @@ async def _echo(stream: asyncio.StreamReader, prefix: str) -> None:
 async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     """Join as this node's agent, run the processes, and report how they ended."""
     env = _token_env(settings)
+    tls = TlsFiles.from_values(settings.tls_cert, settings.tls_key, settings.tls_ca)
+    if tls is not None:  # the coordinator and the workers read the files from there
+        env.update(tls.env())
     if settings.standalone:
         # A fresh random token unless the user gave one: any local process could join or
         # read a job that has none. It reaches the coordinator and the workers through
         # their environment, never a command line.
-        env = env or {"SHARDWIRE_TOKEN": secrets.token_hex(32)}
+        env.setdefault("SHARDWIRE_TOKEN", secrets.token_hex(32))
         async with standalone_coordinator(settings, env) as address:
             return await _agent(settings, argv, address, env)
     return await _agent(settings, argv, settings.coordinator_address(), env)
@@ -126,7 +130,14 @@ async def _agent(
             supervisor.note_abort(msg.rank, msg.reason, msg.traceback, msg.stacks)
 
     token = load_token(env.get("SHARDWIRE_TOKEN"), None)
-    control = ControlClient(token=token, run_id=settings.run_id, role="agent", on_abort=on_abort)
+    tls = TlsFiles.from_env(env)
+    control = ControlClient(
+        token=token,
+        run_id=settings.run_id,
+        role="agent",
+        on_abort=on_abort,
+        tls=tls.client_context() if tls else None,
+    )
     try:
         await control.connect(*address, timeout=min(settings.join_timeout, 60.0))
         control.start_heartbeats(1.0)

@@ -36,6 +36,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds a worker's event loop may be busy before it is reported busy (10)",
     )
+    p.add_argument("--tls-cert", help="PEM certificate: TLS on every connection (mutual)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", help="PEM CA that signs every member's certificate")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module")
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")

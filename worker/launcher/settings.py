@@ -26,6 +26,9 @@ class LaunchSettings(BaseSettings):
     heartbeat_timeout: float = Field(default=5.0, gt=0)
     stall_warn: float = Field(default=10.0, gt=0)
     term_timeout: float = Field(default=5.0, gt=0)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
 
     def coordinator_address(self) -> tuple[str, int]:
         host, sep, port = self.coordinator.rpartition(":")

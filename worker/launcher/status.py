@@ -11,6 +11,7 @@ from shardwire.protocol.auth import load_token
 from shardwire.protocol.messages import StatusReply
 from shardwire.worker.control import ControlClient
 from shardwire.worker.runtime import run
+from shardwire.worker.tls import TlsFiles
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,7 +35,13 @@ async def fetch(
     token_file: str | None,
     timeout: float,
 ) -> StatusReply:
-    client = ControlClient(token=load_token(token_secret, token_file), run_id=run_id, role="client")
+    tls = TlsFiles.from_env(os.environ)
+    client = ControlClient(
+        token=load_token(token_secret, token_file),
+        run_id=run_id,
+        role="client",
+        tls=tls.client_context() if tls else None,
+    )
     try:
         await client.connect(host, port, timeout=timeout)
         return await client.status(timeout=timeout)

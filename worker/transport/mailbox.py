@@ -223,16 +223,20 @@ class Mailbox:
         else:
             posted.future.set_result(inbound.array)
 
-    def reject(self, inbound: _Inbound, exc: BaseException) -> None:
-        """The payload of ``inbound`` arrived corrupted: fail its receive, if one was
-        posted, and every pending and later receive of its group with ``exc``."""
-        meta = inbound.meta
+    def abandon(self, inbound: _Inbound, exc: BaseException) -> None:
+        """The payload of ``inbound`` will never complete (its connection is gone or it
+        arrived corrupted): fail its receive, if one was posted, with ``exc``."""
         if inbound.posted is not None:
             if not inbound.posted.future.done():
                 _fail(inbound.posted.future, exc)
-        elif meta.op != POISON_OP and not inbound.drop:
-            self._release(meta, inbound.array.nbytes)  # it was held as an early arrival
-        self.poison_group(meta.tag.group, exc)
+        elif inbound.meta.op != POISON_OP and not inbound.drop:
+            self._release(inbound.meta, inbound.array.nbytes)  # held as an early arrival
+
+    def reject(self, inbound: _Inbound, exc: BaseException) -> None:
+        """The payload of ``inbound`` arrived corrupted: fail its receive and every
+        pending and later receive of its group with ``exc``."""
+        self.abandon(inbound, exc)
+        self.poison_group(inbound.meta.tag.group, exc)
 
     def deliver(self, meta: TensorMeta, array: np.ndarray) -> None:
         """Hand over a complete in-memory message (copies it once)."""

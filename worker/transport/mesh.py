@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -70,6 +71,9 @@ class MeshConfig:
     max_unauthenticated: int = 512  # above the largest burst of legitimate dialers
     # Data frames carry an xxh3-64 checksum of meta and payload, verified on arrival.
     checksum: bool = True
+    # TLS (mutual): the listener's context and the dialer's, or None for plain TCP.
+    tls_server: ssl.SSLContext | None = None
+    tls_client: ssl.SSLContext | None = None
 
 
 class TcpMesh(Transport):
@@ -102,7 +106,13 @@ class TcpMesh(Transport):
     async def listen(self) -> int:
         """Bind the peer listener on an ephemeral port; returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accepted, self.config.bind_host, 0)
+        self._server = await loop.create_server(
+            self._accepted,
+            self.config.bind_host,
+            0,
+            ssl=self.config.tls_server,
+            ssl_handshake_timeout=self.config.handshake_timeout if self.config.tls_server else None,
+        )
         return self.listen_port
 
     def _accepted(self) -> asyncio.BaseProtocol:
@@ -177,6 +187,7 @@ class TcpMesh(Transport):
                 lambda: PeerConnection(self, shake, peer=peer),
                 host,
                 port,
+                ssl=self.config.tls_client,
             )
         except OSError as exc:
             raise ConnectFailed(f"cannot reach rank {peer} at {host}:{port}: {exc}") from exc

@@ -290,3 +290,9 @@ class PeerConnection(FramedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self.mesh._lost(self, exc)
+        # Receives whose payload was arriving on this connection can never complete.
+        why = self.mesh.error or ConnectionResetError(
+            f"connection to rank {self.peer} lost in the middle of a message"
+        )
+        while self._inbound:
+            self.mesh.mailbox.abandon(self._inbound.popleft(), why)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from shardwire.protocol import IntegrityError
+from shardwire.protocol import IntegrityError, PeerFailed
 from shardwire.worker.collectives import Group
 from shardwire.worker.transport import MeshConfig, TcpMesh
 from tests.e2e.abuse import FlipProxy
@@ -123,3 +123,17 @@ async def test_a_rank_expecting_checksums_refuses_frames_without_them() -> None:
     finally:
         for m in meshes:
             await m.aclose()
+
+
+async def test_a_link_cut_in_the_middle_of_a_payload_fails_both_ranks_at_once() -> None:
+    proxy = FlipProxy(("", 0), part="cut", offset=300_000)  # inside the first payload
+    async with _pair_via(proxy) as groups:
+        x = np.arange(200_000.0)
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                *(g.all_reduce(x.copy()) for g in groups), return_exceptions=True
+            )
+        assert proxy.flipped == 1
+        assert all(isinstance(r, PeerFailed) for r in results), results
+        assert asyncio.get_running_loop().time() - started < 5  # not the 10 s timeout

@@ -1,0 +1,147 @@
+"""Optional TLS with mutual authentication: jobs run over it with identical results;
+clients without a certificate of the job's CA are refused by the coordinator and by the
+peer listeners; a byte flipped on the wire is rejected by TLS itself."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import numpy as np
+import pytest
+
+from shardwire.coordinator.tls import server_context
+from shardwire.protocol import PeerFailed, ShardwireError
+from shardwire.worker import init
+from shardwire.worker.collectives import Group
+from shardwire.worker.control import ControlClient
+from shardwire.worker.tls import TlsConfigError, TlsFiles
+from shardwire.worker.transport import MeshConfig, TcpMesh
+from tests.e2e.abuse import FlipProxy
+from tests.worker.cluster import TOKEN as CLUSTER_TOKEN
+from tests.worker.cluster import coordinator, worker_config
+
+from .fabric import TOKEN, roster_for
+
+
+def _coordinator_tls(files: TlsFiles) -> ssl.SSLContext:
+    ctx = server_context(files.cert, files.key, files.ca)
+    assert ctx is not None
+    return ctx
+
+
+async def test_a_job_runs_over_tls_with_exact_results(certificates) -> None:
+    tls = certificates.member
+    async with coordinator(3, tls=_coordinator_tls(tls)) as server:
+
+        async def worker(i: int) -> np.ndarray:
+            async with init(worker_config(server, 3, i, tls=tls)) as pg:
+                return await pg.all_reduce(np.arange(300_000.0) * (pg.rank + 1))
+
+        results = await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(3))), 60)
+        for r in results:
+            np.testing.assert_array_equal(r, np.arange(300_000.0) * 6)
+
+
+@pytest.mark.parametrize("who", ["plain", "stranger"])
+async def test_the_coordinator_refuses_clients_without_the_jobs_certificate(
+    certificates, who
+) -> None:
+    async with coordinator(1, tls=_coordinator_tls(certificates.member)) as server:
+        tls = None if who == "plain" else certificates.stranger.client_context()
+        client = ControlClient(token=CLUSTER_TOKEN, run_id="test", role="client", tls=tls)
+        try:
+            with pytest.raises((ShardwireError, ConnectionError, ssl.SSLError, TimeoutError)):
+                await client.connect(*server.address, timeout=5)
+                await client.status(timeout=5)
+        finally:
+            await client.aclose()
+
+
+async def _mesh_pair(certs, dialer: TlsFiles | None, detour: FlipProxy | None = None):
+    """Rank 0 listens with the job's certificate; rank 1 dials with ``dialer``."""
+    member = certs.member
+    meshes = [
+        TcpMesh(
+            MeshConfig(
+                run_id="test",
+                token=TOKEN,
+                tls_server=member.server_context(),
+                tls_client=member.client_context(),
+                handshake_timeout=5,
+                connect_timeout=2,
+            ),
+            timeout=10,
+        ),
+        TcpMesh(
+            MeshConfig(
+                run_id="test",
+                token=TOKEN,
+                tls_server=dialer.server_context() if dialer else None,
+                tls_client=dialer.client_context() if dialer else None,
+                connect_timeout=2,
+            ),
+            timeout=10,
+        ),
+    ]
+    ports = [await m.listen() for m in meshes]
+    dial_ports = list(ports)
+    if detour is not None:
+        detour.target = ("127.0.0.1", ports[0])
+        dial_ports[0] = await detour.start()
+    rosters = [roster_for(ports, 0), roster_for(dial_ports, 1)]
+    return meshes, rosters
+
+
+@pytest.mark.parametrize("who", ["plain", "stranger"])
+async def test_a_peer_listener_refuses_dialers_without_the_jobs_certificate(
+    certificates, who
+) -> None:
+    dialer = None if who == "plain" else certificates.stranger
+    meshes, rosters = await _mesh_pair(certificates, dialer)
+    try:
+        results = await asyncio.gather(
+            *(m.connect(r) for m, r in zip(meshes, rosters, strict=True)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, ShardwireError) for r in results), results
+    finally:
+        for m in meshes:
+            await m.aclose()
+
+
+async def test_with_tls_a_flipped_byte_breaks_the_link_instead_of_the_result(
+    certificates,
+) -> None:
+    proxy = FlipProxy(("", 0), part="stream", offset=200_000)  # well past the handshakes
+    meshes, rosters = await _mesh_pair(certificates, certificates.member, proxy)
+    groups: list[Group] = []
+    try:
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(m.connect(r) for m, r in zip(meshes, rosters, strict=True)))
+        groups = [Group(m, timeout=10) for m in meshes]
+        x = np.arange(200_000.0)
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                *(g.all_reduce(x.copy()) for g in groups), return_exceptions=True
+            )
+        assert proxy.flipped == 1
+        assert isinstance(results[0], PeerFailed), results  # the TLS record failed its MAC
+        assert not any(isinstance(r, np.ndarray) and not np.array_equal(r, 2 * x) for r in results)
+    finally:
+        for g in groups:
+            await g.aclose()
+        for m in meshes:
+            await m.aclose()
+        await proxy.aclose()
+
+
+def test_tls_files_must_come_together(certificates) -> None:
+    files = certificates.member
+    assert TlsFiles.from_values(None, None, None) is None
+    with pytest.raises(TlsConfigError, match="must be given together"):
+        TlsFiles.from_values(files.cert, None, files.ca)
+    with pytest.raises(TlsConfigError, match="does not exist"):
+        TlsFiles.from_values(files.cert, files.key, "/nonexistent/ca.pem")
+    env = TlsFiles.from_env(files.env())
+    assert env == files
