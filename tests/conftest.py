@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 import uvloop
 
 _FACTORIES = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
