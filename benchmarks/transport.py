@@ -1,6 +1,7 @@
 """Point-to-point throughput and round-trip time: shardwire's TCP transport next to a raw
 socket baseline (blocking ``sendall`` / ``recv_into``), measured in the same run, with
-shardwire's data-frame checksums on (the default) and off, so their cost is a column.
+shardwire's data-frame checksums on (the default) and off, and with TLS, so the cost of
+each is a column.
 
     python benchmarks/transport.py [--sizes 4K 64K 1M 16M 64M 256M] [--json out.json]
 
@@ -20,10 +21,13 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from shardwire.worker.bench.certs import make_certificates
 
 TOTAL_BYTES = 256 << 20  # per throughput trial
 RTT_ITERS = 2000
@@ -165,10 +169,12 @@ async def shardwire_worker(sizes: list[int], trials: int) -> dict | None:
         return result
 
 
-# shardwire configurations measured side by side: name -> extra environment.
+# shardwire configurations measured side by side: name -> extra environment ("tls" gets
+# its certificate files in main()).
 VARIANTS: dict[str, dict[str, str]] = {
     "shardwire": {},
     "no checksum": {"SHARDWIRE_CHECKSUM": "0"},
+    "tls": {},
 }
 
 
@@ -217,16 +223,19 @@ def report(sizes: list[int], raw: dict, variants: dict[str, dict]) -> list[dict]
     rows = []
     names = list(variants)
     head = f"{'size':>10} {'raw GB/s':>10}" + "".join(f" {n + ' GB/s':>18}" for n in names)
-    print(head + f" {'ratio':>7} {'checksum cost':>14}")
+    print(head + f" {'ratio':>7} {'checksum cost':>14} {'tls cost':>9}")
     for size in sizes:
         r = raw["throughput"][size] / 1e9
         got = {n: variants[n]["throughput"][size] / 1e9 for n in names}
         main, plain = got["shardwire"], got.get("no checksum", got["shardwire"])
-        cost = 1 - main / plain
+        cost, tls_cost = 1 - main / plain, 1 - got.get("tls", main) / main
         rows.append({"size": size, "raw_gbps": r, **{f"{n}_gbps": g for n, g in got.items()}})
-        rows[-1].update(ratio=main / r, checksum_cost=cost)
+        rows[-1].update(ratio=main / r, checksum_cost=cost, tls_cost=tls_cost)
         cells = "".join(f" {got[n]:>18.2f}" for n in names)
-        print(f"{human(size):>10} {r:>10.2f}{cells} {main / r:>7.2f} {cost:>13.1%}")
+        print(
+            f"{human(size):>10} {r:>10.2f}{cells} {main / r:>7.2f} {cost:>13.1%} "
+            f"{tls_cost:>9.1%}"
+        )
     rtts = ", ".join(f"{n} {v['rtt_us']:.1f} us" for n, v in variants.items())
     print(f"\n4 KiB round trip: raw {raw['rtt_us']:.1f} us, {rtts}")
     return rows
@@ -251,19 +260,26 @@ def main() -> None:
         if result is not None:
             Path(args.shardwire_worker).write_text(json.dumps(result))
         return
-    # Alternate the sides so that drift on this shared machine hits them all alike.
-    raw = None
-    results: dict[str, dict | None] = dict.fromkeys(VARIANTS)
-    for _ in range(args.trials):
-        raw = best_of(raw, raw_side(sizes, 1))
-        for name, extra in VARIANTS.items():
-            results[name] = best_of(results[name], shardwire_side(sizes, 1, extra))
-    assert raw is not None
-    done = {name: r for name, r in results.items() if r is not None}
+    with tempfile.TemporaryDirectory(prefix="shardwire-bench-tls-") as directory:
+        VARIANTS["tls"] = make_certificates(Path(directory)).member.env()
+        raw, done = measure(sizes, args.trials)
     rows = report(sizes, raw, done)
     if args.json:
         rtt = {"raw": raw["rtt_us"], **{n: r["rtt_us"] for n, r in done.items()}}
         Path(args.json).write_text(json.dumps({"throughput": rows, "rtt_us": rtt}, indent=2))
+
+
+def measure(sizes: list[int], trials: int) -> tuple[dict, dict[str, dict]]:
+    """Best of ``trials`` rounds for raw sockets and every variant."""
+    # Alternate the sides so that drift on this shared machine hits them all alike.
+    raw = None
+    results: dict[str, dict | None] = dict.fromkeys(VARIANTS)
+    for _ in range(trials):
+        raw = best_of(raw, raw_side(sizes, 1))
+        for name, extra in VARIANTS.items():
+            results[name] = best_of(results[name], shardwire_side(sizes, 1, extra))
+    assert raw is not None
+    return raw, {name: r for name, r in results.items() if r is not None}
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ def pytest_asyncio_loop_factories(config, item):
 
 @pytest.fixture(scope="session")
 def certificates():
-    """A job CA with a member certificate, and an unrelated CA's (see tests/tlsfiles.py);
-    the files are removed at the end of the session."""
-    from tests.tlsfiles import make_certificates
+    """A job CA with a member certificate, and an unrelated CA's; the files are removed
+    at the end of the session."""
+    from shardwire.worker.bench.certs import make_certificates
 
     with tempfile.TemporaryDirectory(prefix="shardwire-tls-") as directory:
         yield make_certificates(Path(directory))

@@ -107,6 +107,17 @@ class ControlClient:
             raise CoordinatorUnreachable(
                 f"no coordinator answered at {host}:{port} within {timeout:g} s"
             ) from None
+        except ssl.SSLError as exc:
+            raise CoordinatorUnreachable(
+                f"TLS handshake with the coordinator at {host}:{port} failed "
+                f"({exc.reason or exc}); check --tls-cert/--tls-key/--tls-ca "
+                f"(SHARDWIRE_TLS_*) on both sides"
+            ) from None
+        except ConnectionError:
+            hint = "; if it uses TLS, set SHARDWIRE_TLS_CERT/KEY/CA" if self._tls is None else ""
+            raise CoordinatorUnreachable(
+                f"the coordinator at {host}:{port} closed the connection during the handshake{hint}"
+            ) from None
 
     def _received(self, msg: Message) -> None:
         if isinstance(msg, DiagnoseRequest):

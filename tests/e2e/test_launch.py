@@ -322,3 +322,44 @@ def test_when_the_coordinator_dies_every_rank_and_the_launcher_say_so() -> None:
         assert f"[rank{rank}]: shardwire: stopped: {lost}" in err, err
     assert f"root cause: {lost}" in err
     assert "Traceback" not in err
+
+
+def test_tls_flags_put_the_whole_job_on_tls(certificates) -> None:
+    tls = certificates.member
+    token = {"SHARDWIRE_TOKEN": "tls-token"}
+    proc = background(
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--tls-cert",
+        tls.cert,
+        "--tls-key",
+        tls.key,
+        "--tls-ca",
+        tls.ca,
+        str(SCRIPTS / "wait.py"),
+        **token,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        address = ""
+        while not address:
+            line = proc.stderr.readline()
+            assert line, "the launcher ended early"
+            if line.startswith("[coordinator]: listening on "):
+                address = line.strip().rsplit(" ", 1)[1]
+        assert sum("ready" in proc.stdout.readline() for _ in range(2)) == 2  # peers met
+        plain = shardwire("status", "--coordinator", address, "--timeout", "5", **token)
+        assert plain.returncode == 1  # a client without TLS gets nowhere, and is told why
+        assert "if it uses TLS" in plain.stderr and "Traceback" not in plain.stderr
+        stranger = shardwire(
+            "status", "--coordinator", address, "--timeout", "5", **token,
+            **certificates.stranger.env(),
+        )  # fmt: skip
+        assert stranger.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in stranger.stderr
+        member = shardwire("status", "--coordinator", address, **token, **tls.env())
+        assert member.returncode == 0 and "running" in member.stdout, member.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

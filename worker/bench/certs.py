@@ -1,6 +1,6 @@
-"""Throw-away certificates for TLS tests, made with the openssl command: a job CA with
-one member certificate (for 127.0.0.1), and a second, unrelated CA with its own member
-(a stranger). Files live in a temporary directory the fixture removes."""
+"""Throw-away certificates for TLS benchmarks and tests, made with the openssl command: a
+job CA with one member certificate (for 127.0.0.1), and a second, unrelated CA with its
+own member (a stranger). The caller owns the directory and removes it."""
 
 from __future__ import annotations
 
