@@ -233,8 +233,7 @@ def report(sizes: list[int], raw: dict, variants: dict[str, dict]) -> list[dict]
         rows[-1].update(ratio=main / r, checksum_cost=cost, tls_cost=tls_cost)
         cells = "".join(f" {got[n]:>18.2f}" for n in names)
         print(
-            f"{human(size):>10} {r:>10.2f}{cells} {main / r:>7.2f} {cost:>13.1%} "
-            f"{tls_cost:>9.1%}"
+            f"{human(size):>10} {r:>10.2f}{cells} {main / r:>7.2f} {cost:>13.1%} {tls_cost:>9.1%}"
         )
     rtts = ", ".join(f"{n} {v['rtt_us']:.1f} us" for n, v in variants.items())
     print(f"\n4 KiB round trip: raw {raw['rtt_us']:.1f} us, {rtts}")

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from shardwire.coordinator.refusals import RefusalLog
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import (
     Action,
@@ -110,6 +111,7 @@ class CoordinatorServer:
         self.done = asyncio.Event()
         self._closing = False
         self._unauthenticated = 0
+        self._refusals = RefusalLog()
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -175,6 +177,8 @@ class CoordinatorServer:
                 case Notice(text=text):
                     log.info("%s", text)
                 case Send(conn=conn_id, msg=msg) if conn_id in self._conns:
+                    if isinstance(msg, Error):
+                        self._refused(self._conns[conn_id].peer_host, msg.code, msg.message)
                     self._conns[conn_id].send(msg)
                 case Close(conn=conn_id) if conn_id in self._conns:
                     self._conns[conn_id].writer.close()
@@ -192,7 +196,7 @@ class CoordinatorServer:
         except VersionMismatch as exc:
             conn.send(Error(code="version", message=str(exc)))
         except ProtocolError as exc:
-            log.warning("closing connection from %s: %s", conn.peer_host, exc)
+            self._refused(conn.peer_host, "bad_request", str(exc))
             conn.send(Error(code="bad_request", message=str(exc)))
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass
@@ -231,10 +235,15 @@ class CoordinatorServer:
             reply = shake.receive(await conn.recv())
             conn.send(reply)
             if isinstance(reply, Error):
-                log.warning("refused %s: %s", conn.peer_host, reply.message)
+                self._refused(conn.peer_host, reply.code, reply.message)
                 await conn.writer.drain()
                 return None
         return shake.hello
+
+    def _refused(self, peer: str, code: str, message: str) -> None:
+        line = self._refusals.line(peer, code, message, self._clock())
+        if line is not None:
+            log.warning("%s", line)
 
     def _accept(self, hello: Hello) -> Error | None:
         expected = self._config.rendezvous.run_id

@@ -102,6 +102,7 @@ async def main(args: argparse.Namespace) -> None:
             Path(args.run_dir or f"runs/charlm-seed{args.seed}"),
             args.steps,
             every=args.log_every,
+            next_free=args.run_dir is None,
         )
         draw = np.random.default_rng(args.seed + 1)
         mine = np.array_split(np.arange(args.batch), pg.world_size)[pg.rank]

@@ -71,7 +71,7 @@ async def main(args: argparse.Namespace) -> None:
             policy=by_type(Linear),
         )
         run_dir = Path(args.run_dir or f"runs/digits-{args.strategy}-seed{args.seed}")
-        log = RunLog(pg, run_dir, args.steps, every=args.log_every)
+        log = RunLog(pg, run_dir, args.steps, every=args.log_every, next_free=args.run_dir is None)
         draw = np.random.default_rng(args.seed + 1)
         mine = np.array_split(np.arange(args.batch), pg.world_size)[pg.rank]
         start = time.perf_counter()
@@ -105,7 +105,7 @@ async def main(args: argparse.Namespace) -> None:
                 "held_out_accuracy": round(acc, 4),
                 "comm_MiB_per_rank": [round(t / 2**20, 2) for t in traffic],
                 "memory_MiB_per_rank": [round(m / 2**20, 3) for m in memory],
-                "run_dir": str(run_dir),
+                "run_dir": str(log.run_dir),
             }
         )
 

@@ -4,6 +4,10 @@ Rank 0 prints progress (a tqdm bar when stdout is a terminal and tqdm is install
 plain periodic lines otherwise, so container logs stay readable) and writes the run
 directory: ``metrics.jsonl`` (one JSON object per logged step) and ``summary.json``.
 Every rank's bytes sent and received are gathered into each record.
+
+A directory that already holds ``metrics.jsonl`` is never truncated: it is refused with
+:class:`RunDirInUse`, or, with ``next_free=True`` (for default directory names), the run
+goes to the first free ``NAME-2``, ``NAME-3``, … beside it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from shardwire.protocol import ShardwireError
 from shardwire.worker.group import ProcessGroup
+
+_MAX_SIBLINGS = 10_000
+
+
+class RunDirInUse(ShardwireError, FileExistsError):
+    """The run directory already holds another run's metrics."""
+
+
+def _holds_metrics(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.exists() and metrics.stat().st_size > 0
+
+
+def _free_dir(run_dir: Path, next_free: bool) -> Path:
+    if not _holds_metrics(run_dir):
+        return run_dir
+    if next_free:
+        for n in range(2, _MAX_SIBLINGS):
+            candidate = run_dir.with_name(f"{run_dir.name}-{n}")
+            if not _holds_metrics(candidate):
+                return candidate
+    raise RunDirInUse(
+        f"run directory {run_dir} already holds metrics.jsonl from another run; "
+        "choose another --run-dir or remove that one"
+    )
 
 
 @dataclass
@@ -27,6 +57,7 @@ class RunLog:
     total_steps: int
     every: int = 50
     out: TextIO = sys.stdout
+    next_free: bool = False
     started: float = field(default_factory=time.perf_counter)
     _bar: Any = None
     _file: Any = None
@@ -36,6 +67,7 @@ class RunLog:
         self._last = (self.started, 0)
         if self.pg.rank != 0:
             return
+        self.run_dir = _free_dir(self.run_dir, self.next_free)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = (self.run_dir / "metrics.jsonl").open("w", encoding="utf-8")
         if self.pg.interactive or self.out.isatty():
