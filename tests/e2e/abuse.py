@@ -33,47 +33,52 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+@dataclass
+class Held:
+    """One held connection; ``closed`` once the server has closed it."""
+
+    writer: asyncio.StreamWriter
+    watcher: asyncio.Task[None]
+
+    @property
+    def closed(self) -> bool:
+        return self.watcher.done()
+
+
+async def _until_eof(reader: asyncio.StreamReader) -> None:
+    with contextlib.suppress(ConnectionError):
+        while await reader.read(1 << 16):
+            pass
+
+
 @contextlib.asynccontextmanager
 async def idle_connections(
     address: tuple[str, int], count: int, *, payload: bytes = b""
-) -> AsyncIterator[list[asyncio.StreamWriter]]:
+) -> AsyncIterator[list[Held]]:
     """Hold ``count`` connections to ``address``, each having sent ``payload`` (garbage,
     a partial frame, or nothing); all are closed on exit."""
-    writers: list[asyncio.StreamWriter] = []
+    held: list[Held] = []
     try:
         for _ in range(count):
             try:
                 async with asyncio.timeout(_OPEN_TIMEOUT):
-                    _reader, writer = await asyncio.open_connection(*address)
+                    reader, writer = await asyncio.open_connection(*address)
             except OSError:
                 break  # the listener's backlog is full: the point is made
-            writers.append(writer)
+            held.append(Held(writer, asyncio.create_task(_until_eof(reader))))
             if payload:
                 writer.write(payload)
-        yield writers
+        yield held
     finally:
-        for writer in writers:
-            writer.close()
+        for h in held:
+            h.watcher.cancel()
+            h.writer.close()
+        await asyncio.gather(*(h.watcher for h in held), return_exceptions=True)
 
 
-async def open_count(writers: list[asyncio.StreamWriter], *, settle: float = 0.2) -> int:
-    """How many of ``writers`` the server has not closed (reads what is pending)."""
-    await asyncio.sleep(settle)
-    alive = 0
-    for writer in writers:
-        transport = writer.transport
-        if transport.is_closing():
-            continue
-        sock = transport.get_extra_info("socket")
-        try:
-            peek = sock.recv(1, 0x40 | 0x2) if sock is not None else b"x"  # DONTWAIT|PEEK
-        except BlockingIOError:
-            alive += 1
-            continue
-        except OSError:
-            continue
-        alive += 1 if peek else 0
-    return alive
+def open_count(held: list[Held]) -> int:
+    """How many of ``held`` the server has not closed yet."""
+    return sum(not h.closed for h in held)
 
 
 async def trickle(address: tuple[str, int], *, interval: float, limit: float) -> float:

@@ -5,7 +5,8 @@ Faults, chosen by environment variables:
       event loop before step STALL_AT (in ``nap`` or ``crunch``);
   SKIP_RANK, SKIP_AT: that rank skips the all_reduce of step SKIP_AT and waits in
       ``dawdle`` instead.
-At the end every rank prints ``done TOTAL`` (the sum of all its all_reduce results).
+Every rank first prints ``listening PORT pid PID`` (its peer listener); at the end
+``done TOTAL`` (the sum of all its all_reduce results).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ async def main() -> None:
     seconds = float(os.environ.get("STALL_SECONDS", "0"))
     total = 0.0
     async with sw.init() as pg:
+        print(f"listening {pg.transport.listen_port} pid {os.getpid()}", flush=True)
         for step in range(steps):
             if pg.rank == stall_rank and step == stall_at:
                 print("stalling", flush=True)
