@@ -78,6 +78,12 @@ class GroupCore:
             raise ValueError(f"group ranks must be distinct and non-empty, got {list(members)}")
         if transport.rank not in members:
             raise ValueError(f"rank {transport.rank} is not a member of group {list(members)}")
+        live = transport.groups.get(group_id)
+        if live is not None:
+            raise ValueError(
+                f"group id {group_id} is already used on rank {transport.rank} by group "
+                f"{list(live.ranks)}; close that group first"
+            )
         self.transport = transport
         self.ranks = members
         self.rank = members.index(transport.rank)
@@ -88,8 +94,11 @@ class GroupCore:
         self._error: BaseException | None = None
         self._works: set[Work] = set()
         self._pool = ScratchPool()
+        self._children: list[GroupCore] = []  # subgroups this group created and closes
+        self._closed = False
         # Recent calls of this group and its subgroups, for hang diagnosis.
         self.recorder = recorder or FlightRecorder()
+        transport.groups[group_id] = self  # unique per transport while the group lives
 
     @property
     def error(self) -> BaseException | None:
@@ -97,6 +106,8 @@ class GroupCore:
         return self._error
 
     def _check(self) -> None:
+        if self._closed:
+            raise TransportClosed(f"group {self.group_id} (ranks {list(self.ranks)}) is closed")
         if self._error is None:
             self._error = self.transport.mailbox.group_error(self.group_id)
         if self._error is not None:
@@ -115,7 +126,9 @@ class GroupCore:
     ) -> Any:
         self._check()
         self._seq += 1
-        call = Call(self.transport, self.ranks, self.rank, self.group_id, self._seq, signature)
+        call = Call(
+            self.transport, self.ranks, self.rank, self.group_id, self._seq, signature, self._pool
+        )
         coro = self._run(call, algorithm, self.timeout if timeout is None else timeout, nbytes)
         return self._spawn(coro) if async_op else coro
 
@@ -183,12 +196,20 @@ class GroupCore:
         with contextlib.suppress(TransportClosed):
             self.transport.poison_group(self.group_id, self._error, peers)
 
+    def _adopt(self, child: GroupCore) -> None:
+        self._children.append(child)
+
     async def aclose(self) -> None:
-        """Cancel and await every collective still running on this group."""
+        """Close the subgroups this group created, then cancel and await every collective
+        still running on it; later calls raise. Safe to call again, also after a close
+        that was itself cancelled (which propagates; the calls' own errors end here)."""
+        self._closed = True
+        for child in self._children:
+            await child.aclose()
         works = list(self._works)
         for work in works:
             work.cancel()
-        for work in works:
-            with contextlib.suppress(BaseException):
-                await work._task
+        await asyncio.gather(*(work._task for work in works), return_exceptions=True)
         self._pool.clear()
+        if self.transport.groups.get(self.group_id) is self:
+            del self.transport.groups[self.group_id]

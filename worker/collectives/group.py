@@ -66,15 +66,29 @@ class Group(GroupCore):
         self, ranks: Sequence[int], *, name: str = "", timeout: float | None = None
     ) -> Group:
         """A subgroup; only its members call this. ``name`` tells apart groups with the
-        same members. Each group has its own tag space, so groups run concurrently."""
+        same members. Each group has its own tag space, so groups run concurrently.
+
+        Asking again for a group that is still open (same members and name) returns that
+        group. This group owns the subgroup: :meth:`aclose` closes it too."""
         global_ranks = [self.ranks[r] for r in ranks]
-        return Group(
+        group_id = group_id_for(global_ranks, name)
+        live = self.transport.groups.get(group_id)
+        if live is not None:
+            if list(live.ranks) != global_ranks:
+                raise ValueError(
+                    f"group id {group_id} of ranks {global_ranks} (name {name!r}) collides "
+                    f"with open group {list(live.ranks)}; use another name"
+                )
+            return live
+        group = Group(
             self.transport,
             global_ranks,
-            group_id=group_id_for(global_ranks, name),
+            group_id=group_id,
             timeout=self.timeout if timeout is None else timeout,
             recorder=self.recorder,
         )
+        self._adopt(group)
+        return group
 
     # ---- reductions --------------------------------------------------------------------
 

@@ -19,6 +19,8 @@ class ScratchPool:
     def __init__(self, max_bytes: int = DEFAULT_POOL_BYTES):
         self.max_bytes = max_bytes
         self.held_bytes = 0
+        self.hits = 0  # takes served from the pool
+        self.misses = 0  # takes that allocated
         self._free: dict[tuple[str, int], list[np.ndarray]] = {}
 
     def take(self, count: int, dtype: np.dtype) -> np.ndarray:
@@ -26,7 +28,9 @@ class ScratchPool:
         if free:
             array = free.pop()
             self.held_bytes -= array.nbytes
+            self.hits += 1
             return array
+        self.misses += 1
         return np.empty(count, dtype)
 
     def give(self, arrays: list[np.ndarray]) -> None:

@@ -151,6 +151,7 @@ class FSDP:
             strategy=self.strategy,
             shard_group=self.shard_group,
             replica_group=self.replica_group,
+            param_dtype=self.config.mixed_precision.param(layout.dtype),
         )
 
     # ---- hooks (run in the compute thread) ---------------------------------------------
@@ -347,8 +348,12 @@ class FSDP:
                 unit.free()
 
     async def aclose(self) -> None:
-        """Cancel reductions still in flight (left over after an error)."""
+        """Cancel reductions still in flight (left over after an error) and close the
+        groups HYBRID_SHARD created."""
         self._reducer.cancel()
+        for group in (self.shard_group, self.replica_group):
+            if group is not None and group is not self.group:
+                await group.aclose()
 
     async def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
         """Full parameters by name (every rank gets them), or this rank's pieces."""

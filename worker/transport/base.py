@@ -12,14 +12,18 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
 from shardwire.protocol.codec import pack_object
 from shardwire.worker.transport.mailbox import POISON_OP, Mailbox
+
+log = logging.getLogger("shardwire.worker")
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MAX_EARLY_BYTES = 1 << 30
@@ -101,6 +105,9 @@ class Transport(abc.ABC):
         self._error: BaseException | None = None
         self._departed: dict[int, BaseException] = {}
         self._closed = False
+        # Open collective groups by group id, kept by the groups themselves: a group id is
+        # unique on a transport while its group is open (their frames share the tags).
+        self.groups: dict[int, Any] = {}
 
     # ---- contract ------------------------------------------------------------------
 
@@ -242,8 +249,10 @@ class Transport(abc.ABC):
             return
         self._closed = True
         self.mailbox.fail(TransportClosed(f"rank {self.rank}: transport closed"))
-        with contextlib.suppress(Exception):
+        try:
             await self._close()
+        except Exception:  # closing goes on; the error is the owner's to read in the log
+            log.exception("rank %d: error while closing the transport", self.rank)
 
     # ---- for subclasses --------------------------------------------------------------
 

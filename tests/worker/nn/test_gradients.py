@@ -176,3 +176,31 @@ def test_cross_entropy_value() -> None:
     logits = np.log(np.array([[0.25, 0.75]]))
     loss, _ = softmax_cross_entropy(logits, np.array([1]))
     assert loss == pytest.approx(-np.log(0.75))
+
+
+def test_ignored_targets_count_for_nothing_and_match_finite_differences() -> None:
+    pred = rng().standard_normal((5, 4))
+    targets = np.array([0, -100, 3, -100, 1])
+    loss, analytic = softmax_cross_entropy(pred, targets)
+    kept, _ = softmax_cross_entropy(pred[[0, 2, 4]], targets[[0, 2, 4]])
+    assert loss == pytest.approx(kept)  # mean over the three kept rows only
+    assert not analytic[[1, 3]].any()
+    numeric = numeric_grad(lambda: softmax_cross_entropy(pred, targets)[0], pred)
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-10)
+    custom, _ = softmax_cross_entropy(pred, np.array([0, 7, 3, 7, 1]), ignore_index=7)
+    assert custom == pytest.approx(loss)
+    nothing, grad = softmax_cross_entropy(pred, np.full(5, -100))
+    assert nothing == 0.0 and not grad.any()
+
+
+@pytest.mark.parametrize("target", [-1, 4, 99])
+def test_out_of_range_targets_are_refused(target: int) -> None:
+    with pytest.raises(ValueError, match=f"target {target} is outside \\[0, 4\\)"):
+        softmax_cross_entropy(np.zeros((2, 4)), np.array([0, target]))
+    with pytest.raises(ValueError, match="outside"):  # -100 is a target like any other
+        softmax_cross_entropy(np.zeros((2, 4)), np.array([0, -100]), ignore_index=None)
+
+
+def test_mse_divides_by_rows_not_elements() -> None:
+    loss, _ = mse(np.ones((2, 3)), np.zeros((2, 3)))
+    assert loss == 3.0  # six unit errors over two rows

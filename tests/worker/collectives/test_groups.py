@@ -1,0 +1,68 @@
+"""Group lifetimes: unique ids per transport, subgroups owned and closed by their parent,
+the scratch pool reused across calls, and closing that never eats the closer's own
+cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from shardwire.protocol import TransportClosed
+from shardwire.worker.collectives import Group
+
+from .worlds import KINDS, group_world, on_all
+
+pytestmark = pytest.mark.parametrize("kind", KINDS)
+
+
+async def test_scratch_buffers_are_reused_across_calls(kind: str) -> None:
+    async with group_world(kind, 3) as groups:
+        x = np.ones(300_000)
+        await on_all(groups, lambda g: g.all_reduce(x))
+        first = groups[0]._pool.misses
+        assert first > 0 and groups[0]._pool.hits == 0
+        for _ in range(3):
+            await on_all(groups, lambda g: g.all_reduce(x))
+        assert groups[0]._pool.misses == first  # no allocation after the first call
+        assert groups[0]._pool.hits >= 3
+
+
+async def test_asking_twice_for_a_subgroup_returns_the_same_group(kind: str) -> None:
+    async with group_world(kind, 4) as groups:
+        pairs = [g.new_group([0, 1] if g.rank < 2 else [2, 3], name="pair") for g in groups]
+        again = [g.new_group([0, 1] if g.rank < 2 else [2, 3], name="pair") for g in groups]
+        assert all(a is b for a, b in zip(pairs, again, strict=True))
+        await on_all(pairs, lambda g: g.all_reduce(np.ones(4)))
+        out = await on_all(again, lambda g: g.all_reduce(np.ones(4)))  # one sequence
+        assert all(o.tolist() == [2.0] * 4 for o in out)
+
+
+async def test_a_second_group_with_a_live_id_is_refused(kind: str) -> None:
+    async with group_world(kind, 2) as groups:
+        with pytest.raises(ValueError, match="group id 0 is already used on rank 0"):
+            Group(groups[0].transport)
+
+
+async def test_closing_a_group_closes_its_subgroups(kind: str) -> None:
+    async with group_world(kind, 4) as groups:
+        halves = [g.new_group([0, 1] if g.rank < 2 else [2, 3]) for g in groups]
+        await on_all(halves, lambda g: g.barrier())
+        ids = {h.group_id for h in halves}
+        await groups[0].aclose()
+        with pytest.raises(TransportClosed, match="is closed"):
+            await halves[0].barrier()
+        assert not ids & set(groups[0].transport.groups)  # the ids are free again
+
+
+async def test_closing_does_not_swallow_the_closers_own_cancellation(kind: str) -> None:
+    async with group_world(kind, 2, timeout=20) as groups:
+        hung = groups[0].all_reduce(np.ones(10), async_op=True)  # the peer never joins
+        closer = asyncio.ensure_future(groups[0].aclose())
+        await asyncio.sleep(0)
+        closer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closer
+        await groups[0].aclose()  # a second close finishes what the first began
+        assert hung.done()
