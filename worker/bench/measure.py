@@ -19,7 +19,7 @@ import numpy as np
 
 import shardwire.worker as sw
 from shardwire.worker.bench.timing import summarize
-from shardwire.worker.collectives.group import algorithm_name
+from shardwire.worker.collectives.plan import choose
 
 MAX_ITERS = 20000
 
@@ -66,9 +66,7 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
         times[i] = clock() - t0
     everyone = await pg.all_gather(times.reshape(1, -1))
     record: dict[str, Any] = dict(summarize(everyone.max(axis=0).tolist()))
-    record.update(
-        op=op, n=pg.world_size, bytes=nbytes, algorithm=algorithm_name(op, nbytes, pg.world_size)
-    )
+    record.update(op=op, n=pg.world_size, bytes=nbytes, algorithm=choose(op, nbytes, pg.world_size))
     return record
 
 

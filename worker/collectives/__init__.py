@@ -6,7 +6,7 @@ from shardwire.protocol import (
     CollectiveMismatch,
     CollectiveTimeout,
 )
-from shardwire.worker.collectives.core import DEFAULT_TIMEOUT, Work, group_id_for
+from shardwire.worker.collectives.core import DEFAULT_TIMEOUT, Pending, Work, group_id_for
 from shardwire.worker.collectives.group import Group
 from shardwire.worker.collectives.ops import ReduceOp
 
@@ -17,6 +17,7 @@ __all__ = [
     "CollectiveMismatch",
     "CollectiveTimeout",
     "Group",
+    "Pending",
     "ReduceOp",
     "Work",
     "group_id_for",

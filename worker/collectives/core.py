@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from typing import Any, Generic, TypeVar
 
 from shardwire.protocol import (
     CollectiveCancelled,
@@ -39,18 +39,19 @@ def group_id_for(ranks: Sequence[int], name: str = "") -> int:
     return (zlib.crc32(text.encode()) & 0x3FFFFFFF) + 1
 
 
-class Work:
-    """A collective started with ``async_op=True``; owned by its group.
+class Work(Generic[T]):
+    """A collective running in the background (``group.all_gather(x).start()``); owned by
+    its group.
 
     ``await work.wait()`` returns the result (or raises the call's error); ``done()``
     polls; ``cancel()`` aborts it, which poisons the group on every rank (the ranks
     are mid-exchange and cannot agree on where they stopped).
     """
 
-    def __init__(self, task: asyncio.Task[Any]):
+    def __init__(self, task: asyncio.Task[T]):
         self._task = task
 
-    async def wait(self) -> Any:
+    async def wait(self) -> T:
         # shield: a waiter that gives up does not abort the collective; cancel() does.
         return await asyncio.shield(self._task)
 
@@ -59,6 +60,34 @@ class Work:
 
     def cancel(self) -> None:
         self._task.cancel()
+
+
+class Pending(Generic[T]):
+    """A collective call, placed in its group's order when it was made.
+
+    ``await`` it for the result, or call :meth:`start` to run it in the background and
+    get a :class:`Work`; one or the other, once.
+    """
+
+    __slots__ = ("_coro", "_group", "_taken")
+
+    def __init__(self, group: GroupCore, coro: Coroutine[Any, Any, T]):
+        self._group = group
+        self._coro = coro
+        self._taken = False
+
+    def _take(self) -> Coroutine[Any, Any, T]:
+        if self._taken:
+            raise RuntimeError("this collective call was already awaited or started")
+        self._taken = True
+        return self._coro
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._take().__await__()
+
+    def start(self) -> Work[T]:
+        """Run the call in the background; the group owns it (and cancels it on close)."""
+        return self._group._spawn(self._take())
 
 
 class GroupCore:
@@ -121,18 +150,17 @@ class GroupCore:
         algorithm: Callable[[Call], Awaitable[T]],
         *,
         timeout: float | None,
-        async_op: bool,
         nbytes: int = 0,
-    ) -> Any:
+    ) -> Pending[T]:
         self._check()
         self._seq += 1
         call = Call(
             self.transport, self.ranks, self.rank, self.group_id, self._seq, signature, self._pool
         )
         coro = self._run(call, algorithm, self.timeout if timeout is None else timeout, nbytes)
-        return self._spawn(coro) if async_op else coro
+        return Pending(self, coro)
 
-    def _spawn(self, coro: Coroutine[Any, Any, T]) -> Work:
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
         task = asyncio.ensure_future(coro)
         work = Work(task)
         self._works.add(work)

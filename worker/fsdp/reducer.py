@@ -35,7 +35,7 @@ class Reducer:
                 self.flush()
             return
         wire = self._wire(grad)
-        self._pending.append(([unit], unit.shard_group.reduce_scatter(wire, async_op=True)))
+        self._pending.append(([unit], unit.shard_group.reduce_scatter(wire).start()))
 
     def _wire(self, grad: np.ndarray) -> np.ndarray:
         dtype = self.config.mixed_precision.reduce(grad.dtype)
@@ -49,7 +49,7 @@ class Reducer:
         grads = [u.grad_full for u in units if u.grad_full is not None]
         assert len(grads) == len(units)
         flat = np.concatenate([self._wire(g) for g in grads])
-        self._pending.append((units, units[0].shard_group.all_reduce(flat, async_op=True)))
+        self._pending.append((units, units[0].shard_group.all_reduce(flat).start()))
 
     async def finish(self) -> None:
         self.flush()

@@ -80,7 +80,7 @@ class Unit:
             source = self.shard
             if self.param_dtype != source.dtype:
                 source = source.astype(self.param_dtype)
-            self._gathering = self.shard_group.all_gather(source, async_op=True)
+            self._gathering = self.shard_group.all_gather(source).start()
             self.state = UnitState.GATHERING
 
     async def gather(self) -> None:

@@ -58,7 +58,7 @@ async def test_closing_a_group_closes_its_subgroups(kind: str) -> None:
 
 async def test_closing_does_not_swallow_the_closers_own_cancellation(kind: str) -> None:
     async with group_world(kind, 2, timeout=20) as groups:
-        hung = groups[0].all_reduce(np.ones(10), async_op=True)  # the peer never joins
+        hung = groups[0].all_reduce(np.ones(10)).start()  # the peer never joins
         closer = asyncio.ensure_future(groups[0].aclose())
         await asyncio.sleep(0)
         closer.cancel()
@@ -66,3 +66,29 @@ async def test_closing_does_not_swallow_the_closers_own_cancellation(kind: str) 
             await closer
         await groups[0].aclose()  # a second close finishes what the first began
         assert hung.done()
+
+
+async def test_a_call_is_awaited_or_started_once(kind: str) -> None:
+    async with group_world(kind, 2) as groups:
+        calls = [g.all_reduce(np.full(3, g.rank + 1.0)) for g in groups]
+        works = [c.start() for c in calls]
+        results = await asyncio.gather(*(w.wait() for w in works))
+        assert [r.tolist() for r in results] == [[3.0] * 3] * 2
+        with pytest.raises(RuntimeError, match="already awaited or started"):
+            await calls[0]
+
+
+async def test_the_algorithm_is_the_one_choose_names(kind: str, monkeypatch) -> None:
+    from shardwire.worker.collectives import group as group_module
+
+    asked: list[tuple[str, int, int]] = []
+
+    def forced(op: str, nbytes: int, size: int) -> str:
+        asked.append((op, nbytes, size))
+        return "ring"  # even for a payload the thresholds call small
+
+    monkeypatch.setattr(group_module, "choose", forced)
+    async with group_world(kind, 3) as groups:
+        out = await on_all(groups, lambda g: g.all_reduce(np.full(10, g.rank + 1.0)))
+    assert all(o.tolist() == [6.0] * 10 for o in out)
+    assert asked[0] == ("all_reduce", 80, 3)

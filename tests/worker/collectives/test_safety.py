@@ -120,8 +120,8 @@ async def test_async_handles_wait_and_done(kind: str) -> None:
     async with group_world(kind, 2, timeout=20) as groups:
 
         async def run(g):
-            first = g.all_reduce(np.ones(4), async_op=True)
-            second = g.all_gather(np.array([g.rank]), async_op=True)
+            first = g.all_reduce(np.ones(4)).start()
+            second = g.all_gather(np.array([g.rank])).start()
             got = (await second.wait()).tolist(), (await first.wait()).tolist()
             assert first.done() and second.done()
             return got
@@ -131,7 +131,7 @@ async def test_async_handles_wait_and_done(kind: str) -> None:
 
 async def test_cancelled_collective_poisons_the_group_everywhere(kind: str) -> None:
     async with group_world(kind, 2, timeout=20) as groups:
-        work = groups[0].all_reduce(np.ones(10), async_op=True)  # rank 1 never joins
+        work = groups[0].all_reduce(np.ones(10)).start()  # rank 1 never joins
         await asyncio.sleep(0)
         work.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -144,7 +144,7 @@ async def test_cancelled_collective_poisons_the_group_everywhere(kind: str) -> N
 
 async def test_group_close_cancels_forgotten_handles(kind: str) -> None:
     async with group_world(kind, 2, timeout=20) as groups:
-        groups[0].all_reduce(np.ones(10), async_op=True)  # never awaited, peer silent
+        groups[0].all_reduce(np.ones(10)).start()  # never awaited, peer silent
         tasks_before = len(asyncio.all_tasks())
         await groups[0].aclose()
         assert len(asyncio.all_tasks()) == tasks_before - 1

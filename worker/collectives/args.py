@@ -1,0 +1,34 @@
+"""Argument checks and signature pieces shared by the collectives."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardwire.protocol import check_dtype
+
+
+def sizes_text(sizes: Sequence[int]) -> str:
+    """Sizes for a call signature: readable when short, a checksum when long."""
+    text = ",".join(map(str, sizes))
+    if len(text) <= 64:
+        return f"[{text}]"
+    return f"[{len(sizes)} sizes, sum {sum(sizes)}, crc {zlib.crc32(text.encode()):08x}]"
+
+
+def flat(array: np.ndarray, what: str) -> np.ndarray:
+    check_dtype(array.dtype)
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+    return array.reshape(-1)
+
+
+def out_array(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype)
+    if out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"out must be {dtype}{list(shape)}, got {out.dtype}{list(out.shape)}")
+    flat(out, "out")
+    return out
