@@ -242,6 +242,16 @@ class Abort(_Msg):
     stacks: _Text = ""
 
 
+class Poison(_Msg):
+    """One rank's error for a whole collective group, relayed to the other members (the
+    payload of a data frame with op ``__poison__``, so it is ordered with the data)."""
+
+    kind: Literal["poison"] = "poison"
+    group: Annotated[int, Field(ge=0)]
+    error: _Str  # the error's class name; unknown names become CollectiveError
+    message: _Text
+
+
 class Leave(_Msg):
     """A worker finished cleanly; its connection closing afterwards is not a failure."""
 
@@ -265,6 +275,7 @@ Message = Annotated[
     | DiagnoseRequest
     | DiagnoseReply
     | Abort
+    | Poison
     | Leave,
     Field(discriminator="kind"),
 ]

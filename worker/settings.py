@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
 
@@ -96,27 +96,18 @@ class WorkerConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
-        """Read the launcher's environment contract."""
+        """Read the launcher's environment contract. A field of the same name in
+        :class:`WorkerEnv` and here is copied as is; only the fields below are derived."""
         env = WorkerEnv.model_validate(dict(environ))
         token = load_token(env.token.get_secret_value() if env.token else None, env.token_file)
         bind = env.bind_host or ("127.0.0.1" if is_loopback(env.master_addr) else "0.0.0.0")
-        return cls(
+        derived = dict(
             coordinator=(env.master_addr, env.master_port),
-            world_size=env.world_size,
-            local_rank=env.local_rank,
             local_world_size=env.local_world_size or env.world_size,
-            rank=env.rank,
-            run_id=env.run_id,
             token=token,
             node_id=env.node_id or socket.gethostname(),
             bind_host=bind,
-            advertise_host=env.advertise_host,
-            insecure=env.insecure,
-            heartbeat_interval=env.heartbeat_interval,
-            join_timeout=env.join_timeout,
-            timeout=env.timeout,
-            stall_warn=env.stall_warn,
-            interactive=env.interactive,
-            checksum=env.checksum,
             tls=TlsFiles.from_values(env.tls_cert, env.tls_key, env.tls_ca),
         )
+        same = {f.name for f in fields(cls)} & set(WorkerEnv.model_fields) - set(derived)
+        return cls(**{name: getattr(env, name) for name in same}, **derived)  # type: ignore[arg-type]

@@ -195,6 +195,7 @@ async def test_node_and_cross_node_groups_from_the_roster() -> None:
 
 
 async def test_status_shows_each_rank_and_its_progress() -> None:
+    from shardwire.worker.launcher.settings import StatusSettings
     from shardwire.worker.launcher.status import fetch, render
 
     async with coordinator(2) as server:
@@ -209,11 +210,12 @@ async def test_status_shows_each_rank_and_its_progress() -> None:
         want = [(0, 10, 123.0), (1, 20, 123.0)]
         for _ in range(100):  # status is eventually consistent: poll, bounded
             reply = await fetch(
-                *server.address,
-                run_id="test",
-                token_secret="cluster-token",
-                token_file=None,
-                timeout=5,
+                StatusSettings(
+                    coordinator="{}:{}".format(*server.address),
+                    run_id="test",
+                    token="cluster-token",
+                    status_timeout=5,
+                )
             )
             if sorted((r.rank, r.step, r.samples_per_s) for r in reply.ranks) == want:
                 break
@@ -290,3 +292,20 @@ async def test_the_checksum_setting_reaches_the_wire() -> None:
         assert isinstance(results[0], IntegrityError), results  # rank 1 sent no checksums
         assert "carries no checksum" in str(results[0])
         assert isinstance(results[1], ShardwireError)
+
+
+def test_status_options_come_from_flags_over_the_environment(monkeypatch) -> None:
+    from shardwire.worker.launcher.status import settings_from
+
+    monkeypatch.setenv("SHARDWIRE_COORDINATOR", "127.0.0.9:1234")
+    monkeypatch.setenv("SHARDWIRE_RUN_ID", "from-env")
+    monkeypatch.setenv("SHARDWIRE_TIMEOUT", "300")  # the workers' collective timeout
+    settings = settings_from([])
+    assert settings.coordinator_address() == ("127.0.0.9", 1234)
+    assert (settings.run_id, settings.status_timeout, settings.json_output) == (
+        "from-env",
+        10.0,
+        False,
+    )
+    flagged = settings_from(["--run-id", "flag", "--timeout", "3", "--json"])
+    assert (flagged.run_id, flagged.status_timeout, flagged.json_output) == ("flag", 3.0, True)

@@ -138,7 +138,7 @@ class GroupCore:
         if self._closed:
             raise TransportClosed(f"group {self.group_id} (ranks {list(self.ranks)}) is closed")
         if self._error is None:
-            self._error = self.transport.mailbox.group_error(self.group_id)
+            self._error = self.transport.group_error(self.group_id)
         if self._error is not None:
             raise self._error
         if self.transport.error is not None:

@@ -102,7 +102,7 @@ async def _echo(stream: asyncio.StreamReader, prefix: str) -> None:
 async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     """Join as this node's agent, run the processes, and report how they ended."""
     env = _token_env(settings)
-    tls = TlsFiles.from_values(settings.tls_cert, settings.tls_key, settings.tls_ca)
+    tls = settings.tls_files()
     if tls is not None:  # the coordinator and the workers read the files from there
         env.update(tls.env())
     if settings.standalone:

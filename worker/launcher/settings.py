@@ -1,31 +1,23 @@
-"""Options of ``shardwire worker`` and ``shardwire launch``; each is also SHARDWIRE_<FLAG>."""
+"""Options of ``shardwire worker``, ``launch`` and ``status``; each is also SHARDWIRE_<FLAG>."""
 
 from __future__ import annotations
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shardwire.worker.tls import TlsFiles
 
-class LaunchSettings(BaseSettings):
-    """How to join a job and how many processes of which script to run."""
+
+class _Client(BaseSettings):
+    """What every command that talks to a coordinator needs: where, which job, and the
+    credentials (token, TLS files)."""
 
     model_config = SettingsConfigDict(env_prefix="SHARDWIRE_", extra="ignore")
 
     coordinator: str = "127.0.0.1:29400"
-    standalone: bool = False
-    nproc_per_node: int = Field(default=1, ge=1, le=1024)
-    nnodes: int = Field(default=1, ge=1)
-    node_id: str | None = None
     run_id: str = "shardwire"
     token: SecretStr | None = None
     token_file: str | None = None
-    insecure: bool = False
-    bind_host: str | None = None
-    advertise_host: str | None = None
-    join_timeout: float = Field(default=300.0, gt=0)
-    heartbeat_timeout: float = Field(default=5.0, gt=0)
-    stall_warn: float = Field(default=10.0, gt=0)
-    term_timeout: float = Field(default=5.0, gt=0)
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -35,3 +27,29 @@ class LaunchSettings(BaseSettings):
         if not sep or not port.isdigit():
             raise ValueError(f"--coordinator must be HOST:PORT, got {self.coordinator!r}")
         return host.strip("[]"), int(port)
+
+    def tls_files(self) -> TlsFiles | None:
+        return TlsFiles.from_values(self.tls_cert, self.tls_key, self.tls_ca)
+
+
+class StatusSettings(_Client):
+    """Options of ``shardwire status``."""
+
+    status_timeout: float = Field(default=10.0, gt=0)  # the flag is --timeout
+    json_output: bool = False  # the flag is --json
+
+
+class LaunchSettings(_Client):
+    """How to join a job and how many processes of which script to run."""
+
+    standalone: bool = False
+    nproc_per_node: int = Field(default=1, ge=1, le=1024)
+    nnodes: int = Field(default=1, ge=1)
+    node_id: str | None = None
+    insecure: bool = False
+    bind_host: str | None = None
+    advertise_host: str | None = None
+    join_timeout: float = Field(default=300.0, gt=0)
+    heartbeat_timeout: float = Field(default=5.0, gt=0)
+    stall_warn: float = Field(default=10.0, gt=0)
+    term_timeout: float = Field(default=5.0, gt=0)

@@ -4,47 +4,53 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from shardwire.protocol.auth import load_token
 from shardwire.protocol.messages import StatusReply
 from shardwire.worker.control import ControlClient
+from shardwire.worker.launcher.settings import StatusSettings
 from shardwire.worker.runtime import run
-from shardwire.worker.tls import TlsFiles
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardwire status", description=__doc__)
-    p.add_argument(
-        "--coordinator", default=os.environ.get("SHARDWIRE_COORDINATOR", "127.0.0.1:29400")
+    p = argparse.ArgumentParser(
+        prog="shardwire status",
+        description=__doc__,
+        epilog="Every flag can also be given as SHARDWIRE_<FLAG> (SHARDWIRE_TOKEN for the "
+        "token; SHARDWIRE_STATUS_TIMEOUT for --timeout).",
     )
-    p.add_argument("--run-id", default=os.environ.get("SHARDWIRE_RUN_ID", "shardwire"))
-    p.add_argument("--token-file", default=os.environ.get("SHARDWIRE_TOKEN_FILE"))
-    p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--coordinator", help="HOST:PORT (127.0.0.1:29400)")
+    p.add_argument("--run-id", help="job identifier (shardwire)")
+    p.add_argument("--token-file", help="file with the shared token (or SHARDWIRE_TOKEN)")
+    p.add_argument("--tls-cert", help="PEM certificate when the coordinator uses TLS")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", help="PEM CA that signs the job's certificates")
+    p.add_argument("--json", dest="json_output", action="store_true", default=None, help="raw JSON")
+    p.add_argument("--timeout", dest="status_timeout", type=float, help="seconds (10)")
     return p
 
 
-async def fetch(
-    host: str,
-    port: int,
-    *,
-    run_id: str,
-    token_secret: str | None,
-    token_file: str | None,
-    timeout: float,
-) -> StatusReply:
-    tls = TlsFiles.from_env(os.environ)
+def settings_from(argv: list[str]) -> StatusSettings:
+    """Flags over SHARDWIRE_* environment over defaults."""
+    given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
+    return StatusSettings(**given)
+
+
+async def fetch(settings: StatusSettings) -> StatusReply:
+    """The coordinator's status reply (bounded by the settings' timeout)."""
+    token = settings.token.get_secret_value() if settings.token else None
+    tls = settings.tls_files()
     client = ControlClient(
-        token=load_token(token_secret, token_file),
-        run_id=run_id,
+        token=load_token(token, settings.token_file),
+        run_id=settings.run_id,
         role="client",
         tls=tls.client_context() if tls else None,
     )
+    host, port = settings.coordinator_address()
     try:
-        await client.connect(host, port, timeout=timeout)
-        return await client.status(timeout=timeout)
+        await client.connect(host, port, timeout=settings.status_timeout)
+        return await client.status(timeout=settings.status_timeout)
     finally:
         await client.aclose()
 
@@ -70,19 +76,9 @@ def render(reply: StatusReply) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    host, _, port = args.coordinator.rpartition(":")
-    reply = run(
-        fetch(
-            host,
-            int(port),
-            run_id=args.run_id,
-            token_secret=os.environ.get("SHARDWIRE_TOKEN"),
-            token_file=args.token_file,
-            timeout=args.timeout,
-        )
-    )
-    print(json.dumps(reply.model_dump(), indent=2) if args.json else render(reply))
+    settings = settings_from(argv)
+    reply = run(fetch(settings))
+    print(json.dumps(reply.model_dump(), indent=2) if settings.json_output else render(reply))
     return 0
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
 from shardwire.protocol.codec import pack_object
+from shardwire.protocol.messages import Poison, encode_message
 from shardwire.worker.transport.mailbox import POISON_OP, Mailbox
 
 log = logging.getLogger("shardwire.worker")
@@ -189,7 +190,8 @@ class Transport(abc.ABC):
         self.mailbox.poison_group(group, error)
         if self._error is not None or self._closed:
             return
-        report = np.frombuffer(pack_object([type(error).__name__, str(error)]), np.uint8)
+        notice = Poison(group=group, error=type(error).__name__[:256], message=str(error)[:8192])
+        report = np.frombuffer(pack_object(encode_message(notice)), np.uint8)
         for peer in peers:
             if peer != self.rank and peer not in self._departed:
                 meta = TensorMeta.for_array(
@@ -201,6 +203,10 @@ class Transport(abc.ABC):
                 )
                 with contextlib.suppress(ShardwireError, OSError):
                     self._post(peer, meta, report)
+
+    def group_error(self, group: int) -> BaseException | None:
+        """The error another member (or this rank) poisoned ``group`` with, if any."""
+        return self.mailbox.group_error(group)
 
     def abort(self, exc: BaseException) -> None:
         """Poison the transport: pending and later calls raise ``exc``."""

@@ -31,7 +31,8 @@ import numpy as np
 
 from shardwire.protocol import MessageMismatch, Tag, TensorMeta, check_dtype
 from shardwire.protocol.codec import unpack_object
-from shardwire.protocol.errors import relayed_error
+from shardwire.protocol.errors import ProtocolError, relayed_error
+from shardwire.protocol.messages import Poison, decode_message
 
 Key = tuple[int, Tag]
 Call = tuple[int, int]  # (group, seq)
@@ -47,7 +48,7 @@ class _Posted:
 
 
 @dataclass(slots=True)
-class _Inbound:
+class Inbound:
     """A frame whose payload is arriving (or has arrived) into ``array``."""
 
     meta: TensorMeta
@@ -175,33 +176,35 @@ class Mailbox:
 
     # ---- arrivals ----------------------------------------------------------------------
 
-    def begin(self, meta: TensorMeta) -> _Inbound:
+    def begin(self, meta: TensorMeta) -> Inbound:
         """A frame header arrived: decide where its payload goes."""
         if meta.op == POISON_OP:
-            return _Inbound(meta, _scratch(meta), None, drop=True)
+            return Inbound(meta, _scratch(meta), None, drop=True)
         call = (meta.tag.group, meta.tag.seq)
         ours = self._calls.get(call)
         if ours is not None and ours[0] != meta.op:
             self._fail_call(call, _mismatch(self.rank, meta.src, meta.tag.seq, ours[0], meta.op))
-            return _Inbound(meta, _scratch(meta), None, drop=True)
+            return Inbound(meta, _scratch(meta), None, drop=True)
         posted = self._take_posted((meta.src, meta.tag))
         if posted is None:
             self._hold(meta)
-            return _Inbound(meta, _scratch(meta), None)
+            return Inbound(meta, _scratch(meta), None)
         try:
             check_match(meta, posted.op, posted.out, self.rank)
         except MessageMismatch as exc:
-            return _Inbound(meta, _scratch(meta), posted, exc)
+            return Inbound(meta, _scratch(meta), posted, exc)
         posted.filling = True
         target = posted.out if posted.out is not None else _scratch(meta)
-        return _Inbound(meta, target, posted)
+        return Inbound(meta, target, posted)
 
-    def finish(self, inbound: _Inbound) -> None:
+    def finish(self, inbound: Inbound) -> None:
         """The payload of ``inbound`` is complete."""
         meta = inbound.meta
         if meta.op == POISON_OP:
-            report = unpack_object(inbound.array.tobytes())
-            self.poison_group(meta.tag.group, relayed_error(report[0], report[1]))
+            notice = decode_message(unpack_object(inbound.array.tobytes()))
+            if not isinstance(notice, Poison) or notice.group != meta.tag.group:
+                raise ProtocolError(f"rank {meta.src} sent a malformed poison notice")
+            self.poison_group(notice.group, relayed_error(notice.error, notice.message))
             return
         if inbound.drop:
             return
@@ -223,7 +226,7 @@ class Mailbox:
         else:
             posted.future.set_result(inbound.array)
 
-    def abandon(self, inbound: _Inbound, exc: BaseException) -> None:
+    def abandon(self, inbound: Inbound, exc: BaseException) -> None:
         """The payload of ``inbound`` will never complete (its connection is gone or it
         arrived corrupted): fail its receive, if one was posted, with ``exc``."""
         if inbound.posted is not None:
@@ -232,7 +235,7 @@ class Mailbox:
         elif inbound.meta.op != POISON_OP and not inbound.drop:
             self._release(inbound.meta, inbound.array.nbytes)  # held as an early arrival
 
-    def reject(self, inbound: _Inbound, exc: BaseException) -> None:
+    def reject(self, inbound: Inbound, exc: BaseException) -> None:
         """The payload of ``inbound`` arrived corrupted: fail its receive and every
         pending and later receive of its group with ``exc``."""
         self.abandon(inbound, exc)

@@ -193,7 +193,7 @@ class TcpMesh(Transport):
             raise ConnectFailed(f"cannot reach rank {peer} at {host}:{port}: {exc}") from exc
         await conn.ready
 
-    def _register(self, conn: PeerConnection) -> None:
+    def register(self, conn: PeerConnection) -> None:
         if conn in self._pending:
             self._pending.remove(conn)
         self._conns[conn.peer] = conn
@@ -203,7 +203,13 @@ class TcpMesh(Transport):
         if self.has_roster and len(self._conns) == self.world_size - 1:
             self._all_connected.set()
 
-    def _lost(self, conn: PeerConnection, exc: Exception | None) -> None:
+    def pause(self, conn: PeerConnection) -> None:
+        self._paused.add(conn)
+
+    def is_paused(self, conn: PeerConnection) -> bool:
+        return conn in self._paused
+
+    def lost(self, conn: PeerConnection, exc: Exception | None) -> None:
         if conn in self._pending:
             self._pending.remove(conn)
         self._paused.discard(conn)

@@ -23,7 +23,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -44,10 +44,10 @@ from shardwire.protocol.frames import STAGE_BYTES, encode_sealed_head
 from shardwire.protocol.integrity import integrity_error
 from shardwire.protocol.messages import Failure, Leave, Message
 from shardwire.worker.transport.framing import FramedProtocol
-from shardwire.worker.transport.mailbox import _Inbound, byte_view
+from shardwire.worker.transport.mailbox import Inbound, Mailbox, byte_view
 
 if TYPE_CHECKING:
-    from shardwire.worker.transport.mesh import TcpMesh
+    from shardwire.worker.transport.mesh import MeshConfig
 
 # Below this size prefix, meta and payload go out as one write (one syscall); above it
 # the payload is written from the caller's array without a copy.
@@ -184,10 +184,34 @@ class Outbox:
         transport.write(digest.digest())
 
 
+class PeerOwner(Protocol):
+    """What a peer connection needs from the mesh that owns it."""
+
+    config: MeshConfig
+    mailbox: Mailbox
+    rank: int
+    generation: int
+    has_roster: bool
+
+    @property
+    def error(self) -> BaseException | None: ...
+
+    def register(self, conn: PeerConnection) -> None:
+        """The handshake finished: ``conn`` carries ``conn.peer``'s frames."""
+
+    def lost(self, conn: PeerConnection, exc: Exception | None) -> None:
+        """``conn`` closed (``exc``: why, if not cleanly)."""
+
+    def pause(self, conn: PeerConnection) -> None:
+        """``conn`` stopped reading: early arrivals are over budget."""
+
+    def is_paused(self, conn: PeerConnection) -> bool: ...
+
+
 class PeerConnection(FramedProtocol):
     """A connection to one peer rank, carrying data frames after the handshake."""
 
-    def __init__(self, mesh: TcpMesh, handshake, *, peer: int = -1):
+    def __init__(self, mesh: PeerOwner, handshake, *, peer: int = -1):
         super().__init__(
             handshake,
             limits=Limits(max_payload=mesh.config.max_payload),
@@ -199,7 +223,7 @@ class PeerConnection(FramedProtocol):
         self.peer = peer
         self.said_goodbye = False
         self.failure: Failure | None = None
-        self._inbound: deque[_Inbound] = deque()
+        self._inbound: deque[Inbound] = deque()
         self._deferred: TensorMeta | None = None
         self.outbox = Outbox(self, checksum=mesh.config.checksum)
 
@@ -207,7 +231,7 @@ class PeerConnection(FramedProtocol):
         if isinstance(self._shake, ServerHandshake):
             assert self._shake.hello is not None
             self.peer = self._shake.hello.rank
-        self.mesh._register(self)
+        self.mesh.register(self)
 
     def _tensor_meta(self, meta: dict, payload_len: int) -> TensorMeta:
         if not self.authenticated:
@@ -251,7 +275,7 @@ class PeerConnection(FramedProtocol):
             self.fail(exc)
             return
         self.drain_frames()
-        if self.is_open and self._deferred is None and self not in self.mesh._paused:
+        if self.is_open and self._deferred is None and not self.mesh.is_paused(self):
             assert self.transport is not None
             self.transport.resume_reading()
 
@@ -273,7 +297,7 @@ class PeerConnection(FramedProtocol):
         self.mesh.mailbox.finish(inbound)
         if self.mesh.mailbox.over_budget and self.transport is not None:
             self.transport.pause_reading()
-            self.mesh._paused.add(self)
+            self.mesh.pause(self)
 
     def _on_control(self, msg: Message) -> None:
         if isinstance(msg, Leave):
@@ -289,7 +313,7 @@ class PeerConnection(FramedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self.mesh._lost(self, exc)
+        self.mesh.lost(self, exc)
         # Receives whose payload was arriving on this connection can never complete.
         why = self.mesh.error or ConnectionResetError(
             f"connection to rank {self.peer} lost in the middle of a message"
