@@ -3,9 +3,11 @@
 Sharded strategies reduce-scatter each unit's full gradient as soon as the unit's
 backward is done; NO_SHARD packs consecutive units into buckets of at least
 ``bucket_bytes`` and all-reduces each bucket. Both run without waiting, overlapping the
-rest of backward. ``finish`` collects them in the order they were started (then, for
-HYBRID_SHARD, all-reduces each shard across its replica group), so every rank issues
-the same collectives in the same order.
+rest of backward. ``finish`` collects them in the order they were started; for
+HYBRID_SHARD it starts each shard's all-reduce across its replica group as soon as the
+shard is there, and waits for all of them together. Every rank issues the same
+collectives in the same order. The units' gradient states move only through
+:meth:`Unit.start_reduce` and :meth:`Unit.finish_reduce`.
 """
 
 from __future__ import annotations
@@ -21,20 +23,21 @@ from shardwire.worker.fsdp.unit import Unit
 class Reducer:
     def __init__(self, config: FSDPConfig) -> None:
         self.config = config
-        self._pending: list[tuple[list[Unit], Work]] = []
+        self._pending: list[tuple[list[Unit], Work[np.ndarray]]] = []
+        self._replicas: list[tuple[Unit, Work[np.ndarray]]] = []
         self._bucket: list[Unit] = []
         self._bucket_bytes = 0
 
-    def add(self, unit: Unit, grad: np.ndarray) -> None:
-        """Start reducing ``grad`` (the unit's full gradient) into ``unit.grad_shard``."""
-        unit.grad_full = grad
+    def add(self, unit: Unit, grad: np.ndarray | None = None) -> None:
+        """Start reducing the unit's full gradient (or ``grad``) into its shard."""
+        full = unit.start_reduce(grad)
         if self.config.strategy is Strategy.NO_SHARD:
             self._bucket.append(unit)
-            self._bucket_bytes += grad.nbytes
+            self._bucket_bytes += full.nbytes
             if self._bucket_bytes >= self.config.bucket_bytes:
                 self.flush()
             return
-        wire = self._wire(grad)
+        wire = self._wire(full)
         self._pending.append(([unit], unit.shard_group.reduce_scatter(wire).start()))
 
     def _wire(self, grad: np.ndarray) -> np.ndarray:
@@ -46,30 +49,43 @@ class Reducer:
         if not self._bucket:
             return
         units, self._bucket, self._bucket_bytes = self._bucket, [], 0
-        grads = [u.grad_full for u in units if u.grad_full is not None]
-        assert len(grads) == len(units)
-        flat = np.concatenate([self._wire(g) for g in grads])
+        flat = np.concatenate([self._wire(u.start_reduce()) for u in units])
         self._pending.append((units, units[0].shard_group.all_reduce(flat).start()))
 
     async def finish(self) -> None:
         self.flush()
         pending, self._pending = self._pending, []
-        for units, work in pending:
-            reduced = await work.wait()
+        for index, (units, work) in enumerate(pending):
+            try:
+                reduced = await work.wait()
+            except BaseException:
+                self._pending = pending[index:]  # for cancel()
+                raise
             offset = 0
             for unit in units:
                 size = unit.grad_shard.size
                 part = reduced[offset : offset + size]
                 offset += size
                 if unit.replica_group is not None and unit.replica_group.size > 1:
-                    part = await unit.replica_group.all_reduce(part.copy())
-                unit.grad_shard += part
-                unit.grad_full = None
-                unit.layout.release_grads()
+                    self._replicas.append(
+                        (unit, unit.replica_group.all_reduce(part.copy()).start())
+                    )
+                else:
+                    unit.finish_reduce(part)
+        while self._replicas:
+            unit, work = self._replicas[0]
+            unit.finish_reduce(await work.wait())
+            self._replicas.pop(0)
 
     def cancel(self) -> None:
-        for _, work in self._pending:
+        for units, work in self._pending:
             work.cancel()
-        self._pending = []
-        self._bucket = []
+            for unit in units:
+                unit.abandon_reduce()
+        for unit, work in self._replicas:
+            work.cancel()
+            unit.abandon_reduce()
+        for unit in self._bucket:
+            unit.abandon_reduce()
+        self._pending, self._replicas, self._bucket = [], [], []
         self._bucket_bytes = 0

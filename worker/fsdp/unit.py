@@ -1,10 +1,18 @@
 """One FSDP unit: its flat parameter shard, gathered parameters and gradients.
 
-States (one place, see ``Unit.state``):
+Parameter states (``Unit.state``):
 
 * SHARDED: only this rank's shard is held; module parameters are released.
 * GATHERING: an all-gather of the full parameters is in flight (a prefetch).
 * FULL: the full parameters are bound to the modules.
+
+Gradient states (``Unit.grad_state``); ``grad_shard`` always holds the reduced sum so far:
+
+* IDLE: no full gradient is held.
+* ACCUMULATING: a full gradient buffer is bound to the modules; backward adds into it
+  (and keeps it across ``no_sync`` micro-batches).
+* REDUCING: the full gradient's reduction is in flight; when it lands it is added to
+  ``grad_shard`` and the unit is IDLE again.
 
 Every method here runs on the event loop; the FSDP wrapper calls them from its compute
 thread through ``run_coroutine_threadsafe``.
@@ -25,6 +33,12 @@ class UnitState(enum.Enum):
     SHARDED = "sharded"  # only the local shard is held
     GATHERING = "gathering"  # an all-gather is in flight
     FULL = "full"  # full parameters bound to the modules
+
+
+class GradState(enum.Enum):
+    IDLE = "idle"  # no full gradient held
+    ACCUMULATING = "accumulating"  # full gradient bound; backward writes into it
+    REDUCING = "reducing"  # its reduction is in flight
 
 
 class Unit:
@@ -55,8 +69,9 @@ class Unit:
         self.grad_shard = np.zeros_like(self.shard)
         self.full: np.ndarray | None = None
         self.grad_full: np.ndarray | None = None
-        self._gathering: Work | None = None
+        self._gathering: Work[np.ndarray] | None = None
         self.state = UnitState.SHARDED
+        self.grad_state = GradState.IDLE
         layout.release_grads()
         if strategy.shards_params:
             layout.release_params()
@@ -113,12 +128,40 @@ class Unit:
     # ---- gradients ---------------------------------------------------------------------
 
     def begin_backward(self) -> None:
-        """Make sure a full gradient buffer is bound (kept across no_sync micro-batches)."""
+        """IDLE -> ACCUMULATING: bind a full gradient buffer (kept across no_sync)."""
+        if self.grad_state is GradState.REDUCING:
+            raise RuntimeError(f"unit {self.name or '<root>'}: backward while reducing")
         if self.grad_full is None:
             self.grad_full = np.zeros(self.layout.padded, self.layout.dtype)
         self.layout.bind_grads(self.grad_full)
+        self.grad_state = GradState.ACCUMULATING
+
+    def start_reduce(self, grad: np.ndarray | None = None) -> np.ndarray:
+        """-> REDUCING: the full gradient to reduce (the accumulated one, or ``grad``
+        given from outside backward)."""
+        if grad is not None:
+            self.grad_full = grad
+        if self.grad_full is None:
+            raise RuntimeError(f"unit {self.name or '<root>'}: no gradient to reduce")
+        self.grad_state = GradState.REDUCING
+        return self.grad_full
+
+    def finish_reduce(self, reduced: np.ndarray) -> None:
+        """REDUCING -> IDLE: add this rank's reduced part to ``grad_shard``."""
+        assert self.grad_state is GradState.REDUCING
+        self.grad_shard += reduced
+        self._drop_full_grad()
+
+    def _drop_full_grad(self) -> None:
+        self.grad_full = None
+        self.layout.release_grads()
+        self.grad_state = GradState.IDLE
+
+    def abandon_reduce(self) -> None:
+        """A reduction was cancelled (after an error): forget the full gradient."""
+        if self.grad_state is GradState.REDUCING:
+            self._drop_full_grad()
 
     def zero_grad(self) -> None:
         self.grad_shard.fill(0)
-        self.grad_full = None
-        self.layout.release_grads()
+        self._drop_full_grad()

@@ -26,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp import checkpoint
 from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
+from shardwire.worker.fsdp.hooks import Bridge, hook_module
 from shardwire.worker.fsdp.reducer import Reducer
 from shardwire.worker.fsdp.strategy import Policy, Strategy
 from shardwire.worker.fsdp.unit import Unit, UnitState
@@ -99,10 +99,10 @@ class FSDP:
         self.root = self._unit("", root_owned)
         self.units = [self._unit(name, _owned(name, m)) for name, m in roots]
         self._sync = True
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # The compute thread reaches the loop FSDP was created on (create() is async).
+        self._bridge = Bridge(asyncio.get_running_loop(), timeout=group.timeout)
         self._reducer = Reducer(config)
         self._prefetched = False
-        self.gather_wait_s = 0.0  # compute time spent waiting for unit parameters
         for index, (_, module) in enumerate(roots):
             self._hook(module, index)
 
@@ -154,37 +154,23 @@ class FSDP:
             param_dtype=self.config.mixed_precision.param(layout.dtype),
         )
 
-    # ---- hooks (run in the compute thread) ---------------------------------------------
-
-    def _on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout=self.group.timeout)
-
-    def _wait_for(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Block compute until a unit's parameters are there; the time spent is what
-        prefetch failed to hide (``gather_wait_s``)."""
-        start = time.perf_counter()
-        self._on_loop(coro)
-        self.gather_wait_s += time.perf_counter() - start
+    # ---- hooks (see hooks.py) --------------------------------------------------------
 
     def _hook(self, module: Module, index: int) -> None:
-        forward, backward = module.forward, module.backward
+        unit = self.units[index]
+        hook_module(
+            module,
+            self._bridge,
+            before_forward=lambda: self._before_forward(index),
+            after_forward=unit.free,
+            before_backward=lambda: self._before_backward(index),
+            after_backward=lambda: self._after_backward(unit),
+        )
 
-        def hooked_forward(x: np.ndarray) -> np.ndarray:
-            self._wait_for(self._before_forward(index))
-            y = forward(x)
-            self._on_loop(self._after_forward(index))
-            return y
-
-        def hooked_backward(dy: np.ndarray) -> np.ndarray:
-            self._wait_for(self._before_backward(index))
-            dx = backward(dy)
-            self._on_loop(self._after_backward(index))
-            return dx
-
-        module.forward = hooked_forward  # type: ignore[method-assign]
-        module.backward = hooked_backward  # type: ignore[method-assign]
+    @property
+    def gather_wait_s(self) -> float:
+        """Compute time spent waiting for unit parameters (what prefetch did not hide)."""
+        return self._bridge.wait_s
 
     def _prefetch_after(self, order: list[int]) -> None:
         if not self.prefetch_enabled:
@@ -202,32 +188,28 @@ class FSDP:
         await self.units[index].gather()
         self._prefetch_after(list(range(index + 1, len(self.units))))
 
-    async def _after_forward(self, index: int) -> None:
-        self.units[index].free()
-
     async def _before_backward(self, index: int) -> None:
         unit = self.units[index]
         await unit.gather()
         self._prefetch_after(list(range(index - 1, -1, -1)))
         unit.begin_backward()
 
-    async def _after_backward(self, index: int) -> None:
-        unit = self.units[index]
+    def _after_backward(self, unit: Unit) -> None:
         if self._sync:
-            assert unit.grad_full is not None
-            self._reducer.add(unit, unit.grad_full)
+            self._reducer.add(unit)
         unit.free()
 
     # ---- training step -----------------------------------------------------------------
 
     async def forward(self, x: np.ndarray) -> np.ndarray:
         """Run the model forward on this rank's batch."""
-        self._loop = asyncio.get_running_loop()
         await self.root.gather()
         if not self._prefetched:
             self._prefetch_after(list(range(len(self.units))))
         self._prefetched = False
-        return await asyncio.to_thread(self.model.forward, x)
+        y = await asyncio.to_thread(self.model.forward, x)
+        self._bridge.raise_pending()
+        return y
 
     def prefetch(self) -> None:
         """Start gathering the first units now (e.g. while the next batch loads)."""
@@ -244,14 +226,13 @@ class FSDP:
     async def backward(self, dy: np.ndarray) -> np.ndarray:
         """Backward from the loss gradient; returns once gradients are reduced (or, in
         ``no_sync``, accumulated locally)."""
-        self._loop = asyncio.get_running_loop()
         await self.root.gather()
         self.root.begin_backward()
         try:
             dx = await asyncio.to_thread(self.model.backward, dy)
+            self._bridge.raise_pending()
             if self._sync:
-                assert self.root.grad_full is not None
-                self._reducer.add(self.root, self.root.grad_full)
+                self._reducer.add(self.root)
                 await self._reducer.finish()
         except BaseException:
             self._reducer.cancel()

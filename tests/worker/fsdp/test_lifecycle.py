@@ -1,0 +1,79 @@
+"""The gradient lifecycle of units, the compute-thread bridge, and HYBRID_SHARD's replica
+all-reduces running together."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from shardwire.worker.fsdp import Strategy
+from shardwire.worker.fsdp.unit import GradState, Unit
+from shardwire.worker.nn import softmax_cross_entropy
+
+from .training import GLOBAL_BATCH, SEQ, batch, fsdp_world
+
+
+async def _backward(f, rank: int, world: int) -> None:
+    ids, targets = batch(0)
+    rows = np.array_split(np.arange(GLOBAL_BATCH), world)[rank]
+    logits = await f.forward(ids[rows])
+    _, dlogits = softmax_cross_entropy(logits, targets[rows], denom=GLOBAL_BATCH * SEQ)
+    await f.backward(dlogits)
+
+
+async def test_gradients_move_idle_accumulating_idle() -> None:
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd") as ranks:
+        assert {u.grad_state for f in ranks for u in f.all_units()} == {GradState.IDLE}
+
+        async def accumulate(f, rank: int) -> None:
+            with f.no_sync():
+                await _backward(f, rank, 2)
+
+        await asyncio.gather(*(accumulate(f, r) for r, f in enumerate(ranks)))
+        states = {u.grad_state for f in ranks for u in f.all_units()}
+        assert states == {GradState.ACCUMULATING}  # kept for the next synced backward
+        assert not any(u.grad_shard.any() for f in ranks for u in f.all_units())
+        await asyncio.gather(*(_backward(f, r, 2) for r, f in enumerate(ranks)))
+        assert {u.grad_state for f in ranks for u in f.all_units()} == {GradState.IDLE}
+        assert all(u.grad_full is None for f in ranks for u in f.all_units())
+        assert any(u.grad_shard.any() for f in ranks for u in f.all_units())
+
+
+async def test_an_error_in_a_posted_hook_reaches_the_caller(monkeypatch) -> None:
+    async with fsdp_world(1, Strategy.FULL_SHARD, "sgd") as ranks:
+        f = ranks[0]
+
+        def broken(unit) -> None:
+            raise RuntimeError(f"reduction of {unit.name} refused")
+
+        monkeypatch.setattr(f, "_after_backward", broken)
+        f._hook(f.model.blocks[0], 0)  # re-wrap the first unit with the broken hook
+        with pytest.raises(RuntimeError, match="refused"):
+            await _backward(f, 0, 1)
+
+
+async def test_hybrid_replica_all_reduces_run_together(monkeypatch) -> None:
+    async with fsdp_world(4, Strategy.HYBRID_SHARD, "sgd", shard_size=2) as ranks:
+        replica = ranks[0].replica_group
+        assert replica is not None
+        started = 0
+        seen_at_first_result: list[int] = []
+        all_reduce, finish_reduce = replica.all_reduce, Unit.finish_reduce
+
+        def counting(*args, **kwargs):
+            nonlocal started
+            started += 1
+            return all_reduce(*args, **kwargs)
+
+        def recording(unit: Unit, reduced: np.ndarray) -> None:
+            if unit.replica_group is replica and not seen_at_first_result:
+                seen_at_first_result.append(started)
+            finish_reduce(unit, reduced)
+
+        monkeypatch.setattr(replica, "all_reduce", counting)
+        monkeypatch.setattr(Unit, "finish_reduce", recording)
+        await asyncio.gather(*(_backward(f, r, 4) for r, f in enumerate(ranks)))
+        # Every unit's replica all-reduce was under way before the first result was used.
+        assert seen_at_first_result == [len(ranks[0].all_units())]
