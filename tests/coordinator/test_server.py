@@ -154,3 +154,20 @@ async def test_connections_over_the_unauthenticated_cap_are_closed_on_arrival() 
         for client in idle:
             client.close()
         await server.aclose()
+
+
+async def test_a_ticker_that_dies_ends_the_server_and_its_error_reaches_aclose() -> None:
+    from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
+
+    server = CoordinatorServer(
+        ServerConfig(RendezvousConfig(run_id="test", world_size=1), tick_interval=0.01), TOKEN
+    )
+
+    def broken(now: float):
+        raise RuntimeError("tick failed")
+
+    server.rendezvous.tick = broken  # type: ignore[method-assign]
+    await server.start("127.0.0.1", 0)
+    await asyncio.wait_for(server.done.wait(), 10)  # not silent: the server is done
+    with pytest.raises(RuntimeError, match="tick failed"):
+        await server.aclose()

@@ -160,6 +160,11 @@ class GroupCore:
         coro = self._run(call, algorithm, self.timeout if timeout is None else timeout, nbytes)
         return Pending(self, coro)
 
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
+        """Run ``coro`` (a sequence of this group's calls) in the background, owned by
+        the group like a started call: :meth:`aclose` cancels it."""
+        return self._spawn(coro)
+
     def _spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
         task = asyncio.ensure_future(coro)
         work = Work(task)

@@ -125,6 +125,15 @@ class Unit:
         assert self.full is not None
         np.copyto(self.full, full)
 
+    async def reload(self) -> None:
+        """The shard was replaced (a checkpoint was loaded): refresh what derives from it."""
+        if self.state is UnitState.GATHERING:
+            await self.gather()  # an all-gather of the old values: let it land, then drop it
+        if self.strategy is Strategy.SHARD_GRAD_OP:
+            await self.resync()
+        elif self.strategy.shards_params:
+            self.free()  # the next use gathers the new values
+
     # ---- gradients ---------------------------------------------------------------------
 
     def begin_backward(self) -> None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,8 +36,10 @@ from shardwire.worker.fsdp import checkpoint
 from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
 from shardwire.worker.fsdp.hooks import Bridge, hook_module
+from shardwire.worker.fsdp.partition import fingerprint, owned, partition
+from shardwire.worker.fsdp.persist import Checkpointer, Resumed
 from shardwire.worker.fsdp.reducer import Reducer
-from shardwire.worker.fsdp.strategy import Policy, Strategy
+from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.fsdp.unit import Unit, UnitState
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import Optimizer
@@ -45,32 +47,6 @@ from shardwire.worker.optim.optimizers import Optimizer
 
 class FSDPError(RuntimeError):
     """Misuse of the wrapper (the message says what to do instead)."""
-
-
-def _partition(model: Module, policy: Policy | None) -> list[tuple[str, Module]]:
-    """Unit roots in registration (= forward) order; nested matches belong to the outer."""
-    roots: list[tuple[str, Module]] = []
-    for name, module in model.named_modules():
-        if module is model or policy is None:
-            continue
-        if any(name.startswith(r + ".") for r, _ in roots):
-            continue
-        if policy(name, module):
-            roots.append((name, module))
-    return roots
-
-
-def _owned(prefix: str, module: Module) -> list[tuple[str, Module, str]]:
-    return [
-        (f"{path}.{local}", owner, local)
-        for path, owner in module.named_modules(prefix)
-        for local in owner.params
-    ]
-
-
-def fingerprint(model: Module) -> str:
-    text = ";".join(f"{n}:{p.shape}:{p.dtype}" for n, p in model.named_parameters())
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class FSDP:
@@ -88,7 +64,7 @@ class FSDP:
         self.prefetch_depth = config.prefetch_depth
         self.prefetch_bytes = config.prefetch_bytes
         self.shard_group, self.replica_group = self._groups(config.shard_size)
-        roots = _partition(model, config.policy)
+        roots = partition(model, config.policy)
         inside = {id(m) for _, r in roots for _, m in r.named_modules()}
         root_owned = [
             ((f"{path}.{local}" if path else local), owner, local)
@@ -97,11 +73,12 @@ class FSDP:
             for local in owner.params
         ]
         self.root = self._unit("", root_owned)
-        self.units = [self._unit(name, _owned(name, m)) for name, m in roots]
+        self.units = [self._unit(name, owned(name, m)) for name, m in roots]
         self._sync = True
         # The compute thread reaches the loop FSDP was created on (create() is async).
         self._bridge = Bridge(asyncio.get_running_loop(), timeout=group.timeout)
         self._reducer = Reducer(config)
+        self._checkpointer: Checkpointer | None = None
         self._prefetched = False
         for index, (_, module) in enumerate(roots):
             self._hook(module, index)
@@ -335,6 +312,25 @@ class FSDP:
         for group in (self.shard_group, self.replica_group):
             if group is not None and group is not self.group:
                 await group.aclose()
+
+    async def save(self, directory: str | Path, *, step: int, **options: Any) -> Any:
+        """Write a durable, verified checkpoint of ``step`` into ``directory`` (every rank
+        calls it). Options: ``extra`` (JSON data, e.g. the data position), ``rngs``
+        (generators to save besides the model's own), ``keep`` (retain the newest N),
+        ``blocking`` (False: snapshot now, write in the background, return a Work whose
+        ``wait()`` gives the SaveReport). See :mod:`shardwire.worker.fsdp.persist`."""
+        return await self._persist().save(directory, step=step, **options)
+
+    async def load(self, directory: str | Path, **options: Any) -> Resumed:
+        """Restore the latest complete checkpoint in ``directory`` (or ``step=N``), written
+        at any world size with any strategy; returns its step and ``extra``. ``rngs``:
+        generators to restore besides the model's own."""
+        return await self._persist().load(directory, **options)
+
+    def _persist(self) -> Checkpointer:
+        if self._checkpointer is None:
+            self._checkpointer = Checkpointer(self)
+        return self._checkpointer
 
     async def state_dict(self, *, sharded: bool = False) -> dict[str, Any]:
         """Full parameters by name (every rank gets them), or this rank's pieces."""

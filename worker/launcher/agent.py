@@ -90,8 +90,8 @@ async def standalone_coordinator(
                 await proc.wait()
         if pump is not None:
             pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
+            # The pump's own cancellation ends here; the closer's would propagate.
+            await asyncio.gather(pump, return_exceptions=True)
 
 
 async def _echo(stream: asyncio.StreamReader, prefix: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -85,23 +84,29 @@ class Receive:
             self.future.cancel()
 
 
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a process sits in the job, as the roster says."""
+
+    rank: int
+    world_size: int
+    generation: int = 0
+
+
 class Transport(abc.ABC):
     """Point-to-point messaging between the ranks of one job."""
 
     def __init__(
         self,
-        rank: int,
-        world_size: int,
+        place: Place | None,
         *,
-        generation: int = 0,
         timeout: float = DEFAULT_TIMEOUT,
         max_early_bytes: int = DEFAULT_MAX_EARLY_BYTES,
     ):
-        self.rank = rank
-        self.world_size = world_size
-        self.generation = generation
+        self._place = place
         self.timeout = timeout
         self.stats = TransportStats()
+        rank = place.rank if place is not None else -1
         self.mailbox = Mailbox(rank, max_early_bytes=max_early_bytes, on_drain=self._resume)
         self._error: BaseException | None = None
         self._departed: dict[int, BaseException] = {}
@@ -109,6 +114,38 @@ class Transport(abc.ABC):
         # Open collective groups by group id, kept by the groups themselves: a group id is
         # unique on a transport while its group is open (their frames share the tags).
         self.groups: dict[int, Any] = {}
+
+    # ---- place -------------------------------------------------------------------------
+
+    @property
+    def place(self) -> Place:
+        """This process's rank, world size and generation (from the roster)."""
+        if self._place is None:
+            raise RuntimeError("the transport has no place in the job yet (no roster)")
+        return self._place
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.place.world_size
+
+    @property
+    def generation(self) -> int:
+        return self.place.generation
+
+    def _settle(self, place: Place) -> None:
+        """Take this process's place from the roster (once)."""
+        if self._place is not None:
+            raise RuntimeError(f"the transport already has its place: {self._place}")
+        self._place = place
+        self.mailbox.rank = place.rank
+
+    @property
+    def _who(self) -> str:
+        return f"rank {self._place.rank}" if self._place is not None else "a rank without roster"
 
     # ---- contract ------------------------------------------------------------------
 
@@ -201,8 +238,12 @@ class Transport(abc.ABC):
                     op=POISON_OP,
                     generation=self.generation,
                 )
-                with contextlib.suppress(ShardwireError, OSError):
+                try:
                     self._post(peer, meta, report)
+                except (ShardwireError, OSError) as exc:  # that peer is gone: it cannot hear
+                    log.debug(
+                        "rank %d: poison notice to rank %d not sent: %s", self.rank, peer, exc
+                    )
 
     def group_error(self, group: int) -> BaseException | None:
         """The error another member (or this rank) poisoned ``group`` with, if any."""
@@ -254,11 +295,11 @@ class Transport(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        self.mailbox.fail(TransportClosed(f"rank {self.rank}: transport closed"))
+        self.mailbox.fail(TransportClosed(f"{self._who}: transport closed"))
         try:
             await self._close()
         except Exception:  # closing goes on; the error is the owner's to read in the log
-            log.exception("rank %d: error while closing the transport", self.rank)
+            log.exception("%s: error while closing the transport", self._who)
 
     # ---- for subclasses --------------------------------------------------------------
 
@@ -288,7 +329,7 @@ class Transport(abc.ABC):
         if self._error is not None:
             raise self._error
         if self._closed:
-            raise TransportClosed(f"rank {self.rank}: transport is closed")
+            raise TransportClosed(f"{self._who}: transport is closed")
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:

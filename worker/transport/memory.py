@@ -8,7 +8,7 @@ from collections.abc import Awaitable
 import numpy as np
 
 from shardwire.protocol import PeerFailed, TensorMeta
-from shardwire.worker.transport.base import DEFAULT_TIMEOUT, Transport
+from shardwire.worker.transport.base import DEFAULT_TIMEOUT, Place, Transport
 
 
 class MemoryHub:
@@ -50,7 +50,7 @@ class MemoryTransport(Transport):
     """One rank's endpoint on a :class:`MemoryHub`."""
 
     def __init__(self, hub: MemoryHub, rank: int, **kwargs) -> None:
-        super().__init__(rank, hub.world_size, **kwargs)
+        super().__init__(Place(rank, hub.world_size), **kwargs)
         self._hub = hub
         self._space = asyncio.Event()
         self._space.set()

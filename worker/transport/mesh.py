@@ -40,7 +40,7 @@ from shardwire.protocol.messages import (
     Leave,
     Roster,
 )
-from shardwire.worker.transport.base import Transport
+from shardwire.worker.transport.base import Place, Transport
 from shardwire.worker.transport.peer import PeerConnection
 
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
@@ -86,10 +86,9 @@ class TcpMesh(Transport):
         on_peer_failed: Callable[[PeerFailed], None] = lambda _err: None,
         **kwargs,
     ) -> None:
-        super().__init__(-1, 0, **kwargs)
+        super().__init__(None, **kwargs)  # the place comes with the roster
         self.config = config
         self._on_peer_failed = on_peer_failed
-        self.has_roster = False
         self._server: asyncio.Server | None = None
         self._conns: dict[int, PeerConnection] = {}
         self._pending: list[PeerConnection] = []
@@ -97,6 +96,10 @@ class TcpMesh(Transport):
         self._all_connected = asyncio.Event()
         self._closing = False
         self._reported_failure = False
+
+    @property
+    def has_roster(self) -> bool:
+        return self._place is not None
 
     @property
     def listen_port(self) -> int:
@@ -143,13 +146,7 @@ class TcpMesh(Transport):
 
     async def connect(self, roster: Roster) -> None:
         """Build the full mesh from the roster (bounded by ``connect_timeout``)."""
-        self.rank, self.world_size, self.generation = (
-            roster.rank,
-            roster.world_size,
-            roster.generation,
-        )
-        self.mailbox.rank = roster.rank
-        self.has_roster = True
+        self._settle(Place(roster.rank, roster.world_size, roster.generation))
         for conn in self._pending:
             conn.release_held()
         self._maybe_all_connected()

@@ -189,9 +189,15 @@ class PeerOwner(Protocol):
 
     config: MeshConfig
     mailbox: Mailbox
-    rank: int
-    generation: int
-    has_roster: bool
+
+    @property
+    def has_roster(self) -> bool: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def generation(self) -> int: ...
 
     @property
     def error(self) -> BaseException | None: ...

@@ -65,11 +65,17 @@ def reference(kind: str, *, micro: int = 1, clip: float | None = None) -> dict:
 
 
 async def train_rank(
-    fsdp: FSDP, rank: int, world: int, *, micro: int = 1, clip: float | None = None
+    fsdp: FSDP,
+    rank: int,
+    world: int,
+    *,
+    micro: int = 1,
+    clip: float | None = None,
+    steps: range = range(STEPS),
 ) -> list[float]:
     norms = []
     rows = np.array_split(np.arange(GLOBAL_BATCH), world)[rank]
-    for step in range(STEPS):
+    for step in steps:
         ids, targets = batch(step)
         fsdp.zero_grad()
         parts = np.array_split(rows, micro)

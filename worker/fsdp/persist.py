@@ -1,0 +1,348 @@
+"""Saving and resuming FSDP training: parameters, optimizer state by parameter name, the
+optimizer's step count, random generators and user data, at any world size.
+
+Who writes what: every value of a unit's flat buffer is written exactly once. Sharded
+strategies write each shard from the first replica that holds it; NO_SHARD, where every
+rank holds everything, splits the buffer evenly over the ranks. A loader takes, for its
+own range of each unit (its shard, or everything for NO_SHARD), the pieces of the saved
+tensors that overlap it, whatever world size and strategy wrote them.
+
+The collectives of a save run on a group of their own, so an asynchronous save can
+exchange its digests while training goes on in the main group. One save is in flight
+at a time; a new save first waits for the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardwire.worker.collectives import Group, Work
+from shardwire.worker.collectives.layout import bounds
+from shardwire.worker.fsdp import store
+from shardwire.worker.fsdp.store import CheckpointCorrupt, CheckpointError
+from shardwire.worker.fsdp.unit import Unit
+
+if TYPE_CHECKING:
+    from shardwire.worker.fsdp.wrapper import FSDP
+
+
+@dataclass
+class SaveReport:
+    """What a save did. ``stall_s``: training time it took (the snapshot, plus the
+    whole save when blocking); ``total_s``: until the checkpoint was complete."""
+
+    step: int
+    path: Path
+    bytes_written: int = 0
+    stall_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass
+class _Snapshot:
+    """A save's copy of this rank's pieces, taken on the loop when save() is called."""
+
+    tensors: dict[str, np.ndarray]
+    table: dict[str, dict[str, Any]]
+    meta: dict[str, Any]
+    extra: dict[str, Any]
+    started: float
+    stall_s: float
+
+
+@dataclass
+class Resumed:
+    """What a load restored: the step and the user data saved with it."""
+
+    step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _owned_range(unit: Unit) -> tuple[int, int]:
+    """The part of the unit's flat buffer this rank holds (its shard, or all of it)."""
+    if unit.strategy.shards_grads:
+        return unit.layout.shard_range(unit.shard_group.rank)
+    return 0, unit.layout.padded
+
+
+def _written_range(unit: Unit, group: Group) -> tuple[int, int]:
+    """The part of the unit's flat buffer this rank writes (possibly empty)."""
+    if unit.strategy.shards_grads:
+        replica = unit.replica_group
+        if replica is not None and replica.rank != 0:
+            return 0, 0
+        return unit.layout.shard_range(unit.shard_group.rank)
+    return bounds(unit.layout.padded, group.size)[group.rank]
+
+
+def _overlaps(unit: Unit, lo: int, hi: int) -> Iterator[tuple[str, int, int, int]]:
+    """(name, start in the parameter, position in the flat buffer, count) of each
+    parameter's values within the flat range ``lo``..``hi``."""
+    for e in unit.layout.entries:
+        a, b = max(lo, e.offset), min(hi, e.offset + e.numel)
+        if a < b:
+            yield e.name, a - e.offset, a, b - a
+
+
+def _generators(fsdp: FSDP, extra: dict[str, np.random.Generator]) -> dict[str, Any]:
+    """Every random generator the model's modules hold, plus the caller's, by name."""
+    found: dict[str, Any] = {}
+    for path, module in fsdp.model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, np.random.Generator):
+                found[f"model:{path}.{attr}" if path else f"model:{attr}"] = value
+    found.update({f"user:{k}": v for k, v in extra.items()})
+    return found
+
+
+class Checkpointer:
+    """Save and load for one FSDP object (see :meth:`FSDP.save` and :meth:`FSDP.load`)."""
+
+    def __init__(self, fsdp: FSDP):
+        self._fsdp = fsdp
+        group = fsdp.group
+        self._group = group.new_group(range(group.size), name="checkpoint")
+        self._inflight: Work[SaveReport] | None = None
+
+    # ---- save --------------------------------------------------------------------------
+
+    def _snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        """Copies of this rank's pieces, and their place in the tensors (on the loop)."""
+        fsdp = self._fsdp
+        optimizer = fsdp.optimizer
+        tensors: dict[str, np.ndarray] = {}
+        table: dict[str, dict[str, Any]] = {}
+        for index, unit in enumerate(fsdp.all_units()):
+            lo, _hi = _owned_range(unit)
+            a, b = _written_range(unit, self._group)
+            slots = optimizer.state[index] if index < len(optimizer.state) else {}
+            shapes = {e.name: list(e.shape) for e in unit.layout.entries}
+            for name, start, flat_at, count in _overlaps(unit, a, b):
+                at = flat_at - lo  # this rank holds the flat values from lo on
+                sources = {f"param:{name}": unit.shard}
+                sources.update({f"optim:{slot}:{name}": arr for slot, arr in slots.items()})
+                for key, source in sources.items():
+                    tensors[key] = source[at : at + count].copy()
+                    table[key] = {
+                        "shape": shapes[name],
+                        "dtype": str(source.dtype),
+                        "start": start,
+                        "count": count,
+                    }
+        return tensors, table
+
+    async def save(
+        self,
+        directory: str | Path,
+        *,
+        step: int,
+        extra: dict[str, Any] | None = None,
+        rngs: dict[str, np.random.Generator] | None = None,
+        keep: int | None = None,
+        blocking: bool = True,
+    ) -> Work[SaveReport] | SaveReport:
+        """Save a checkpoint of ``step``; ``blocking=False`` returns a Work to await."""
+        if self._inflight is not None:
+            await self._inflight.wait()  # one save in flight at a time
+        started = time.perf_counter()
+        fsdp = self._fsdp
+        tensors, table = self._snapshot()
+        # As JSON text: a generator's state holds integers wider than 64 bits.
+        generators = {
+            name: json.dumps(g.bit_generator.state)
+            for name, g in _generators(fsdp, rngs or {}).items()
+        }
+        meta = {
+            "steps": fsdp.optimizer.steps,
+            "optimizer": type(fsdp.optimizer).__name__,
+            "rngs": generators,
+        }
+        snap = _Snapshot(tensors, table, meta, extra or {}, started, time.perf_counter() - started)
+        work = self._group.spawn(self._write(Path(directory), step, snap, keep=keep))
+        if blocking:
+            report = await work.wait()
+            report.stall_s = report.total_s
+            return report
+        self._inflight = work
+        return work
+
+    async def _write(
+        self, root: Path, step: int, snap: _Snapshot, *, keep: int | None
+    ) -> SaveReport:
+        group = self._group
+        nonce = await group.broadcast_object(secrets.token_hex(8) if group.rank == 0 else None)
+        partial = root / f"{store.PARTIAL}{step:08d}-{nonce}"
+        if group.rank == 0:
+            await asyncio.to_thread(store.prepare, root, keep_nonce=nonce)
+        await group.barrier()
+        written = await asyncio.to_thread(
+            store.write_rank_file, partial, group.rank, snap.tensors, nonce
+        )
+        for key, info in written.items():
+            snap.table[key].update(info, file=store.rank_file(group.rank))
+        everyone = await group.all_gather_object({"table": snap.table, "meta": snap.meta})
+        path = root / store.step_name(step)
+        if group.rank == 0:
+            manifest = self._manifest(step, nonce, everyone, snap.extra)
+            path = await asyncio.to_thread(store.commit, root, partial, step, manifest)
+            if keep is not None:
+                await asyncio.to_thread(store.retain, root, keep)
+        await group.barrier()  # every rank returns once the checkpoint is complete
+        nbytes = sum(a.nbytes for a in snap.tensors.values())
+        return SaveReport(step, path, nbytes, snap.stall_s, time.perf_counter() - snap.started)
+
+    def _manifest(
+        self, step: int, nonce: str, everyone: list[dict[str, Any]], extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        fsdp = self._fsdp
+        tensors: dict[str, dict[str, Any]] = {}
+        for part in everyone:
+            for key, piece in part["table"].items():
+                entry = tensors.setdefault(
+                    key, {"shape": piece["shape"], "dtype": piece["dtype"], "pieces": []}
+                )
+                entry["pieces"].append(
+                    {k: piece[k] for k in ("file", "start", "count", "bytes", "digest")}
+                )
+        for entry in tensors.values():
+            entry["pieces"].sort(key=lambda p: p["start"])
+        first = everyone[0]["meta"]
+        return {
+            "format_version": store.FORMAT_VERSION,
+            "nonce": nonce,
+            "step": step,
+            "world_size": fsdp.group.size,
+            "strategy": fsdp.strategy.value,
+            "optimizer": {"kind": first["optimizer"], "steps": first["steps"]},
+            "rngs": {str(rank): part["meta"]["rngs"] for rank, part in enumerate(everyone)},
+            "extra": extra,
+            "created": time.time(),
+            "tensors": tensors,
+        }
+
+    # ---- load --------------------------------------------------------------------------
+
+    async def load(
+        self,
+        directory: str | Path,
+        *,
+        step: int | None = None,
+        rngs: dict[str, np.random.Generator] | None = None,
+    ) -> Resumed:
+        """Restore the latest complete checkpoint (or ``step``) written at any world size
+        with any strategy. Every rank reads only the pieces overlapping what it holds and
+        checks their digests; nothing is changed unless every rank read everything."""
+        fsdp = self._fsdp
+        try:
+            path, manifest, shards, state = await asyncio.to_thread(
+                self._read, Path(directory), step
+            )
+            problem = None
+        except CheckpointError as exc:
+            problem = f"rank {self._group.rank}: {exc}"
+            failure: CheckpointError = exc
+        problems = [p for p in await self._group.all_gather_object(problem) if p]
+        if problem is not None:
+            raise failure
+        if problems:
+            raise CheckpointError(f"the checkpoint could not be loaded: {problems[0]}")
+        for unit, shard in zip(fsdp.all_units(), shards, strict=True):
+            unit.shard[...] = shard
+            await unit.reload()
+        fsdp.optimizer.state = state
+        fsdp.optimizer.steps = int(manifest["optimizer"]["steps"])
+        saved = manifest["rngs"].get(str(fsdp.group.rank), {})
+        for name, generator in _generators(fsdp, rngs or {}).items():
+            if name in saved:
+                generator.bit_generator.state = json.loads(saved[name])
+        return Resumed(int(manifest["step"]), dict(manifest.get("extra", {})), path)
+
+    def _read(
+        self, root: Path, step: int | None
+    ) -> tuple[Path, dict[str, Any], list[np.ndarray], list[dict[str, np.ndarray]]]:
+        """Everything this rank loads, read and verified (in a thread)."""
+        path = store.resolve(root, step)
+        manifest = store.read_manifest(path)
+        self._check_model(manifest)
+        tensors = manifest["tensors"]
+        optimizer = self._fsdp.optimizer
+        slots = sorted({k.split(":")[1] for k in tensors if k.startswith("optim:")})
+        if slots and manifest["optimizer"]["kind"] != type(optimizer).__name__:
+            raise CheckpointError(
+                f"{path} holds {manifest['optimizer']['kind']} state; the optimizer here is "
+                f"{type(optimizer).__name__}"
+            )
+        shards: list[np.ndarray] = []
+        state: list[dict[str, np.ndarray]] = []
+        with store.PieceReader(path, manifest["nonce"]) as reader:
+            for unit in self._fsdp.all_units():
+                lo, hi = _owned_range(unit)
+                shard = np.zeros_like(unit.shard)
+                fill(reader, tensors, unit, pattern="param:{}", target=shard, lo=lo, hi=hi)
+                shards.append(shard)
+                unit_state = {}
+                for slot in slots:
+                    target = np.zeros_like(unit.shard)
+                    pattern = f"optim:{slot}:{{}}"
+                    fill(reader, tensors, unit, pattern=pattern, target=target, lo=lo, hi=hi)
+                    unit_state[slot] = target
+                state.append(unit_state)
+        return path, manifest, shards, state if slots else []
+
+    def _check_model(self, manifest: dict[str, Any]) -> None:
+        tensors = manifest["tensors"]
+        names = set()
+        for unit in self._fsdp.all_units():
+            for e in unit.layout.entries:
+                names.add(e.name)
+                saved = tensors.get(f"param:{e.name}")
+                if saved is None:
+                    raise CheckpointError(f"the checkpoint has no parameter {e.name!r}")
+                if tuple(saved["shape"]) != e.shape or saved["dtype"] != str(unit.layout.dtype):
+                    raise CheckpointError(
+                        f"parameter {e.name!r} is {saved['dtype']}{saved['shape']} in the "
+                        f"checkpoint, {unit.layout.dtype}{list(e.shape)} in the model"
+                    )
+        unknown = sorted({k.split(":")[-1] for k in tensors} - names)
+        if unknown:
+            raise CheckpointError(f"the checkpoint has parameters the model lacks: {unknown}")
+
+
+def fill(
+    reader: store.PieceReader,
+    tensors: dict[str, Any],
+    unit: Unit,
+    *,
+    pattern: str,
+    target: np.ndarray,
+    lo: int,
+    hi: int,
+) -> None:
+    """Copy into ``target`` (the unit's flat values ``lo``..``hi``) every saved value."""
+    for name, start, flat_at, count in _overlaps(unit, lo, hi):
+        key = pattern.format(name)
+        covered = 0
+        at = flat_at - lo
+        for piece in tensors[key]["pieces"]:
+            first = piece["start"]
+            a, b = max(start, first), min(start + count, first + piece["count"])
+            if a >= b:
+                continue
+            values = reader.piece(key, piece)
+            target[at + a - start : at + b - start] = values[a - first : b - first]
+            covered += b - a
+        if covered != count:
+            raise CheckpointCorrupt(
+                f"{key}: the pieces cover {covered} of the {count} values needed here",
+                tensor=key,
+            )
