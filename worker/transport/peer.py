@@ -8,12 +8,13 @@ the mailbox answers with the posted receive's array, or scratch space for an ear
 arrival. A large payload nobody waits for yet makes the connection stop reading for one
 loop turn, since its receive is usually about to be posted.
 
-Sending: :class:`Outbox` writes each frame whole. Small frames, and every frame while
-nothing else is being written, go to the transport at once (the caller's array is
-written without a copy and the send completes when the kernel has it). A large frame
-with a checksum is streamed: each slice is hashed just before it is handed to the kernel,
-and the next slice waits until the previous one is in the kernel, so the hash reads warm
-data and overlaps the peer's receive. While a frame streams, later frames and control
+Sending: :class:`Outbox` writes each frame whole. Frames up to 8 MiB, and every frame
+without a checksum, go to the transport at once while nothing else is being written (the
+caller's array is written without a copy and the send completes when the kernel has it;
+a checksum is computed first, from cache). A larger frame with a checksum is streamed:
+each slice is hashed just before it is handed to the kernel, and the next slice waits
+until the previous one is in the kernel, so the hash reads warm data and overlaps the
+peer's receive. While a frame streams, later frames and control
 messages queue behind it, which keeps every frame contiguous on the wire.
 """
 
@@ -56,7 +57,10 @@ _COALESCE_BYTES = 64 * 1024
 # rather than being read into scratch space: at 1 MiB this took p2p throughput on
 # loopback from ~3.3 to ~13 GB/s (scratch allocation page faults plus a second copy).
 _DEFER_BYTES = 64 * 1024
-# Checksummed payloads above _COALESCE_BYTES are streamed in slices of this size.
+# Checksummed payloads above _STREAM_BYTES are streamed in slices of _SLICE_BYTES; smaller
+# ones are hashed whole (from cache: xxh3 runs at ~58 GB/s on 1 MiB here) and written at
+# once, which costs less than a background writer would.
+_STREAM_BYTES = 8 << 20
 _SLICE_BYTES = 1 << 20
 
 
@@ -78,7 +82,7 @@ class Outbox:
 
     def send(self, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
         """Write a data frame; returns what to await until ``array`` may change, if any."""
-        if self.task is None and (not self._checksum or array.nbytes <= _COALESCE_BYTES):
+        if self.task is None and (not self._checksum or array.nbytes <= _STREAM_BYTES):
             self._write_now(meta, array)
             return self._conn.wait_flushed() if self._buffered() else None
         future = asyncio.get_running_loop().create_future()
@@ -125,7 +129,7 @@ class Outbox:
                     if self._conn.is_open:
                         assert self._conn.transport is not None
                         self._conn.transport.write(item)
-                elif meta is not None and self._checksum and item.nbytes > _COALESCE_BYTES:
+                elif meta is not None and self._checksum and item.nbytes > _STREAM_BYTES:
                     await self._stream(meta, item)
                 elif meta is not None:
                     self._write_now(meta, item)
@@ -165,7 +169,12 @@ class Outbox:
             return
         head, digest = encode_sealed_head(meta.to_wire(), array.nbytes)
         digest.update(payload)
-        transport.write(head + payload + digest.digest())
+        if array.nbytes <= _COALESCE_BYTES:
+            transport.write(head + payload + digest.digest())
+        else:
+            transport.write(head)
+            transport.write(payload)
+            transport.write(digest.digest())
 
     async def _stream(self, meta: TensorMeta, array: np.ndarray) -> None:
         if not self._conn.is_open:
