@@ -260,16 +260,23 @@ def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
     assert re.search(r"first failure on this node: rank 1 .*: unresponsive", summary), summary
 
 
+def _coordinator_address(proc: subprocess.Popen) -> str:
+    """HOST:PORT from the launcher's "[coordinator]: listening on" line (bounded)."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        assert line, "the launcher ended early"
+        if line.startswith("[coordinator]: listening on "):
+            return line.strip().rsplit(" ", 1)[1]
+    raise AssertionError("the launcher did not print the coordinator's address")
+
+
 def test_standalone_jobs_get_a_fresh_token_that_no_command_line_shows() -> None:
     proc = background("launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        address = ""
-        while not address:
-            line = proc.stderr.readline()
-            assert line, "the launcher ended early"
-            if line.startswith("[coordinator]: listening on "):
-                address = line.strip().rsplit(" ", 1)[1]
+        assert proc.stdout is not None
+        address = _coordinator_address(proc)
         ready = sum("ready" in proc.stdout.readline() for _ in range(2))
         assert ready == 2
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
@@ -342,13 +349,8 @@ def test_tls_flags_put_the_whole_job_on_tls(certificates) -> None:
         **token,
     )
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        address = ""
-        while not address:
-            line = proc.stderr.readline()
-            assert line, "the launcher ended early"
-            if line.startswith("[coordinator]: listening on "):
-                address = line.strip().rsplit(" ", 1)[1]
+        assert proc.stdout is not None
+        address = _coordinator_address(proc)
         assert sum("ready" in proc.stdout.readline() for _ in range(2)) == 2  # peers met
         plain = shardwire("status", "--coordinator", address, "--timeout", "5", **token)
         assert plain.returncode == 1  # a client without TLS gets nowhere, and is told why

@@ -53,3 +53,10 @@ async def tcp_world(
 
 
 WORLDS = {"memory": memory_world, "tcp": tcp_world}
+
+
+async def close_all(*closeables_lists: list) -> None:
+    """Close groups, then transports, then helpers (each list in order)."""
+    for closeables in closeables_lists:
+        for item in closeables:
+            await item.aclose()

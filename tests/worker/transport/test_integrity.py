@@ -16,7 +16,7 @@ from shardwire.worker.collectives import Group
 from shardwire.worker.transport import MeshConfig, TcpMesh
 from tests.e2e.abuse import FlipProxy
 
-from .fabric import TOKEN, roster_for
+from .fabric import TOKEN, close_all, roster_for
 
 
 @contextlib.asynccontextmanager
@@ -37,11 +37,7 @@ async def _pair_via(proxy: FlipProxy, *, checksum: bool = True) -> AsyncIterator
         groups = [Group(m, timeout=10) for m in meshes]
         yield groups
     finally:
-        for g in groups:
-            await g.aclose()
-        for m in meshes:
-            await m.aclose()
-        await proxy.aclose()
+        await close_all(groups, meshes, [proxy])
 
 
 def _inputs() -> list[np.ndarray]:

@@ -21,7 +21,7 @@ from tests.e2e.abuse import FlipProxy
 from tests.worker.cluster import TOKEN as CLUSTER_TOKEN
 from tests.worker.cluster import coordinator, worker_config
 
-from .fabric import TOKEN, roster_for
+from .fabric import TOKEN, close_all, roster_for
 
 
 def _coordinator_tls(files: TlsFiles) -> ssl.SSLContext:
@@ -129,11 +129,7 @@ async def test_with_tls_a_flipped_byte_breaks_the_link_instead_of_the_result(
         assert isinstance(results[0], PeerFailed), results  # the TLS record failed its MAC
         assert not any(isinstance(r, np.ndarray) and not np.array_equal(r, 2 * x) for r in results)
     finally:
-        for g in groups:
-            await g.aclose()
-        for m in meshes:
-            await m.aclose()
-        await proxy.aclose()
+        await close_all(groups, meshes, [proxy])
 
 
 def test_tls_files_must_come_together(certificates) -> None:
