@@ -7,6 +7,10 @@ Each step draws one global batch (the same seeded draw on every rank), each rank
 its slice, and the loss is averaged over the global batch, so the run computes exactly
 what one process would on the whole batch. Held-out accuracy is reported at the end;
 the run directory gets metrics.jsonl and summary.json.
+
+With ``--checkpoint-dir DIR`` the run saves a checkpoint every ``--save-every`` steps (in
+the background) and, started again with the same command, resumes from the latest one:
+the losses and the final model are exactly those of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker.fsdp import FSDP, Strategy, by_type
+from shardwire.worker.fsdp import FSDP, Strategy, by_type, latest_checkpoint
 from shardwire.worker.nn import Linear, ReLU, Sequential, softmax_cross_entropy
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runlog import RunLog
@@ -71,11 +75,23 @@ async def main(args: argparse.Namespace) -> None:
             policy=by_type(Linear),
         )
         run_dir = Path(args.run_dir or f"runs/digits-{args.strategy}-seed{args.seed}")
-        log = RunLog(pg, run_dir, args.steps, every=args.log_every, next_free=args.run_dir is None)
-        draw = np.random.default_rng(args.seed + 1)
+        draw = np.random.default_rng(args.seed + 1)  # the data order
+        first, last_loss, saving = 0, float("nan"), None
+        ckpt = args.checkpoint_dir
+        if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
+            resumed = await fsdp.load(ckpt, rngs={"draw": draw})
+            first, last_loss = resumed.step, resumed.extra["loss"]
+        log = RunLog(
+            pg,
+            run_dir,
+            args.steps,
+            every=args.log_every,
+            next_free=args.run_dir is None,
+            resume_from=first or None,
+        )
         mine = np.array_split(np.arange(args.batch), pg.world_size)[pg.rank]
         start = time.perf_counter()
-        for step in range(args.steps):
+        for step in range(first, args.steps):
             batch = draw.choice(len(x_train), args.batch, replace=False)[mine]
             lr = warmup_cosine(step, base_lr=args.lr, warmup=args.steps // 10, total=args.steps)
             fsdp.zero_grad()
@@ -84,10 +100,22 @@ async def main(args: argparse.Namespace) -> None:
             await fsdp.backward(dlogits)
             await fsdp.step(lr=lr)
             total = await pg.all_reduce(np.array([loss]))  # every rank's share of the loss
-            metrics = {"loss": float(total[0]), "lr": lr}
+            last_loss = float(total[0])
+            metrics = {"loss": last_loss, "lr": lr}
             if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
                 metrics["accuracy"] = await accuracy(fsdp, pg, x_test, y_test)
             await log.step(step + 1, samples=args.batch, **metrics)
+            if ckpt and (step + 1) % args.save_every == 0:
+                saving = await fsdp.save(
+                    ckpt,
+                    step=step + 1,
+                    extra={"loss": last_loss},
+                    rngs={"draw": draw},
+                    keep=args.keep,
+                    blocking=False,  # written while training goes on
+                )
+        if saving is not None:
+            await saving.wait()
         elapsed = time.perf_counter() - start
         acc = await accuracy(fsdp, pg, x_test, y_test)
         memory = await pg.all_gather_object(sum(fsdp.memory_stats()["held"].values()))
@@ -100,8 +128,8 @@ async def main(args: argparse.Namespace) -> None:
                 "steps": args.steps,
                 "seed": args.seed,
                 "time_s": round(elapsed, 2),
-                "samples_per_s": round(args.steps * args.batch / elapsed, 1),
-                "final_loss": round(float(total[0]), 5),
+                "samples_per_s": round((args.steps - first) * args.batch / elapsed, 1),
+                "final_loss": round(last_loss, 5),
                 "held_out_accuracy": round(acc, 4),
                 "comm_MiB_per_rank": [round(t / 2**20, 2) for t in traffic],
                 "memory_MiB_per_rank": [round(m / 2**20, 3) for m in memory],
@@ -120,6 +148,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--run-dir", help="default runs/digits-<strategy>-seed<seed>")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
+    p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
     return p.parse_args()
 
 

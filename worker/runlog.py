@@ -7,12 +7,16 @@ Every rank's bytes sent and received are gathered into each record.
 
 A directory that already holds ``metrics.jsonl`` is never truncated: it is refused with
 :class:`RunDirInUse`, or, with ``next_free=True`` (for default directory names), the run
-goes to the first free ``NAME-2``, ``NAME-3``, … beside it.
+goes to the first free ``NAME-2``, ``NAME-3``, … beside it. A run resumed from a
+checkpoint (``resume_from=STEP``) continues its own directory: records up to that step
+are kept, later ones (from the attempt that did not reach the next checkpoint) are
+dropped with a printed note, and the new records are appended.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -58,6 +62,7 @@ class RunLog:
     every: int = 50
     out: TextIO = sys.stdout
     next_free: bool = False
+    resume_from: int | None = None
     started: float = field(default_factory=time.perf_counter)
     _bar: Any = None
     _file: Any = None
@@ -67,9 +72,12 @@ class RunLog:
         self._last = (self.started, 0)
         if self.pg.rank != 0:
             return
-        self.run_dir = _free_dir(self.run_dir, self.next_free)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = (self.run_dir / "metrics.jsonl").open("w", encoding="utf-8")
+        if self.resume_from is not None and _holds_metrics(self.run_dir):
+            self._file = self._continue(self.resume_from)
+        else:
+            self.run_dir = _free_dir(self.run_dir, self.next_free)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = (self.run_dir / "metrics.jsonl").open("w", encoding="utf-8")
         if self.pg.interactive or self.out.isatty():
             try:
                 from tqdm import tqdm
@@ -77,6 +85,23 @@ class RunLog:
                 self._bar = tqdm(total=self.total_steps, file=self.out, unit="step")
             except ImportError:
                 self._bar = None
+
+    def _continue(self, step: int) -> Any:
+        """Keep the records up to ``step``, then append (see the module docstring)."""
+        path = self.run_dir / "metrics.jsonl"
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text("".join(kept), encoding="utf-8")
+            os.replace(partial, path)
+        print(
+            f"resuming {self.run_dir} at step {step} "
+            f"({len(lines) - len(kept)} later records of the interrupted attempt dropped)",
+            file=self.out,
+            flush=True,
+        )
+        return path.open("a", encoding="utf-8")
 
     async def step(self, step: int, *, samples: int, **metrics: float) -> None:
         """Record ``step`` (1-based) every ``every`` steps and at the last one.

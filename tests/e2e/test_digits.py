@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from .cli import shardwire
+from .cli import ROOT, SHARDWIRE, env, shardwire
 
 pytestmark = pytest.mark.e2e
 
@@ -125,3 +129,62 @@ def test_make_run_passes_with_a_busy_process_per_core_and_no_bytecode_writes(tmp
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["held_out_accuracy"] >= 0.95
     assert "Traceback" not in result.stderr
+
+
+def _digits(tmp_path, name: str) -> list[str]:
+    where = tmp_path / name
+    return [
+        SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
+        "--steps", "400", "--log-every", "25", "--save-every", "50",
+        "--checkpoint-dir", str(where / "ckpt"), "--run-dir", str(where / "run"),
+    ]  # fmt: skip
+
+
+def _finish(argv: list[str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        argv, check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _records(tmp_path, name: str) -> tuple[dict, dict]:
+    run = tmp_path / name / "run"
+    records = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records[record["step"]] = (record["loss"], record["lr"], record["accuracy"])
+    return records, json.loads((run / "summary.json").read_text())
+
+
+def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_run(
+    tmp_path,
+) -> None:
+    _finish(_digits(tmp_path, "straight"))
+    killed = subprocess.Popen(
+        _digits(tmp_path, "killed"),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its own process group: the test kills all of it
+    )
+    try:
+        assert killed.stdout is not None
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = killed.stdout.readline()
+            assert line, "the run ended before it could be killed"
+            if "step 275/400" in line:
+                break
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)  # launcher, coordinator and workers at once
+        killed.wait(timeout=60)
+    again = _finish(_digits(tmp_path, "killed"))  # the same command again
+    assert "resuming" in again.stdout
+    straight, summary = _records(tmp_path, "straight")
+    resumed, summary_resumed = _records(tmp_path, "killed")
+    assert resumed == straight  # every logged loss, learning rate and accuracy, bit for bit
+    for key in ("final_loss", "held_out_accuracy"):
+        assert summary_resumed[key] == summary[key]

@@ -4,6 +4,7 @@ from shardwire.worker.fsdp.config import FSDPConfig, MixedPrecision
 from shardwire.worker.fsdp.partition import fingerprint
 from shardwire.worker.fsdp.persist import Resumed, SaveReport
 from shardwire.worker.fsdp.store import CheckpointCorrupt, CheckpointError
+from shardwire.worker.fsdp.store import latest as latest_checkpoint
 from shardwire.worker.fsdp.strategy import Strategy, by_size, by_type
 from shardwire.worker.fsdp.wrapper import FSDP, FSDPError
 
@@ -20,4 +21,5 @@ __all__ = [
     "by_size",
     "by_type",
     "fingerprint",
+    "latest_checkpoint",
 ]

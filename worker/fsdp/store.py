@@ -183,6 +183,14 @@ def resolve(root: Path, step: int | None = None) -> Path:
     return path
 
 
+def latest(root: Path) -> int | None:
+    """The step of the latest complete checkpoint under ``root``, or None."""
+    try:
+        return int(read_manifest(resolve(root))["step"])
+    except CheckpointError:
+        return None
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((path / MANIFEST).read_text())

@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         from shardwire.worker.launcher.health import main as health_main
 
         return health_main(argv[1:])
+    if argv[:1] == ["checkpoint"]:
+        from shardwire.worker.fsdp.tools import main as checkpoint_main
+
+        return checkpoint_main(argv[1:])
     if argv[:1] == ["plot"]:
         from shardwire.worker.launcher.plot import main as plot_main
 

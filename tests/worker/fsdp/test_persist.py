@@ -187,3 +187,30 @@ async def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path) -> N
         assert {r.path for r in resumed} == {path}
         await asyncio.gather(*(f.save(tmp_path, step=3) for f in ranks))
     assert not crashed.exists()  # the next save cleans up
+
+
+def test_the_checkpoint_command_inspects_verifies_and_consolidates(saved, tmp_path) -> None:
+    from safetensors.numpy import load_file
+
+    from shardwire.worker.fsdp.tools import main
+
+    root, params, _optim = saved
+    assert main(["inspect", str(root)]) == 0
+    assert main(["verify", str(root)]) == 0
+    out = tmp_path / "model.safetensors"
+    assert main(["consolidate", str(root), str(out)]) == 0
+    whole = load_file(str(out))
+    assert whole.keys() == params.keys()
+    for name, value in params.items():
+        np.testing.assert_array_equal(whole[name], value)
+
+
+def test_verify_fails_on_a_flipped_byte(tmp_path, capsys) -> None:
+    from shardwire.worker.fsdp.tools import main
+
+    path = asyncio.run(_save_one(tmp_path))
+    manifest = json.loads((path / "manifest.json").read_text())
+    piece = next(iter(manifest["tensors"].values()))["pieces"][0]
+    _flip(path / piece["file"], piece["bytes"][1] - 1)
+    assert main(["verify", str(tmp_path)]) == 1
+    assert "does not match its digest" in capsys.readouterr().err
