@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker.fsdp import FSDP, by_type
+from shardwire.worker.fsdp import FSDP, by_type, latest_checkpoint
 from shardwire.worker.nn import Block, TransformerLM, softmax_cross_entropy
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runlog import RunLog
@@ -97,17 +97,23 @@ async def main(args: argparse.Namespace) -> None:
             optimizer=AdamW(lr=args.lr, weight_decay=0.01),
             policy=by_type(Block),
         )
+        draw = np.random.default_rng(args.seed + 1)  # the data order
+        step, loss, saving = 0, float("nan"), None
+        ckpt = args.checkpoint_dir
+        if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
+            resumed = await fsdp.load(ckpt, rngs={"draw": draw})  # and the dropout streams
+            step, loss = resumed.step, resumed.extra["loss"]
         log = RunLog(
             pg,
             Path(args.run_dir or f"runs/charlm-seed{args.seed}"),
             args.steps,
             every=args.log_every,
             next_free=args.run_dir is None,
+            resume_from=step or None,
         )
-        draw = np.random.default_rng(args.seed + 1)
         mine = np.array_split(np.arange(args.batch), pg.world_size)[pg.rank]
         deadline = time.monotonic() + args.minutes * 60
-        start, step, loss = time.perf_counter(), 0, float("nan")
+        start, first = time.perf_counter(), step
         while step < args.steps:
             starts = draw.integers(0, len(train) - args.context - 1, args.batch)[mine]
             ids, targets = windows(train, starts, args.context)
@@ -126,11 +132,17 @@ async def main(args: argparse.Namespace) -> None:
             if step % args.log_every == 0:
                 metrics["held_out"] = await held_out_loss(fsdp, pg, held, context=args.context)
             await log.step(step, samples=args.batch, **metrics)
+            if ckpt and step % args.save_every == 0:
+                saving = await fsdp.save(
+                    ckpt, step=step, extra={"loss": loss}, rngs={"draw": draw}, blocking=False
+                )
             # every rank agrees to stop, so all of them leave the loop at the same step
             out_of_time = time.monotonic() > deadline
             if (await pg.all_reduce(np.array([out_of_time], np.int64)))[0]:
                 log.total_steps = step
                 break
+        if saving is not None:
+            await saving.wait()
         elapsed = time.perf_counter() - start
         held_loss = await held_out_loss(fsdp, pg, held, context=args.context)
         text = await sample(
@@ -143,7 +155,7 @@ async def main(args: argparse.Namespace) -> None:
                 "time_s": round(elapsed, 1),
                 "train_loss": round(loss, 4),
                 "held_out_nats_per_char": round(held_loss, 4),
-                "tokens_per_s": round(step * args.batch * args.context / elapsed),
+                "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
             }
         )
         if pg.rank == 0:
@@ -164,6 +176,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--sample", type=int, default=200, help="characters to generate")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--run-dir")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
+    p.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
     return p.parse_args()
 
 

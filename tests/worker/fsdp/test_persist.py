@@ -43,13 +43,23 @@ def _optimizer_state(ranks) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> tuple[Path, dict, dict]:
-    """A checkpoint written by 4 FULL_SHARD ranks after SAVED_AT AdamW steps."""
+WRITERS = [
+    (4, Strategy.FULL_SHARD),
+    (3, Strategy.SHARD_GRAD_OP),
+    (2, Strategy.NO_SHARD),
+    (4, Strategy.HYBRID_SHARD),
+]
+
+
+@pytest.fixture(scope="module", params=WRITERS, ids=lambda w: f"from-{w[0]}-{w[1].value}")
+def saved(request, tmp_path_factory) -> tuple[Path, dict, dict]:
+    """A checkpoint written by N ranks with strategy S after SAVED_AT AdamW steps."""
+    world, strategy = request.param
     root = tmp_path_factory.mktemp("ckpt")
+    shard = _hybrid(world) if strategy is Strategy.HYBRID_SHARD else None
 
     async def make():
-        async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
+        async with fsdp_world(world, strategy, "adam", shard_size=shard) as ranks:
             await _train(ranks, range(SAVED_AT))
             reports = await asyncio.gather(
                 *(f.save(root, step=SAVED_AT, extra={"cursor": 7}) for f in ranks)
@@ -63,7 +73,7 @@ def saved(tmp_path_factory) -> tuple[Path, dict, dict]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("strategy", list(Strategy))
 async def test_a_checkpoint_loads_anywhere_and_training_continues(saved, world, strategy):
     root, params, optim = saved
