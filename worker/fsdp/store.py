@@ -183,10 +183,10 @@ def resolve(root: Path, step: int | None = None) -> Path:
     return path
 
 
-def latest(root: Path) -> int | None:
+def latest(root: str | Path) -> int | None:
     """The step of the latest complete checkpoint under ``root``, or None."""
     try:
-        return int(read_manifest(resolve(root))["step"])
+        return int(read_manifest(resolve(Path(root)))["step"])
     except CheckpointError:
         return None
 
