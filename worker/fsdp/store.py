@@ -12,7 +12,7 @@ Layout of a checkpoint directory::
 
 A *piece* is a contiguous run of one tensor's flat values, ``count`` values from
 ``start``. The manifest lists for every tensor its shape, dtype and pieces (file, start,
-count, byte range in the file, BLAKE2b digest), so a loader at any world size reads the
+count, byte range in the file, SHA-256 digest), so a loader at any world size reads the
 pieces overlapping its own range and checks each against its digest.
 
 Crash consistency: files are written into the partial directory and fsynced; rank 0
@@ -28,15 +28,14 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
 from shardwire.protocol import ShardwireError
+from shardwire.worker.fsdp import tensorfile
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -68,8 +67,10 @@ def rank_file(rank: int) -> str:
 
 
 def digest(array: np.ndarray) -> str:
+    """SHA-256 of the array's bytes (1.4 GB/s here with the CPU's SHA instructions,
+    against 0.8 GB/s for BLAKE2b; it releases the GIL)."""
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # no copy
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return hashlib.sha256(data).hexdigest()
 
 
 def fsync_dir(path: Path) -> None:
@@ -85,35 +86,26 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def _byte_ranges(path: Path) -> dict[str, list[int]]:
-    """Each tensor's absolute byte range, from the safetensors header."""
-    with open(path, "rb") as fh:
-        (size,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(size))
-    base = 8 + size
-    return {
-        key: [base + info["data_offsets"][0], base + info["data_offsets"][1]]
-        for key, info in header.items()
-        if key != "__metadata__"
-    }
-
-
 def write_rank_file(
     directory: Path, rank: int, tensors: dict[str, np.ndarray], nonce: str
 ) -> dict[str, dict[str, Any]]:
-    """Write and fsync this rank's file; return each key's digest and byte range."""
+    """Write and fsync this rank's file; return each key's digest and byte range. The
+    digests are computed in a second thread while the bytes are being written."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / rank_file(rank)
     partial = final.with_suffix(".tmp")
-    digests = {key: digest(array) for key, array in tensors.items()}
-    save_file(
-        {k: np.ascontiguousarray(v) for k, v in tensors.items()},
-        str(partial),
+    digests: dict[str, str] = {}
+
+    def remember(key: str, array: np.ndarray) -> None:
+        digests[key] = digest(array)
+
+    ranges = tensorfile.write(
+        partial,
+        [tensorfile.of(key, array) for key, array in tensors.items()],
         metadata={"checkpoint": nonce, "rank": str(rank)},
+        each=remember,
     )
-    _fsync_file(partial)
     os.replace(partial, final)
-    ranges = _byte_ranges(final)
     return {key: {"digest": digests[key], "bytes": ranges[key]} for key in tensors}
 
 

@@ -2,40 +2,23 @@
 
 ``consolidate`` writes one safetensors file holding every full parameter, assembling one
 parameter at a time from its pieces, so memory stays bounded by the largest parameter.
-The safetensors layout (an 8-byte little-endian header size, a JSON header with each
-tensor's dtype, shape and byte offsets, then the bytes) is written directly for that
-reason; ``safetensors.numpy.load_file`` reads the result.
+``safetensors.numpy.load_file`` reads the result.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import struct
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardwire.worker.fsdp import store
+from shardwire.worker.fsdp import store, tensorfile
 from shardwire.worker.fsdp.store import CheckpointError
-
-_DTYPES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint64": "U64",
-    "uint32": "U32",
-    "uint16": "U16",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
 
 
 def _open(directory: str, step: int | None) -> tuple[Path, dict[str, Any]]:
@@ -84,32 +67,28 @@ def verify(path: Path, manifest: dict[str, Any]) -> list[str]:
 def consolidate(path: Path, manifest: dict[str, Any], out: Path) -> int:
     """Write the full parameters as one safetensors file; returns the bytes written."""
     params = sorted(k for k in manifest["tensors"] if k.startswith("param:"))
-    header: dict[str, Any] = {"__metadata__": {"step": str(manifest["step"])}}
-    offset = 0
-    for key in params:
-        t = manifest["tensors"][key]
-        nbytes = int(np.prod(t["shape"], dtype=np.int64)) * np.dtype(t["dtype"]).itemsize
-        header[key.removeprefix("param:")] = {
-            "dtype": _DTYPES[t["dtype"]],
-            "shape": t["shape"],
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
     partial = out.with_name(out.name + ".partial")
-    with store.PieceReader(path, manifest["nonce"]) as reader, open(partial, "wb") as fh:
-        fh.write(struct.pack("<Q", len(text)) + text)
-        for key in params:
+    with store.PieceReader(path, manifest["nonce"]) as reader:
+
+        def assemble(key: str) -> np.ndarray:
             t = manifest["tensors"][key]
             full = np.zeros(int(np.prod(t["shape"], dtype=np.int64)), np.dtype(t["dtype"]))
             for piece in t["pieces"]:
                 full[piece["start"] : piece["start"] + piece["count"]] = reader.piece(key, piece)
-            fh.write(full.tobytes())
-        fh.flush()
-        os.fsync(fh.fileno())
+            return full
+
+        specs = [
+            tensorfile.Spec(
+                key.removeprefix("param:"),
+                np.dtype(manifest["tensors"][key]["dtype"]),
+                tuple(manifest["tensors"][key]["shape"]),
+                functools.partial(assemble, key),
+            )
+            for key in params
+        ]
+        ranges = tensorfile.write(partial, specs, metadata={"step": str(manifest["step"])})
     os.replace(partial, out)
-    return 8 + len(text) + offset
+    return max((end for _start, end in ranges.values()), default=0)
 
 
 def main(argv: list[str]) -> int:
