@@ -309,3 +309,17 @@ def test_status_options_come_from_flags_over_the_environment(monkeypatch) -> Non
     )
     flagged = settings_from(["--run-id", "flag", "--timeout", "3", "--json"])
     assert (flagged.run_id, flagged.status_timeout, flagged.json_output) == ("flag", 3.0, True)
+
+
+async def test_node_group_asked_twice_is_one_group_and_closes_with_the_session() -> None:
+    async with coordinator(2) as server:
+
+        async def worker(i: int):
+            async with init(worker_config(server, 2, i)) as pg:
+                node = pg.node_group()
+                assert pg.node_group() is node  # one group id, one sequence counter
+                await node.all_reduce(np.ones(2))
+                transport = pg.transport
+            assert transport.groups == {}  # the session closed the world and its subgroups
+
+        await asyncio.wait_for(asyncio.gather(worker(0), worker(1)), 30)
