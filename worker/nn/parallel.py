@@ -1,0 +1,181 @@
+"""Tensor-parallel linear layers (Megatron-style) over a collective group.
+
+``ColumnParallelLinear`` splits a linear layer's output features over the group: rank r
+holds rows ``a_r..b_r`` of the weight (and of the bias) and computes those outputs.
+``RowParallelLinear`` splits the input features: rank r holds columns ``a_r..b_r``,
+computes a partial product, and the partial products are summed. Uneven splits are
+fine (the first ranks take one more feature). Forward and backward use the conjugate
+collectives:
+
+==========================  ==================  ==================
+layer                        forward             backward
+==========================  ==================  ==================
+column, input                identity            all_reduce(dx)
+column, ``gather_output``    all_gather(y)       slice dy
+row, ``input_is_parallel``   all_reduce(y)       identity
+row, full input              slice x             all_gather(dx)
+==========================  ==================  ==================
+
+so column -> row (an MLP, or attention's heads then its output projection) needs one
+all-reduce forward and one backward. Both layers draw their full weight from ``rng``
+exactly as :class:`~shardwire.worker.nn.layers.Linear` does and keep their part, so a
+parallel model equals the single-process one parameter for parameter.
+
+The layers are ordinary modules: numpy forward and backward, called off the event loop
+(FSDP's compute thread, or ``asyncio.to_thread``). Their collectives run on the loop the
+layer was built on, one at a time, in program order, on the layer's own group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from shardwire.worker.collectives import Group
+from shardwire.worker.collectives.layout import bounds
+from shardwire.worker.nn.module import Module
+
+
+class _Bridge:
+    """Runs the group's collectives on its loop for a layer computing in another thread."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+
+    def run(self, call: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError(
+                "tensor-parallel layers compute off the event loop: run the model with "
+                "asyncio.to_thread (or inside FSDP)"
+            )
+
+        async def go() -> np.ndarray:
+            return await call()  # the call (and its sequence number) is made on the loop
+
+        future = asyncio.run_coroutine_threadsafe(go(), self.loop)
+        return future.result(timeout=self.group.timeout)
+
+
+def _lastaxis_gather(bridge: _Bridge, part: np.ndarray, sizes: list[int]) -> np.ndarray:
+    """Concatenate every rank's ``part`` along the last axis (rank order)."""
+    moved = np.ascontiguousarray(np.moveaxis(part, -1, 0))
+    full = bridge.run(lambda: bridge.group.all_gather(moved, sizes=sizes))
+    return np.moveaxis(full, 0, -1)
+
+
+def _weight(d_in: int, d_out: int, rng: np.random.Generator, dtype: DTypeLike) -> np.ndarray:
+    bound = 1.0 / math.sqrt(d_in)  # as Linear draws it
+    return rng.uniform(-bound, bound, (d_out, d_in)).astype(dtype)
+
+
+class ColumnParallelLinear(Module):
+    """y = x W^T + b with the output features split over ``group`` (see the module).
+
+    ``gather_output``: return every output feature (all-gather) instead of this rank's.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        group: Group,
+        *,
+        rng: np.random.Generator,
+        bias: bool = True,
+        gather_output: bool = True,
+        dtype: DTypeLike = np.float64,
+    ) -> None:
+        super().__init__()
+        self._bridge = _Bridge(group)
+        self.gather_output = gather_output
+        self.splits = [b - a for a, b in bounds(d_out, group.size)]
+        self.span = bounds(d_out, group.size)[group.rank]
+        a, b = self.span
+        self.add_param("weight", np.ascontiguousarray(_weight(d_in, d_out, rng, dtype)[a:b]))
+        if bias:
+            self.add_param("bias", np.zeros(b - a, dtype))
+        self._x: np.ndarray | None = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        self._x = x
+        y = x @ self.params["weight"].T
+        if "bias" in self.params:
+            y = y + self.params["bias"]
+        return _lastaxis_gather(self._bridge, y, self.splits) if self.gather_output else y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x = self._x
+        assert x is not None, "backward before forward"
+        if self.gather_output:
+            a, b = self.span
+            dy = dy[..., a:b]
+        flat_dy = dy.reshape(-1, dy.shape[-1])
+        self.grads["weight"] += flat_dy.T @ x.reshape(-1, x.shape[-1])
+        if "bias" in self.grads:
+            self.grads["bias"] += flat_dy.sum(axis=0)
+        partial = np.ascontiguousarray(dy @ self.params["weight"])
+        group = self._bridge.group
+        return self._bridge.run(lambda: group.all_reduce(partial))
+
+
+class RowParallelLinear(Module):
+    """y = x W^T + b with the input features split over ``group`` (see the module).
+
+    ``input_is_parallel``: ``x`` is already this rank's slice of the features (the output
+    of a ColumnParallelLinear without gather); otherwise the layer takes its slice of the
+    full ``x`` and backward returns the full ``dx``. The bias is added once, after the sum.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        group: Group,
+        *,
+        rng: np.random.Generator,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        dtype: DTypeLike = np.float64,
+    ) -> None:
+        super().__init__()
+        self._bridge = _Bridge(group)
+        self.input_is_parallel = input_is_parallel
+        self.splits = [b - a for a, b in bounds(d_in, group.size)]
+        self.span = bounds(d_in, group.size)[group.rank]
+        a, b = self.span
+        full = _weight(d_in, d_out, rng, dtype)
+        self.add_param("weight", np.ascontiguousarray(full[:, a:b]))
+        if bias:
+            self.add_param("bias", np.zeros(d_out, dtype))
+        self._x: np.ndarray | None = None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        if not self.input_is_parallel:
+            a, b = self.span
+            x = x[..., a:b]
+        self._x = x
+        partial = np.ascontiguousarray(x @ self.params["weight"].T)
+        group = self._bridge.group
+        y = self._bridge.run(lambda: group.all_reduce(partial))
+        if "bias" in self.params:
+            y = y + self.params["bias"]
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x = self._x
+        assert x is not None, "backward before forward"
+        flat_dy = dy.reshape(-1, dy.shape[-1])
+        self.grads["weight"] += flat_dy.T @ x.reshape(-1, x.shape[-1])
+        if "bias" in self.grads:
+            self.grads["bias"] += flat_dy.sum(axis=0)
+        dx = dy @ self.params["weight"]
+        if self.input_is_parallel:
+            return dx
+        return _lastaxis_gather(self._bridge, dx, self.splits)
