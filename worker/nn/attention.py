@@ -40,9 +40,9 @@ class CausalSelfAttention(Module):
         return x.transpose(0, 2, 1, 3).reshape(b, t, h * hd)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        _, t, d = x.shape
+        t = x.shape[1]
         q, k, v = (self._split(part) for part in np.split(self.qkv(x), 3, axis=-1))
-        scale = 1.0 / math.sqrt(d // self.heads)
+        scale = 1.0 / math.sqrt(q.shape[-1])  # 1 / sqrt(d_head)
         scores = (q @ k.transpose(0, 1, 3, 2)) * scale
         future = np.triu(np.ones((t, t), dtype=bool), k=1)
         scores = np.where(future, -np.inf, scores)

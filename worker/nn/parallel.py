@@ -38,7 +38,10 @@ from numpy.typing import DTypeLike
 
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.nn.module import Module
+from shardwire.worker.nn.attention import CausalSelfAttention
+from shardwire.worker.nn.layers import GELU, Dropout, LayerNorm
+from shardwire.worker.nn.module import Module, Sequential
+from shardwire.worker.nn.transformer import Block
 
 
 class _Bridge:
@@ -75,10 +78,22 @@ def _weight(d_in: int, d_out: int, rng: np.random.Generator, dtype: DTypeLike) -
     return rng.uniform(-bound, bound, (d_out, d_in)).astype(dtype)
 
 
+def _spans(features: int, unit: int, size: int) -> list[tuple[int, int]]:
+    """Each rank's features, split in whole units of ``unit`` features (e.g. heads)."""
+    if features % unit:
+        raise ValueError(f"{features} features are not whole units of {unit}")
+    if features // unit < size:
+        raise ValueError(f"{features // unit} units cannot be split over {size} ranks")
+    return [(a * unit, b * unit) for a, b in bounds(features // unit, size)]
+
+
 class ColumnParallelLinear(Module):
     """y = x W^T + b with the output features split over ``group`` (see the module).
 
     ``gather_output``: return every output feature (all-gather) instead of this rank's.
+    ``unit``: split in whole groups of this many features (an attention head's width).
+    ``blocks``: the outputs are this many equal blocks (attention's q, k and v), each
+    split over the ranks alike; this rank's rows are its part of every block, in order.
     """
 
     def __init__(
@@ -90,17 +105,24 @@ class ColumnParallelLinear(Module):
         rng: np.random.Generator,
         bias: bool = True,
         gather_output: bool = True,
+        unit: int = 1,
+        blocks: int = 1,
         dtype: DTypeLike = np.float64,
     ) -> None:
         super().__init__()
+        if blocks > 1 and gather_output:
+            raise ValueError("gather_output needs blocks=1 (the gathered rows would interleave)")
         self._bridge = _Bridge(group)
         self.gather_output = gather_output
-        self.splits = [b - a for a, b in bounds(d_out, group.size)]
-        self.span = bounds(d_out, group.size)[group.rank]
+        spans = _spans(d_out // blocks, unit, group.size)
+        self.splits = [b - a for a, b in spans]
+        self.span = spans[group.rank]
         a, b = self.span
-        self.add_param("weight", np.ascontiguousarray(_weight(d_in, d_out, rng, dtype)[a:b]))
+        per = d_out // blocks
+        rows = np.concatenate([np.arange(k * per + a, k * per + b) for k in range(blocks)])
+        self.add_param("weight", _weight(d_in, d_out, rng, dtype)[rows])
         if bias:
-            self.add_param("bias", np.zeros(b - a, dtype))
+            self.add_param("bias", np.zeros(rows.size, dtype))
         self._x: np.ndarray | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -131,6 +153,7 @@ class RowParallelLinear(Module):
     ``input_is_parallel``: ``x`` is already this rank's slice of the features (the output
     of a ColumnParallelLinear without gather); otherwise the layer takes its slice of the
     full ``x`` and backward returns the full ``dx``. The bias is added once, after the sum.
+    ``unit``: split in whole groups of this many features (an attention head's width).
     """
 
     def __init__(
@@ -142,13 +165,15 @@ class RowParallelLinear(Module):
         rng: np.random.Generator,
         bias: bool = True,
         input_is_parallel: bool = True,
+        unit: int = 1,
         dtype: DTypeLike = np.float64,
     ) -> None:
         super().__init__()
         self._bridge = _Bridge(group)
         self.input_is_parallel = input_is_parallel
-        self.splits = [b - a for a, b in bounds(d_in, group.size)]
-        self.span = bounds(d_in, group.size)[group.rank]
+        spans = _spans(d_in, unit, group.size)
+        self.splits = [b - a for a, b in spans]
+        self.span = spans[group.rank]
         a, b = self.span
         full = _weight(d_in, d_out, rng, dtype)
         self.add_param("weight", np.ascontiguousarray(full[:, a:b]))
@@ -179,3 +204,69 @@ class RowParallelLinear(Module):
         if self.input_is_parallel:
             return dx
         return _lastaxis_gather(self._bridge, dx, self.splits)
+
+
+class ParallelAttention(CausalSelfAttention):
+    """Causal self-attention with its heads split over ``group``: q, k, v of this rank's
+    heads (a column-parallel projection), attention per head, and the output projection
+    row-parallel, so the only collective is one all-reduce each way."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        group: Group,
+        *,
+        rng: np.random.Generator,
+        dtype: DTypeLike = np.float64,
+    ) -> None:
+        Module.__init__(self)
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by {heads} heads")
+        width = dim // heads
+        a, b = _spans(dim, width, group.size)[group.rank]
+        self.heads = (b - a) // width  # this rank's heads
+        self.qkv = self.add(
+            "qkv",
+            ColumnParallelLinear(
+                dim, 3 * dim, group, rng=rng, gather_output=False, unit=width, blocks=3,
+                dtype=dtype,
+            ),
+        )  # fmt: skip
+        self.proj = self.add(
+            "proj",
+            RowParallelLinear(dim, dim, group, rng=rng, unit=width, dtype=dtype),
+        )
+        self._cache = None
+
+
+class ParallelBlock(Block):
+    """:class:`Block` with attention heads and the MLP split over ``group`` (MLP column
+    then row); the layer norms are replicated. Equal to Block built from the same rng."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        group: Group,
+        *,
+        rng: np.random.Generator,
+        dropout: float = 0.0,
+        seed: int = 0,
+        dtype: DTypeLike = np.float64,
+    ) -> None:
+        Module.__init__(self)
+        self.ln1 = self.add("ln1", LayerNorm(dim, dtype=dtype))
+        self.attn = self.add("attn", ParallelAttention(dim, heads, group, rng=rng, dtype=dtype))
+        self.ln2 = self.add("ln2", LayerNorm(dim, dtype=dtype))
+        self.mlp = self.add(
+            "mlp",
+            Sequential(
+                ColumnParallelLinear(
+                    dim, 4 * dim, group, rng=rng, gather_output=False, dtype=dtype
+                ),
+                GELU(),
+                RowParallelLinear(4 * dim, dim, group, rng=rng, dtype=dtype),
+                Dropout(dropout, seed=seed),  # the same mask on every rank of the group
+            ),
+        )

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.nn import Linear, ReLU, Sequential
-from shardwire.worker.nn.parallel import ColumnParallelLinear, RowParallelLinear
+from shardwire.worker.nn import Block, Linear, ReLU, Sequential
+from shardwire.worker.nn.parallel import ColumnParallelLinear, ParallelBlock, RowParallelLinear
 from tests.worker.collectives.worlds import KINDS, group_world
 
 D_IN, D_OUT = 5, 7  # split unevenly over 2, 3 and 4 ranks
@@ -126,3 +126,47 @@ async def test_calling_on_the_event_loop_is_refused() -> None:
         layer = ColumnParallelLinear(D_IN, D_OUT, groups[0], rng=np.random.default_rng(0))
         with pytest.raises(RuntimeError, match="off the event loop"):
             layer.forward(X)
+
+
+def _qkv_rows(dim: int, span: tuple[int, int]) -> np.ndarray:
+    a, b = span
+    return np.concatenate([np.arange(k * dim + a, k * dim + b) for k in range(3)])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+async def test_a_parallel_block_equals_block(kind: str, size: int) -> None:
+    dim, heads = 8, 4  # three ranks hold 2, 1 and 1 heads
+    x = np.random.default_rng(7).standard_normal((2, 5, dim))
+    dy = np.random.default_rng(8).standard_normal((2, 5, dim))
+    ref = Block(dim, heads, rng=np.random.default_rng(9), dropout=0.1, seed=3)
+    y_ref = ref.forward(x)
+    dx_ref = ref.backward(dy)
+    async with group_world(kind, size) as groups:
+        blocks = [
+            ParallelBlock(dim, heads, g, rng=np.random.default_rng(9), dropout=0.1, seed=3)
+            for g in groups
+        ]
+        ys = await _on_threads(blocks, lambda blk: blk.forward(x))
+        dxs = await _on_threads(blocks, lambda blk: blk.backward(dy))
+    want = dict(ref.named_grads())
+    for blk, y, dx in zip(blocks, ys, dxs, strict=True):
+        np.testing.assert_allclose(y, y_ref, rtol=1e-10)
+        np.testing.assert_allclose(dx, dx_ref, rtol=1e-10, atol=1e-12)
+        got = dict(blk.named_grads())
+        assert got.keys() == want.keys()
+        rows = _qkv_rows(dim, blk.attn.qkv.span)
+        a, b = blk.attn.proj.span
+        c, d = blk.mlp[0].span
+        expected = {
+            "attn.qkv.weight": want["attn.qkv.weight"][rows],
+            "attn.qkv.bias": want["attn.qkv.bias"][rows],
+            "attn.proj.weight": want["attn.proj.weight"][:, a:b],
+            "mlp.0.weight": want["mlp.0.weight"][c:d],
+            "mlp.0.bias": want["mlp.0.bias"][c:d],
+            "mlp.2.weight": want["mlp.2.weight"][:, c:d],
+        }
+        for name, value in got.items():
+            np.testing.assert_allclose(
+                value, expected.get(name, want[name]), rtol=1e-10, atol=1e-12, err_msg=name
+            )
