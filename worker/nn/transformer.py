@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -47,7 +49,11 @@ class Block(Module):
 
 
 class TransformerLM(Module):
-    """Token + position embeddings, ``layers`` blocks, final norm, vocabulary head."""
+    """Token + position embeddings, ``layers`` blocks, final norm, vocabulary head.
+
+    ``block`` builds each block (default :class:`Block`; e.g.
+    ``functools.partial(ParallelBlock, group=tp)`` for tensor parallelism) and is called
+    with the same arguments and random draws, so the models agree value for value."""
 
     def __init__(
         self,
@@ -61,6 +67,7 @@ class TransformerLM(Module):
         dropout: float = 0.0,
         seed: int = 0,
         dtype: DTypeLike = np.float64,
+        block: Callable[..., Module] = Block,
     ) -> None:
         super().__init__()
         self.context = context
@@ -70,7 +77,7 @@ class TransformerLM(Module):
             "blocks",
             Sequential(
                 *(
-                    Block(dim, heads, rng=rng, dropout=dropout, seed=seed + i, dtype=dtype)
+                    block(dim, heads, rng=rng, dropout=dropout, seed=seed + i, dtype=dtype)
                     for i in range(layers)
                 )
             ),
