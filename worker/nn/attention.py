@@ -19,6 +19,8 @@ from shardwire.worker.nn.module import Module
 class CausalSelfAttention(Module):
     """Input and output (batch, time, dim); ``heads`` must divide ``dim``."""
 
+    ACTIVATIONS = ("_cache",)
+
     def __init__(
         self, dim: int, heads: int, *, rng: np.random.Generator, dtype: DTypeLike = np.float64
     ) -> None:

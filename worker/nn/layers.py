@@ -13,6 +13,8 @@ from shardwire.worker.nn.module import Module
 class Linear(Module):
     """y = x W^T + b, over the last axis. W: (out, in), initialised U(-1/sqrt(in), ..)."""
 
+    ACTIVATIONS = ("_x",)
+
     def __init__(
         self,
         d_in: int,
@@ -50,6 +52,8 @@ class Linear(Module):
 class Embedding(Module):
     """Rows of a (vocab, dim) table, N(0, 0.02) initialised."""
 
+    ACTIVATIONS = ("_ids",)
+
     def __init__(
         self, vocab: int, dim: int, *, rng: np.random.Generator, dtype: DTypeLike = np.float64
     ) -> None:
@@ -69,6 +73,8 @@ class Embedding(Module):
 
 class LayerNorm(Module):
     """Normalise the last axis, then scale and shift."""
+
+    ACTIVATIONS = ("_cache",)
 
     def __init__(self, dim: int, *, eps: float = 1e-5, dtype: DTypeLike = np.float64):
         super().__init__()
@@ -97,6 +103,8 @@ class LayerNorm(Module):
 
 
 class ReLU(Module):
+    ACTIVATIONS = ("_mask",)
+
     def __init__(self) -> None:
         super().__init__()
         self._mask: np.ndarray | None = None
@@ -115,6 +123,8 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 
 class GELU(Module):
     """GELU, tanh approximation (Hendrycks & Gimpel, 2016)."""
+
+    ACTIVATIONS = ("_cache",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -135,6 +145,8 @@ class GELU(Module):
 class Dropout(Module):
     """Inverted dropout with its own seeded generator (identical streams on every rank
     that seeds it alike); the identity in eval mode."""
+
+    ACTIVATIONS = ("_mask",)
 
     def __init__(self, p: float, *, seed: int) -> None:
         super().__init__()

@@ -14,7 +14,14 @@ import numpy as np
 
 
 class Module:
-    """Base class: ``params``/``grads`` by local name, children by name."""
+    """Base class: ``params``/``grads`` by local name, children by name.
+
+    ``ACTIVATIONS`` names the attributes in which a module keeps what its backward needs
+    from its forward; :meth:`stash` and :meth:`unstash` save and restore them for the
+    whole tree, so several micro-batches can be in flight (pipeline schedules).
+    """
+
+    ACTIVATIONS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.params: dict[str, np.ndarray] = {}
@@ -48,6 +55,16 @@ class Module:
         for path, module in self.named_modules(prefix):
             for name, value in module.grads.items():
                 yield (f"{path}.{name}" if path else name), value
+
+    def stash(self) -> list[list[object]]:
+        """What the last forward left for backward, in every module of the tree."""
+        return [[getattr(m, a) for a in m.ACTIVATIONS] for _, m in self.named_modules()]
+
+    def unstash(self, saved: list[list[object]]) -> None:
+        """Put back what :meth:`stash` returned, so backward continues that forward."""
+        for (_, module), values in zip(self.named_modules(), saved, strict=True):
+            for name, value in zip(module.ACTIVATIONS, values, strict=True):
+                setattr(module, name, value)
 
     def zero_grad(self) -> None:
         for _, module in self.named_modules():

@@ -96,6 +96,8 @@ class ColumnParallelLinear(Module):
     split over the ranks alike; this rank's rows are its part of every block, in order.
     """
 
+    ACTIVATIONS = ("_x",)
+
     def __init__(
         self,
         d_in: int,
@@ -155,6 +157,8 @@ class RowParallelLinear(Module):
     full ``x`` and backward returns the full ``dx``. The bias is added once, after the sum.
     ``unit``: split in whole groups of this many features (an attention head's width).
     """
+
+    ACTIVATIONS = ("_x",)
 
     def __init__(
         self,

@@ -1,0 +1,87 @@
+"""Pipeline stages against single-process gradient accumulation (float64, rtol 1e-10) at
+2-4 stages, 1-8 micro-batches, both schedules, both transports; balanced splits; a
+stage that dies fails the others."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from shardwire.protocol import PeerFailed
+from shardwire.worker.nn import GELU, Linear, ReLU, Sequential, mse
+from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage, split_into_stages
+from tests.worker.collectives.worlds import KINDS, group_world
+
+BATCH = 8
+X = np.random.default_rng(1).standard_normal((BATCH, 6))
+Y = np.random.default_rng(2).standard_normal((BATCH, 4))
+
+
+def _model() -> Sequential:
+    rng = np.random.default_rng(7)
+    return Sequential(
+        Linear(6, 9, rng=rng), ReLU(), Linear(9, 9, rng=rng), GELU(),
+        Linear(9, 7, rng=rng), ReLU(), Linear(7, 4, rng=rng),
+    )  # fmt: skip
+
+
+def _loss(out: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:
+    return mse(out, target, denom=BATCH)  # scaled for the whole batch
+
+
+def test_stages_are_contiguous_and_balanced() -> None:
+    assert split_into_stages([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
+    assert split_into_stages([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
+    assert split_into_stages([1, 2, 3], 3) == [range(0, 1), range(1, 2), range(2, 3)]
+    with pytest.raises(ValueError, match="cannot split 2 layers into 3 stages"):
+        split_into_stages([1, 1], 3)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("micro", [1, 3, 8])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+async def test_a_pipeline_equals_gradient_accumulation(kind, stages, micro, schedule) -> None:
+    ref = _model()
+    loss_ref, dy = _loss(ref.forward(X), Y)
+    ref.backward(dy)
+    want = [dict(layer.grads) for layer in ref.children.values()]
+    sizes = [sum(p.size for p in layer.params.values()) + 1 for layer in ref.children.values()]
+    parts = split_into_stages(sizes, stages)
+    config = PipelineParallelConfig(stages, micro, schedule)
+    async with group_world(kind, stages) as groups:
+        pipes = []
+        for g, part in zip(groups, parts, strict=True):
+            layers = list(_model().children.values())
+            pipes.append(
+                PipelineStage(Sequential(*(layers[i] for i in part)), g, config, loss=_loss)
+            )
+        async with asyncio.timeout(60):
+            losses = await asyncio.gather(
+                *(p.step(X if p.first else None, Y if p.last else None) for p in pipes)
+            )
+    assert losses[-1] == pytest.approx(loss_ref, rel=1e-10)
+    assert losses[:-1] == [None] * (stages - 1)
+    for pipe, part in zip(pipes, parts, strict=True):
+        for layer, i in zip(pipe.module.children.values(), part, strict=True):
+            for name, grad in layer.grads.items():
+                np.testing.assert_allclose(grad, want[i][name], rtol=1e-10, atol=1e-14)
+
+
+async def test_a_stage_that_dies_fails_the_others() -> None:
+    config = PipelineParallelConfig(3, 4, "1f1b")
+    async with group_world("memory", 3) as groups:
+        layers = list(_model().children.values())
+        parts = split_into_stages([1] * len(layers), 3)
+        pipes = [
+            PipelineStage(Sequential(*(layers[i] for i in part)), g, config, loss=_loss)
+            for g, part in zip(groups, parts, strict=True)
+        ]
+        groups[1].transport._hub.kill(1, "stage 1 died")  # the middle stage never runs
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                pipes[0].step(X), pipes[2].step(targets=Y), return_exceptions=True
+            )
+    assert all(isinstance(r, PeerFailed) and r.rank == 1 for r in results), results

@@ -1,0 +1,164 @@
+"""Pipeline parallelism: contiguous stages of a model on successive ranks, micro-batches
+flowing through them, with the GPipe or 1F1B schedule.
+
+Each rank of the pipeline's group runs one stage (a module: its contiguous share of the
+layers, see :func:`split_into_stages`). A step splits the batch into ``micro_batches``;
+stage s receives each micro-batch's activations from stage s-1, computes, and sends its
+output to stage s+1; the last stage computes the loss and its gradient, and gradients
+travel back the same way. Gradients accumulate in the stage's modules over the
+micro-batches, as in single-process gradient accumulation.
+
+Schedules: GPipe runs every forward, then every backward. 1F1B runs ``p - s - 1``
+forwards ahead (warm-up), then alternates one forward and one backward, then drains, so
+at most ``p - s`` micro-batches are in flight on stage s. Either way a stage keeps each
+in-flight micro-batch's activations (``Module.stash``). The numpy work runs in a thread
+and a neighbour's sends land in this rank's mailbox meanwhile, so communication
+overlaps compute; the bubble is (p - 1) / (m + p - 1) of a step for p stages and m
+micro-batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardwire.worker.collectives import Group
+from shardwire.worker.nn.module import Module
+
+Loss = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
+_SCHEDULES = ("gpipe", "1f1b")
+
+
+def split_into_stages(weights: Sequence[float], num_stages: int) -> list[range]:
+    """Contiguous layer ranges, one per stage, minimising the heaviest stage's total
+    weight (parameter count or measured time per layer); every stage gets a layer."""
+    n = len(weights)
+    if not 1 <= num_stages <= n:
+        raise ValueError(f"cannot split {n} layers into {num_stages} stages")
+    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(weights, dtype=float))])
+    # best[k][i]: the lightest possible heaviest stage for layers[:i] in k stages
+    best = np.full((num_stages + 1, n + 1), np.inf)
+    cut = np.zeros((num_stages + 1, n + 1), dtype=int)
+    best[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cost < best[k][i]:
+                    best[k][i], cut[k][i] = cost, j
+    bounds, i = [], n
+    for k in range(num_stages, 0, -1):
+        bounds.append(range(int(cut[k][i]), i))
+        i = int(cut[k][i])
+    return bounds[::-1]
+
+
+@dataclass(frozen=True)
+class PipelineParallelConfig:
+    """How many stages, how many micro-batches per step, and the schedule."""
+
+    num_stages: int
+    num_micro_batches: int
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        if self.schedule not in _SCHEDULES:
+            raise ValueError(f"schedule must be one of {_SCHEDULES}, got {self.schedule!r}")
+        if self.num_stages < 1 or self.num_micro_batches < 1:
+            raise ValueError("num_stages and num_micro_batches must be at least 1")
+
+
+class PipelineStage:
+    """One rank's stage: ``await stage.step(inputs, targets)`` per training step.
+
+    ``group`` holds the stages in order (group rank s runs stage s). The first stage gets
+    ``inputs``, the last ``targets`` and ``loss`` (returning the loss and its gradient for
+    one micro-batch; scale it for the whole batch, as for gradient accumulation).
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        group: Group,
+        config: PipelineParallelConfig,
+        *,
+        loss: Loss | None = None,
+    ) -> None:
+        if group.size != config.num_stages:
+            raise ValueError(f"{config.num_stages} stages need a group of that size")
+        self.module = module
+        self.group = group
+        self.config = config
+        self.loss = loss
+        self.stage = group.rank
+        self.first = self.stage == 0
+        self.last = self.stage == group.size - 1
+        if self.last and loss is None:
+            raise ValueError("the last stage needs a loss")
+        self._steps = 0
+        self._stashed: dict[int, list[list[object]]] = {}
+        self._outputs: dict[int, np.ndarray] = {}
+
+    def _tag(self, micro: int, backward: bool) -> int:
+        return (self._steps * self.config.num_micro_batches + micro) * 2 + int(backward)
+
+    async def step(self, inputs: np.ndarray | None = None, targets: np.ndarray | None = None):
+        """Forward and backward of every micro-batch; returns the summed loss on the last
+        stage (None elsewhere). Gradients are added to the stage's modules."""
+        m = self.config.num_micro_batches
+        xs = np.array_split(inputs, m) if self.first and inputs is not None else [None] * m
+        ys = np.array_split(targets, m) if self.last and targets is not None else [None] * m
+        if self.first and inputs is None:
+            raise ValueError("the first stage needs the inputs")
+        if self.last and targets is None:
+            raise ValueError("the last stage needs the targets")
+        total = 0.0
+        for kind, micro in self._order():
+            if kind == "F":
+                await self._forward(micro, xs[micro])
+            else:
+                total += await self._backward(micro, ys[micro])
+        self._steps += 1
+        return total if self.last else None
+
+    def _order(self) -> list[tuple[str, int]]:
+        m, p, s = self.config.num_micro_batches, self.config.num_stages, self.stage
+        if self.config.schedule == "gpipe":
+            return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        warm = min(p - s - 1, m)
+        order = [("F", i) for i in range(warm)]
+        for i in range(warm, m):
+            order += [("F", i), ("B", i - warm)]
+        order += [("B", i) for i in range(m - warm, m)]
+        return order
+
+    async def _forward(self, micro: int, x: np.ndarray | None) -> None:
+        if not self.first:
+            x = await self.group.recv(self.stage - 1, tag=self._tag(micro, False))
+        assert x is not None
+        y = await asyncio.to_thread(self.module.forward, x)
+        self._stashed[micro] = self.module.stash()
+        if self.last:
+            self._outputs[micro] = y
+        else:
+            await self.group.send(
+                np.ascontiguousarray(y), self.stage + 1, tag=self._tag(micro, False)
+            )
+
+    async def _backward(self, micro: int, target: np.ndarray | None) -> float:
+        loss = 0.0
+        if self.last:
+            assert self.loss is not None and target is not None
+            loss, dy = self.loss(self._outputs.pop(micro), target)
+        else:
+            dy = await self.group.recv(self.stage + 1, tag=self._tag(micro, True))
+        self.module.unstash(self._stashed.pop(micro))
+        dx = await asyncio.to_thread(self.module.backward, dy)
+        if not self.first:
+            await self.group.send(
+                np.ascontiguousarray(dx), self.stage - 1, tag=self._tag(micro, True)
+            )
+        return loss
