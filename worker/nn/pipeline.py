@@ -77,6 +77,8 @@ class PipelineStage:
     ``group`` holds the stages in order (group rank s runs stage s). The first stage gets
     ``inputs``, the last ``targets`` and ``loss`` (returning the loss and its gradient for
     one micro-batch; scale it for the whole batch, as for gradient accumulation).
+    ``data_parallel``: the ranks running this same stage for other slices of the batch
+    (pipeline x data parallel); each step ends by summing the stage's gradients over them.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class PipelineStage:
         config: PipelineParallelConfig,
         *,
         loss: Loss | None = None,
+        data_parallel: Group | None = None,
     ) -> None:
         if group.size != config.num_stages:
             raise ValueError(f"{config.num_stages} stages need a group of that size")
@@ -93,6 +96,7 @@ class PipelineStage:
         self.group = group
         self.config = config
         self.loss = loss
+        self.data_parallel = data_parallel
         self.stage = group.rank
         self.first = self.stage == 0
         self.last = self.stage == group.size - 1
@@ -122,6 +126,10 @@ class PipelineStage:
             else:
                 total += await self._backward(micro, ys[micro])
         self._steps += 1
+        if self.data_parallel is not None and self.data_parallel.size > 1:
+            for _, module in self.module.named_modules():
+                for grad in module.grads.values():
+                    await self.data_parallel.all_reduce(grad)
         return total if self.last else None
 
     def _order(self) -> list[tuple[str, int]]:

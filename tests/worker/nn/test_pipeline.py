@@ -85,3 +85,36 @@ async def test_a_stage_that_dies_fails_the_others() -> None:
                 pipes[0].step(X), pipes[2].step(targets=Y), return_exceptions=True
             )
     assert all(isinstance(r, PeerFailed) and r.rank == 1 for r in results), results
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_pipeline_stages_times_data_parallel_replicas(kind: str) -> None:
+    ref = _model()
+    _, dy = _loss(ref.forward(X), Y)
+    ref.backward(dy)
+    want = [dict(layer.grads) for layer in ref.children.values()]
+    config = PipelineParallelConfig(2, 2, "1f1b")
+    parts = split_into_stages([1] * len(want), 2)
+    async with group_world(kind, 4) as groups:  # stages (0, 1) and (2, 3); replicas by stage
+        pipes = []
+        for g in groups:
+            stage_group = g.new_group([0, 1] if g.rank < 2 else [2, 3], name="pipe")
+            replicas = g.new_group([g.rank % 2, g.rank % 2 + 2], name="data")
+            layers = list(_model().children.values())
+            part = parts[stage_group.rank]
+            module = Sequential(*(layers[i] for i in part))
+            pipes.append(
+                PipelineStage(module, stage_group, config, loss=_loss, data_parallel=replicas)
+            )
+        halves = np.array_split(np.arange(BATCH), 2)
+        async with asyncio.timeout(60):
+            await asyncio.gather(
+                *(
+                    p.step(X[halves[r // 2]], Y[halves[r // 2]]) if p.first or p.last else p.step()
+                    for r, p in enumerate(pipes)
+                )
+            )
+    for r, pipe in enumerate(pipes):
+        for layer, i in zip(pipe.module.children.values(), parts[r % 2], strict=True):
+            for name, grad in layer.grads.items():
+                np.testing.assert_allclose(grad, want[i][name], rtol=1e-10, atol=1e-14)
