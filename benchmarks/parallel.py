@@ -1,0 +1,168 @@
+"""Model parallelism: the pipeline bubble measured next to the theoretical (p-1)/(m+p-1),
+and tensor-parallel step time next to FSDP's on the same model and global batch.
+
+    python benchmarks/parallel.py [--world 2 4] [--json out.json]
+
+Each world size runs as one ``shardwire launch --standalone`` job. Pipeline: the world
+is one pipeline of p = world stages, each two 512-wide linear layers with a GELU; the
+bubble of a stage is 1 - (its own compute time) / (the step's wall time), averaged over
+the stages, for m = 1, 2, 4 and 8 micro-batches of a 64-row batch. On a machine with
+fewer cores than stages the stages also wait for a core, which the measurement counts
+as bubble. Tensor parallel: a transformer LM whose blocks are split over all ranks,
+against the same LM under FSDP FULL_SHARD over all ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+WIDTH, ROWS, STEPS = 512, 64, 5
+LM = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
+
+
+class _Timed:
+    """A stage module that adds up the time its forward and backward take."""
+
+    def __init__(self, module):
+        self.module, self.seconds = module, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def _timed(self, fn, x):
+        start = time.perf_counter()
+        try:
+            return fn(x)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def forward(self, x):
+        return self._timed(self.module.forward, x)
+
+    def backward(self, dy):
+        return self._timed(self.module.backward, dy)
+
+
+async def _pipeline(pg, micro: int) -> dict:
+    from shardwire.worker.nn import GELU, Linear, Sequential, mse
+    from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage
+
+    rng = np.random.default_rng(pg.rank)
+    stage = _Timed(Sequential(Linear(WIDTH, WIDTH, rng=rng), GELU(), Linear(WIDTH, WIDTH, rng=rng)))
+    config = PipelineParallelConfig(pg.world_size, micro, "1f1b")
+    pipe = PipelineStage(stage, pg, config, loss=lambda y, t: mse(y, t, denom=ROWS))  # type: ignore[arg-type]
+    x = np.random.default_rng(0).standard_normal((ROWS, WIDTH))
+    walls, busy = [], []
+    for _ in range(STEPS):
+        await pg.barrier()
+        stage.seconds = 0.0
+        start = time.perf_counter()
+        await pipe.step(x if pipe.first else None, x if pipe.last else None)
+        walls.append(time.perf_counter() - start)
+        busy.append(stage.seconds)
+    bubbles = await pg.all_gather_object(1 - statistics.median(busy) / statistics.median(walls))
+    p = pg.world_size
+    return {"micro": micro, "bubble": float(np.mean(bubbles)), "theory": (p - 1) / (micro + p - 1)}
+
+
+async def _lm_step(fsdp, ids, targets) -> float:
+    from shardwire.worker.nn import softmax_cross_entropy
+
+    times = []
+    for _ in range(STEPS):
+        await fsdp.group.barrier()
+        start = time.perf_counter()
+        fsdp.zero_grad()
+        logits = await fsdp.forward(ids)
+        _, dlogits = softmax_cross_entropy(logits, targets, denom=targets.size)
+        await fsdp.backward(dlogits)
+        await fsdp.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+async def worker() -> dict | None:
+    import shardwire.worker as sw
+    from shardwire.worker.fsdp import FSDP, by_type
+    from shardwire.worker.nn import Block, TransformerLM
+    from shardwire.worker.nn.parallel import ParallelBlock
+    from shardwire.worker.optim import AdamW
+
+    async with sw.init() as pg:
+        pipeline = [await _pipeline(pg, m) for m in (1, 2, 4, 8)]
+        rng = np.random.default_rng(1)
+        ids = rng.integers(0, LM["vocab"], (8, LM["context"]))
+        targets = np.roll(ids, -1, axis=1)
+        mine = np.array_split(np.arange(len(ids)), pg.world_size)[pg.rank]
+        # FSDP: every rank a slice of the batch. Tensor parallel: every rank the whole
+        # batch, the blocks split (FSDP over a group of one only runs the optimizer).
+        sharded = await FSDP.create(
+            TransformerLM(**LM, rng=np.random.default_rng(0), dtype=np.float32),
+            pg, optimizer=AdamW(lr=1e-3), policy=by_type(Block),
+        )  # fmt: skip
+        fsdp_ms = await _lm_step(sharded, ids[mine], targets[mine])
+        solo = pg.new_group([pg.rank], name="solo")
+        tp_model = TransformerLM(
+            **LM, rng=np.random.default_rng(0), dtype=np.float32,
+            block=functools.partial(ParallelBlock, group=pg),
+        )  # fmt: skip
+        parallel = await FSDP.create(tp_model, solo, optimizer=AdamW(lr=1e-3), strategy="no_shard")
+        tp_ms = await _lm_step(parallel, ids, targets)
+        if pg.rank != 0:
+            return None
+        return {"n": pg.world_size, "pipeline": pipeline, "fsdp_ms": fsdp_ms, "tp_ms": tp_ms}
+
+
+def report(rows: list[dict]) -> None:
+    print("| stages p | micro-batches m | bubble measured | (p-1)/(m+p-1) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        for c in r["pipeline"]:
+            print(f"| {r['n']} | {c['micro']} | {c['bubble']:.0%} | {c['theory']:.0%} |")
+    print("\n| ranks | FSDP FULL_SHARD step (ms) | tensor parallel step (ms) |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r['n']} | {r['fsdp_ms']:.1f} | {r['tp_ms']:.1f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--json")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        from shardwire.worker import run
+
+        row = run(worker())
+        if row is not None:
+            Path(args.worker).write_text(json.dumps(row))
+        return
+    rows = []
+    shardwire = str(Path(sys.executable).parent / "shardwire")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.world:
+            out = f"{tmp}/parallel-{n}.json"
+            subprocess.run(
+                [shardwire, "launch", "--standalone", "--nproc-per-node", str(n), __file__,
+                 "--worker", out],
+                check=True, timeout=3600, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+            rows.append(json.loads(Path(out).read_text()))
+    report(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
