@@ -3,20 +3,28 @@ every CPython (the ``pydoc_data.topics`` help pages), trained with FULL_SHARD an
 prefetch. Reports held-out loss in nats per character and prints a generated sample.
 
     shardwire launch --standalone --nproc-per-node 4 examples/charlm.py [--minutes 10]
+
+``--tp N`` splits every block's attention heads and MLP over groups of N ranks (tensor
+parallel) and runs FSDP across those groups (2-D parallelism); gradient clipping is off
+then, since the global norm would need the tensor-parallel shards summed once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 import shardwire.worker as sw
+from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp import FSDP, by_type, latest_checkpoint
-from shardwire.worker.nn import Block, TransformerLM, softmax_cross_entropy
+from shardwire.worker.nn import Block, Module, TransformerLM, softmax_cross_entropy
+from shardwire.worker.nn.parallel import ParallelBlock
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runlog import RunLog
 
@@ -38,7 +46,7 @@ def windows(data: np.ndarray, starts: np.ndarray, context: int) -> tuple[np.ndar
 
 async def held_out_loss(
     fsdp: FSDP,
-    pg: sw.ProcessGroup,
+    pg: Group,
     data: np.ndarray,
     *,
     context: int,
@@ -47,7 +55,7 @@ async def held_out_loss(
 ) -> float:
     """Mean nats/char over fixed held-out windows (the same ones every evaluation)."""
     starts = np.arange(batches * batch) * ((len(data) - context - 1) // (batches * batch))
-    mine = np.array_split(starts, pg.world_size)[pg.rank]
+    mine = np.array_split(starts, pg.size)[pg.rank]
     fsdp.model.eval()
     total = 0.0
     for part in np.array_split(mine, batches):
@@ -75,28 +83,44 @@ async def sample(
     return "".join(chars[i] for i in ids)
 
 
+async def build(args: argparse.Namespace, pg: sw.ProcessGroup, *, vocab: int):
+    """The FSDP-wrapped model and the group that splits the batch (every rank, or with
+    ``--tp`` the ranks holding the same tensor-parallel slice)."""
+    block: Callable[..., Module] = Block
+    dp: Group = pg  # the ranks that split the batch (FSDP's group)
+    if args.tp > 1:  # tensor parallel inside groups of args.tp ranks, FSDP across them
+        tp = pg.node_group(local_world_size=args.tp)
+        dp = pg.cross_node_group(local_world_size=args.tp)
+        block = functools.partial(ParallelBlock, group=tp)
+        if ckpt := args.checkpoint_dir:  # each tensor-parallel slice saves its own
+            args.checkpoint_dir = str(Path(ckpt) / f"tp-{tp.rank}-of-{tp.size}")
+    model = TransformerLM(
+        vocab=vocab,
+        dim=args.dim,
+        heads=args.heads,
+        layers=args.layers,
+        context=args.context,
+        rng=np.random.default_rng(args.seed),
+        dtype=np.float32,
+        block=block,
+    )
+    fsdp = await FSDP.create(
+        model,
+        dp,
+        strategy="full_shard",
+        prefetch=True,
+        optimizer=AdamW(lr=args.lr, weight_decay=0.01),
+        policy=by_type(Block),  # ParallelBlock is a Block
+    )
+    return fsdp, dp
+
+
 async def main(args: argparse.Namespace) -> None:
     async with sw.init() as pg:
         data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
         cut = int(len(data) * 0.9)
         train, held = data[:cut], data[cut:]
-        model = TransformerLM(
-            vocab=len(chars),
-            dim=args.dim,
-            heads=args.heads,
-            layers=args.layers,
-            context=args.context,
-            rng=np.random.default_rng(args.seed),
-            dtype=np.float32,
-        )
-        fsdp = await FSDP.create(
-            model,
-            pg,
-            strategy="full_shard",
-            prefetch=True,
-            optimizer=AdamW(lr=args.lr, weight_decay=0.01),
-            policy=by_type(Block),
-        )
+        fsdp, dp = await build(args, pg, vocab=len(chars))
         draw = np.random.default_rng(args.seed + 1)  # the data order
         step, loss, saving = 0, float("nan"), None
         ckpt = args.checkpoint_dir
@@ -111,7 +135,7 @@ async def main(args: argparse.Namespace) -> None:
             next_free=args.run_dir is None,
             resume_from=step or None,
         )
-        mine = np.array_split(np.arange(args.batch), pg.world_size)[pg.rank]
+        mine = np.array_split(np.arange(args.batch), dp.size)[dp.rank]
         deadline = time.monotonic() + args.minutes * 60
         start, first = time.perf_counter(), step
         while step < args.steps:
@@ -124,13 +148,14 @@ async def main(args: argparse.Namespace) -> None:
             logits = await fsdp.forward(ids)
             part, dlogits = softmax_cross_entropy(logits, targets, denom=args.batch * args.context)
             await fsdp.backward(dlogits)
-            await fsdp.clip_grad_norm(1.0)
+            if args.tp == 1:
+                await fsdp.clip_grad_norm(1.0)
             await fsdp.step(lr=lr)
             step += 1
-            loss = float((await pg.all_reduce(np.array([part])))[0])
+            loss = float((await dp.all_reduce(np.array([part])))[0])
             metrics = {"loss": loss, "lr": lr}
             if step % args.log_every == 0:
-                metrics["held_out"] = await held_out_loss(fsdp, pg, held, context=args.context)
+                metrics["held_out"] = await held_out_loss(fsdp, dp, held, context=args.context)
             await log.step(step, samples=args.batch, **metrics)
             if ckpt and step % args.save_every == 0:
                 saving = await fsdp.save(
@@ -144,7 +169,7 @@ async def main(args: argparse.Namespace) -> None:
         if saving is not None:
             await saving.wait()
         elapsed = time.perf_counter() - start
-        held_loss = await held_out_loss(fsdp, pg, held, context=args.context)
+        held_loss = await held_out_loss(fsdp, dp, held, context=args.context)
         text = await sample(
             fsdp, chars, "The ", length=args.sample, context=args.context, seed=args.seed
         )
@@ -173,6 +198,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (1: off)")
     p.add_argument("--sample", type=int, default=200, help="characters to generate")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--run-dir")
