@@ -7,6 +7,7 @@ prefetch. Reports held-out loss in nats per character and prints a generated sam
 ``--tp N`` splits every block's attention heads and MLP over groups of N ranks (tensor
 parallel) and runs FSDP across those groups (2-D parallelism); gradient clipping is off
 then, since the global norm would need the tensor-parallel shards summed once.
+``--pp N --micro-batches M`` instead runs pipelines of N stages (see lm_pipeline.py).
 """
 
 from __future__ import annotations
@@ -115,11 +116,22 @@ async def build(args: argparse.Namespace, pg: sw.ProcessGroup, *, vocab: int):
     return fsdp, dp
 
 
+async def _pipelined(args: argparse.Namespace, pg: sw.ProcessGroup, train, vocab: int) -> None:
+    from lm_pipeline import train_pipeline  # beside this script
+
+    run_dir = Path(args.run_dir or f"runs/charlm-pp{args.pp}-seed{args.seed}")
+    log = RunLog(pg, run_dir, args.steps, every=args.log_every, next_free=args.run_dir is None)
+    log.finish(await train_pipeline(args, pg, train, vocab, log))
+
+
 async def main(args: argparse.Namespace) -> None:
     async with sw.init() as pg:
         data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
         cut = int(len(data) * 0.9)
         train, held = data[:cut], data[cut:]
+        if args.pp > 1:
+            await _pipelined(args, pg, train, len(chars))
+            return
         fsdp, dp = await build(args, pg, vocab=len(chars))
         draw = np.random.default_rng(args.seed + 1)  # the data order
         step, loss, saving = 0, float("nan"), None
@@ -199,6 +211,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (1: off)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages per pipeline (1: off)")
+    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches with --pp")
     p.add_argument("--sample", type=int, default=200, help="characters to generate")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--run-dir")

@@ -25,3 +25,20 @@ def test_charlm_with_tensor_parallel_pairs_trains(tmp_path) -> None:
     ]
     assert len(losses) == 2 and losses[1] < losses[0]
     assert "held_out_nats_per_char" in result.stdout
+
+
+def test_charlm_as_two_pipelines_of_two_stages_trains(tmp_path) -> None:
+    result = shardwire(
+        "launch", "--standalone", "--nproc-per-node", "4", "examples/charlm.py",
+        "--pp", "2", "--micro-batches", "4", "--steps", "30", "--log-every", "15",
+        "--dim", "32", "--layers", "2", "--run-dir", str(tmp_path / "run"),
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [
+        float(line.split(" loss ")[1].split()[0])
+        for line in result.stdout.splitlines()
+        if "[rank0]: step " in line and " loss " in line
+    ]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert "[rank0]: micro_batches" in result.stdout

@@ -85,6 +85,12 @@ class TransformerLM(Module):
         self.ln_f = self.add("ln_f", LayerNorm(dim, dtype=dtype))
         self.head = self.add("head", Linear(dim, vocab, rng=rng, bias=False, dtype=dtype))
 
+    def pipeline_layers(self) -> list[Module]:
+        """The model as a list of layers for a pipeline (embeddings, each block, final
+        norm with the head), sharing this model's modules and parameters: applied in
+        order they compute :meth:`forward`, and backward in reverse computes backward."""
+        return [_Embed(self), *self.blocks.children.values(), _Head(self)]
+
     def forward(self, ids: np.ndarray) -> np.ndarray:
         t = ids.shape[-1]
         if t > self.context:
@@ -96,3 +102,38 @@ class TransformerLM(Module):
         dx = self.blocks.backward(self.ln_f.backward(self.head.backward(dlogits)))
         self.pos.backward(dx.sum(axis=0))
         return self.tok.backward(dx)
+
+
+class _Embed(Module):
+    """Token plus position embeddings of a TransformerLM (its first pipeline layer)."""
+
+    def __init__(self, lm: TransformerLM) -> None:
+        super().__init__()
+        self.context = lm.context
+        self.tok = self.add("tok", lm.tok)
+        self.pos = self.add("pos", lm.pos)
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        t = ids.shape[-1]
+        if t > self.context:
+            raise ValueError(f"sequence of {t} exceeds the context of {self.context}")
+        return self.tok(ids) + self.pos(np.arange(t))
+
+    def backward(self, dx: np.ndarray) -> np.ndarray:
+        self.pos.backward(dx.sum(axis=0))
+        return self.tok.backward(dx)
+
+
+class _Head(Module):
+    """Final norm and vocabulary head of a TransformerLM (its last pipeline layer)."""
+
+    def __init__(self, lm: TransformerLM) -> None:
+        super().__init__()
+        self.ln_f = self.add("ln_f", lm.ln_f)
+        self.head = self.add("head", lm.head)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self.head(self.ln_f(x))
+
+    def backward(self, dlogits: np.ndarray) -> np.ndarray:
+        return self.ln_f.backward(self.head.backward(dlogits))

@@ -118,3 +118,42 @@ async def test_pipeline_stages_times_data_parallel_replicas(kind: str) -> None:
         for layer, i in zip(pipe.module.children.values(), parts[r % 2], strict=True):
             for name, grad in layer.grads.items():
                 np.testing.assert_allclose(grad, want[i][name], rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+async def test_a_language_model_split_into_stages_equals_the_whole(stages: int) -> None:
+    from shardwire.worker.nn import TransformerLM, softmax_cross_entropy
+
+    def lm() -> TransformerLM:
+        return TransformerLM(
+            vocab=11, dim=8, heads=2, layers=3, context=6, rng=np.random.default_rng(4)
+        )
+
+    ids = np.random.default_rng(5).integers(0, 11, (6, 5))
+    targets = np.roll(ids, -1, axis=1)
+
+    def loss(logits, t):
+        return softmax_cross_entropy(logits, t, denom=targets.size)
+
+    ref = lm()
+    total, dlogits = loss(ref.forward(ids), targets)
+    ref.backward(dlogits)
+    want = dict(ref.named_grads())
+    config = PipelineParallelConfig(stages, 3, "1f1b")
+    async with group_world("memory", stages) as groups:
+        models = [lm() for _ in groups]
+        pipes = []
+        for g, model in zip(groups, models, strict=True):
+            layers = model.pipeline_layers()
+            part = split_into_stages([1.0] * len(layers), stages)[g.rank]
+            pipes.append(
+                PipelineStage(Sequential(*(layers[i] for i in part)), g, config, loss=loss)
+            )
+        async with asyncio.timeout(60):
+            losses = await asyncio.gather(*(p.step(ids, targets) for p in pipes))
+    assert losses[-1] == pytest.approx(total, rel=1e-10)
+    for pipe, model in zip(pipes, models, strict=True):
+        mine = {id(g) for _, g in pipe.module.named_grads()}
+        for name, grad in model.named_grads():
+            if id(grad) in mine:  # this stage's parameters
+                np.testing.assert_allclose(grad, want[name], rtol=1e-10, atol=1e-14, err_msg=name)
