@@ -32,9 +32,12 @@ Loss = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
 _SCHEDULES = ("gpipe", "1f1b")
 
 
-def split_into_stages(weights: Sequence[float], num_stages: int) -> list[range]:
+def split_into_stages(weights: Sequence[float] | int, num_stages: int) -> list[range]:
     """Contiguous layer ranges, one per stage, minimising the heaviest stage's total
-    weight (parameter count or measured time per layer); every stage gets a layer."""
+    weight (parameter count or measured time per layer; an int: that many layers of
+    equal weight); every stage gets a layer."""
+    if isinstance(weights, int):
+        weights = [1.0] * weights
     n = len(weights)
     if not 1 <= num_stages <= n:
         raise ValueError(f"cannot split {n} layers into {num_stages} stages")

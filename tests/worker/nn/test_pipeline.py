@@ -35,6 +35,9 @@ def test_stages_are_contiguous_and_balanced() -> None:
     assert split_into_stages([1, 1, 1, 1], 2) == [range(0, 2), range(2, 4)]
     assert split_into_stages([5, 1, 1, 1, 1, 1], 2) == [range(0, 1), range(1, 6)]
     assert split_into_stages([1, 2, 3], 3) == [range(0, 1), range(1, 2), range(2, 3)]
+    seven = split_into_stages(7, 3)  # seven equal layers: the heaviest stage holds three
+    assert sorted(len(r) for r in seven) == [2, 2, 3]
+    assert [r.start for r in seven[1:]] == [r.stop for r in seven[:-1]] and seven[-1].stop == 7
     with pytest.raises(ValueError, match="cannot split 2 layers into 3 stages"):
         split_into_stages([1, 1], 3)
 
