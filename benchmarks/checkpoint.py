@@ -18,13 +18,12 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from shardwire.worker.bench.jobs import run_job
 
 
 def _model(mib: int):
@@ -124,26 +123,16 @@ def main() -> None:
     p.add_argument("--world", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--mib", type=int, default=256, help="parameter MiB of the model")
     p.add_argument("--json")
-    p.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         from shardwire.worker import run
 
-        row = run(worker(args.worker[0], args.mib))
+        row = run(worker(os.environ["SHARDWIRE_BENCH_DIR"], args.mib))
         if row is not None:
-            Path(args.worker[1]).write_text(json.dumps(row))
+            Path(args.worker).write_text(json.dumps(row))
         return
-    rows = []
-    shardwire = str(Path(sys.executable).parent / "shardwire")
-    for n in args.world:
-        with tempfile.TemporaryDirectory(prefix="shardwire-ckpt-bench-") as tmp:
-            out = f"{tmp}/row.json"
-            subprocess.run(
-                [shardwire, "launch", "--standalone", "--nproc-per-node", str(n), __file__,
-                 "--mib", str(args.mib), "--worker", tmp, out],
-                check=True, timeout=3600, stdout=subprocess.DEVNULL,
-            )  # fmt: skip
-            rows.append(json.loads(Path(out).read_text()))
+    rows = [run_job(__file__, n, "--mib", str(args.mib)) for n in args.world]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

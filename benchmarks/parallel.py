@@ -18,13 +18,12 @@ import argparse
 import functools
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from shardwire.worker.bench.jobs import run_job
 
 WIDTH, ROWS, STEPS = 512, 64, 5
 LM = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
@@ -148,17 +147,7 @@ def main() -> None:
         if row is not None:
             Path(args.worker).write_text(json.dumps(row))
         return
-    rows = []
-    shardwire = str(Path(sys.executable).parent / "shardwire")
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in args.world:
-            out = f"{tmp}/parallel-{n}.json"
-            subprocess.run(
-                [shardwire, "launch", "--standalone", "--nproc-per-node", str(n), __file__,
-                 "--worker", out],
-                check=True, timeout=3600, stdout=subprocess.DEVNULL,
-            )  # fmt: skip
-            rows.append(json.loads(Path(out).read_text()))
+    rows = [run_job(__file__, n) for n in args.world]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -32,21 +32,31 @@ class Linear(Module):
         self._x: np.ndarray | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        self._x = x
-        y = x @ self.params["weight"].T
-        if "bias" in self.params:
-            y = y + self.params["bias"]
-        return y
+        return apply_linear(self, x)
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        x = self._x
-        assert x is not None, "backward before forward"
-        flat_x = x.reshape(-1, x.shape[-1])
-        flat_dy = dy.reshape(-1, dy.shape[-1])
-        self.grads["weight"] += flat_dy.T @ flat_x
-        if "bias" in self.grads:
-            self.grads["bias"] += flat_dy.sum(axis=0)
+        add_linear_grads(self, dy)
         return dy @ self.params["weight"]
+
+
+def apply_linear(module: Module, x: np.ndarray) -> np.ndarray:
+    """``x W^T + b`` with ``module``'s parameters, keeping ``x`` for backward."""
+    module._x = x  # type: ignore[attr-defined]
+    y = x @ module.params["weight"].T
+    if "bias" in module.params:
+        y = y + module.params["bias"]
+    return y
+
+
+def add_linear_grads(module: Module, dy: np.ndarray) -> None:
+    """Add dW = dy^T x (and db = sum dy) of ``y = x W^T + b`` to ``module.grads``, with
+    ``x`` the input its forward kept in ``module._x``."""
+    x = getattr(module, "_x", None)
+    assert x is not None, "backward before forward"
+    flat_dy = dy.reshape(-1, dy.shape[-1])
+    module.grads["weight"] += flat_dy.T @ x.reshape(-1, x.shape[-1])
+    if "bias" in module.grads:
+        module.grads["bias"] += flat_dy.sum(axis=0)
 
 
 class Embedding(Module):

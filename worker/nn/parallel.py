@@ -39,7 +39,13 @@ from numpy.typing import DTypeLike
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.layout import bounds
 from shardwire.worker.nn.attention import CausalSelfAttention
-from shardwire.worker.nn.layers import GELU, Dropout, LayerNorm
+from shardwire.worker.nn.layers import (
+    GELU,
+    Dropout,
+    LayerNorm,
+    add_linear_grads,
+    apply_linear,
+)
 from shardwire.worker.nn.module import Module, Sequential
 from shardwire.worker.nn.transformer import Block
 
@@ -128,22 +134,14 @@ class ColumnParallelLinear(Module):
         self._x: np.ndarray | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        self._x = x
-        y = x @ self.params["weight"].T
-        if "bias" in self.params:
-            y = y + self.params["bias"]
+        y = apply_linear(self, x)
         return _lastaxis_gather(self._bridge, y, self.splits) if self.gather_output else y
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        x = self._x
-        assert x is not None, "backward before forward"
         if self.gather_output:
             a, b = self.span
             dy = dy[..., a:b]
-        flat_dy = dy.reshape(-1, dy.shape[-1])
-        self.grads["weight"] += flat_dy.T @ x.reshape(-1, x.shape[-1])
-        if "bias" in self.grads:
-            self.grads["bias"] += flat_dy.sum(axis=0)
+        add_linear_grads(self, dy)
         partial = np.ascontiguousarray(dy @ self.params["weight"])
         group = self._bridge.group
         return self._bridge.run(lambda: group.all_reduce(partial))
@@ -198,12 +196,7 @@ class RowParallelLinear(Module):
         return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        x = self._x
-        assert x is not None, "backward before forward"
-        flat_dy = dy.reshape(-1, dy.shape[-1])
-        self.grads["weight"] += flat_dy.T @ x.reshape(-1, x.shape[-1])
-        if "bias" in self.grads:
-            self.grads["bias"] += flat_dy.sum(axis=0)
+        add_linear_grads(self, dy)
         dx = dy @ self.params["weight"]
         if self.input_is_parallel:
             return dx
