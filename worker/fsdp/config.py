@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import DTypeLike
 
+from shardwire.worker.compression import Codec
 from shardwire.worker.fsdp.strategy import Policy, Strategy
 
 
@@ -46,6 +47,9 @@ class FSDPConfig:
         mixed_precision: lower-precision gathers and reductions.
         bucket_bytes: NO_SHARD all-reduces gradients of consecutive units together until a
             bucket holds at least this many bytes.
+        compression: NO_SHARD only: a codec from :mod:`shardwire.worker.compression`
+            (``TopK(ratio)``, ``Float16()``) that exchanges each unit's gradient instead
+            of the all-reduce, at the end of backward (with ``no_sync``, of the synced one).
     """
 
     strategy: Strategy = Strategy.FULL_SHARD
@@ -56,3 +60,8 @@ class FSDPConfig:
     shard_size: int | None = None
     mixed_precision: MixedPrecision = MixedPrecision()
     bucket_bytes: int = 4 << 20
+    compression: Codec | None = None
+
+    def __post_init__(self) -> None:
+        if self.compression is not None and self.strategy is not Strategy.NO_SHARD:
+            raise ValueError(f"gradient compression works with NO_SHARD, not {self.strategy.name}")

@@ -31,6 +31,9 @@ class Reducer:
     def add(self, unit: Unit, grad: np.ndarray | None = None) -> None:
         """Start reducing the unit's full gradient (or ``grad``) into its shard."""
         full = unit.start_reduce(grad)
+        if self.config.compression is not None:  # exchanged in finish(), one at a time
+            self._bucket.append(unit)
+            return
         if self.config.strategy is Strategy.NO_SHARD:
             self._bucket.append(unit)
             self._bucket_bytes += full.nbytes
@@ -53,6 +56,14 @@ class Reducer:
         self._pending.append((units, units[0].shard_group.all_reduce(flat).start()))
 
     async def finish(self) -> None:
+        codec = self.config.compression
+        if codec is not None:
+            units, self._bucket = self._bucket, []
+            for unit in units:  # sequential: a codec makes several calls per tensor
+                index = id(unit)  # the codec's per-tensor state (the top-k residual)
+                total = await codec.sum(unit.shard_group, index, unit.start_reduce())
+                unit.finish_reduce(total)
+            return
         self.flush()
         pending, self._pending = self._pending, []
         for index, (units, work) in enumerate(pending):

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import FSDP, FSDPError, MixedPrecision, Strategy, by_type, checkpoint
+from shardwire.worker.fsdp import (
+    FSDP,
+    FSDPConfig,
+    FSDPError,
+    MixedPrecision,
+    Strategy,
+    by_type,
+    checkpoint,
+)
 from shardwire.worker.fsdp.unit import UnitState
 from shardwire.worker.nn import Block, TransformerLM
 from shardwire.worker.optim import AdamW
@@ -237,3 +245,37 @@ async def test_hybrid_groups_are_closed_by_fsdp() -> None:
         assert len(transport.groups) == 3  # the world, its shard group and replica group
         await ranks[0].aclose()
         assert list(transport.groups) == [ranks[0].group.group_id]
+
+
+async def _no_shard(codec) -> dict:
+    async with WORLDS["memory"](2) as transports:
+        groups = [Group(t) for t in transports]
+        ranks = await asyncio.gather(
+            *(
+                FSDP.create(
+                    make_model(), g, optimizer=AdamW(lr=0.01), strategy=Strategy.NO_SHARD,
+                    policy=by_type(Block), compression=codec,
+                )
+                for g in groups
+            )
+        )  # fmt: skip
+        await asyncio.gather(*(train_rank(f, r, 2) for r, f in enumerate(ranks)))
+        return (await asyncio.gather(*(f.state_dict() for f in ranks)))[0]
+
+
+async def test_no_shard_with_top_k_at_ratio_one_equals_no_compression() -> None:
+    from shardwire.worker.compression import TopK
+
+    plain = await _no_shard(None)
+    same = await _no_shard(TopK(1.0))
+    for name, value in plain.items():
+        np.testing.assert_array_equal(same[name], value)
+    sparse = await _no_shard(TopK(0.3))
+    assert any(not np.array_equal(sparse[n], v) for n, v in plain.items())
+
+
+def test_compression_is_for_no_shard_only() -> None:
+    from shardwire.worker.compression import Float16
+
+    with pytest.raises(ValueError, match="compression works with NO_SHARD, not FULL_SHARD"):
+        FSDPConfig(strategy=Strategy.FULL_SHARD, compression=Float16())
