@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 import shardwire.worker as sw
+from shardwire.worker import compression
 from shardwire.worker.fsdp import FSDP, Strategy, by_type, latest_checkpoint
-from shardwire.worker.nn import Linear, ReLU, Sequential, softmax_cross_entropy
+from shardwire.worker.nn import Linear, Module, ReLU, Sequential, softmax_cross_entropy
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runlog import RunLog
 
@@ -51,12 +52,16 @@ def make_model(hidden: int, seed: int) -> Sequential:
     )
 
 
-async def accuracy(fsdp: FSDP, pg: sw.ProcessGroup, x: np.ndarray, y: np.ndarray) -> float:
+async def accuracy(fsdp: FSDP | Module, pg: sw.ProcessGroup, x: np.ndarray, y: np.ndarray) -> float:
     """Held-out accuracy: each rank scores a slice, the counts are summed."""
     rows = np.array_split(np.arange(len(x)), pg.world_size)[pg.rank]
-    fsdp.model.eval()
-    logits = await fsdp.forward(x[rows])
-    fsdp.model.train()
+    if isinstance(fsdp, FSDP):
+        fsdp.model.eval()
+        logits = await fsdp.forward(x[rows])
+        fsdp.model.train()
+    else:
+        logits = await asyncio.to_thread(fsdp.eval().forward, x[rows])
+        fsdp.train()
     correct = np.array([int((logits.argmax(axis=1) == y[rows]).sum()), len(rows)])
     total = await pg.all_reduce(correct)
     return float(total[0] / total[1])
@@ -67,12 +72,19 @@ async def main(args: argparse.Namespace) -> None:
         # Importing scikit-learn and reading the data set blocks for seconds on a busy
         # machine; a thread keeps the event loop free meanwhile.
         x_train, y_train, x_test, y_test = await asyncio.to_thread(load, args.seed)
+        if args.aggregator:
+            from aggregated import train_aggregated  # beside this script
+
+            data = (x_train, y_train, x_test, y_test)
+            await train_aggregated(args, pg, data, make_model(args.hidden, args.seed))
+            return
         fsdp = await FSDP.create(
             make_model(args.hidden, args.seed),
             pg,
             strategy=args.strategy,
             optimizer=AdamW(lr=args.lr, weight_decay=1e-4),
             policy=by_type(Linear),
+            compression=compression.parse(args.compress),
         )
         run_dir = Path(args.run_dir or f"runs/digits-{args.strategy}-seed{args.seed}")
         draw = np.random.default_rng(args.seed + 1)  # the data order
@@ -151,7 +163,23 @@ def parse() -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
     p.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
-    return p.parse_args()
+    p.add_argument(
+        "--aggregator",
+        choices=["allreduce", "ps"],
+        help="train without FSDP: average gradients by all-reduce or a parameter server",
+    )
+    p.add_argument(
+        "--compress",
+        default="none",
+        help="gradient compression: none, fp16 or topk:RATIO (with --aggregator allreduce "
+        "or --strategy no_shard)",
+    )
+    args = p.parse_args()
+    if args.compress != "none" and args.aggregator == "ps":
+        p.error("--compress works with --aggregator allreduce or --strategy no_shard")
+    if args.compress != "none" and not args.aggregator and args.strategy != "no_shard":
+        p.error("--compress with FSDP needs --strategy no_shard")
+    return args
 
 
 if __name__ == "__main__":
