@@ -188,3 +188,27 @@ def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_
     assert resumed == straight  # every logged loss, learning rate and accuracy, bit for bit
     for key in ("final_loss", "held_out_accuracy"):
         assert summary_resumed[key] == summary[key]
+
+
+def _summary(tmp_path, name: str, *flags: str) -> dict:
+    run = tmp_path / name
+    result = shardwire(
+        "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
+        "--steps", "150", "--run-dir", str(run), *flags, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_aggregators_train_like_fsdp_and_top_k_sends_far_less(tmp_path) -> None:
+    fsdp = _summary(tmp_path, "fsdp")
+    server = _summary(tmp_path, "ps", "--aggregator", "ps")
+    ring = _summary(tmp_path, "ring", "--aggregator", "allreduce")
+    sparse = _summary(tmp_path, "topk", "--aggregator", "allreduce", "--compress", "topk:0.01")
+    # the same averaged gradients, so the same model (float32 sums: to 4 decimals)
+    assert server["final_loss"] == ring["final_loss"]
+    assert abs(server["final_loss"] - fsdp["final_loss"]) < 1e-4
+    assert server["held_out_accuracy"] == fsdp["held_out_accuracy"]
+    full, few = ring["grad_MiB_sent_per_rank"][0], sparse["grad_MiB_sent_per_rank"][0]
+    assert full / few >= 20
+    assert sparse["held_out_accuracy"] > 0.8
