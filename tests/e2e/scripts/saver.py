@@ -18,7 +18,7 @@ from shardwire.worker.optim import AdamW
 async def main() -> None:
     steps, ckpt = int(os.environ["STEPS"]), os.environ["CKPT"]
     rng = np.random.default_rng(0)
-    model = Sequential(Linear(512, 1024, rng=rng), ReLU(), Linear(1024, 512, rng=rng))
+    model = Sequential(Linear(128, 256, rng=rng), ReLU(), Linear(256, 128, rng=rng))
     async with sw.init() as pg:
         fsdp = await FSDP.create(
             model, pg, optimizer=AdamW(lr=1e-3), policy=by_type(Linear), strategy="full_shard"
@@ -29,7 +29,7 @@ async def main() -> None:
             first = (await fsdp.load(ckpt, rngs={"draw": draw})).step
         rows = np.array_split(np.arange(8), pg.world_size)[pg.rank]
         for step in range(first, steps):
-            x = draw.standard_normal((8, 512))
+            x = draw.standard_normal((8, 128))
             fsdp.zero_grad()
             out = await fsdp.forward(x[rows])
             _, grad = mse(out, x[rows], denom=8)
