@@ -243,16 +243,16 @@ class Checkpointer:
         with any strategy. Every rank reads only the pieces overlapping what it holds and
         checks their digests; nothing is changed unless every rank read everything."""
         fsdp = self._fsdp
+        failure: Exception | None = None
         try:
             path, manifest, shards, state = await asyncio.to_thread(
                 self._read, Path(directory), step
             )
-            problem = None
-        except CheckpointError as exc:
-            problem = f"rank {self._group.rank}: {exc}"
-            failure: CheckpointError = exc
+        except Exception as exc:  # every rank hears of it before any rank goes on
+            failure = exc
+        problem = None if failure is None else f"rank {self._group.rank}: {failure}"
         problems = [p for p in await self._group.all_gather_object(problem) if p]
-        if problem is not None:
+        if failure is not None:
             raise failure
         if problems:
             raise CheckpointError(f"the checkpoint could not be loaded: {problems[0]}")
