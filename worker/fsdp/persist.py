@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ from shardwire.worker.fsdp.unit import Unit
 
 if TYPE_CHECKING:
     from shardwire.worker.fsdp.wrapper import FSDP
+
+log = logging.getLogger("shardwire.checkpoint")
 
 
 @dataclass
@@ -83,6 +86,22 @@ def _written_range(unit: Unit, group: Group) -> tuple[int, int]:
             return 0, 0
         return unit.layout.shard_range(unit.shard_group.rank)
     return bounds(unit.layout.padded, group.size)[group.rank]
+
+
+async def _attempt(fn: Any, *args: Any, **kwargs: Any) -> str | None:
+    """Run a file operation in a thread; the error's text if it failed, else None."""
+    try:
+        await asyncio.to_thread(fn, *args, **kwargs)
+    except OSError as exc:
+        return f"rank 0: {exc}"
+    return None
+
+
+async def _agree(errors: list[str | None], step: int) -> None:
+    """Raise on every rank if any rank reported an error."""
+    failed = [e for e in errors if e]
+    if failed:
+        raise CheckpointError(f"the checkpoint of step {step} was not saved: {failed[0]}")
 
 
 def _overlaps(unit: Unit, lo: int, hi: int) -> Iterator[tuple[str, int, int, int]]:
@@ -179,25 +198,40 @@ class Checkpointer:
     async def _write(
         self, root: Path, step: int, snap: _Snapshot, *, keep: int | None
     ) -> SaveReport:
+        """Every rank writes its file; rank 0 commits. A failure anywhere (a full disk, a
+        directory that cannot be written) is told to every rank, which all raise
+        CheckpointError at once; the previous checkpoint stays the latest."""
         group = self._group
         nonce = await group.broadcast_object(secrets.token_hex(8) if group.rank == 0 else None)
         partial = root / f"{store.PARTIAL}{step:08d}-{nonce}"
+        prepared = None
         if group.rank == 0:
-            await asyncio.to_thread(store.prepare, root, keep_nonce=nonce)
-        await group.barrier()
-        written = await asyncio.to_thread(
-            store.write_rank_file, partial, group.rank, snap.tensors, nonce
+            prepared = await _attempt(store.prepare, root, keep_nonce=nonce)
+        await _agree([await group.broadcast_object(prepared)], step)
+        error = None
+        try:
+            written = await asyncio.to_thread(
+                store.write_rank_file, partial, group.rank, snap.tensors, nonce
+            )
+            for key, info in written.items():
+                snap.table[key].update(info, file=store.rank_file(group.rank))
+        except OSError as exc:
+            error = f"rank {group.rank}: {exc}"
+        everyone = await group.all_gather_object(
+            {"table": snap.table, "meta": snap.meta, "error": error}
         )
-        for key, info in written.items():
-            snap.table[key].update(info, file=store.rank_file(group.rank))
-        everyone = await group.all_gather_object({"table": snap.table, "meta": snap.meta})
+        await _agree([e["error"] for e in everyone], step)
         path = root / store.step_name(step)
+        committed = None
         if group.rank == 0:
             manifest = self._manifest(step, nonce, everyone, snap.extra)
-            path = await asyncio.to_thread(store.commit, root, partial, step, manifest)
-            if keep is not None:
-                await asyncio.to_thread(store.retain, root, keep)
-        await group.barrier()  # every rank returns once the checkpoint is complete
+            committed = await _attempt(store.commit, root, partial, step, manifest)
+            if committed is None and keep is not None:
+                kept = await _attempt(store.retain, root, keep)
+                if kept is not None:  # the new checkpoint is complete; old ones linger
+                    log.warning("checkpoint retention in %s failed: %s", root, kept)
+        # every rank returns once the checkpoint is complete, or raises with rank 0
+        await _agree([await group.broadcast_object(committed)], step)
         nbytes = sum(a.nbytes for a in snap.tensors.values())
         return SaveReport(step, path, nbytes, snap.stall_s, time.perf_counter() - snap.started)
 

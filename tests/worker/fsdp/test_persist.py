@@ -224,3 +224,25 @@ def test_verify_fails_on_a_flipped_byte(tmp_path, capsys) -> None:
     _flip(path / piece["file"], piece["bytes"][1] - 1)
     assert main(["verify", str(tmp_path)]) == 1
     assert "does not match its digest" in capsys.readouterr().err
+
+
+async def test_a_rank_that_cannot_write_fails_the_save_on_every_rank(tmp_path, monkeypatch) -> None:
+    from shardwire.worker.fsdp import store
+
+    first = await _save_one(tmp_path)
+    real = store.write_rank_file
+
+    def full_disk(directory, rank, tensors, nonce):
+        if rank == 1:
+            raise OSError(28, "No space left on device")
+        return real(directory, rank, tensors, nonce)
+
+    monkeypatch.setattr(store, "write_rank_file", full_disk)
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd") as ranks:
+        async with asyncio.timeout(30):  # at once, not at a collective timeout
+            results = await asyncio.gather(
+                *(f.save(tmp_path, step=2) for f in ranks), return_exceptions=True
+            )
+    assert all(isinstance(r, CheckpointError) for r in results), results
+    assert all("rank 1: [Errno 28] No space left on device" in str(r) for r in results)
+    assert (tmp_path / "latest").read_text().strip() == first.name  # still the last good one
