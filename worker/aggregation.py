@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -194,7 +195,7 @@ async def distributed_train_step(
     loss_fn: Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]],
     aggregator: Aggregator,
     optimizer: Optimizer,
-    **step: float,
+    **step: Any,
 ) -> float:
     """Forward, backward, average the gradients over the ranks, and step the optimizer;
     returns this rank's loss. ``loss_fn`` averages over this rank's batch, so the mean of

@@ -1,6 +1,7 @@
 """Fully sharded data parallel training (ZeRO-3 / ZeRO-2 / DDP / hybrid)."""
 
 from shardwire.worker.fsdp.config import FSDPConfig, MixedPrecision
+from shardwire.worker.fsdp.offload import Offload
 from shardwire.worker.fsdp.partition import fingerprint
 from shardwire.worker.fsdp.persist import Resumed, SaveReport
 from shardwire.worker.fsdp.store import CheckpointCorrupt, CheckpointError
@@ -15,6 +16,7 @@ __all__ = [
     "FSDPConfig",
     "FSDPError",
     "MixedPrecision",
+    "Offload",
     "Resumed",
     "SaveReport",
     "Strategy",

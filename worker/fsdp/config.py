@@ -8,6 +8,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from shardwire.worker.compression import Codec
+from shardwire.worker.fsdp.offload import Offload
 from shardwire.worker.fsdp.strategy import Policy, Strategy
 
 
@@ -47,9 +48,16 @@ class FSDPConfig:
         mixed_precision: lower-precision gathers and reductions.
         bucket_bytes: NO_SHARD all-reduces gradients of consecutive units together until a
             bucket holds at least this many bytes.
+        reduce_depth: the most gradient reductions in flight during backward; a unit's
+            backward first waits for the oldest beyond it. This bounds the full-size
+            gradients held at once (one per reduction in flight) at the cost of some
+            overlap. None: no bound.
         compression: NO_SHARD only: a codec from :mod:`shardwire.worker.compression`
             (``TopK(ratio)``, ``Float16()``) that exchanges each unit's gradient instead
             of the all-reduce, at the end of backward (with ``no_sync``, of the synced one).
+        offload: keep parameter shards, gradient shards and optimizer state in
+            memory-mapped files, paged in per unit around its use
+            (:class:`~shardwire.worker.fsdp.offload.Offload`).
     """
 
     strategy: Strategy = Strategy.FULL_SHARD
@@ -60,8 +68,12 @@ class FSDPConfig:
     shard_size: int | None = None
     mixed_precision: MixedPrecision = MixedPrecision()
     bucket_bytes: int = 4 << 20
+    reduce_depth: int | None = None
     compression: Codec | None = None
+    offload: Offload | None = None
 
     def __post_init__(self) -> None:
+        if self.reduce_depth is not None and self.reduce_depth < 1:
+            raise ValueError(f"reduce_depth must be at least 1, got {self.reduce_depth}")
         if self.compression is not None and self.strategy is not Strategy.NO_SHARD:
             raise ValueError(f"gradient compression works with NO_SHARD, not {self.strategy.name}")

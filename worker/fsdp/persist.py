@@ -293,7 +293,9 @@ class Checkpointer:
         for unit, shard in zip(fsdp.all_units(), shards, strict=True):
             unit.shard[...] = shard
             await unit.reload()
-        fsdp.optimizer.state = state
+        fsdp.optimizer.set_state(state)
+        for unit in fsdp.all_units():
+            unit.page_out()
         fsdp.optimizer.steps = int(manifest["optimizer"]["steps"])
         saved = manifest["rngs"].get(str(fsdp.group.rank), {})
         for name, generator in _generators(fsdp, rngs or {}).items():

@@ -3,7 +3,9 @@
 Sharded strategies reduce-scatter each unit's full gradient as soon as the unit's
 backward is done; NO_SHARD packs consecutive units into buckets of at least
 ``bucket_bytes`` and all-reduces each bucket. Both run without waiting, overlapping the
-rest of backward. ``finish`` collects them in the order they were started; for
+rest of backward. Each unit's backward first collects the reductions already done (so
+their full gradients are dropped early) and, with ``reduce_depth``, waits for the oldest
+while more are in flight. ``finish`` collects them in the order they were started; for
 HYBRID_SHARD it starts each shard's all-reduce across its replica group as soon as the
 shard is there, and waits for all of them together. Every rank issues the same
 collectives in the same order. The units' gradient states move only through
@@ -65,13 +67,22 @@ class Reducer:
                 unit.finish_reduce(total)
             return
         self.flush()
-        pending, self._pending = self._pending, []
-        for index, (units, work) in enumerate(pending):
-            try:
-                reduced = await work.wait()
-            except BaseException:
-                self._pending = pending[index:]  # for cancel()
-                raise
+        await self.settle(0)
+        while self._replicas:
+            unit, work = self._replicas[0]
+            unit.finish_reduce(await work.wait())
+            self._replicas.pop(0)
+
+    async def settle(self, keep: int | None) -> None:
+        """Collect, in order, the reductions that are done, and wait for the oldest while
+        more than ``keep`` are in flight (None: no bound). A failed one stays pending for
+        :meth:`cancel`."""
+        while self._pending:
+            units, work = self._pending[0]
+            if not work.done() and (keep is None or len(self._pending) <= keep):
+                return
+            reduced = await work.wait()
+            self._pending.pop(0)
             offset = 0
             for unit in units:
                 size = unit.grad_shard.size
@@ -83,10 +94,6 @@ class Reducer:
                     )
                 else:
                     unit.finish_reduce(part)
-        while self._replicas:
-            unit, work = self._replicas[0]
-            unit.finish_reduce(await work.wait())
-            self._replicas.pop(0)
 
     def cancel(self) -> None:
         for units, work in self._pending:

@@ -26,6 +26,7 @@ import numpy as np
 
 from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp.flat import FlatLayout
+from shardwire.worker.fsdp.offload import Offload, UnitSpill
 from shardwire.worker.fsdp.strategy import Strategy
 
 
@@ -53,6 +54,8 @@ class Unit:
         shard_group: Group,
         replica_group: Group | None,
         param_dtype: np.dtype | None = None,
+        spill: UnitSpill | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self.name = name
         self.layout = layout
@@ -60,13 +63,23 @@ class Unit:
         self.shard_group = shard_group
         self.replica_group = replica_group
         self.param_dtype = param_dtype or layout.dtype  # dtype parameters are gathered in
+        self.spill = spill  # offloaded arrays of this unit, paged per use
+        off = offload if spill is not None else None
         flat = layout.flatten()
         if strategy.shards_grads:
             a, b = layout.shard_range(shard_group.rank)
-            self.shard = flat[a:b].copy()
+            shard = flat[a:b]
         else:
-            self.shard = flat  # NO_SHARD: the "shard" is the whole padded buffer
-        self.grad_shard = np.zeros_like(self.shard)
+            shard = flat  # NO_SHARD: the "shard" is the whole padded buffer
+        if spill is not None and off is not None and off.params:
+            shard = spill.array(shard, copy=True)
+        elif shard is not flat:
+            shard = shard.copy()
+        self.shard = shard
+        if spill is not None and off is not None and off.grads:
+            self.grad_shard = spill.array(self.shard, copy=False)
+        else:
+            self.grad_shard = np.zeros_like(self.shard)
         self.full: np.ndarray | None = None
         self.grad_full: np.ndarray | None = None
         self._gathering: Work[np.ndarray] | None = None
@@ -76,7 +89,18 @@ class Unit:
         if strategy.shards_params:
             layout.release_params()
         else:
-            self._bind_full(flat if strategy is Strategy.NO_SHARD else flat.copy())
+            self._bind_full(self.shard if strategy is Strategy.NO_SHARD else flat.copy())
+        self.page_out()
+
+    def page_out(self) -> None:
+        """Drop this unit's offloaded pages from memory (they stay in their files)."""
+        if self.spill is not None:
+            self.spill.page_out()
+
+    def page_in(self) -> None:
+        """Start reading this unit's offloaded pages back (read-ahead)."""
+        if self.spill is not None:
+            self.spill.page_in()
 
     @property
     def gathered_bytes(self) -> int:
@@ -92,6 +116,7 @@ class Unit:
     def start_gather(self) -> None:
         """Begin gathering the full parameters (no-op unless SHARDED)."""
         if self.state is UnitState.SHARDED:
+            self.page_in()
             source = self.shard
             if self.param_dtype != source.dtype:
                 source = source.astype(self.param_dtype)
@@ -106,6 +131,7 @@ class Unit:
             full = await self._gathering.wait()
             self._gathering = None
             self._bind_full(full)
+            self.page_out()
 
     def free(self) -> None:
         """Drop the gathered parameters (FULL_SHARD/HYBRID after use)."""
@@ -113,6 +139,7 @@ class Unit:
             self.full = None
             self.layout.release_params()
             self.state = UnitState.SHARDED
+        self.page_out()  # NO_SHARD computed with offloaded parameters
 
     async def resync(self) -> None:
         """SHARD_GRAD_OP after a step: gather the updated shards into the full params."""
@@ -124,6 +151,7 @@ class Unit:
         full = await self.shard_group.all_gather(source)
         assert self.full is not None
         np.copyto(self.full, full)
+        self.page_out()
 
     async def reload(self) -> None:
         """The shard was replaced (a checkpoint was loaded): refresh what derives from it."""
@@ -160,6 +188,7 @@ class Unit:
         assert self.grad_state is GradState.REDUCING
         self.grad_shard += reduced
         self._drop_full_grad()
+        self.page_out()
 
     def _drop_full_grad(self) -> None:
         self.grad_full = None
@@ -174,3 +203,4 @@ class Unit:
     def zero_grad(self) -> None:
         self.grad_shard.fill(0)
         self._drop_full_grad()
+        self.page_out()

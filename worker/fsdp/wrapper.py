@@ -32,10 +32,11 @@ from typing import Any
 import numpy as np
 
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import checkpoint
+from shardwire.worker.fsdp import checkpoint, memory
 from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
 from shardwire.worker.fsdp.hooks import Bridge, hook_module
+from shardwire.worker.fsdp.offload import OffloadStore, return_free_memory
 from shardwire.worker.fsdp.partition import fingerprint, owned, partition
 from shardwire.worker.fsdp.persist import Checkpointer, Resumed
 from shardwire.worker.fsdp.reducer import Reducer
@@ -64,6 +65,7 @@ class FSDP:
         self.prefetch_depth = config.prefetch_depth
         self.prefetch_bytes = config.prefetch_bytes
         self.shard_group, self.replica_group = self._groups(config.shard_size)
+        self.offload = None if config.offload is None else OffloadStore(config.offload)
         roots = partition(model, config.policy)
         inside = {id(m) for _, r in roots for _, m in r.named_modules()}
         root_owned = [
@@ -74,6 +76,9 @@ class FSDP:
         ]
         self.root = self._unit("", root_owned)
         self.units = [self._unit(name, owned(name, m)) for name, m in roots]
+        if self.offload is not None and self.offload.offload.optimizer:
+            optimizer.slot_factory = self.offload.slot
+            optimizer.set_state(optimizer.state)  # state it already holds moves to files
         self._sync = True
         # The compute thread reaches the loop FSDP was created on (create() is async).
         self._bridge = Bridge(asyncio.get_running_loop(), timeout=group.timeout)
@@ -82,6 +87,7 @@ class FSDP:
         self._prefetched = False
         for index, (_, module) in enumerate(roots):
             self._hook(module, index)
+        return_free_memory()  # the unsharded parameters just freed
 
     @classmethod
     async def create(
@@ -90,7 +96,8 @@ class FSDP:
         """Check that every rank wraps the same model, then shard it.
 
         ``options`` are the fields of :class:`FSDPConfig` (strategy, policy, prefetch,
-        prefetch_depth, prefetch_bytes, shard_size, mixed_precision, bucket_bytes).
+        prefetch_depth, prefetch_bytes, shard_size, mixed_precision, bucket_bytes,
+        reduce_depth, compression, offload).
         """
         if "strategy" in options:
             options["strategy"] = Strategy(options["strategy"])
@@ -129,6 +136,8 @@ class FSDP:
             shard_group=self.shard_group,
             replica_group=self.replica_group,
             param_dtype=self.config.mixed_precision.param(layout.dtype),
+            spill=None if self.offload is None else self.offload.unit(),
+            offload=self.config.offload,
         )
 
     # ---- hooks (see hooks.py) --------------------------------------------------------
@@ -166,10 +175,16 @@ class FSDP:
         self._prefetch_after(list(range(index + 1, len(self.units))))
 
     async def _before_backward(self, index: int) -> None:
+        await self._settle()
         unit = self.units[index]
         await unit.gather()
         self._prefetch_after(list(range(index - 1, -1, -1)))
         unit.begin_backward()
+
+    async def _settle(self) -> None:
+        """Before a unit's backward: collect finished reductions; leave room for one more."""
+        depth = self.config.reduce_depth
+        await self._reducer.settle(None if depth is None else depth - 1)
 
     def _after_backward(self, unit: Unit) -> None:
         if self._sync:
@@ -209,6 +224,7 @@ class FSDP:
             dx = await asyncio.to_thread(self.model.backward, dy)
             self._bridge.raise_pending()
             if self._sync:
+                await self._settle()
                 self._reducer.add(self.root)
                 await self._reducer.finish()
         except BaseException:
@@ -270,10 +286,20 @@ class FSDP:
     async def step(self, *, lr: float | None = None) -> None:
         """Apply the optimizer to this rank's shards."""
         units = self.all_units()
-        self.optimizer.step([u.shard for u in units], [u.grad_shard for u in units], lr=lr)
+
+        def done(i: int) -> None:  # offload: keep about one unit's state resident
+            units[i].page_out()
+            if i + 1 < len(units):
+                units[i + 1].page_in()
+
+        units[0].page_in()
+        shards, grads = [u.shard for u in units], [u.grad_shard for u in units]
+        self.optimizer.step(shards, grads, lr=lr, after=done)
         if self.strategy is Strategy.SHARD_GRAD_OP:
             for unit in units:
                 await unit.resync()
+        if self.offload is not None:
+            return_free_memory()  # the step's gathered parameters and full gradients
 
     def zero_grad(self) -> None:
         for unit in self.all_units():
@@ -282,7 +308,10 @@ class FSDP:
     async def clip_grad_norm(self, max_norm: float) -> float:
         """Scale gradients so their global L2 norm is at most ``max_norm``; returns the
         norm before clipping (the same number single-process training computes)."""
-        local = float(sum(np.dot(u.grad_shard, u.grad_shard) for u in self.all_units()))
+        local = 0.0
+        for unit in self.all_units():
+            local += float(np.dot(unit.grad_shard, unit.grad_shard))
+            unit.page_out()
         if self.strategy is Strategy.NO_SHARD:
             total = local
         else:  # shards are disjoint within the shard group, replicated across replicas
@@ -292,6 +321,7 @@ class FSDP:
             scale = max_norm / (norm + 1e-6)
             for unit in self.all_units():
                 unit.grad_shard *= scale
+                unit.page_out()
         return norm
 
     @contextlib.asynccontextmanager
@@ -312,6 +342,8 @@ class FSDP:
         for group in (self.shard_group, self.replica_group):
             if group is not None and group is not self.group:
                 await group.aclose()
+        if self.offload is not None:
+            self.offload.close()
 
     async def save(self, directory: str | Path, *, step: int, **options: Any) -> Any:
         """Write a durable, verified checkpoint of ``step`` into ``directory`` (every rank
@@ -319,7 +351,10 @@ class FSDP:
         (generators to save besides the model's own), ``keep`` (retain the newest N),
         ``blocking`` (False: snapshot now, write in the background, return a Work whose
         ``wait()`` gives the SaveReport). See :mod:`shardwire.worker.fsdp.persist`."""
-        return await self._persist().save(directory, step=step, **options)
+        result = await self._persist().save(directory, step=step, **options)
+        for unit in self.all_units():
+            unit.page_out()  # the save read every shard
+        return result
 
     async def load(self, directory: str | Path, **options: Any) -> Resumed:
         """Restore the latest complete checkpoint in ``directory`` (or ``step=N``), written
@@ -344,32 +379,9 @@ class FSDP:
 
     def memory_stats(self) -> dict[str, dict[str, int]]:
         """Per-rank bytes by category: what the strategy implies between steps
-        ("estimated") and what this rank holds right now ("held")."""
-        units = self.all_units()
-        padded = sum(u.layout.padded * u.layout.dtype.itemsize for u in units)
-        shard = sum(u.shard.nbytes for u in units)
-        slots = len(self.optimizer.state[0]) if self.optimizer.state else 0
-        full_params = self.strategy in (Strategy.NO_SHARD, Strategy.SHARD_GRAD_OP)
-        estimated = {
-            "params": padded + (shard if self.strategy is Strategy.SHARD_GRAD_OP else 0)
-            if full_params
-            else shard,
-            "grads": shard,
-            "optimizer": slots * shard,
-        }
-        held = {
-            "params": sum(
-                u.shard.nbytes
-                + (u.full.nbytes if u.full is not None and u.full is not u.shard else 0)
-                for u in units
-            ),
-            "grads": sum(
-                u.grad_shard.nbytes + (u.grad_full.nbytes if u.grad_full is not None else 0)
-                for u in units
-            ),
-            "optimizer": self.optimizer.state_bytes(),
-        }
-        return {"estimated": estimated, "held": held}
+        ("estimated"), what this rank holds in memory ("held"), and what lives in
+        offload files ("offloaded")."""
+        return memory.stats(self.all_units(), self.strategy, self.optimizer, self.config.offload)
 
     def unit_states(self) -> dict[str, UnitState]:
         return {u.name or "<root>": u.state for u in self.all_units()}

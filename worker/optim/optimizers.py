@@ -8,9 +8,13 @@ shards. State arrays are created on the first step, shaped like their parameters
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeGuard
 
 import numpy as np
+
+# Makes optimizer state array ``name`` for array ``index``, zeros shaped like ``like``.
+SlotFactory = Callable[[int, str, np.ndarray], np.ndarray]
 
 
 class Optimizer:
@@ -23,10 +27,16 @@ class Optimizer:
         self.weight_decay = weight_decay
         self.steps = 0
         self.state: list[dict[str, np.ndarray]] = []
+        self.slot_factory: SlotFactory | None = None  # where state lives (FSDP offload)
+
+    def _new_slot(self, index: int, name: str, like: np.ndarray) -> np.ndarray:
+        if self.slot_factory is None:
+            return np.zeros_like(like)
+        return self.slot_factory(index, name, like)
 
     def _slots(self, params: Sequence[np.ndarray], names: Sequence[str]) -> None:
         if not self.state:
-            self.state = [{n: np.zeros_like(p) for n in names} for p in params]
+            self.state = [{n: self._new_slot(i, n, p) for n in names} for i, p in enumerate(params)]
         if len(self.state) != len(params):
             raise ValueError(
                 f"optimizer holds state for {len(self.state)} arrays, step got {len(params)}"
@@ -40,12 +50,58 @@ class Optimizer:
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = int(state["steps"])
-        self.state = [{k: np.array(v) for k, v in s.items()} for s in state["state"]]
+        self.set_state([{k: np.array(v) for k, v in s.items()} for s in state["state"]])
+
+    def set_state(self, state: Sequence[dict[str, np.ndarray]]) -> None:
+        """Adopt ``state`` (one dict of arrays per parameter array); with a slot factory,
+        the values are copied into arrays it makes."""
+        fresh = []
+        for i, slots in enumerate(state):
+            mine = {}
+            for name, given in slots.items():
+                value = np.asarray(given)
+                if self.slot_factory is None:
+                    mine[name] = value
+                    continue
+                held = self.state[i].get(name) if i < len(self.state) else None
+                if not _fits(held, value):
+                    held = self._new_slot(i, name, value)  # else: copy into the one it made
+                held[...] = value
+                mine[name] = held
+            fresh.append(mine)
+        self.state = fresh
 
     def step(
-        self, params: Sequence[np.ndarray], grads: Sequence[np.ndarray], *, lr: float | None = None
+        self,
+        params: Sequence[np.ndarray],
+        grads: Sequence[np.ndarray],
+        *,
+        lr: float | None = None,
+        after: Callable[[int], None] | None = None,
     ) -> None:
+        """Update every array in place; ``after(i)`` is called once array i is done."""
+        if len(params) != len(grads):
+            raise ValueError(f"{len(params)} parameter arrays but {len(grads)} gradients")
+        lr = self.lr if lr is None else lr
+        self._prepare(params)
+        self.steps += 1
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            self._update(i, p, g, lr)
+            if after is not None:
+                after(i)
+
+    def _prepare(self, params: Sequence[np.ndarray]) -> None:
+        """Create state arrays (first step) and check their count."""
+
+    def _update(self, i: int, p: np.ndarray, g: np.ndarray, lr: float) -> None:
         raise NotImplementedError
+
+
+def _fits(held: np.ndarray | None, value: np.ndarray) -> TypeGuard[np.ndarray]:
+    """Whether an existing state array can take ``value``'s contents."""
+    if held is None or held is value:
+        return False
+    return held.shape == value.shape and held.dtype == value.dtype
 
 
 class SGD(Optimizer):
@@ -55,21 +111,18 @@ class SGD(Optimizer):
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.momentum = momentum
 
-    def step(
-        self, params: Sequence[np.ndarray], grads: Sequence[np.ndarray], *, lr: float | None = None
-    ) -> None:
-        lr = self.lr if lr is None else lr
+    def _prepare(self, params: Sequence[np.ndarray]) -> None:
         if self.momentum:
             self._slots(params, ["velocity"])
-        self.steps += 1
-        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-            d = g + self.weight_decay * p if self.weight_decay else g
-            if self.momentum:
-                v = self.state[i]["velocity"]
-                v *= self.momentum
-                v += d
-                d = v
-            p[...] -= lr * d
+
+    def _update(self, i: int, p: np.ndarray, g: np.ndarray, lr: float) -> None:
+        d = g + self.weight_decay * p if self.weight_decay else g
+        if self.momentum:
+            v = self.state[i]["velocity"]
+            v *= self.momentum
+            v += d
+            d = v
+        p[...] -= lr * d
 
 
 class AdamW(Optimizer):
@@ -87,23 +140,20 @@ class AdamW(Optimizer):
         self.betas = betas
         self.eps = eps
 
-    def step(
-        self, params: Sequence[np.ndarray], grads: Sequence[np.ndarray], *, lr: float | None = None
-    ) -> None:
-        lr = self.lr if lr is None else lr
+    def _prepare(self, params: Sequence[np.ndarray]) -> None:
         self._slots(params, ["m", "v"])
-        self.steps += 1
+
+    def _update(self, i: int, p: np.ndarray, g: np.ndarray, lr: float) -> None:
         b1, b2 = self.betas
         c1, c2 = 1.0 - b1**self.steps, 1.0 - b2**self.steps
-        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-            m, v = self.state[i]["m"], self.state[i]["v"]
-            m *= b1
-            m += (1.0 - b1) * g
-            v *= b2
-            v += (1.0 - b2) * g * g
-            if self.weight_decay:
-                p[...] *= 1.0 - lr * self.weight_decay
-            p[...] -= lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
+        m, v = self.state[i]["m"], self.state[i]["v"]
+        m *= b1
+        m += (1.0 - b1) * g
+        v *= b2
+        v += (1.0 - b2) * g * g
+        if self.weight_decay:
+            p[...] *= 1.0 - lr * self.weight_decay
+        p[...] -= lr * (m / c1) / (np.sqrt(v / c2) + self.eps)
 
 
 def warmup_cosine(

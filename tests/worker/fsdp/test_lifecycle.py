@@ -1,5 +1,5 @@
-"""The gradient lifecycle of units, the compute-thread bridge, and HYBRID_SHARD's replica
-all-reduces running together."""
+"""The gradient lifecycle of units, the compute-thread bridge, HYBRID_SHARD's replica
+all-reduces running together, and the bound on reductions in flight."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.worker.fsdp import Strategy
+from shardwire.worker.collectives import Work
+from shardwire.worker.fsdp import FSDPConfig, Strategy
 from shardwire.worker.fsdp.unit import GradState, Unit
 from shardwire.worker.nn import softmax_cross_entropy
 
@@ -77,3 +78,47 @@ async def test_hybrid_replica_all_reduces_run_together(monkeypatch) -> None:
         await asyncio.gather(*(_backward(f, r, 4) for r, f in enumerate(ranks)))
         # Every unit's replica all-reduce was under way before the first result was used.
         assert seen_at_first_result == [len(ranks[0].all_units())]
+
+
+def _slow_reductions(group, monkeypatch) -> None:
+    """Make every reduce-scatter of ``group`` take 50 ms before it starts."""
+    real = group.reduce_scatter
+
+    class Slow:
+        def __init__(self, x: np.ndarray) -> None:
+            self.x = x
+
+        def start(self) -> Work:
+            async def run() -> np.ndarray:
+                await asyncio.sleep(0.05)
+                return await real(self.x)
+
+            return Work(asyncio.ensure_future(run()))
+
+    monkeypatch.setattr(group, "reduce_scatter", Slow)
+
+
+@pytest.mark.parametrize("depth", [None, 1, 2])
+async def test_reduce_depth_bounds_the_reductions_in_flight(depth, monkeypatch) -> None:
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd", reduce_depth=depth) as ranks:
+        most = []
+        for f in ranks:
+            _slow_reductions(f.shard_group, monkeypatch)
+            add, reducer = f._reducer.add, f._reducer
+            seen = [0]
+
+            def counting(unit, grad=None, add=add, reducer=reducer, seen=seen) -> None:
+                add(unit, grad)
+                seen[0] = max(seen[0], len(reducer._pending))
+
+            monkeypatch.setattr(reducer, "add", counting)
+            most.append(seen)
+        await asyncio.gather(*(_backward(f, r, 2) for r, f in enumerate(ranks)))
+        units = len(ranks[0].all_units())
+        assert [s[0] for s in most] == [units if depth is None else depth] * 2
+        assert {u.grad_state for f in ranks for u in f.all_units()} == {GradState.IDLE}
+
+
+def test_reduce_depth_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="reduce_depth"):
+        FSDPConfig(reduce_depth=0)

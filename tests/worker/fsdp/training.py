@@ -100,6 +100,7 @@ async def fsdp_world(
     transport: str = "memory",
     prefetch: bool = True,
     shard_size: int | None = None,
+    **options: object,
 ) -> AsyncIterator[list[FSDP]]:
     async with WORLDS[transport](world, timeout=60) as transports:
         groups = [Group(t, timeout=60) for t in transports]
@@ -113,6 +114,7 @@ async def fsdp_world(
                     policy=by_type(Block),
                     prefetch=prefetch,
                     shard_size=shard_size,
+                    **options,
                 )
                 for g in groups
             )
