@@ -258,6 +258,24 @@ class Leave(_Msg):
     kind: Literal["leave"] = "leave"
 
 
+class ShmOffer(_Msg):
+    """A same-host peer offers a shared-memory segment for the payloads it sends."""
+
+    kind: Literal["shm_offer"] = "shm_offer"
+    name: Annotated[str, Field(max_length=128, pattern="^[0-9a-z-]+$")]
+    slots: Annotated[int, Field(ge=1, le=1024)]
+    slot_bytes: Annotated[int, Field(ge=4096, le=1 << 30)]
+    nonce: _Hex
+
+
+class ShmAnswer(_Msg):
+    """Whether the receiver attached the offered segment (else the pair stays on TCP)."""
+
+    kind: Literal["shm_answer"] = "shm_answer"
+    ok: bool
+    reason: _Text = ""
+
+
 Message = Annotated[
     Hello
     | Challenge
@@ -276,7 +294,9 @@ Message = Annotated[
     | DiagnoseReply
     | Abort
     | Poison
-    | Leave,
+    | Leave
+    | ShmOffer
+    | ShmAnswer,
     Field(discriminator="kind"),
 ]
 

@@ -97,8 +97,9 @@ def _int(meta: dict[str, Any], key: str, *, low: int = 0) -> int:
     return value
 
 
-def parse_tensor_meta(meta: dict[str, Any], payload_len: int) -> TensorMeta:
-    """Validate a data frame's meta against its announced payload length."""
+def parse_tensor_meta(meta: dict[str, Any], payload_len: int | None) -> TensorMeta:
+    """Validate a data frame's meta against its announced payload length (None: the
+    payload travels elsewhere, through shared memory)."""
     dtype = meta.get("dtype")
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise ProtocolError(f"data frame dtype {dtype!r} is not in the allowlist")
@@ -114,7 +115,7 @@ def parse_tensor_meta(meta: dict[str, Any], payload_len: int) -> TensorMeta:
         raise ProtocolError(f"data frame op {op!r} is not a short string")
     tag = Tag(_int(meta, "group"), _int(meta, "seq"), _int(meta, "step"))
     tm = TensorMeta(_int(meta, "src"), tag, op, dtype, tuple(shape), _int(meta, "gen"))
-    if tm.nbytes != payload_len:
+    if payload_len is not None and tm.nbytes != payload_len:
         raise ProtocolError(
             f"data frame from rank {tm.src} for {op} #{tag.seq}: dtype {dtype} shape {shape} "
             f"needs {tm.nbytes} bytes, frame announces {payload_len}"

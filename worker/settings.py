@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
 
@@ -46,6 +47,13 @@ class WorkerEnv(BaseModel):
     stall_warn: float = Field(default=10.0, gt=0, validation_alias=_alias("SHARDWIRE_STALL_WARN"))
     interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))
     checksum: bool = Field(default=True, validation_alias=_alias("SHARDWIRE_CHECKSUM"))
+    transport: Literal["auto", "tcp"] = Field(
+        default="auto", validation_alias=_alias("SHARDWIRE_TRANSPORT")
+    )
+    shm_slots: int = Field(default=4, ge=1, le=1024, validation_alias=_alias("SHARDWIRE_SHM_SLOTS"))
+    shm_slot_bytes: int = Field(
+        default=1 << 20, ge=4096, le=1 << 30, validation_alias=_alias("SHARDWIRE_SHM_SLOT_BYTES")
+    )
     tls_cert: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CERT"))
     tls_key: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_KEY"))
     tls_ca: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CA"))
@@ -70,6 +78,11 @@ class WorkerConfig:
         checksum: data frames carry an xxh3-64 checksum of meta and payload, verified on
             arrival (a mismatch raises IntegrityError on every rank of the group). Every
             rank must use the same setting.
+        transport: "auto" moves payloads of 128 KiB and more between ranks on the same
+            node (same node id, and the peer can map the segment) through shared memory;
+            "tcp" keeps every byte on the peer connections.
+        shm_slots, shm_slot_bytes: each shared-memory direction between two ranks is a
+            segment of this many slots of this many bytes (reserved in ``/dev/shm``).
         tls: certificate, key and CA for TLS on the coordinator and peer connections
             (mutual authentication), or None for plain TCP.
     """
@@ -92,6 +105,9 @@ class WorkerConfig:
     stall_warn: float = 10.0
     interactive: bool = False
     checksum: bool = True
+    transport: Literal["auto", "tcp"] = "auto"
+    shm_slots: int = 4
+    shm_slot_bytes: int = 1 << 20
     tls: TlsFiles | None = None
 
     @classmethod

@@ -25,6 +25,7 @@ from shardwire.worker.control import ControlClient
 from shardwire.worker.launcher.settings import LaunchSettings
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
 from shardwire.worker.tls import TlsFiles
+from shardwire.worker.transport import shm
 
 _COORDINATOR_START_TIMEOUT = 30.0
 
@@ -178,7 +179,12 @@ async def _agent(
                 term_timeout=settings.term_timeout,
             )
         )
-        code = await _supervise(supervisor)
+        try:
+            code = await _supervise(supervisor)
+        finally:  # the workers are gone: remove the segments a killed one left named
+            if swept := shm.sweep(settings.run_id):
+                print(f"[agent]: removed {swept} shared-memory segment(s) left by workers",
+                      file=sys.stderr, flush=True)  # fmt: skip
     finally:
         await control.aclose()
     if code != 0:

@@ -74,6 +74,11 @@ class MeshConfig:
     # TLS (mutual): the listener's context and the dialer's, or None for plain TCP.
     tls_server: ssl.SSLContext | None = None
     tls_client: ssl.SSLContext | None = None
+    # Peers on the same node (roster node id) move payloads of 128 KiB and more through a
+    # shared-memory segment per direction of shm_slots x shm_slot_bytes, if it attaches.
+    shm: bool = False
+    shm_slots: int = 4
+    shm_slot_bytes: int = 1 << 20
 
 
 class TcpMesh(Transport):
@@ -96,6 +101,7 @@ class TcpMesh(Transport):
         self._all_connected = asyncio.Event()
         self._closing = False
         self._reported_failure = False
+        self._nodes: dict[int, str] = {}  # node id by rank, from the roster
 
     @property
     def has_roster(self) -> bool:
@@ -147,6 +153,7 @@ class TcpMesh(Transport):
     async def connect(self, roster: Roster) -> None:
         """Build the full mesh from the roster (bounded by ``connect_timeout``)."""
         self._settle(Place(roster.rank, roster.world_size, roster.generation))
+        self._nodes = {m.rank: m.node_id for m in roster.members}
         for conn in self._pending:
             conn.release_held()
         self._maybe_all_connected()
@@ -154,8 +161,14 @@ class TcpMesh(Transport):
             async with asyncio.timeout(self.config.connect_timeout):
                 await self._dial_lower(roster)
                 await self._all_connected.wait()
+                await asyncio.gather(*(c.shm.settled for c in list(self._conns.values())))
         except TimeoutError:
             missing = sorted(set(range(self.world_size)) - set(self._conns) - {self.rank})
+            if not missing:
+                raise ConnectFailed(
+                    f"rank {self.rank}: shared-memory offers unanswered within "
+                    f"{self.config.connect_timeout:g} s"
+                ) from None
             raise ConnectFailed(
                 f"rank {self.rank}: no connection with ranks {missing} within "
                 f"{self.config.connect_timeout:g} s"
@@ -194,6 +207,10 @@ class TcpMesh(Transport):
         if conn in self._pending:
             self._pending.remove(conn)
         self._conns[conn.peer] = conn
+        if self.config.shm and self._nodes.get(conn.peer) == self._nodes.get(self.rank):
+            conn.shm.offer(self.config.run_id, self.config.shm_slots, self.config.shm_slot_bytes)
+        else:
+            conn.shm.settled.set_result(None)
         self._maybe_all_connected()
 
     def _maybe_all_connected(self) -> None:
@@ -205,6 +222,10 @@ class TcpMesh(Transport):
 
     def is_paused(self, conn: PeerConnection) -> bool:
         return conn in self._paused
+
+    def shm_peers(self) -> list[int]:
+        """The peers this rank sends to through shared memory."""
+        return sorted(p for p, c in self._conns.items() if c.shm.out is not None)
 
     def lost(self, conn: PeerConnection, exc: Exception | None) -> None:
         if conn in self._pending:

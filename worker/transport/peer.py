@@ -43,9 +43,10 @@ from shardwire.protocol import (
 )
 from shardwire.protocol.frames import STAGE_BYTES, encode_sealed_head
 from shardwire.protocol.integrity import integrity_error
-from shardwire.protocol.messages import Failure, Leave, Message
+from shardwire.protocol.messages import Failure, Leave, Message, ShmAnswer, ShmOffer
 from shardwire.worker.transport.framing import FramedProtocol
 from shardwire.worker.transport.mailbox import Inbound, Mailbox, byte_view
+from shardwire.worker.transport.shmlink import ShmLink
 
 if TYPE_CHECKING:
     from shardwire.worker.transport.mesh import MeshConfig
@@ -69,6 +70,7 @@ class _Queued:
     meta: TensorMeta | None  # None: a control frame's bytes
     item: np.ndarray | bytes
     future: asyncio.Future[None] | None  # None: nobody waits for it
+    shm: bool = False  # the payload goes through shared memory
 
 
 class Outbox:
@@ -78,10 +80,16 @@ class Outbox:
         self._conn = conn
         self._checksum = checksum
         self._queue: deque[_Queued] = deque()
+        self._streaming = False  # a frame is being written in slices
         self.task: asyncio.Task[None] | None = None  # owned; ends when the queue is empty
 
     def send(self, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
         """Write a data frame; returns what to await until ``array`` may change, if any."""
+        if self._conn.shm.wants(array.nbytes):
+            future = asyncio.get_running_loop().create_future()
+            self._queue.append(_Queued(meta, array, future, shm=True))
+            self._start()
+            return future
         if self.task is None and (not self._checksum or array.nbytes <= _STREAM_BYTES):
             self._write_now(meta, array)
             return self._conn.wait_flushed() if self._buffered() else None
@@ -96,6 +104,15 @@ class Outbox:
             self._write_now(meta, array)
         else:
             self._enqueue(meta, array.copy(), None)
+
+    def credit(self, data: bytes) -> None:
+        """Write a shared-memory credit frame now (it must not wait behind this rank's own
+        sends), or right after the frame being written in slices."""
+        if self._streaming:
+            self._enqueue(None, data, None)
+        elif self._conn.is_open:
+            assert self._conn.transport is not None
+            self._conn.transport.write(data)
 
     def write(self, data: bytes) -> None:
         """Write a control frame (after whatever is queued)."""
@@ -116,6 +133,9 @@ class Outbox:
         self, meta: TensorMeta | None, item: np.ndarray | bytes, future: asyncio.Future | None
     ) -> None:
         self._queue.append(_Queued(meta, item, future))
+        self._start()
+
+    def _start(self) -> None:
         if self.task is None:
             self.task = asyncio.create_task(self._drain(), name=f"outbox-{self._conn.peer}")
 
@@ -129,6 +149,8 @@ class Outbox:
                     if self._conn.is_open:
                         assert self._conn.transport is not None
                         self._conn.transport.write(item)
+                elif queued.shm and meta is not None:
+                    await self._conn.shm.send(meta, item)
                 elif meta is not None and self._checksum and item.nbytes > _STREAM_BYTES:
                     await self._stream(meta, item)
                 elif meta is not None:
@@ -183,14 +205,18 @@ class Outbox:
         assert transport is not None
         payload = byte_view(array)
         head, digest = encode_sealed_head(meta.to_wire(), array.nbytes)
-        transport.write(head)
-        for start in range(0, len(payload), _SLICE_BYTES):
-            piece = payload[start : start + _SLICE_BYTES]
-            digest.update(piece)
-            transport.write(piece)
-            if self._buffered():
-                await self._conn.wait_flushed()
-        transport.write(digest.digest())
+        self._streaming = True
+        try:
+            transport.write(head)
+            for start in range(0, len(payload), _SLICE_BYTES):
+                piece = payload[start : start + _SLICE_BYTES]
+                digest.update(piece)
+                transport.write(piece)
+                if self._buffered():
+                    await self._conn.wait_flushed()
+            transport.write(digest.digest())
+        finally:
+            self._streaming = False
 
 
 class PeerOwner(Protocol):
@@ -241,6 +267,7 @@ class PeerConnection(FramedProtocol):
         self._inbound: deque[Inbound] = deque()
         self._deferred: TensorMeta | None = None
         self.outbox = Outbox(self, checksum=mesh.config.checksum)
+        self.shm = ShmLink(self)
 
     def _authenticated(self) -> None:
         if isinstance(self._shake, ServerHandshake):
@@ -248,10 +275,14 @@ class PeerConnection(FramedProtocol):
             self.peer = self._shake.hello.rank
         self.mesh.register(self)
 
-    def _tensor_meta(self, meta: dict, payload_len: int) -> TensorMeta:
+    def tensor_meta(self, meta: dict, payload_len: int | None) -> TensorMeta:
+        """Check a data frame's meta (``payload_len`` None: its bytes come through
+        shared memory, bounded like a payload)."""
         if not self.authenticated:
             raise ProtocolError("data frame before the handshake finished")
         tm = parse_tensor_meta(meta, payload_len)
+        if payload_len is None and tm.nbytes > self.mesh.config.max_payload:
+            raise ProtocolError(f"rank {tm.src} announces {tm.nbytes} bytes through shared memory")
         if tm.src != self.peer or tm.generation != self.mesh.generation:
             raise ProtocolError(
                 f"data frame claims rank {tm.src} generation {tm.generation} on the "
@@ -260,7 +291,7 @@ class PeerConnection(FramedProtocol):
         return tm
 
     def _allocate(self, header: Header) -> memoryview | None:
-        meta = self._tensor_meta(header.meta, header.payload_len)
+        meta = self.tensor_meta(header.meta, header.payload_len)
         if header.payload_len >= _DEFER_BYTES and not self.mesh.mailbox.has_posted(meta):
             # Nobody waits for this payload yet. Usually the receive is one loop turn
             # away (its task was just woken), so stop reading until then instead of
@@ -302,13 +333,19 @@ class PeerConnection(FramedProtocol):
     def _on_data(self, frame: Frame) -> None:
         if len(frame.payload):
             inbound = self._inbound.popleft()
+        elif self.authenticated and self.shm.on_frame(frame.meta):
+            return
         else:  # zero-byte payloads skip the allocator
-            inbound = self.mesh.mailbox.begin(self._tensor_meta(frame.meta, 0))
+            inbound = self.mesh.mailbox.begin(self.tensor_meta(frame.meta, 0))
         if frame.intact is False or (frame.intact is None and self.mesh.config.checksum):
             missing = frame.intact is None
             error = integrity_error(inbound.meta, rank=self.mesh.rank, missing=missing)
             self.mesh.mailbox.reject(inbound, error)
             return
+        self.finish_inbound(inbound)
+
+    def finish_inbound(self, inbound: Inbound) -> None:
+        """A message is complete: hand it over; stop reading while over budget."""
         self.mesh.mailbox.finish(inbound)
         if self.mesh.mailbox.over_budget and self.transport is not None:
             self.transport.pause_reading()
@@ -320,6 +357,12 @@ class PeerConnection(FramedProtocol):
             return
         if isinstance(msg, Failure):
             self.failure = msg
+            return
+        if isinstance(msg, ShmOffer):
+            self.write_message(self.shm.on_offer(msg, self.mesh.config.run_id))
+            return
+        if isinstance(msg, ShmAnswer):
+            self.shm.on_answer(msg)
             return
         raise ProtocolError(f"unexpected {msg.kind!r} on a peer connection")
 
@@ -335,3 +378,4 @@ class PeerConnection(FramedProtocol):
         )
         while self._inbound:
             self.mesh.mailbox.abandon(self._inbound.popleft(), why)
+        self.shm.close(why)

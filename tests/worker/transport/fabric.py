@@ -24,9 +24,20 @@ async def memory_world(n: int, *, timeout: float = 10.0) -> AsyncIterator[list[T
             await t.aclose()
 
 
-def roster_for(ports: list[int], rank: int, generation: int = 1) -> Roster:
+def roster_for(
+    ports: list[int], rank: int, generation: int = 1, *, per_node: int | None = None
+) -> Roster:
+    """Every rank on one node, or ``per_node`` ranks on each of several simulated nodes."""
+    per_node = per_node or len(ports)
     members = [
-        Member(rank=r, node_id="local", node_rank=0, local_rank=r, host="127.0.0.1", port=p)
+        Member(
+            rank=r,
+            node_id=f"node-{r // per_node}",
+            node_rank=r // per_node,
+            local_rank=r % per_node,
+            host="127.0.0.1",
+            port=p,
+        )
         for r, p in enumerate(ports)
     ]
     return Roster(rank=rank, world_size=len(ports), generation=generation, members=members)
@@ -34,25 +45,46 @@ def roster_for(ports: list[int], rank: int, generation: int = 1) -> Roster:
 
 @contextlib.asynccontextmanager
 async def tcp_world(
-    n: int, *, timeout: float = 10.0, token: Token = TOKEN, max_early_bytes: int = 1 << 30
-) -> AsyncIterator[list[Transport]]:
+    n: int,
+    *,
+    timeout: float = 10.0,
+    token: Token = TOKEN,
+    max_early_bytes: int = 1 << 30,
+    shm: bool = False,
+    per_node: int | None = None,
+    **config: object,
+) -> AsyncIterator[list[TcpMesh]]:
     meshes = [
         TcpMesh(
-            MeshConfig(run_id="test", token=token), timeout=timeout, max_early_bytes=max_early_bytes
+            MeshConfig(run_id="test", token=token, shm=shm, **config),  # type: ignore[arg-type]
+            timeout=timeout,
+            max_early_bytes=max_early_bytes,
         )
         for _ in range(n)
     ]
     try:
         ports = [await m.listen() for m in meshes]
         async with asyncio.timeout(10):
-            await asyncio.gather(*(m.connect(roster_for(ports, r)) for r, m in enumerate(meshes)))
+            await asyncio.gather(
+                *(m.connect(roster_for(ports, r, per_node=per_node)) for r, m in enumerate(meshes))
+            )
         yield list(meshes)
     finally:
         for m in meshes:
             await m.aclose()
 
 
-WORLDS = {"memory": memory_world, "tcp": tcp_world}
+def shm_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextManager:
+    """One node: payloads of 64 KiB and more go through shared memory."""
+    return tcp_world(n, shm=True, **kwargs)  # type: ignore[arg-type]
+
+
+def mixed_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextManager:
+    """Simulated nodes of two ranks: shared memory inside a node, TCP across nodes."""
+    return tcp_world(n, shm=True, per_node=2, **kwargs)  # type: ignore[arg-type]
+
+
+WORLDS = {"memory": memory_world, "tcp": tcp_world, "shm": shm_world, "mixed": mixed_world}
 
 
 async def close_all(*closeables_lists: list) -> None:

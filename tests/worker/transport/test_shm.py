@@ -1,0 +1,178 @@
+"""The shared-memory data path: chosen per same-node pair, byte-exact, bounded by its
+slots, refused when the segment cannot be attached, and leaving nothing in /dev/shm."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardwire.protocol import FrameKind, PeerFailed, Tag, encode_head
+from shardwire.worker.transport import shm
+from shardwire.worker.transport.shmlink import CHUNK_KEY, CREDIT_KEY, SHM_KEY, SHM_MIN_BYTES
+
+from .fabric import mixed_world, shm_world, tcp_world
+
+
+def mapped_segments(run_id: str = "test") -> list[str]:
+    prefix = shm.run_prefix(run_id)
+    return [line for line in Path("/proc/self/maps").read_text().splitlines() if prefix in line]
+
+
+@pytest.fixture(autouse=True)
+def _no_segments_left():
+    yield
+    assert shm.segment_names("test") == []
+    assert mapped_segments() == []
+
+
+async def test_same_node_pairs_send_through_shared_memory_byte_exact() -> None:
+    async with shm_world(3, shm_slots=3, shm_slot_bytes=64 << 10) as meshes:
+        assert [m.shm_peers() for m in meshes] == [[1, 2], [0, 2], [0, 1]]
+        assert shm.segment_names("test") == []  # names dropped once attached
+        assert len(mapped_segments()) == 6 * 2  # each direction, mapped at both ends
+        rng = np.random.default_rng(0)
+        sizes = [1, SHM_MIN_BYTES - 1, SHM_MIN_BYTES, (5 << 20) + 12345, 64 << 10]
+        for i, size in enumerate(sizes):
+            data = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(3)]
+
+            async def exchange(r: int) -> list[np.ndarray]:
+                m = meshes[r]
+                peers = [p for p in range(3) if p != r]
+                sends = [m.send(p, data[r], tag=Tag(1, i)) for p in peers]
+                recvs = [m.recv(p, tag=Tag(1, i)) for p in peers]
+                got = await asyncio.gather(*sends, *recvs)
+                return got[len(peers) :]
+
+            results = await asyncio.gather(*(exchange(r) for r in range(3)))
+            for r, got in enumerate(results):
+                peers = [p for p in range(3) if p != r]
+                for p, array in zip(peers, got, strict=True):
+                    np.testing.assert_array_equal(array, data[p])
+    assert mapped_segments() == []
+
+
+async def test_nodes_use_shared_memory_inside_and_tcp_across() -> None:
+    async with mixed_world(4) as meshes:
+        assert [m.shm_peers() for m in meshes] == [[1], [0], [3], [2]]
+
+
+async def test_tcp_only_when_shared_memory_is_off() -> None:
+    async with tcp_world(2) as meshes:
+        assert [m.shm_peers() for m in meshes] == [[], []]
+
+
+async def test_a_segment_that_cannot_be_attached_leaves_the_pair_on_tcp(monkeypatch) -> None:
+    def elsewhere(*args, **kwargs):
+        raise FileNotFoundError("no such segment (a separate /dev/shm)")
+
+    monkeypatch.setattr(shm.Segment, "attach", elsewhere)
+    async with shm_world(2) as (a, b):
+        assert a.shm_peers() == [] and b.shm_peers() == []
+        x = np.arange(1 << 20, dtype=np.float32)
+        got = await asyncio.gather(a.send(1, x, tag=Tag(1, 0)), b.recv(0, tag=Tag(1, 0)))
+        np.testing.assert_array_equal(got[1], x)
+
+
+async def test_a_full_dev_shm_leaves_the_pair_on_tcp(monkeypatch) -> None:
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shm.Segment, "create", full)
+    async with shm_world(2) as (a, b):
+        assert a.shm_peers() == [] and b.shm_peers() == []
+
+
+def test_attach_refuses_a_foreign_name_a_wrong_nonce_and_an_open_mode(tmp_path: Path) -> None:
+    segment, nonce = shm.Segment.create("test", 2, 4096, directory=tmp_path)
+    name = segment.path.name
+    try:
+        assert (segment.path.stat().st_mode & 0o777) == 0o600
+        with pytest.raises(Exception, match="not one of this run"):
+            shm.Segment.attach(
+                "other", name, slots=2, slot_bytes=4096, nonce=nonce, directory=tmp_path
+            )
+        with pytest.raises(Exception, match="not one of this run"):
+            shm.Segment.attach(
+                "test", "../" + name, slots=2, slot_bytes=4096, nonce=nonce, directory=tmp_path
+            )
+        with pytest.raises(Exception, match="nonce"):
+            shm.Segment.attach(
+                "test", name, slots=2, slot_bytes=4096, nonce=b"x" * 16, directory=tmp_path
+            )
+        with pytest.raises(Exception, match="bytes"):
+            shm.Segment.attach(
+                "test", name, slots=3, slot_bytes=4096, nonce=nonce, directory=tmp_path
+            )
+        os.chmod(segment.path, 0o644)
+        with pytest.raises(Exception, match="readable by others"):
+            shm.Segment.attach(
+                "test", name, slots=2, slot_bytes=4096, nonce=nonce, directory=tmp_path
+            )
+    finally:
+        segment.unlink()
+        segment.close()
+
+
+def test_slots_and_lengths_are_checked() -> None:
+    segment, _ = shm.Segment.create("test", 2, 4096)
+    try:
+        segment.unlink()
+        assert len(segment.slot(1, 4096)) == 4096
+        for slot, length in ((2, 1), (-1, 1), (0, 0), (0, 4097), ("0", 1), (0, 1.5)):
+            with pytest.raises(Exception, match="slot|chunk"):
+                segment.slot(slot, length)  # type: ignore[arg-type]
+    finally:
+        segment.close()
+
+
+def test_sweep_removes_the_named_segments_of_its_run_only(tmp_path: Path) -> None:
+    ours = [shm.Segment.create("job-a", 1, 4096, directory=tmp_path)[0] for _ in range(2)]
+    theirs = shm.Segment.create("job-b", 1, 4096, directory=tmp_path)[0]
+    for s in (*ours, theirs):
+        s.close()
+    assert shm.sweep("job-a", tmp_path) == 2
+    assert [p.name for p in tmp_path.iterdir()] == [theirs.path.name]
+    theirs.unlink()
+
+
+@pytest.mark.parametrize(
+    ("frame", "problem"),
+    [
+        ({CHUNK_KEY: [7, 100]}, "slot 7 outside"),
+        ({CHUNK_KEY: [0, (1 << 20) + 1]}, "chunk of"),
+        ({CHUNK_KEY: [0, 1 << 20]}, "overruns"),
+        ({CHUNK_KEY: [0, -5]}, "chunk of"),
+        ({CHUNK_KEY: "garbage"}, "malformed"),
+        ({CREDIT_KEY: 3}, "not in use"),
+    ],
+)
+async def test_a_malicious_notification_is_a_protocol_violation(frame, problem) -> None:
+    async with shm_world(2) as (a, b):
+        target = np.zeros(1000, np.uint8)
+        receive = b.irecv(0, tag=Tag(1, 0), out=target)
+        conn = a._conns[1]
+        head = {"src": 0, "group": 1, "seq": 0, "step": 0, "op": "p2p", "dtype": "uint8"}
+        head.update(shape=[1000], gen=a.generation, **{SHM_KEY: 1})
+        if CHUNK_KEY in frame:
+            conn.transport.write(encode_head(FrameKind.DATA, head, 0))
+        conn.transport.write(encode_head(FrameKind.DATA, frame, 0))
+        with pytest.raises(PeerFailed, match=problem):
+            await receive.wait()
+        assert not target.any()  # nothing was written
+
+
+async def test_a_lost_peer_fails_a_send_waiting_for_a_slot() -> None:
+    async with shm_world(2, shm_slots=2, shm_slot_bytes=64 << 10) as (a, b):
+        x = np.ones(1 << 20, np.uint8)  # 16 slots' worth; b never receives
+        b._conns[0].shm.on_frame = lambda meta: True  # b swallows chunks, returns no credit
+        send = asyncio.ensure_future(a.send(1, x, tag=Tag(1, 0)))
+        await asyncio.sleep(0.2)
+        assert not send.done()
+        b._conns[0].transport.abort()
+        with pytest.raises(PeerFailed, match="rank 1"):
+            async with asyncio.timeout(5):  # well inside the transport's 10 s send timeout
+                await send
