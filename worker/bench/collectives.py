@@ -20,8 +20,8 @@ from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarize
 
 
-def _shardwire_cells(n: int, config: dict, tmp: str) -> list[dict]:
-    out = os.path.join(tmp, f"shardwire-{n}.json")
+def _shardwire_cells(n: int, config: dict, tmp: str, transport: str = "auto") -> list[dict]:
+    out = os.path.join(tmp, f"shardwire-{n}-{transport}.json")
     cmd = [
         sys.executable,
         "-m",
@@ -35,7 +35,8 @@ def _shardwire_cells(n: int, config: dict, tmp: str) -> list[dict]:
         out,
         json.dumps(config),
     ]
-    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "SHARDWIRE_TRANSPORT": transport}
+    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
     return json.loads(Path(out).read_text())
 
 
@@ -73,7 +74,7 @@ def _gloo_python(requested: str | None) -> str | None:
     return None
 
 
-def _row(cell: dict, gloo: dict | None) -> dict:
+def _row(cell: dict, gloo: dict | None, tcp: dict | None = None) -> dict:
     n, op, nbytes = cell["n"], cell["op"], cell["bytes"]
     busbw = nbytes / cell["median_s"] / 1e9 * busbw_factor(op, n)
     row = {
@@ -92,12 +93,20 @@ def _row(cell: dict, gloo: dict | None) -> dict:
             gloo_busbw_GBps=gloo_busbw,
             speedup=gloo["median_s"] / cell["median_s"],
         )
+    if tcp:
+        row.update(
+            tcp_busbw_GBps=nbytes / tcp["median_s"] / 1e9 * busbw_factor(op, n),
+            over_tcp=tcp["median_s"] / cell["median_s"],
+        )
     return row
 
 
 def _print_table(rows: list[dict], raw_two_way: float | None) -> None:
     has_gloo = any("speedup" in r for r in rows)
+    has_tcp = any("over_tcp" in r for r in rows)
     head = "| op | n | size | algorithm | median (us) | busbw (GB/s) |"
+    if has_tcp:
+        head += " tcp only busbw (GB/s) | vs tcp only |"
     if has_gloo:
         head += " gloo median (us) | gloo busbw (GB/s) | shardwire/gloo |"
     print(head)
@@ -107,6 +116,8 @@ def _print_table(rows: list[dict], raw_two_way: float | None) -> None:
             f"| {r['op']} | {r['n']} | {human(r['bytes'])} | {r['algorithm']} | "
             f"{r['median_us']:.1f} | {r['busbw_GBps']:.3f} |"
         )
+        if has_tcp:
+            line += f" {r['tcp_busbw_GBps']:.3f} | {r['over_tcp']:.2f}x |"
         if has_gloo:
             if "speedup" in r:
                 line += (
@@ -140,6 +151,11 @@ def parser() -> argparse.ArgumentParser:
         "--gloo-python",
         help="interpreter with torch (default: this one, or ~/.cache/gloo-venv/bin/python)",
     )
+    p.add_argument(
+        "--compare-tcp",
+        action="store_true",
+        help="also time shardwire with SHARDWIRE_TRANSPORT=tcp (no shared memory)",
+    )
     p.add_argument("--json", help="write all rows here")
     return p
 
@@ -161,9 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.world:
             ours = _shardwire_cells(n, config, tmp)
+            tcp = _shardwire_cells(n, config, tmp, "tcp") if args.compare_tcp else []
             theirs = _gloo_cells(n, config, gloo_python, tmp) if gloo_python else []
             by_key = {(g["op"], g["bytes"]): g for g in theirs}
-            rows += [_row(c, by_key.get((c["op"], c["bytes"]))) for c in ours]
+            tcp_key = {(t["op"], t["bytes"]): t for t in tcp}
+            rows += [
+                _row(c, by_key.get((c["op"], c["bytes"])), tcp_key.get((c["op"], c["bytes"])))
+                for c in ours
+            ]
     raw = two_way_throughput(64 << 20) if 2 in args.world else None
     _print_table(rows, raw)
     if args.json:
