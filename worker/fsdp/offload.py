@@ -86,7 +86,6 @@ class Spill:
             self._map: mmap.mmap | None = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        self.nbytes = count * dtype.itemsize
         self.array: np.ndarray = np.frombuffer(self._map, dtype, count=count).reshape(shape)
 
     def page_out(self) -> None:
@@ -138,10 +137,6 @@ class UnitSpill:
             spill.close()
         self.spills.clear()
 
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.spills)
-
 
 class OffloadStore:
     """Every unit's spill, by unit index (the order of ``FSDP.all_units()``)."""
@@ -162,13 +157,6 @@ class OffloadStore:
         del name
         return self.units[index].array(like, copy=False)
 
-    def page_out(self, index: int) -> None:
-        self.units[index].page_out()
-
     def close(self) -> None:
         for spill in self.units:
             spill.close()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(u.nbytes for u in self.units)

@@ -29,6 +29,8 @@ from shardwire.worker.fsdp.flat import FlatLayout
 from shardwire.worker.fsdp.offload import Offload, UnitSpill
 from shardwire.worker.fsdp.strategy import Strategy
 
+_IN_MEMORY = Offload(params=False, grads=False, optimizer=False)
+
 
 class UnitState(enum.Enum):
     SHARDED = "sharded"  # only the local shard is held
@@ -64,19 +66,19 @@ class Unit:
         self.replica_group = replica_group
         self.param_dtype = param_dtype or layout.dtype  # dtype parameters are gathered in
         self.spill = spill  # offloaded arrays of this unit, paged per use
-        off = offload if spill is not None else None
+        spilled = offload if spill is not None and offload is not None else _IN_MEMORY
         flat = layout.flatten()
         if strategy.shards_grads:
             a, b = layout.shard_range(shard_group.rank)
             shard = flat[a:b]
         else:
             shard = flat  # NO_SHARD: the "shard" is the whole padded buffer
-        if spill is not None and off is not None and off.params:
+        if spill is not None and spilled.params:
             shard = spill.array(shard, copy=True)
         elif shard is not flat:
             shard = shard.copy()
         self.shard = shard
-        if spill is not None and off is not None and off.grads:
+        if spill is not None and spilled.grads:
             self.grad_shard = spill.array(self.shard, copy=False)
         else:
             self.grad_shard = np.zeros_like(self.shard)

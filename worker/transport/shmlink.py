@@ -24,7 +24,7 @@ import numpy as np
 
 from shardwire.protocol import FrameKind, ProtocolError, TensorMeta, encode_head
 from shardwire.protocol.messages import ShmAnswer, ShmOffer
-from shardwire.worker.transport.mailbox import Inbound, byte_view
+from shardwire.worker.transport.mailbox import byte_view
 from shardwire.worker.transport.shm import Segment, SlotPool
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class ShmLink:
         tm = self._conn.tensor_meta(meta, None)
         inbound = self._conn.mesh.mailbox.begin(tm)
         if tm.nbytes == 0:
-            self._finish(inbound)
+            self._conn.finish_inbound(inbound)
         else:
             self._current = [inbound, 0]
 
@@ -173,12 +173,9 @@ class ShmLink:
         filled += length
         if filled == len(target):
             self._current = None
-            self._finish(inbound)
+            self._conn.finish_inbound(inbound)
         else:
             self._current[1] = filled
-
-    def _finish(self, inbound: Inbound) -> None:
-        self._conn.finish_inbound(inbound)
 
     # ---- end -----------------------------------------------------------------------
 
