@@ -20,27 +20,23 @@ from pathlib import Path
 
 from shardwire.worker.bench import gloo as gloo_module
 from shardwire.worker.bench import mpi as mpi_module
+from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarize
 
 
-def _shardwire_cells(n: int, config: dict, tmp: str, transport: str = "auto") -> list[dict]:
-    out = os.path.join(tmp, f"shardwire-{n}-{transport}.json")
-    cmd = [
-        sys.executable,
-        "-m",
-        "shardwire.worker.launcher.cli",
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        str(n),
-        "-m",
-        "shardwire.worker.bench.measure",
-        out,
-        json.dumps(config),
-    ]
+def _shardwire_cells(
+    n: int, config: dict, tmp: str, transport: str = "auto", nodes: int = 1
+) -> list[dict]:
+    out = os.path.join(tmp, f"shardwire-{n}-{transport}-{nodes}.json")
+    module_args = ["shardwire.worker.bench.measure", out, json.dumps(config)]
     env = {**os.environ, "SHARDWIRE_TRANSPORT": transport}
-    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
+    if nodes > 1:
+        run_nodes(module_args, n, nodes, env)
+    else:
+        cmd = [sys.executable, "-m", "shardwire.worker.launcher.cli", "launch", "--standalone",
+               "--nproc-per-node", str(n), "-m", *module_args]  # fmt: skip
+        subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
     return json.loads(Path(out).read_text())
 
 
@@ -195,6 +191,13 @@ def parser() -> argparse.ArgumentParser:
         help="interpreter with mpi4py, mpirun beside it (default: this one, or "
         "~/.cache/mpi-venv/bin/python)",
     )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="simulate this many nodes on this host (one agent each, its own node id): "
+        "shared memory inside a node, TCP across, node-aware algorithms",
+    )
     p.add_argument("--json", help="write all rows here")
     return p
 
@@ -224,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.world:
-            ours = _shardwire_cells(n, config, tmp)
+            ours = _shardwire_cells(n, config, tmp, nodes=args.nodes)
             runs: dict[str, list[dict]] = {}
             if args.compare_tcp:
-                runs["tcp"] = _shardwire_cells(n, config, tmp, "tcp")
+                runs["tcp"] = _shardwire_cells(n, config, tmp, "tcp", nodes=args.nodes)
             if mpi_python:
                 runs["mpi"] = _mpi_cells(n, config, mpi_python, tmp, tcp_only=False)
                 runs["mpi_tcp"] = _mpi_cells(n, config, mpi_python, tmp, tcp_only=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +29,59 @@ def run_job(script: str, nproc: int, *args: str, timeout: float = 3600) -> Any:
             env={**os.environ, "SHARDWIRE_BENCH_DIR": tmp},
         )  # fmt: skip
         return json.loads(out.read_text())
+
+
+def run_nodes(
+    module_args: list[str], nproc: int, nodes: int, env: dict[str, str], *, timeout: float = 3600
+) -> None:
+    """Run ``-m MODULE ARGS`` as one job of ``nproc`` workers on ``nodes`` simulated nodes
+    of this host: a coordinator and one ``shardwire worker`` agent per node, each with
+    its own node id (shared memory inside a node, TCP across)."""
+    if nproc % nodes:
+        raise ValueError(f"{nproc} workers do not split evenly over {nodes} nodes")
+    cli = [sys.executable, "-m", "shardwire.worker.launcher.cli"]
+    env = {**env, "SHARDWIRE_TOKEN": secrets.token_hex(16)}
+    with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
+        port_file = Path(tmp) / "port"
+        coordinator = subprocess.Popen(
+            [*cli, "coordinator", "--port", "0", "--port-file", str(port_file),
+             "--world-size", str(nproc)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        agents: list[subprocess.Popen] = []
+        try:
+            deadline = time.monotonic() + 60
+            while not port_file.exists() or not port_file.read_text().strip():
+                if coordinator.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark's coordinator did not start")
+                time.sleep(0.05)
+            address = f"127.0.0.1:{port_file.read_text().strip()}"
+            agents = [
+                subprocess.Popen(
+                    [
+                        *cli,
+                        "worker",
+                        "--coordinator",
+                        address,
+                        "--nnodes",
+                        str(nodes),
+                        "--nproc-per-node",
+                        str(nproc // nodes),
+                        "--node-id",
+                        f"node-{i}",
+                        "-m",
+                        *module_args,
+                    ],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                )  # fmt: skip
+                for i in range(nodes)
+            ]
+            for agent in agents:
+                if agent.wait(timeout=timeout) != 0:
+                    raise subprocess.CalledProcessError(agent.returncode, agent.args)
+        finally:
+            for proc in [*agents, coordinator]:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=30)

@@ -66,7 +66,12 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
         times[i] = clock() - t0
     everyone = await pg.all_gather(times.reshape(1, -1))
     record: dict[str, Any] = dict(summarize(everyone.max(axis=0).tolist()))
-    record.update(op=op, n=pg.world_size, bytes=nbytes, algorithm=choose(op, nbytes, pg.world_size))
+    record.update(
+        op=op,
+        n=pg.world_size,
+        bytes=nbytes,
+        algorithm=choose(op, nbytes, pg.world_size, nodes=pg.layout is not None),
+    )
     return record
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -28,6 +29,18 @@ class Call:
     pool: ScratchPool = field(default_factory=ScratchPool)
     receives: list[Receive] = field(default_factory=list)  # for "not heard from" reports
     taken: list[np.ndarray] = field(default_factory=list)  # scratch to give back
+    step_base: int = 0  # added to every step: keeps a sub-call's messages apart
+
+    def sub(self, members: Sequence[int], step_base: int = 0) -> Call:
+        """The same call seen by a subset of its ranks (group ranks ``members``, in that
+        order), with steps offset by ``step_base``; it shares this call's scratch and
+        receive bookkeeping."""
+        return replace(
+            self,
+            ranks=tuple(self.ranks[m] for m in members),
+            rank=list(members).index(self.rank),
+            step_base=self.step_base + step_base,
+        )
 
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
         """A flat buffer that lives until the call ends (reused across calls)."""
@@ -40,13 +53,13 @@ class Call:
         return len(self.ranks)
 
     def tag(self, step: int) -> Tag:
-        return Tag(self.group_id, self.seq, step)
+        return Tag(self.group_id, self.seq, self.step_base + step)
 
     async def send(self, peer: int, array: np.ndarray, step: int) -> None:
         await self.transport.send(
             self.ranks[peer],
             array,
-            tag=Tag(self.group_id, self.seq, step),
+            tag=Tag(self.group_id, self.seq, self.step_base + step),
             op=self.signature,
             timeout=_BACKSTOP,
         )
@@ -54,7 +67,7 @@ class Call:
     def irecv(self, peer: int, step: int, out: np.ndarray | None = None) -> Receive:
         receive = self.transport.irecv(
             self.ranks[peer],
-            tag=Tag(self.group_id, self.seq, step),
+            tag=Tag(self.group_id, self.seq, self.step_base + step),
             op=self.signature,
             out=out,
             timeout=_BACKSTOP,

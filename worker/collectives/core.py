@@ -25,6 +25,7 @@ from shardwire.protocol import (
     TransportClosed,
 )
 from shardwire.worker.collectives.call import Call
+from shardwire.worker.collectives.layout import node_layout
 from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport, TransportTimeout
@@ -125,9 +126,21 @@ class GroupCore:
         self._pool = ScratchPool()
         self._children: list[GroupCore] = []  # subgroups this group created and closes
         self._closed = False
+        self._layout: list[list[int]] | None = None
+        self._layout_known = False  # the transport knows the nodes once it has a roster
         # Recent calls of this group and its subgroups, for hang diagnosis.
         self.recorder = recorder or FlightRecorder()
         transport.groups[group_id] = self  # unique per transport while the group lives
+
+    @property
+    def layout(self) -> list[list[int]] | None:
+        """This group's ranks (group ranks) by node, when the node-aware algorithms
+        apply (several nodes, the same number of ranks on each); else None."""
+        if not self._layout_known:
+            nodes = self.transport.nodes
+            self._layout = node_layout([nodes[r] for r in self.ranks]) if nodes else None
+            self._layout_known = nodes is not None
+        return self._layout
 
     @property
     def error(self) -> BaseException | None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardwire.worker.collectives import ring, small
+from shardwire.worker.collectives import nodes, ring, small
 from shardwire.worker.collectives.args import flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import Pending, group_id_for
@@ -75,8 +75,11 @@ class Group(Movement):
         signature = f"all_reduce:{x.dtype}:{x.size}:{op.value}"
 
         async def algorithm(c: Call) -> np.ndarray:
-            how = choose("all_reduce", buf.nbytes, c.size)
-            if how == "doubling":
+            how = choose("all_reduce", buf.nbytes, c.size, nodes=self.layout is not None)
+            if how == "node-ring":
+                assert self.layout is not None
+                await nodes.all_reduce(c, buf, op, self.layout)
+            elif how == "doubling":
                 await small.all_reduce_doubling(c, buf, op)
                 finish(op, buf, c.size)
             elif how == "ring":
@@ -114,8 +117,13 @@ class Group(Movement):
 
         async def algorithm(c: Call) -> np.ndarray:
             a, b = segs[c.rank]
-            how = choose("reduce_scatter", x.nbytes, c.size)
-            if how == "direct":
+            how = choose("reduce_scatter", x.nbytes, c.size, nodes=self.layout is not None)
+            if how == "node-ring":
+                assert self.layout is not None
+                acc = c.scratch(src.size, src.dtype)
+                await nodes.reduce_scatter(c, src, acc, segs, op, layout=self.layout)
+                np.copyto(result.reshape(-1), acc[a:b])
+            elif how == "direct":
                 parts = [src[s:e] for s, e in segs]
                 peers = [p for p in range(c.size) if p != c.rank]
                 got = await small.exchange(c, {p: parts[p] for p in peers}, dict.fromkeys(peers))
@@ -208,8 +216,11 @@ class Group(Movement):
         signature = f"all_gather:{x.dtype}:{list(x2.shape[1:])}:{sizes_text(sizes)}"
 
         async def algorithm(c: Call) -> np.ndarray:
-            how = choose("all_gather", buf.nbytes, c.size)
-            if how == "direct":
+            how = choose("all_gather", buf.nbytes, c.size, nodes=self.layout is not None)
+            if how == "node-ring":
+                assert self.layout is not None
+                await nodes.all_gather(c, buf, segs, self.layout)
+            elif how == "direct":
                 mine = buf[a:b]
                 incoming = {p: buf[s:e] for p, (s, e) in enumerate(segs)}
                 await small.exchange(c, dict.fromkeys(range(c.size), mine), incoming)
@@ -228,8 +239,11 @@ class Group(Movement):
         signature = f"broadcast:{x.dtype}:{list(x.shape)}:{root}"
 
         async def algorithm(c: Call) -> np.ndarray:
-            how = choose("broadcast", x.nbytes, c.size)
-            if how == "tree":
+            how = choose("broadcast", x.nbytes, c.size, nodes=self.layout is not None)
+            if how == "node-chain":
+                assert self.layout is not None
+                await nodes.broadcast(c, buf, root, self.layout)
+            elif how == "tree":
                 await small.broadcast_tree(c, buf, root)
             elif how == "chain":
                 await ring.broadcast_chain(c, buf, root)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def bounds(total: int, parts: int) -> list[tuple[int, int]]:
@@ -39,3 +40,17 @@ def sub(range_: tuple[int, int], parts: int, index: int) -> tuple[int, int]:
 
 def largest_power_of_two(n: int) -> int:
     return 1 << (n.bit_length() - 1)
+
+
+def node_layout(nodes: Sequence[str]) -> list[list[int]] | None:
+    """Group ranks (indices into ``nodes``, each rank's node id) by node, nodes in order of
+    their lowest rank; None unless there are several nodes holding the same number (two
+    or more) of ranks each, the shape the node-aware algorithms need."""
+    by_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        by_node.setdefault(node, []).append(rank)
+    layout = list(by_node.values())
+    local = len(layout[0]) if layout else 0
+    if len(layout) < 2 or local < 2 or any(len(ranks) != local for ranks in layout):
+        return None
+    return layout

@@ -114,6 +114,8 @@ class Transport(abc.ABC):
         # Open collective groups by group id, kept by the groups themselves: a group id is
         # unique on a transport while its group is open (their frames share the tags).
         self.groups: dict[int, Any] = {}
+        # Node id of every rank, from the roster (None: one node, as far as known).
+        self.nodes: tuple[str, ...] | None = None
 
     # ---- place -------------------------------------------------------------------------
 

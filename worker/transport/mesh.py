@@ -101,7 +101,6 @@ class TcpMesh(Transport):
         self._all_connected = asyncio.Event()
         self._closing = False
         self._reported_failure = False
-        self._nodes: dict[int, str] = {}  # node id by rank, from the roster
 
     @property
     def has_roster(self) -> bool:
@@ -153,7 +152,7 @@ class TcpMesh(Transport):
     async def connect(self, roster: Roster) -> None:
         """Build the full mesh from the roster (bounded by ``connect_timeout``)."""
         self._settle(Place(roster.rank, roster.world_size, roster.generation))
-        self._nodes = {m.rank: m.node_id for m in roster.members}
+        self.nodes = tuple(m.node_id for m in sorted(roster.members, key=lambda m: m.rank))
         for conn in self._pending:
             conn.release_held()
         self._maybe_all_connected()
@@ -207,7 +206,7 @@ class TcpMesh(Transport):
         if conn in self._pending:
             self._pending.remove(conn)
         self._conns[conn.peer] = conn
-        if self.config.shm and self._nodes.get(conn.peer) == self._nodes.get(self.rank):
+        if self.config.shm and self.nodes and self.nodes[conn.peer] == self.nodes[self.rank]:
             conn.shm.offer(self.config.run_id, self.config.shm_slots, self.config.shm_slot_bytes)
         else:
             conn.shm.settled.set_result(None)

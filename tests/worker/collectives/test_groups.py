@@ -83,7 +83,7 @@ async def test_the_algorithm_is_the_one_choose_names(kind: str, monkeypatch) -> 
 
     asked: list[tuple[str, int, int]] = []
 
-    def forced(op: str, nbytes: int, size: int) -> str:
+    def forced(op: str, nbytes: int, size: int, *, nodes: bool = False) -> str:
         asked.append((op, nbytes, size))
         return "ring"  # even for a payload the thresholds call small
 

@@ -25,16 +25,23 @@ async def memory_world(n: int, *, timeout: float = 10.0) -> AsyncIterator[list[T
 
 
 def roster_for(
-    ports: list[int], rank: int, generation: int = 1, *, per_node: int | None = None
+    ports: list[int],
+    rank: int,
+    generation: int = 1,
+    *,
+    per_node: int | None = None,
+    nodes: list[int] | None = None,
 ) -> Roster:
-    """Every rank on one node, or ``per_node`` ranks on each of several simulated nodes."""
+    """Every rank on one node, ``per_node`` ranks on each of several simulated nodes, or
+    rank r on simulated node ``nodes[r]``."""
     per_node = per_node or len(ports)
+    node_of = nodes or [r // per_node for r in range(len(ports))]
     members = [
         Member(
             rank=r,
-            node_id=f"node-{r // per_node}",
-            node_rank=r // per_node,
-            local_rank=r % per_node,
+            node_id=f"node-{node_of[r]}",
+            node_rank=node_of[r],
+            local_rank=node_of[:r].count(node_of[r]),
             host="127.0.0.1",
             port=p,
         )
@@ -52,6 +59,7 @@ async def tcp_world(
     max_early_bytes: int = 1 << 30,
     shm: bool = False,
     per_node: int | None = None,
+    nodes: list[int] | None = None,
     **config: object,
 ) -> AsyncIterator[list[TcpMesh]]:
     meshes = [
@@ -66,7 +74,10 @@ async def tcp_world(
         ports = [await m.listen() for m in meshes]
         async with asyncio.timeout(10):
             await asyncio.gather(
-                *(m.connect(roster_for(ports, r, per_node=per_node)) for r, m in enumerate(meshes))
+                *(
+                    m.connect(roster_for(ports, r, per_node=per_node, nodes=nodes))
+                    for r, m in enumerate(meshes)
+                )
             )
         yield list(meshes)
     finally:

@@ -1,0 +1,133 @@
+"""Node-aware collectives: results against numpy, and bytes across nodes counted.
+
+Nodes are simulated by roster node ids (shared memory inside a node, TCP across).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from shardwire.worker.collectives import Group, ReduceOp
+from shardwire.worker.collectives.layout import node_layout
+from shardwire.worker.collectives.plan import ALL_REDUCE_SMALL, EXCHANGE_SMALL, choose
+from tests.worker.transport.fabric import tcp_world
+
+from .test_oracle import check, data, oracle
+from .worlds import on_all
+
+# node of each rank: contiguous 2x2, 2 nodes x 3, 3 nodes x 2, and interleaved 2x2
+LAYOUTS = {
+    "2x2": [0, 0, 1, 1],
+    "2x3": [0, 0, 0, 1, 1, 1],
+    "3x2": [0, 0, 1, 1, 2, 2],
+    "interleaved": [0, 1, 0, 1],
+}
+COUNT = 400_003  # float32: above every node-aware threshold
+
+
+@contextlib.asynccontextmanager
+async def node_world(nodes: list[int]) -> AsyncIterator[tuple[list[Group], list[list]]]:
+    """Groups over simulated nodes, and per rank the (destination, bytes) of each send."""
+    async with tcp_world(len(nodes), shm=True, nodes=nodes, timeout=30.0) as meshes:
+        sent: list[list] = [[] for _ in meshes]
+        for mesh, log in zip(meshes, sent, strict=True):
+            send = mesh.send
+
+            async def recording(dst, array, *, _send=send, _log=log, **kw):
+                _log.append((dst, array.nbytes))
+                return await _send(dst, array, **kw)
+
+            mesh.send = recording  # type: ignore[method-assign]
+        groups = [Group(m, timeout=30.0) for m in meshes]
+        try:
+            yield groups, sent
+        finally:
+            for g in groups:
+                await g.aclose()
+
+
+def across(nodes: list[int], sent: list[list], rank: int) -> int:
+    return sum(b for dst, b in sent[rank] if nodes[dst] != nodes[rank])
+
+
+def test_layout_needs_several_nodes_of_equal_size() -> None:
+    assert node_layout(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
+    assert node_layout(["a", "b", "a", "b"]) == [[0, 2], [1, 3]]
+    assert node_layout(["a", "a", "a"]) is None  # one node
+    assert node_layout(["a", "b", "c"]) is None  # one rank per node
+    assert node_layout(["a", "a", "b"]) is None  # uneven
+    assert choose("all_reduce", ALL_REDUCE_SMALL + 1, 4, nodes=True) == "node-ring"
+    assert choose("all_reduce", ALL_REDUCE_SMALL, 4, nodes=True) == "doubling"
+    assert choose("reduce", 1 << 30, 4, nodes=True) == "ring"
+    assert choose("all_gather", EXCHANGE_SMALL + 1, 4, nodes=True) == "node-ring"
+    assert choose("reduce_scatter", EXCHANGE_SMALL + 1, 4, nodes=True) == "node-ring"
+    assert choose("broadcast", 1 << 20, 4, nodes=True) == "node-chain"
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+async def test_all_reduce_crosses_nodes_once_per_lane(name: str) -> None:
+    nodes = LAYOUTS[name]
+    n, k = len(nodes), len(set(nodes))
+    local = n // k
+    async with node_world(nodes) as (groups, sent):
+        assert groups[0].layout is not None and len(groups[0].layout) == k
+        for salt, (dtype, op) in enumerate(
+            [("float32", ReduceOp.SUM), ("float32", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
+        ):
+            for log in sent:
+                log.clear()
+            inputs = [data(r, COUNT, dtype, salt) for r in range(n)]
+            outs = await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy(), op))
+            want = oracle(inputs, op)
+            for r, got in enumerate(outs):
+                check(got, want, f"{name} {dtype} {op} rank {r}")
+            assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+            nbytes = inputs[0].nbytes
+            expected = 2 * (k - 1) / k * nbytes / local
+            for r in range(n):  # a flat ring would send 2(n-1)/n of it over each link
+                assert across(nodes, sent, r) == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+async def test_reduce_scatter_and_all_gather_over_nodes(name: str) -> None:
+    nodes = LAYOUTS[name]
+    n, k = len(nodes), len(set(nodes))
+    sizes = [COUNT // n + 3 * r for r in range(n)]  # uneven parts
+    async with node_world(nodes) as (groups, sent):
+        inputs = [data(r, sum(sizes), "float32", 7) for r in range(n)]
+        outs = await on_all(groups, lambda g: g.reduce_scatter(inputs[g.rank], sizes=sizes))
+        want = oracle(inputs, ReduceOp.SUM)
+        cut = np.cumsum([0, *sizes])
+        for r, got in enumerate(outs):
+            check(got, want[cut[r] : cut[r + 1]], f"{name} reduce_scatter rank {r}")
+        # each rank's part crosses to it from each other node once, as a partial sum
+        crossing = sum(across(nodes, sent, r) for r in range(n))
+        assert crossing == (k - 1) * inputs[0].nbytes
+        for log in sent:
+            log.clear()
+        parts = [data(r, sizes[r], "int32", 9) for r in range(n)]
+        outs = await on_all(groups, lambda g: g.all_gather(parts[g.rank], sizes=sizes))
+        for r, got in enumerate(outs):
+            check(got, np.concatenate(parts), f"{name} all_gather rank {r}")
+        # every part reaches each other node once
+        crossing = sum(across(nodes, sent, r) for r in range(n))
+        assert crossing == (k - 1) * sum(p.nbytes for p in parts)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("root", [0, 3])
+async def test_broadcast_chain_visits_nodes_in_turn(name: str, root: int) -> None:
+    nodes = LAYOUTS[name]
+    n, k = len(nodes), len(set(nodes))
+    async with node_world(nodes) as (groups, sent):
+        x = data(root, COUNT, "float32", 11)
+        bufs = [x.copy() if r == root else np.zeros_like(x) for r in range(n)]
+        outs = await on_all(groups, lambda g: g.broadcast(bufs[g.rank], root=root))
+        for r, got in enumerate(outs):
+            check(got, x, f"{name} broadcast root {root} rank {r}")
+        crossing = sum(across(nodes, sent, r) for r in range(n))
+        assert crossing == (k - 1) * x.nbytes
