@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -11,9 +12,10 @@ from shardwire.protocol import Tag
 from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.transport.base import Receive, Transport
 
-# Transport-level waits are a backstop; the call's own deadline (the group timeout)
-# fires first and turns into CollectiveTimeout with the ranks not heard from.
-_BACKSTOP = 3600.0
+# No transport-level timer: the call's own deadline (the group timeout) bounds every
+# wait and turns into CollectiveTimeout with the ranks not heard from. One timer per call
+# instead of one per message.
+_UNTIMED = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ class Call:
             array,
             tag=Tag(self.group_id, self.seq, self.step_base + step),
             op=self.signature,
-            timeout=_BACKSTOP,
+            timeout=_UNTIMED,
         )
 
     def irecv(self, peer: int, step: int, out: np.ndarray | None = None) -> Receive:
@@ -70,7 +72,7 @@ class Call:
             tag=Tag(self.group_id, self.seq, self.step_base + step),
             op=self.signature,
             out=out,
-            timeout=_BACKSTOP,
+            timeout=_UNTIMED,
         )
         self.receives.append(receive)
         return receive

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardwire.worker.collectives import nodes, ring, small
-from shardwire.worker.collectives.args import flat, out_array, sizes_text
+from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import Pending, group_id_for
 from shardwire.worker.collectives.layout import bounds, offsets
@@ -72,7 +72,7 @@ class Group(Movement):
         buf = flat(target, "x" if out is None else "out")
         if out is not None:
             np.copyto(target, x)
-        signature = f"all_reduce:{x.dtype}:{x.size}:{op.value}"
+        signature = f"all_reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}"
 
         async def algorithm(c: Call) -> np.ndarray:
             how = choose("all_reduce", buf.nbytes, c.size, nodes=self.layout is not None)
@@ -113,7 +113,9 @@ class Group(Movement):
         segs = [(a * row, b * row) for a, b in offsets(sizes)]
         src = flat(x, "x")
         result = out_array(out, (sizes[self.rank], *x.shape[1:]), x.dtype)
-        signature = f"reduce_scatter:{x.dtype}:{list(x.shape)}:{sizes_text(sizes)}:{op.value}"
+        signature = (
+            f"reduce_scatter:{dtype_name(x.dtype)}:{list(x.shape)}:{sizes_text(sizes)}:{op.value}"
+        )
 
         async def algorithm(c: Call) -> np.ndarray:
             a, b = segs[c.rank]
@@ -158,7 +160,7 @@ class Group(Movement):
         self._check_root(root)
         src = flat(x, "x")
         target = x if out is None else out_array(out, x.shape, x.dtype)
-        signature = f"reduce:{x.dtype}:{x.size}:{op.value}:{root}"
+        signature = f"reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}:{root}"
 
         async def algorithm(c: Call) -> np.ndarray | None:
             how = choose("reduce", x.nbytes, c.size)
@@ -213,7 +215,7 @@ class Group(Movement):
         buf = flat(result, "out")
         a, b = segs[self.rank]
         np.copyto(buf[a:b], flat(x2, "x"))
-        signature = f"all_gather:{x.dtype}:{list(x2.shape[1:])}:{sizes_text(sizes)}"
+        signature = f"all_gather:{dtype_name(x.dtype)}:{list(x2.shape[1:])}:{sizes_text(sizes)}"
 
         async def algorithm(c: Call) -> np.ndarray:
             how = choose("all_gather", buf.nbytes, c.size, nodes=self.layout is not None)
@@ -236,7 +238,7 @@ class Group(Movement):
         """Overwrite ``x`` on every rank with root's ``x`` (same shape and dtype)."""
         self._check_root(root)
         buf = flat(x, "x")
-        signature = f"broadcast:{x.dtype}:{list(x.shape)}:{root}"
+        signature = f"broadcast:{dtype_name(x.dtype)}:{list(x.shape)}:{root}"
 
         async def algorithm(c: Call) -> np.ndarray:
             how = choose("broadcast", x.nbytes, c.size, nodes=self.layout is not None)

@@ -11,7 +11,7 @@ import numpy as np
 from shardwire.protocol import Tag
 from shardwire.protocol.codec import pack_object, unpack_object
 from shardwire.worker.collectives import small
-from shardwire.worker.collectives.args import flat, out_array, sizes_text
+from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import GroupCore, Pending
 from shardwire.worker.collectives.layout import offsets
@@ -36,7 +36,7 @@ class Movement(GroupCore):
         row_shape = x.shape[1:]
         segs = offsets(sizes)
         src = flat(x, "x")
-        signature = f"gather:{x.dtype}:{list(row_shape)}:{sizes_text(sizes)}:{root}"
+        signature = f"gather:{dtype_name(x.dtype)}:{list(row_shape)}:{sizes_text(sizes)}:{root}"
         result = out_array(out, (sum(sizes), *row_shape), x.dtype) if self.rank == root else None
 
         async def algorithm(c: Call) -> np.ndarray | None:
@@ -108,7 +108,7 @@ class Movement(GroupCore):
         if recv_splits is not None:
             recv_splits = list(recv_splits)
             result = np.empty((sum(recv_splits), *row_shape), x.dtype)
-        signature = f"all_to_all:{x.dtype}:{list(row_shape)}"
+        signature = f"all_to_all:{dtype_name(x.dtype)}:{list(row_shape)}"
 
         async def algorithm(c: Call) -> np.ndarray:
             if result is not None:

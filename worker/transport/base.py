@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,8 @@ class Receive:
         t = self._transport
         if self.future.done():  # it was already here: no timer, no suspension
             result = self.future.result()
+        elif self.limit == math.inf:  # the caller bounds the wait (a collective's deadline)
+            result = await t._wait_untimed(self.future, self.src, self.tag)
         else:
             result = await t._wait(self.future, self.src, self.tag, self.op, self.limit)
         t.stats.bytes_received += result.nbytes
@@ -171,7 +174,8 @@ class Transport(abc.ABC):
         pending = self._start_send(dst, meta, array)
         if pending is not None:  # only a send that did not complete at once needs a timer
             try:
-                async with asyncio.timeout(self.timeout if timeout is None else timeout):
+                limit = self.timeout if timeout is None else timeout
+                async with asyncio.timeout(None if limit == math.inf else limit):
                     await pending
             except ConnectionError:
                 self._check_usable()  # a lost peer poisons the transport: raise why
@@ -273,6 +277,13 @@ class Transport(abc.ABC):
             raise
         finally:
             timer.cancel()
+
+    async def _wait_untimed(self, future: asyncio.Future, src: int, tag: Tag):
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.mailbox.withdraw(src, tag, future)
+            raise
 
     def _expire(self, future: asyncio.Future, src: int, tag: Tag, op: str, limit: float) -> None:
         if not future.done():
