@@ -39,6 +39,10 @@ from shardwire.protocol.messages import Error, Message
 Handshake = ClientHandshake | ServerHandshake
 
 
+# How long a hanging-up connection waits for the peer to close its side.
+HANG_UP_GRACE = 2.0
+
+
 class FramedProtocol(asyncio.BufferedProtocol):
     """Frames in, messages and data out; subclasses handle data frames."""
 
@@ -70,6 +74,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._flushed.set()
         self.peer_host = ""
         self.violation: BaseException | None = None  # why this side closed, if it did
+        self._hanging_up: asyncio.TimerHandle | None = None  # see hang_up()
+        self._discard = bytearray(SMALL_STAGE)
 
     # ---- asyncio callbacks -------------------------------------------------------------
 
@@ -86,9 +92,13 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.write_message(self._shake.hello)
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._hanging_up is not None:
+            return memoryview(self._discard)
         return self._decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._hanging_up is not None:
+            return
         self._decoder.buffer_updated(nbytes)
         self.drain_frames()
 
@@ -104,6 +114,8 @@ class FramedProtocol(asyncio.BufferedProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._hanging_up is not None:
+            self._hanging_up.cancel()
         if not self.ready.done():
             self.ready.set_exception(exc or ConnectionResetError("connection closed"))
             self.ready.exception()  # retrieved here; the owner reads it from `closed` too
@@ -172,7 +184,12 @@ class FramedProtocol(asyncio.BufferedProtocol):
 
     @property
     def is_open(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
+        """True while frames may be written (not closing, not hanging up)."""
+        return (
+            self.transport is not None
+            and not self.transport.is_closing()
+            and self._hanging_up is None
+        )
 
     def write_message(self, msg: Message) -> None:
         if self.is_open:
@@ -199,3 +216,25 @@ class FramedProtocol(asyncio.BufferedProtocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def hang_up(self, last: bytes = b"", *, grace: float = HANG_UP_GRACE) -> None:
+        """Close so that the peer reads every frame written so far, then ``last``.
+
+        A plain close with received bytes still unread makes the kernel answer with a
+        reset, and a reset makes the peer's kernel drop what the peer has not read yet,
+        the last frames written here included. So: write ``last``, half-close (FIN after
+        the queued bytes), read and discard whatever still arrives, and close once the
+        peer closes its side (``eof_received``) or after ``grace`` seconds. Nothing more
+        is written meanwhile (:attr:`is_open` is False).
+        """
+        transport = self.transport
+        if transport is None or not self.is_open:
+            return
+        if last:
+            transport.write(last)
+        if not transport.can_write_eof():  # TLS: no half-close
+            transport.close()
+            return
+        transport.write_eof()
+        self._hanging_up = asyncio.get_running_loop().call_later(grace, transport.close)
+        transport.resume_reading()

@@ -32,6 +32,7 @@ from shardwire.protocol import (
     TensorMeta,
     Token,
 )
+from shardwire.protocol.control import message_bytes
 from shardwire.protocol.messages import (
     TRACEBACK_CHARS,
     Error,
@@ -41,6 +42,7 @@ from shardwire.protocol.messages import (
     Roster,
 )
 from shardwire.worker.transport.base import Place, Transport
+from shardwire.worker.transport.framing import HANG_UP_GRACE
 from shardwire.worker.transport.peer import PeerConnection
 
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
@@ -292,31 +294,32 @@ class TcpMesh(Transport):
         # Say which rank failed before hanging up, so that a peer which sees this
         # connection close first does not blame this rank for it.
         error = self.error
+        last = b""
         if isinstance(error, JobAborted) and not self._reported_failure:
             self._reported_failure = True
             if isinstance(error, PeerFailed):
                 why = Failure(rank=error.rank, reason=error.reason[:4096])
             else:  # the coordinator is gone: say so rather than look like a failure
                 why = Failure(rank=self.rank, reason=str(error)[:4096], code=_JOB_ABORTED)
-            for conn in self._conns.values():
-                conn.write_message(why)
+            last = message_bytes(why)
         for conn in list(self._conns.values()):
-            conn.close()
+            conn.hang_up(last)
 
     async def _close(self) -> None:
         self._closing = True
         conns = list(self._conns.values()) + self._pending
-        if not self._reported_failure:
-            for conn in self._conns.values():
-                conn.write_message(Leave())
-        for conn in conns:
+        goodbye = b"" if self._reported_failure else message_bytes(Leave())
+        for conn in self._conns.values():
+            conn.hang_up(goodbye)
+        for conn in self._pending:
             conn.close()
         if self._server is not None:
             self._server.close()
+        with contextlib.suppress(TimeoutError):  # each peer closes its side, or grace ends
+            async with asyncio.timeout(HANG_UP_GRACE + 0.5):
+                await asyncio.gather(*(asyncio.shield(c.closed) for c in conns))
         for conn in conns:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2.0):
-                    await asyncio.shield(conn.closed)
+            conn.close()
         writers = [c.outbox.task for c in conns if c.outbox.task is not None]
         for task in writers:  # each ends by itself once its connection is closed
             task.cancel()

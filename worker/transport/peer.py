@@ -44,7 +44,7 @@ from shardwire.protocol import (
 from shardwire.protocol.frames import STAGE_BYTES, encode_sealed_head
 from shardwire.protocol.integrity import integrity_error
 from shardwire.protocol.messages import Failure, Leave, Message, ShmAnswer, ShmOffer
-from shardwire.worker.transport.framing import FramedProtocol
+from shardwire.worker.transport.framing import HANG_UP_GRACE, FramedProtocol
 from shardwire.worker.transport.mailbox import Inbound, Mailbox, byte_view
 from shardwire.worker.transport.shmlink import ShmLink
 
@@ -80,7 +80,7 @@ class Outbox:
         self._conn = conn
         self._checksum = checksum
         self._queue: deque[_Queued] = deque()
-        self._streaming = False  # a frame is being written in slices
+        self.streaming = False  # a frame is being written in slices
         self.task: asyncio.Task[None] | None = None  # owned; ends when the queue is empty
 
     def send(self, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
@@ -108,7 +108,7 @@ class Outbox:
     def credit(self, data: bytes) -> None:
         """Write a shared-memory credit frame now (it must not wait behind this rank's own
         sends), or right after the frame being written in slices."""
-        if self._streaming:
+        if self.streaming:
             self._enqueue(None, data, None)
         elif self._conn.is_open:
             assert self._conn.transport is not None
@@ -122,6 +122,14 @@ class Outbox:
                 self._conn.transport.write(data)
         else:
             self._enqueue(None, data, None)
+
+    def stop(self, exc: BaseException) -> None:
+        """Drop the unsent queue, failing its senders with ``exc``, and end the writer.
+        (Failed here, not by the writer: a writer cancelled before its first step never
+        runs its own clean-up.)"""
+        self._fail_all(None, exc)
+        if self.task is not None:
+            self.task.cancel()
 
     # ---- internals --------------------------------------------------------------------
 
@@ -205,7 +213,7 @@ class Outbox:
         assert transport is not None
         payload = byte_view(array)
         head, digest = encode_sealed_head(meta.to_wire(), array.nbytes)
-        self._streaming = True
+        self.streaming = True
         try:
             transport.write(head)
             for start in range(0, len(payload), _SLICE_BYTES):
@@ -216,7 +224,7 @@ class Outbox:
                     await self._conn.wait_flushed()
             transport.write(digest.digest())
         finally:
-            self._streaming = False
+            self.streaming = False
 
 
 class PeerOwner(Protocol):
@@ -326,7 +334,7 @@ class PeerConnection(FramedProtocol):
             self.transport.resume_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._deferred is not None:  # the loop kept reading while we deferred
+        if self._deferred is not None and self.is_open:  # the loop read on while we deferred
             self.settle()
         return super().get_buffer(sizehint)
 
@@ -368,6 +376,17 @@ class PeerConnection(FramedProtocol):
 
     def write_message(self, msg: Message) -> None:
         self.outbox.write(message_bytes(msg))
+
+    def hang_up(self, last: bytes = b"", *, grace: float = HANG_UP_GRACE) -> None:
+        """Stop sending and hang up (see :meth:`FramedProtocol.hang_up`); ``last`` goes
+        out after the frames already handed to the socket, ahead of the unsent queue,
+        which is dropped. A frame being written in slices cannot be cut: then the
+        connection just closes."""
+        if self.outbox.streaming:
+            self.close()
+            return
+        self.outbox.stop(ConnectionResetError("connection closed while sending"))
+        super().hang_up(last, grace=grace)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

@@ -1,0 +1,29 @@
+"""Hanging up leaves no sender waiting. (That the peer still reads the last frame is
+checked end to end in tests/e2e/test_shm.py, where a reset used to lose it.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from shardwire.protocol import Tag
+
+from .fabric import tcp_world
+
+
+async def test_queued_sends_fail_at_once_when_the_connection_hangs_up() -> None:
+    # checksummed payloads over 8 MiB go through the writer task
+    async with tcp_world(2, timeout=30.0, checksum=True) as (a, b):
+        conn = a._conns[1]
+        big = np.ones(16 << 20, np.uint8)
+        first = asyncio.ensure_future(a.send(1, big, tag=Tag(0, 1), op="x", timeout=60))
+        second = asyncio.ensure_future(a.send(1, big, tag=Tag(0, 2), op="x", timeout=60))
+        await asyncio.sleep(0)  # both queued behind each other, the writer not yet run
+        assert conn.outbox.task is not None
+        conn.hang_up()
+        async with asyncio.timeout(5):
+            results = await asyncio.gather(first, second, return_exceptions=True)
+        assert all(isinstance(r, BaseException) for r in results), results
+        assert conn.outbox.task is None or conn.outbox.task.cancelled()
+        del b
