@@ -83,12 +83,7 @@ class Group(Movement):
                 await small.all_reduce_doubling(c, buf, op)
                 finish(op, buf, c.size)
             elif how == "ring":
-                segs = bounds(buf.size, c.size)
-                gathered = ring.post_all_gather(c, buf, segs, base_step=GATHER_STEP)
-                await ring.reduce_scatter(c, buf, buf, segs, op)
-                a, b = segs[c.rank]
-                finish(op, buf[a:b], c.size)
-                await ring.all_gather(c, buf, segs, base_step=GATHER_STEP, receives=gathered)
+                await ring.all_reduce(c, buf, op)
             return target
 
         return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes)

@@ -31,7 +31,7 @@ import numpy as np
 from shardwire.worker.collectives import ring
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.collectives.ops import ReduceOp, finish
+from shardwire.worker.collectives.ops import ReduceOp
 from shardwire.worker.collectives.plan import GATHER_STEP
 
 _NODE_STEP = 1 << 20
@@ -60,14 +60,7 @@ async def all_reduce(c: Call, buf: np.ndarray, op: ReduceOp, layout: Layout) -> 
     gathered = ring.post_all_gather(local, buf, segs, base_step=GATHER_STEP)
     await ring.reduce_scatter(local, buf, buf, segs, op)
     a, b = segs[lane]
-    part = buf[a:b]
-    across = _lane(c, layout, lane)
-    parts = bounds(part.size, across.size)
-    lane_gathered = ring.post_all_gather(across, part, parts, base_step=GATHER_STEP)
-    await ring.reduce_scatter(across, part, part, parts, op)
-    pa, pb = parts[across.rank]
-    finish(op, part[pa:pb], c.size)
-    await ring.all_gather(across, part, parts, base_step=GATHER_STEP, receives=lane_gathered)
+    await ring.all_reduce(_lane(c, layout, lane), buf[a:b], op, count=c.size)
     await ring.all_gather(local, buf, segs, base_step=GATHER_STEP, receives=gathered)
 
 

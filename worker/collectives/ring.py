@@ -25,7 +25,8 @@ import numpy as np
 
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.layout import bounds, pipeline_depth, sub
-from shardwire.worker.collectives.ops import ReduceOp, combine
+from shardwire.worker.collectives.ops import ReduceOp, combine, finish
+from shardwire.worker.collectives.plan import GATHER_STEP
 from shardwire.worker.transport.base import Receive
 
 # Chunk size and lane count, from benchmarks/collectives.py on 2 cores over loopback:
@@ -117,6 +118,17 @@ async def all_gather(
             await receives[s, j].wait()
 
     await asyncio.gather(*(lane(j) for j in range(depth)))
+
+
+async def all_reduce(c: Call, buf: np.ndarray, op: ReduceOp, *, count: int | None = None) -> None:
+    """In-place all-reduce of ``buf`` (flat): reduce-scatter, then all-gather. AVG divides
+    by ``count`` ranks (default: the call's)."""
+    segs = bounds(buf.size, c.size)
+    gathered = post_all_gather(c, buf, segs, base_step=GATHER_STEP)
+    await reduce_scatter(c, buf, buf, segs, op)
+    a, b = segs[c.rank]
+    finish(op, buf[a:b], c.size if count is None else count)
+    await all_gather(c, buf, segs, base_step=GATHER_STEP, receives=gathered)
 
 
 async def broadcast_chain(c: Call, buf: np.ndarray, root: int) -> None:
