@@ -15,6 +15,7 @@ from shardwire.coordinator.state import JobState, RendezvousConfig
 from shardwire.coordinator.tls import server_context
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import check_bind, load_token
+from shardwire.protocol.history import parse_nnodes
 
 # Time for the abort broadcast to reach every survivor before the listener goes away.
 _LINGER = 1.0
@@ -44,6 +45,17 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a hang's inquest waits for every rank's answer (3)",
     )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        help="failures after which the job restarts from its checkpoint (default: the agents')",
+    )
+    p.add_argument("--nnodes", help="MIN:MAX node agents for an elastic job (default: the agents')")
+    p.add_argument(
+        "--last-call",
+        type=float,
+        help="seconds more nodes may join once MIN are in (3)",
+    )
     p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--http-host", help="address of the status page and /metrics (127.0.0.1)")
     p.add_argument("--http-port", type=int, help="its port (29480; 0 any, -1 none)")
@@ -56,7 +68,10 @@ def parser() -> argparse.ArgumentParser:
 
 def settings_from(argv: list[str] | None) -> CoordinatorSettings:
     args = vars(parser().parse_args(argv))
-    return CoordinatorSettings(**{k: v for k, v in args.items() if v is not None})
+    settings = CoordinatorSettings(**{k: v for k, v in args.items() if v is not None})
+    if settings.nnodes:
+        parse_nnodes(settings.nnodes)  # a malformed range is refused at start (ValueError)
+    return settings
 
 
 def _write_port_file(path: str, port: int) -> None:
@@ -78,6 +93,9 @@ async def serve(settings: CoordinatorSettings) -> int:
             join_timeout=settings.join_timeout,
             heartbeat_timeout=settings.heartbeat_timeout,
             diagnose_timeout=settings.diagnose_timeout,
+            max_restarts=settings.max_restarts,
+            min_nodes=parse_nnodes(settings.nnodes)[0] if settings.nnodes else None,
+            last_call=settings.last_call,
         ),
         tls=server_context(settings.tls_cert, settings.tls_key, settings.tls_ca),
     )
@@ -97,7 +115,7 @@ async def serve(settings: CoordinatorSettings) -> int:
         await http.aclose()
         await server.aclose()
     failure = server.rendezvous.failure
-    if failure is not None:
+    if failure is not None and server.rendezvous.state is JobState.FAILED:
         print(f"job failed: rank {failure.rank}: {failure.reason}", file=sys.stderr)
         if failure.stacks:
             print(failure.stacks.rstrip(), file=sys.stderr)

@@ -24,8 +24,11 @@ _SHUTDOWN_GRACE = 2.0  # seconds in-flight requests get when the coordinator sto
 def status_json(rdzv: Rendezvous, now: float, wall: float) -> dict:
     """The job for machines: state, ranks, recent events (wall-clock times), losses."""
     reply = rdzv.status(now)
+    body = reply.model_dump(exclude={"kind"})
+    for g in body["generations"]:
+        g["started_at"] = wall - g["started_age_s"]
     return {
-        **reply.model_dump(exclude={"kind"}),
+        **body,
         "events": [{"time": wall - (now - t), "text": text} for t, text in rdzv.events],
         "losses": [{"step": s, "loss": loss} for s, loss in rdzv.losses],
     }
@@ -77,8 +80,18 @@ class _Metrics(Collector):
             received.add_metric(label, r.bytes_received)
         yield from (step, rate, age, loss, sent, received)
         failures = CounterMetricFamily("shardwire_failures", "Worker failures seen")
-        failures.add_metric([], 1.0 if reply.failure else 0.0)
+        failures.add_metric([], reply.restarts + (1.0 if reply.state == "failed" else 0.0))
         yield failures
+        yield GaugeMetricFamily(
+            "shardwire_generation",
+            "The generation being formed or running (1 until the first restart)",
+            value=reply.generation,
+        )
+        restarts = CounterMetricFamily(
+            "shardwire_restarts", "Failures answered with a restart of the job"
+        )
+        restarts.add_metric([], reply.restarts)
+        yield restarts
 
 
 class _Refused(asyncio.Protocol):

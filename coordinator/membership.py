@@ -14,8 +14,13 @@ from shardwire.protocol.messages import Join
 
 @dataclass(slots=True)
 class Shape:
-    world_size: int
+    world_size: int  # the largest the job may be (every node in)
     local_world_size: int
+    min_nodes: int = 0  # 0: exactly nnodes
+
+    def sized(self, world_size: int) -> Shape:
+        """This shape for one generation's world size."""
+        return Shape(world_size, self.local_world_size, self.min_nodes)
 
     @property
     def nnodes(self) -> int:

@@ -29,6 +29,12 @@ STATUS_PAGE = """<!doctype html>
   <th>received MiB</th><th>busy</th></tr></thead>
   <tbody></tbody>
 </table>
+<h2>generations</h2>
+<table id="generations">
+  <thead><tr><th>generation</th><th>ranks</th><th>nodes</th><th>started</th>
+  <th>ran (s)</th><th>ended by</th></tr></thead>
+  <tbody></tbody>
+</table>
 <h2>loss (rank 0)</h2>
 <svg id="loss" width="640" height="240" role="img" aria-label="loss curve"></svg>
 <h2>events</h2>
@@ -73,7 +79,18 @@ async function refresh() {
     const s = await (await fetch("/api/status")).json();
     document.getElementById("summary").textContent =
       `run ${s.run_id}: ${s.state}, world size ${s.world_size}, generation ${s.generation}` +
+      (s.max_restarts ? `, restarts ${s.restarts} of ${s.max_restarts}` : "") +
       (s.failure ? ` - failure: ${s.failure}` : "");
+    const gens = document.querySelector("#generations tbody");
+    gens.innerHTML = "";
+    for (const g of s.generations) {
+      const tr = document.createElement("tr");
+      tr.append(cell(g.generation), cell(g.world_size), cell(g.nodes),
+                cell(new Date(g.started_at * 1000).toLocaleTimeString(), "text"),
+                cell(g.duration_s === null ? "running" : g.duration_s.toFixed(1)),
+                cell(g.ended_by, g.ended_by && g.ended_by !== "finished" ? "text failed" : "text"));
+      gens.appendChild(tr);
+    }
     const body = document.querySelector("#ranks tbody");
     body.innerHTML = "";
     for (const r of s.ranks) {

@@ -6,27 +6,36 @@ Inputs are (connection id, message) pairs plus ``tick(now)``; outputs are
 :class:`Send` and :class:`Close` actions that the asyncio server carries out.
 
 * WAITING: node agents (``NodeJoin``) and worker processes (``Join``) arrive. Every join
-  is checked at once (run id is checked at the handshake), so a bad joiner hears why
-  within one round trip. Agents are answered with their node rank once every node has
-  an agent; workers get the roster once ``world_size`` of them have joined.
+  is checked at once (run id and generation are checked at the handshake), so a bad
+  joiner hears why within one round trip. Agents are answered with their node rank once
+  the generation's nodes are in: all of them, or for ``--nnodes MIN:MAX`` at least MIN
+  and a last-call window later (at once at MAX). Workers get the roster once the
+  generation's world has joined.
 * Ranks are contiguous per node: node k owns ranks k*L ... k*L+L-1 (L = processes per
   node), so node-local groups exist for hybrid sharding. Requested ranks fix their node's
-  rank; the remaining nodes take the remaining node ranks in ``node_id`` order.
-* RUNNING: heartbeats are tracked; a closed connection, missed heartbeats or a reported
-  failure moves the job to FAILED and broadcasts one ``Abort`` naming the first failure.
+  rank; the remaining nodes take the remaining node ranks in ``node_id`` order, so an
+  unchanged membership keeps its ranks across generations.
+* RUNNING: heartbeats are tracked; a closed connection, missed heartbeats, a reported
+  failure or a lost node agent ends the generation and names the first failure.
   Heartbeats also say when a worker's event loop is busy; that is logged, never failed.
 * FAILING: a worker gave up on a collective (timeout). Every live worker is asked for
   its flight recorder and stack; once all answered or ``diagnose_timeout`` passed, the
-  verdict (who never entered the call, and where it is) goes out as the ``Abort``.
-* FINISHED: every worker sent ``Leave``.
+  verdict (who never entered the call, and where it is) ends the generation.
+* RESTARTING: a failure with restarts left, or a membership change, ended generation g.
+  Its workers got an ``Abort``, the agents a ``Restart``; generation g+1 opens (WAITING)
+  only once every agent said its processes are gone (``NodeJoin`` again) and every
+  worker connection of generation g closed.
+* FAILED: a failure with no restart left; one ``Abort`` names the root cause.
+* FINISHED: every worker sent ``Leave``; agents hear ``Finished``.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shardwire.coordinator.diagnosis import Inquest
+from shardwire.coordinator.forming import agreement_problem, rosters, stall_text
+from shardwire.coordinator.lifecycle import Lifecycle
 from shardwire.coordinator.membership import (
     Shape,
     assign_node_ranks,
@@ -37,77 +46,62 @@ from shardwire.coordinator.membership import (
 from shardwire.coordinator.state import (
     Action,
     Agent,
+    Close,
     ConnId,
-    FailureRecord,
     JobState,
     Notice,
     RankState,
-    RendezvousConfig,
     Send,
     Worker,
     refuse,
 )
+from shardwire.coordinator.views import status_reply
 from shardwire.protocol.messages import (
-    Abort,
     DiagnoseReply,
     DiagnoseRequest,
     Diagnosis,
     Failure,
+    Finished,
     Heartbeat,
     Join,
     Leave,
-    Member,
-    NodeAssignment,
     NodeJoin,
-    RankStatus,
-    Roster,
     StatusReply,
 )
 
-_EVENTS = 200  # recent events kept for status pages
-_LOSSES = 2000  # rank 0's reported losses kept for the loss curve
-
 
 @dataclass
-class Rendezvous:
-    """One job's membership, rank assignment and liveness."""
+class Rendezvous(Lifecycle):
+    """One job's membership, rank assignment and liveness, generation after generation."""
 
-    config: RendezvousConfig
-    state: JobState = JobState.WAITING
-    generation: int = 0
-    failure: FailureRecord | None = None
-    inquest: Inquest | None = None
-    _workers: dict[ConnId, Worker] = field(default_factory=dict)
-    _agents: dict[ConnId, Agent] = field(default_factory=dict)
-    _shape: Shape | None = None
-    _deadline: float | None = None
-    events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
-    losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_LOSSES))
-
-    _now: float = 0.0  # the latest time an input carried (events are stamped with it)
-
-    def _event(self, text: str, now: float | None = None) -> None:
-        if now is not None:
-            self._now = now
-        self.events.append((self._now, text))
-
-    # ---- joins -------------------------------------------------------------------
-
-    def _admit(self, conn: ConnId, world_size: int, lws: int, now: float) -> list[Action] | None:
-        if self.state is not JobState.WAITING:
-            return refuse(
-                conn, "already_started", f"job {self.config.run_id!r} is {self.state.value}"
-            )
-        problem = shape_problem(self.config.world_size, self._shape, world_size, lws)
+    def _admit(
+        self, conn: ConnId, world_size: int, lws: int, now: float, *, agent: bool
+    ) -> list[Action] | None:
+        """Check a joiner's sizes against the job's: an agent's against the largest job,
+        a worker's against its generation."""
+        expected = self.config.world_size if agent else self._world or self.config.world_size
+        problem = shape_problem(expected, self._shape, world_size, lws)
         if problem:
             return refuse(conn, "world_size", problem)
         self._shape = self._shape or Shape(world_size, lws)
-        if self._deadline is None:
+        if self._deadline is None and self.state is JobState.WAITING:
             self._deadline = now + self.config.join_timeout
         return None
 
+    def _started(self, conn: ConnId) -> list[Action]:
+        return refuse(conn, "already_started", f"job {self.config.run_id!r} is {self.state.value}")
+
     def node_join(self, conn: ConnId, msg: NodeJoin, now: float) -> list[Action]:
-        refusal = self._admit(conn, msg.world_size, msg.local_world_size, now)
+        self._now = now
+        agent = self._agents.get(conn)
+        if agent is not None:  # again: its processes of the ended generation are gone
+            agent.ready = True
+            return self._advance(now)
+        growing = self.state is JobState.RUNNING and self._may_grow()
+        if self.state not in (JobState.WAITING, JobState.RESTARTING) and not growing:
+            return self._started(conn)
+        refusal = self._admit(conn, msg.world_size, msg.local_world_size, now, agent=True)
+        refusal = refusal or self._agree(conn, msg)
         if refusal:
             return refusal
         if any(a.join.node_id == msg.node_id for a in self._agents.values()):
@@ -116,24 +110,25 @@ class Rendezvous:
         if len(self._agents) >= self._shape.nnodes:
             return refuse(conn, "world_size", f"all {self._shape.nnodes} nodes already joined")
         self._agents[conn] = Agent(conn, msg)
-        if len(self._agents) < self._shape.nnodes:
-            return []
-        ordered = sorted(self._agents.values(), key=lambda a: a.join.node_id)
-        shape = self._shape
-        return [
-            Send(
-                a.conn,
-                NodeAssignment(node_rank=i, nnodes=shape.nnodes, world_size=shape.world_size),
-            )
-            for i, a in enumerate(ordered)
-        ]
+        self._event(f"node {msg.node_id!r} joined", now)
+        if growing:
+            return self._end_generation(-1, f"node {msg.node_id!r} joined", failure=False)
+        return self._advance(now)
+
+    def _agree(self, conn: ConnId, msg: NodeJoin) -> list[Action] | None:
+        assert self._shape is not None
+        first = not self._agents and self.generation == 1 and not self._workers
+        problem = agreement_problem(self.config, self._shape, self.gens, msg, first=first)
+        return refuse(conn, *problem) if problem else None
 
     def join(self, conn: ConnId, msg: Join, *, peer_host: str, now: float) -> list[Action]:
-        refusal = self._admit(conn, msg.world_size, msg.local_world_size, now)
+        if self.state is not JobState.WAITING:
+            return self._started(conn)
+        refusal = self._admit(conn, msg.world_size, msg.local_world_size, now, agent=False)
         if refusal:
             return refusal
-        assert self._shape is not None
-        problem = membership_problem(self._shape, [w.join for w in self._workers.values()], msg)
+        shape = self._generation_shape()
+        problem = membership_problem(shape, [w.join for w in self._workers.values()], msg)
         if problem:
             code, text = problem
             return refuse(conn, code, text)
@@ -142,56 +137,32 @@ class Rendezvous:
         self._event(
             f"worker joined from {host} (node {msg.node_id!r}, local rank {msg.local_rank})", now
         )
-        assert self._shape is not None
-        if len(self._workers) < self._shape.world_size:
+        if len(self._workers) < shape.world_size:
             return []
         return self._start(now)
 
-    # ---- start -------------------------------------------------------------------
-
     def _start(self, now: float) -> list[Action]:
-        assert self._shape is not None
-        lws = self._shape.local_world_size
-        node_ranks = assign_node_ranks(self._shape, [w.join for w in self._workers.values()])
+        shape = self._generation_shape()
+        lws = shape.local_world_size
+        node_ranks = assign_node_ranks(shape, [w.join for w in self._workers.values()])
         for w in self._workers.values():
             w.rank = node_ranks[w.join.node_id] * lws + w.join.local_rank
             w.state = RankState.RUNNING
             w.last_seen = now  # building the peer mesh comes next; the clock starts here
-        self.generation += 1
         self.state = JobState.RUNNING
+        self._deadline = None
+        nodes = sum(1 for a in self._agents.values() if a.node_rank is not None)
+        self.gens.begin(shape.world_size, nodes, now)
         self._event(
-            f"all {self._shape.world_size} workers joined; job running "
-            f"(generation {self.generation})",
+            f"all {shape.world_size} workers joined; job running (generation {self.generation})",
             now,
         )
-        members = sorted(
-            (
-                Member(
-                    rank=w.rank,
-                    node_id=w.join.node_id,
-                    node_rank=w.rank // lws,
-                    local_rank=w.join.local_rank,
-                    host=w.host,
-                    port=w.join.listen_port,
-                )
-                for w in self._workers.values()
-            ),
-            key=lambda m: m.rank,
-        )
-        return [
-            Send(
-                w.conn,
-                Roster(
-                    rank=w.rank,
-                    world_size=self._shape.world_size,
-                    generation=self.generation,
-                    members=members,
-                ),
-            )
-            for w in self._workers.values()
-        ]
-
-    # ---- liveness ----------------------------------------------------------------
+        actions = rosters(self._workers.values(), shape, self.generation)
+        if self._may_grow() and any(a.node_rank is None for a in self._agents.values()):
+            # a node arrived while this generation formed: take it in with the next one
+            late = next(a for a in self._agents.values() if a.node_rank is None)
+            actions += self._end_generation(-1, f"node {late.join.node_id!r} joined", failure=False)
+        return actions
 
     def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
         worker = self._workers.get(conn)
@@ -205,18 +176,9 @@ class Rendezvous:
         return self._stall_notice(worker, before)
 
     def _stall_notice(self, worker: Worker, before: Heartbeat) -> list[Action]:
-        """Log a busy event loop when it starts and when it ends (never a failure)."""
         who = f"rank {worker.rank}" if worker.rank >= 0 else f"worker on {worker.join.node_id}"
-        now = worker.progress
-        if now.busy_s and not before.busy_s:
-            text = (
-                f"{who} busy for {now.busy_s:.0f} s at {now.busy_at or 'an unknown place'} "
-                "(its event loop is not running; heartbeats continue, the job goes on)"
-            )
-        elif before.busy_s and not now.busy_s:
-            busy = f"{before.busy_s:.0f} s or more"
-            text = f"{who} responsive again (its event loop was busy for {busy})"
-        else:
+        text = stall_text(who, before, worker.progress)
+        if text is None:
             return []
         self._event(text)
         return [Notice(text)]
@@ -285,11 +247,17 @@ class Rendezvous:
             w.state is RankState.LEFT for w in self._workers.values()
         ):
             self.state = JobState.FINISHED
+            self.gens.end("finished", self._now)
             self._event("job finished")
+            return [Send(a, Finished(generation=self.generation)) for a in self._agents]
         return []
 
     def disconnected(self, conn: ConnId) -> list[Action]:
-        self._agents.pop(conn, None)
+        agent = self._agents.pop(conn, None)
+        if agent is not None:
+            return self._agent_lost(agent)
+        if self._old.pop(conn, None) is not None:
+            return self._advance(self._now)
         worker = self._workers.get(conn)
         if worker is None:
             return []
@@ -307,8 +275,15 @@ class Rendezvous:
 
     def tick(self, now: float) -> list[Action]:
         self._now = now
-        if self.state is JobState.WAITING and self._deadline is not None and now > self._deadline:
-            return self._join_timeout()
+        expired = self._deadline is not None and now > self._deadline
+        if self.state is JobState.WAITING:
+            if expired:
+                return self._join_timeout()
+            return self._advance(now)
+        if self.state is JobState.RESTARTING:
+            if expired:
+                return self._give_up("the processes of the ended generation did not all exit")
+            return self._advance(now)
         if self.state is JobState.FAILING:
             return self._conclude(now)
         if self.state is not JobState.RUNNING:
@@ -326,27 +301,17 @@ class Rendezvous:
             return []
         return self._abort(worker.rank, reason, traceback)
 
-    def _abort(
-        self, rank: int, reason: str, traceback: str = "", *, stacks: str = ""
-    ) -> list[Action]:
-        """End the job: record the root cause and tell every worker and agent still here."""
-        self.state = JobState.FAILED
-        self.failure = FailureRecord(rank, reason, traceback, stacks)
-        self._event(f"rank {rank} failed: {reason}")
-        abort = Abort(rank=rank, reason=reason, traceback=traceback, stacks=stacks)
-        targets = [
-            w.conn for w in self._workers.values() if w.connected and w.state is not RankState.LEFT
-        ]
-        targets += list(self._agents)
-        return [Send(conn, abort) for conn in targets]
-
     def _join_timeout(self) -> list[Action]:
         message = f"join timeout after {self.config.join_timeout:g} s: {self.missing()}"
         self._event(message)
+        if self.generation > 1:  # a restart that never formed: the job is over
+            return self._give_up(message) + [Close(c) for c in self._workers]
         conns = list(self._workers) + list(self._agents)
         self._workers.clear()
         self._agents.clear()
         self._deadline = None
+        self._last_call = None
+        self._world = None
         self._shape = None
         actions: list[Action] = []
         for conn in conns:
@@ -356,28 +321,8 @@ class Rendezvous:
     def missing(self) -> str:
         """Describe who has not joined yet (used in timeout errors and status)."""
         joins = [w.join for w in self._workers.values()]
-        return describe_missing(self._shape, joins, agents=len(self._agents))
-
-    # ---- views -------------------------------------------------------------------
+        return describe_missing(self.shape, joins, agents=len(self._agents))
 
     def status(self, now: float) -> StatusReply:
         """The job as a monitoring client sees it."""
-        failure = self.failure
-        return StatusReply(
-            run_id=self.config.run_id,
-            state=self.state.value,
-            world_size=self._shape.world_size if self._shape else (self.config.world_size or 0),
-            generation=self.generation,
-            failure=f"rank {failure.rank}: {failure.reason}" if failure else "",
-            ranks=[
-                RankStatus(
-                    **w.progress.model_dump(exclude={"kind"}),
-                    rank=w.rank,
-                    node_id=w.join.node_id,
-                    host=w.host,
-                    state=w.state.value,
-                    heartbeat_age_s=round(max(0.0, now - w.last_seen), 3),
-                )
-                for w in sorted(self._workers.values(), key=lambda w: (w.rank, w.join.node_id))
-            ],
-        )
+        return status_reply(self, now)

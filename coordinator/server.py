@@ -255,6 +255,14 @@ class CoordinatorServer:
             )
         if hello.role == "peer":
             return Error(code="bad_request", message="peer handshakes go to workers")
+        current = self.rendezvous.generation
+        if hello.role == "worker" and hello.generation and hello.generation != current:
+            # a process of an ended generation (fencing): it must not disturb this one
+            return Error(
+                code="stale_generation",
+                message=f"generation {hello.generation} is over; job {expected!r} is at "
+                f"generation {current}",
+            )
         return None
 
     def _dispatch(self, conn_id: int, conn: _Conn, msg: Message) -> list[Action]:

@@ -17,6 +17,7 @@ class JobState(enum.Enum):
     WAITING = "waiting"  # accepting joins
     RUNNING = "running"  # roster sent; watching liveness
     FAILING = "failing"  # a collective timed out; asking every rank what it is doing
+    RESTARTING = "restarting"  # a generation ended; waiting until its processes are gone
     FAILED = "failed"  # a worker failed; abort broadcast
     FINISHED = "finished"  # every worker left cleanly
 
@@ -67,6 +68,8 @@ class Worker:
 class Agent:
     conn: ConnId
     join: NodeJoin
+    node_rank: int | None = None  # in the running (or forming) generation
+    ready: bool = True  # no processes of an ended generation left
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,9 @@ class RendezvousConfig:
     join_timeout: float = 300.0
     heartbeat_timeout: float = 5.0
     diagnose_timeout: float = 3.0  # how long a hang's inquest waits for the ranks' answers
+    max_restarts: int | None = None  # None: the node agents say (0 without agents)
+    min_nodes: int | None = None  # --nnodes MIN:MAX; None: the agents say (fixed count)
+    last_call: float = 3.0  # seconds more joins are awaited once MIN nodes are in
 
 
 def refuse(conn: ConnId, code: str, message: str) -> list[Action]:

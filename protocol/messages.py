@@ -84,12 +84,34 @@ class Join(_Msg):
 
 
 class NodeJoin(_Msg):
-    """A node agent (``shardwire worker``) asks for its node rank before spawning."""
+    """A node agent (``shardwire worker``) asks for its node rank before spawning.
+
+    An agent sends it again on the same connection once its processes of an ended
+    generation are gone. ``world_size`` is the largest job (``MAX`` nodes); ``min_nodes``
+    is 0 for a fixed node count, else the ``MIN`` of ``--nnodes MIN:MAX``.
+    ``max_restarts`` is the agent's restart budget (None: the coordinator's).
+    """
 
     kind: Literal["node_join"] = "node_join"
     world_size: _Size
     node_id: _Str
     local_world_size: _Size
+    min_nodes: Annotated[int, Field(ge=0, lt=1 << 20)] = 0
+    max_restarts: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
+
+
+class GenerationInfo(_Msg):
+    """One generation of a job: its size, when it started and what ended it."""
+
+    generation: Annotated[int, Field(ge=1)]
+    world_size: int
+    nodes: int = 0  # node agents in it (0: workers joined without agents)
+    started_age_s: float  # seconds before the message was made
+    duration_s: float | None = None  # None while it runs
+    ended_by: Annotated[str, Field(max_length=4096)] = ""  # the root cause, or "finished"
+
+
+_History = Annotated[list[GenerationInfo], Field(max_length=1024)]
 
 
 class NodeAssignment(_Msg):
@@ -99,6 +121,30 @@ class NodeAssignment(_Msg):
     node_rank: _Rank
     nnodes: _Size
     world_size: _Size
+    generation: int = 1
+    max_restarts: int = 0
+    restarts: int = 0  # restarts used so far
+    history: _History = []  # the generations before this one
+
+
+class Restart(_Msg):
+    """To node agents: the generation ended; stop its processes, then send ``NodeJoin``
+    again to take part in ``generation``. ``restarts`` counts the failures restarted so
+    far (a membership change is not one)."""
+
+    kind: Literal["restart"] = "restart"
+    generation: int
+    rank: int = -1
+    reason: Annotated[str, Field(max_length=4096)]
+    restarts: int = 0
+    max_restarts: int = 0
+
+
+class Finished(_Msg):
+    """To node agents: every rank of the job finished; no restart will follow."""
+
+    kind: Literal["finished"] = "finished"
+    generation: int
 
 
 class Member(_Msg):
@@ -172,6 +218,9 @@ class StatusReply(_Msg):
     generation: int = 0
     failure: Annotated[str, Field(max_length=4096)] = ""
     ranks: Annotated[list[RankStatus], Field(max_length=1 << 16)] = []
+    restarts: int = 0
+    max_restarts: int = 0
+    generations: _History = []
 
 
 class CollectiveRecord(_Msg):
@@ -285,6 +334,8 @@ Message = Annotated[
     | Join
     | NodeJoin
     | NodeAssignment
+    | Restart
+    | Finished
     | Roster
     | Heartbeat
     | StatusRequest

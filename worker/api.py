@@ -74,6 +74,7 @@ class Session:
             recorder=recorder,
             on_abort=self._aborted,
             tls=tls.client_context() if tls else None,
+            generation=cfg.generation,
         )
         await control.connect(*cfg.coordinator, timeout=min(cfg.join_timeout, 60.0))
         roster = await control.join(

@@ -24,12 +24,14 @@ from shardwire.protocol.messages import (
     Diagnosis,
     Error,
     Failure,
+    Finished,
     Heartbeat,
     Join,
     Leave,
     Message,
     NodeAssignment,
     NodeJoin,
+    Restart,
     Roster,
     StatusReply,
     StatusRequest,
@@ -53,6 +55,7 @@ class ControlClient:
     ``on_abort`` runs (synchronously, in the event loop) when the coordinator broadcasts
     an abort or the connection to it is lost while the job runs. ``on_diagnose`` builds
     the answer when the coordinator asks what this process is doing (a job hangs).
+    ``on_generation`` hears a node agent's ``Restart`` and ``Finished``.
     """
 
     def __init__(
@@ -63,14 +66,18 @@ class ControlClient:
         role: str,
         on_abort: Callable[[Abort | None], None] = lambda _msg: None,
         on_diagnose: Callable[[], Awaitable[Diagnosis]] = _no_diagnosis,
+        on_generation: Callable[[Restart | Finished], None] = lambda _msg: None,
         tls: ssl.SSLContext | None = None,
+        generation: int = 0,
     ):
         self._token = token
+        self._generation = generation
         self._tls = tls
         self._run_id = run_id
         self._role = role
         self._on_abort = on_abort
         self._on_diagnose = on_diagnose
+        self._on_generation = on_generation
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._proto: FramedProtocol | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -82,7 +89,9 @@ class ControlClient:
     async def connect(self, host: str, port: int, *, timeout: float) -> None:
         """Connect and authenticate; retries refused connections until ``timeout``."""
         loop = asyncio.get_running_loop()
-        shake = ClientHandshake(self._token, role=self._role, run_id=self._run_id)
+        shake = ClientHandshake(
+            self._token, role=self._role, run_id=self._run_id, generation=self._generation
+        )
         delay = 0.05
         try:
             async with asyncio.timeout(timeout):
@@ -127,6 +136,9 @@ class ControlClient:
             return
         if isinstance(msg, Abort):
             self._on_abort(msg)
+        if isinstance(msg, Restart | Finished):
+            self._on_generation(msg)
+            return
         self._inbox.put_nowait(msg)
 
     async def _answer(self) -> None:

@@ -62,8 +62,10 @@ class ControlThread:
         recorder: FlightRecorder,
         on_abort: Callable[[Abort | None], None],
         tls: ssl.SSLContext | None = None,
+        generation: int = 0,
     ):
         self._token = token
+        self._generation = generation
         self._tls = tls
         self._run_id = run_id
         self._interval = heartbeat_interval
@@ -200,6 +202,7 @@ class ControlThread:
             token=self._token,
             run_id=self._run_id,
             role="worker",
+            generation=self._generation,
             on_abort=lambda msg: self._to_user(self._deliver, msg),
             on_diagnose=self._diagnose,
             tls=self._tls,

@@ -31,6 +31,8 @@ class WorkerEnv(BaseModel):
     master_addr: str = Field(default="127.0.0.1", validation_alias=_alias("MASTER_ADDR"))
     master_port: int = Field(default=29400, validation_alias=_alias("MASTER_PORT"))
     run_id: str = Field(default="shardwire", validation_alias=_alias("SHARDWIRE_RUN_ID"))
+    # set by the node agent: the generation this process was started for (0: any)
+    generation: int = Field(default=0, ge=0, validation_alias=_alias("SHARDWIRE_GENERATION"))
     token: SecretStr | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TOKEN"))
     token_file: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TOKEN_FILE"))
     node_id: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_NODE_ID"))
@@ -85,6 +87,8 @@ class WorkerConfig:
             segment of this many slots of this many bytes (reserved in ``/dev/shm``).
         tls: certificate, key and CA for TLS on the coordinator and peer connections
             (mutual authentication), or None for plain TCP.
+        generation: the generation the node agent started this process for; the
+            coordinator refuses it once that generation is over (0: whichever forms).
     """
 
     coordinator: tuple[str, int]
@@ -109,6 +113,7 @@ class WorkerConfig:
     shm_slots: int = 4
     shm_slot_bytes: int = 1 << 20
     tls: TlsFiles | None = None
+    generation: int = 0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:

@@ -40,8 +40,10 @@ class RawClient:
                 pass
         return True
 
-    async def authenticate(self, token: Token, *, run_id: str = "test", role: str = "worker"):
-        shake = ClientHandshake(token, role=role, run_id=run_id)
+    async def authenticate(
+        self, token: Token, *, run_id: str = "test", role: str = "worker", generation: int = 0
+    ):
+        shake = ClientHandshake(token, role=role, run_id=run_id, generation=generation)
         self.send(shake.hello)
         while not shake.done:
             reply = shake.receive(await self.recv())

@@ -23,6 +23,7 @@ async def coordinator(
     join_timeout: float = 30.0,
     diagnose_timeout: float = 3.0,
     tls: ssl.SSLContext | None = None,
+    max_restarts: int | None = None,
 ) -> AsyncIterator[CoordinatorServer]:
     server = CoordinatorServer(
         ServerConfig(
@@ -32,6 +33,7 @@ async def coordinator(
                 join_timeout=join_timeout,
                 heartbeat_timeout=heartbeat_timeout,
                 diagnose_timeout=diagnose_timeout,
+                max_restarts=max_restarts,
             ),
             tick_interval=0.05,
             tls=tls,

@@ -5,29 +5,36 @@ only then starts its processes, so each child has ``RANK`` from the start (torch
 contract). It stays connected: an abort from the coordinator is echoed in the summary.
 For ``--standalone`` it first starts a coordinator subprocess on 127.0.0.1 with a fresh
 random token.
+
+Generations: when the coordinator answers a failure (or a membership change) with
+``Restart``, the agent stops its processes (SIGTERM, SIGKILL after ``--term-timeout``),
+removes what they left in shared memory, and sends ``NodeJoin`` again; that tells the
+coordinator this node's old processes are gone. The next assignment starts them again
+with ``SHARDWIRE_GENERATION`` set, and the script resumes from its latest checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
 
-from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import load_token
-from shardwire.protocol.messages import Abort, NodeJoin
+from shardwire.protocol.messages import NodeAssignment, NodeJoin
 from shardwire.worker.control import ControlClient
+from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.settings import LaunchSettings
+from shardwire.worker.launcher.standalone import standalone_coordinator
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
 from shardwire.worker.tls import TlsFiles
 from shardwire.worker.transport import shm
 
-_COORDINATOR_START_TIMEOUT = 30.0
+# How long a node whose processes failed waits for the coordinator's verdict (restart or
+# abort); it normally comes within a heartbeat.
+_VERDICT_TIMEOUT = 60.0
 
 
 def _token_env(settings: LaunchSettings) -> dict[str, str]:
@@ -36,68 +43,6 @@ def _token_env(settings: LaunchSettings) -> dict[str, str]:
         with open(settings.token_file, encoding="utf-8") as fh:
             token = fh.readline().strip()
     return {"SHARDWIRE_TOKEN": token} if token else {}
-
-
-@contextlib.asynccontextmanager
-async def standalone_coordinator(
-    settings: LaunchSettings, env: dict[str, str]
-) -> AsyncIterator[tuple[str, int]]:
-    """Run ``python -m shardwire.coordinator`` on 127.0.0.1 with an ephemeral port."""
-    world = settings.nproc_per_node
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "shardwire.coordinator",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--world-size",
-        str(world),
-        "--run-id",
-        settings.run_id,
-        "--join-timeout",
-        str(settings.join_timeout),
-        "--heartbeat-timeout",
-        str(settings.heartbeat_timeout),
-        "--http-port",
-        "0",
-        env={**os.environ, **env},
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    pump: asyncio.Task[None] | None = None
-    try:
-        async with asyncio.timeout(_COORDINATOR_START_TIMEOUT):
-            first = (await proc.stderr.readline()).decode().strip()
-        if "listening on" not in first:
-            raise ShardwireError(f"the coordinator did not start: {first or 'no output'}")
-        host, _, port = first.rsplit(" ", 1)[-1].rpartition(":")
-        print(f"[coordinator]: listening on {host}:{port}", file=sys.stderr, flush=True)
-        pump = asyncio.create_task(_echo(proc.stderr, "[coordinator]: "))
-        yield host, int(port)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):
-                await proc.wait()
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5.0):
-                    await proc.wait()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        if pump is not None:
-            pump.cancel()
-            # The pump's own cancellation ends here; the closer's would propagate.
-            await asyncio.gather(pump, return_exceptions=True)
-
-
-async def _echo(stream: asyncio.StreamReader, prefix: str) -> None:
-    while line := await stream.readline():
-        print(prefix + line.decode(errors="replace").rstrip("\n"), file=sys.stderr, flush=True)
 
 
 async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
@@ -116,80 +61,95 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     return await _agent(settings, argv, settings.coordinator_address(), env)
 
 
+def _child_env(
+    settings: LaunchSettings, address: tuple[str, int], env: dict[str, str]
+) -> dict[str, str]:
+    child_env = {
+        **os.environ,
+        **env,
+        "MASTER_ADDR": address[0],
+        "MASTER_PORT": str(address[1]),
+        "SHARDWIRE_RUN_ID": settings.run_id,
+        "SHARDWIRE_JOIN_TIMEOUT": str(settings.join_timeout),
+        "SHARDWIRE_STALL_WARN": str(settings.stall_warn),
+        # rank 0 draws a progress bar only when the person at the terminal sees it
+        "SHARDWIRE_INTERACTIVE": "1" if sys.stdout.isatty() else "0",
+    }
+    if settings.bind_host:
+        child_env["SHARDWIRE_BIND_HOST"] = settings.bind_host
+    if settings.advertise_host:
+        child_env["SHARDWIRE_ADVERTISE_HOST"] = settings.advertise_host
+    if settings.insecure:
+        child_env["SHARDWIRE_INSECURE"] = "1"
+    return child_env
+
+
 async def _agent(
     settings: LaunchSettings, argv: list[str], address: tuple[str, int], env: dict[str, str]
 ) -> int:
     node_id = settings.node_id or socket.gethostname()
-    supervisor: Supervisor | None = None
-
-    def on_abort(msg: Abort | None) -> None:
-        if supervisor is None:
-            return
-        if msg is None:
-            supervisor.note_lost_coordinator(f"{address[0]}:{address[1]}")
-        else:
-            supervisor.note_abort(msg.rank, msg.reason, msg.traceback, msg.stacks)
-
+    watch = JobWatch(f"{address[0]}:{address[1]}")
     token = load_token(env.get("SHARDWIRE_TOKEN"), None)
     tls = TlsFiles.from_env(env)
     control = ControlClient(
         token=token,
         run_id=settings.run_id,
         role="agent",
-        on_abort=on_abort,
+        on_abort=watch.on_abort,
+        on_generation=watch.on_generation,
         tls=tls.client_context() if tls else None,
     )
+    low, high = settings.node_range
+    nproc = settings.nproc_per_node
+    join = NodeJoin(
+        world_size=high * nproc if not settings.standalone else nproc,
+        node_id=node_id,
+        local_world_size=nproc,
+        min_nodes=low if low < high else 0,
+        max_restarts=settings.max_restarts,
+    )
+    child_env = _child_env(settings, address, env)
+    code = 1
     try:
         await control.connect(*address, timeout=min(settings.join_timeout, 60.0))
         control.start_heartbeats(1.0)
-        nproc = settings.nproc_per_node
-        assignment = await control.node_join(
-            NodeJoin(
-                world_size=settings.nnodes * nproc if not settings.standalone else nproc,
-                node_id=node_id,
-                local_world_size=nproc,
-            ),
-            timeout=settings.join_timeout,
-        )
-        child_env = {
-            **os.environ,
-            **env,
-            "MASTER_ADDR": address[0],
-            "MASTER_PORT": str(address[1]),
-            "SHARDWIRE_RUN_ID": settings.run_id,
-            "SHARDWIRE_JOIN_TIMEOUT": str(settings.join_timeout),
-            "SHARDWIRE_STALL_WARN": str(settings.stall_warn),
-            # rank 0 draws a progress bar only when the person at the terminal sees it
-            "SHARDWIRE_INTERACTIVE": "1" if sys.stdout.isatty() else "0",
-        }
-        if settings.bind_host:
-            child_env["SHARDWIRE_BIND_HOST"] = settings.bind_host
-        if settings.advertise_host:
-            child_env["SHARDWIRE_ADVERTISE_HOST"] = settings.advertise_host
-        if settings.insecure:
-            child_env["SHARDWIRE_INSECURE"] = "1"
-        supervisor = Supervisor(
-            Launch(
-                argv=argv,
-                env=child_env,
-                node_id=node_id,
-                node_rank=assignment.node_rank,
-                nproc=nproc,
-                world_size=assignment.world_size,
-                term_timeout=settings.term_timeout,
-            )
-        )
-        try:
-            code = await _supervise(supervisor)
-        finally:  # the workers are gone: remove the segments a killed one left named
-            if swept := shm.sweep(settings.run_id):
-                print(f"[agent]: removed {swept} shared-memory segment(s) left by workers",
-                      file=sys.stderr, flush=True)  # fmt: skip
+        while True:
+            assignment = await control.node_join(join, timeout=settings.join_timeout)
+            supervisor = watch.begin(assignment, _launch(settings, argv, child_env, assignment))
+            try:
+                code = await _supervise(supervisor)
+            finally:  # the workers are gone: remove the segments a killed one left named
+                if swept := shm.sweep(settings.run_id):
+                    print(f"[agent]: removed {swept} shared-memory segment(s) left by workers",
+                          file=sys.stderr, flush=True)  # fmt: skip
+            if supervisor.interrupted_by or not watch.may_restart(elastic=low < high):
+                break
+            timeout = settings.join_timeout if code == 0 else _VERDICT_TIMEOUT
+            if not await watch.restarting(timeout):
+                break
+            print(f"[agent]: {watch.restart_line()}", file=sys.stderr, flush=True)
     finally:
         await control.aclose()
-    if code != 0:
-        print(supervisor.summary(), file=sys.stderr, flush=True)
+    code = watch.exit_code(code)
+    report = watch.report(code)
+    if report:
+        print(report, file=sys.stderr, flush=True)
     return code
+
+
+def _launch(
+    settings: LaunchSettings, argv: list[str], env: dict[str, str], assignment: NodeAssignment
+) -> Launch:
+    return Launch(
+        argv=argv,
+        env=env,
+        node_id=settings.node_id or socket.gethostname(),
+        node_rank=assignment.node_rank,
+        nproc=settings.nproc_per_node,
+        world_size=assignment.world_size,
+        term_timeout=settings.term_timeout,
+        generation=assignment.generation,
+    )
 
 
 async def _supervise(supervisor: Supervisor) -> int:

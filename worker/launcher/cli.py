@@ -32,6 +32,12 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--term-timeout", type=float, help="grace after SIGTERM before SIGKILL (5)")
     p.add_argument(
+        "--max-restarts",
+        type=int,
+        help="restart the job's processes from the latest checkpoint after this many "
+        "failures at most (0)",
+    )
+    p.add_argument(
         "--stall-warn",
         type=float,
         help="seconds a worker's event loop may be busy before it is reported busy (10)",
@@ -56,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
         "worker", epilog=_EPILOG, help="join a coordinator and run N processes of a script"
     )
     w.add_argument("--coordinator", help="HOST:PORT of the coordinator (127.0.0.1:29400)")
-    w.add_argument("--nnodes", type=int, help="number of nodes in the job (1)")
+    w.add_argument("--nnodes", help="nodes in the job: N, or MIN:MAX for an elastic job (1)")
     _add_node_flags(w)
     la = sub.add_parser(
         "launch", epilog=_EPILOG, help="like worker; --standalone also starts a local coordinator"
@@ -68,7 +74,12 @@ def parser() -> argparse.ArgumentParser:
         help="start a coordinator on 127.0.0.1 with a fresh token",
     )
     la.add_argument("--coordinator", help="HOST:PORT when not standalone")
-    la.add_argument("--nnodes", type=int, help="number of nodes in the job (1)")
+    la.add_argument("--nnodes", help="nodes in the job: N, or MIN:MAX for an elastic job (1)")
+    la.add_argument(
+        "--last-call",
+        type=float,
+        help="with --standalone and MIN:MAX: seconds more nodes may join once MIN are in (3)",
+    )
     la.add_argument(
         "--heartbeat-timeout",
         type=float,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shardwire.protocol.history import parse_nnodes
 from shardwire.worker.tls import TlsFiles
 
 
@@ -44,7 +45,9 @@ class LaunchSettings(_Client):
 
     standalone: bool = False
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
-    nnodes: int = Field(default=1, ge=1)
+    nnodes: str = "1"  # N, or MIN:MAX for an elastic job
+    max_restarts: int = Field(default=0, ge=0, le=1 << 20)
+    last_call: float = Field(default=3.0, ge=0)
     node_id: str | None = None
     insecure: bool = False
     bind_host: str | None = None
@@ -53,3 +56,15 @@ class LaunchSettings(_Client):
     heartbeat_timeout: float = Field(default=5.0, gt=0)
     stall_warn: float = Field(default=10.0, gt=0)
     term_timeout: float = Field(default=5.0, gt=0)
+
+    @field_validator("nnodes", mode="before")
+    @classmethod
+    def _nnodes(cls, value: object) -> str:
+        text = str(value)
+        parse_nnodes(text)  # raises ValueError with the reason
+        return text
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(MIN, MAX) nodes; equal for a fixed-size job."""
+        return parse_nnodes(self.nnodes)

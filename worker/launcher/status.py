@@ -7,6 +7,7 @@ import json
 import sys
 
 from shardwire.protocol.auth import load_token
+from shardwire.protocol.history import describe
 from shardwire.protocol.messages import StatusReply
 from shardwire.worker.control import ControlClient
 from shardwire.worker.launcher.settings import StatusSettings
@@ -60,8 +61,12 @@ def render(reply: StatusReply) -> str:
         f"run {reply.run_id!r}: {reply.state}, world size {reply.world_size}, "
         f"generation {reply.generation}"
     ]
+    if reply.max_restarts:
+        lines[0] += f", restarts {reply.restarts} of {reply.max_restarts}"
     if reply.failure:
         lines.append(f"failure: {reply.failure}")
+    if len(reply.generations) > 1 or reply.max_restarts:
+        lines += [f"  {line}" for line in describe(reply.generations)]
     lines.append(
         f"{'rank':>4}  {'host':<16} {'node':<12} {'state':<8} {'step':>7} "
         f"{'heartbeat':>10} {'samples/s':>10}"

@@ -69,6 +69,7 @@ class Launch:
     nproc: int
     world_size: int
     term_timeout: float = 5.0
+    generation: int = 1
 
 
 class Supervisor:
@@ -86,6 +87,8 @@ class Supervisor:
         self._reaper: asyncio.Task[None] | None = None  # stops the node after an abort
         self.interrupted_by = 0  # the signal the launcher received and forwarded, if any
         self.lost_coordinator = ""  # its address, when the connection to it broke mid-job
+        self._spawned = False  # every child started
+        self._halted = False  # the generation ended: stop (or do not start) the children
 
     def child_env(self, local_rank: int) -> dict[str, str]:
         la = self.launch
@@ -102,12 +105,15 @@ class Supervisor:
             "WORLD_SIZE": str(la.world_size),
             "LOCAL_WORLD_SIZE": str(la.nproc),
             "SHARDWIRE_NODE_ID": la.node_id,
+            "SHARDWIRE_GENERATION": str(la.generation),
             "PYTHONUNBUFFERED": "1",
         }
 
     async def run(self) -> int:
         """Start every child and wait until all have exited; returns the exit code."""
         for local in range(self.launch.nproc):
+            if self._halted:
+                break
             proc = await asyncio.create_subprocess_exec(
                 *self.launch.argv,
                 env=self.child_env(local),
@@ -118,6 +124,9 @@ class Supervisor:
             )
             rank = self.launch.node_rank * self.launch.nproc + local
             self.children.append(Child(rank, local, proc))
+        self._spawned = True
+        if self._halted and self._reaper is None:
+            self._reaper = asyncio.create_task(self.stop())
         try:
             async with asyncio.TaskGroup() as tg:
                 for child in self.children:
@@ -240,6 +249,13 @@ class Supervisor:
             # The job is over. Ranks normally exit by themselves at their next collective;
             # one stuck elsewhere (the rank a hang inquest named, say) is stopped.
             self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
+
+    def note_restart(self) -> None:
+        """The generation ended elsewhere: stop this node's processes now (SIGTERM, then
+        SIGKILL after the grace period) so the next generation can start."""
+        self._halted = True
+        if self._spawned and self._reaper is None and not self._stopping.is_set():
+            self._reaper = asyncio.create_task(self.stop())
 
     def note_lost_coordinator(self, address: str) -> None:
         """The coordinator went away while the job ran: that is the root cause."""

@@ -1,0 +1,100 @@
+"""Forming a generation: node assignments, rosters and the agents' agreement (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from shardwire.coordinator.generations import Generations
+from shardwire.coordinator.membership import Shape
+from shardwire.coordinator.state import Action, Agent, RendezvousConfig, Send, Worker
+from shardwire.protocol.messages import Heartbeat, Member, NodeAssignment, NodeJoin, Roster
+
+
+def assignments(
+    agents: Collection[Agent], shape: Shape, gens: Generations, now: float
+) -> tuple[int, list[Action]]:
+    """Node ranks in node id order: (the generation's world size, one message per agent)."""
+    ordered = sorted(agents, key=lambda a: a.join.node_id)
+    world = len(ordered) * shape.local_world_size
+    history = gens.info(now, upto=gens.current)
+    actions: list[Action] = []
+    for i, agent in enumerate(ordered):
+        agent.node_rank = i
+        msg = NodeAssignment(
+            node_rank=i,
+            nnodes=len(ordered),
+            world_size=world,
+            generation=gens.current,
+            max_restarts=gens.max_restarts,
+            restarts=gens.restarts,
+            history=history,
+        )
+        actions.append(Send(agent.conn, msg))
+    return world, actions
+
+
+def rosters(workers: Collection[Worker], shape: Shape, generation: int) -> list[Action]:
+    """The roster for every worker (their ranks are assigned)."""
+    lws = shape.local_world_size
+    members = sorted(
+        (
+            Member(
+                rank=w.rank,
+                node_id=w.join.node_id,
+                node_rank=w.rank // lws,
+                local_rank=w.join.local_rank,
+                host=w.host,
+                port=w.join.listen_port,
+            )
+            for w in workers
+        ),
+        key=lambda m: m.rank,
+    )
+    return [
+        Send(
+            w.conn,
+            Roster(
+                rank=w.rank, world_size=shape.world_size, generation=generation, members=members
+            ),
+        )
+        for w in workers
+    ]
+
+
+def agreement_problem(
+    config: RendezvousConfig, shape: Shape, gens: Generations, msg: NodeJoin, *, first: bool
+) -> tuple[str, str] | None:
+    """The first agent sets the node range and restart budget the coordinator was not
+    given; later agents must agree. Returns a refusal (code, message) or None."""
+    if first:
+        low = config.min_nodes or msg.min_nodes
+        shape.min_nodes = low if low < shape.nnodes else 0
+        if config.max_restarts is None:
+            gens.max_restarts = msg.max_restarts or 0
+        return None
+    said = msg.min_nodes if msg.min_nodes < shape.nnodes else 0
+    if config.min_nodes is None and said != shape.min_nodes:
+        return "world_size", (
+            f"node range disagreement: this agent says at least {msg.min_nodes or 'all'} "
+            f"nodes, the job has {shape.min_nodes or 'all'}"
+        )
+    budget = msg.max_restarts
+    if config.max_restarts is None and budget is not None and budget != gens.max_restarts:
+        return "bad_request", (
+            f"restart budget disagreement: this agent says --max-restarts {budget}, "
+            f"the job has {gens.max_restarts}"
+        )
+    return None
+
+
+def stall_text(who: str, before: Heartbeat, now: Heartbeat) -> str | None:
+    """A line when a busy event loop starts or ends being busy (never a failure)."""
+    if now.busy_s and not before.busy_s:
+        return (
+            f"{who} busy for {now.busy_s:.0f} s at {now.busy_at or 'an unknown place'} "
+            "(its event loop is not running; heartbeats continue, the job goes on)"
+        )
+    if before.busy_s and not now.busy_s:
+        busy = f"{before.busy_s:.0f} s or more"
+        return f"{who} responsive again (its event loop was busy for {busy})"
+    return None

@@ -1,0 +1,40 @@
+"""The job as monitoring clients see it (pure)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shardwire.coordinator.state import JobState
+from shardwire.protocol.messages import RankStatus, StatusReply
+
+if TYPE_CHECKING:
+    from shardwire.coordinator.rendezvous import Rendezvous
+
+
+def status_reply(rdzv: Rendezvous, now: float) -> StatusReply:
+    """State, ranks of the current generation, restarts and every generation so far."""
+    # the last failure, while it is the job's end or the cause of the restart under way
+    ended = rdzv.state in (JobState.FAILED, JobState.RESTARTING, JobState.FAILING)
+    failure = rdzv.failure if ended else None
+    shape = rdzv.shape
+    return StatusReply(
+        run_id=rdzv.config.run_id,
+        state=rdzv.state.value,
+        world_size=shape.world_size if shape else (rdzv.config.world_size or 0),
+        generation=rdzv.generation,
+        failure=f"rank {failure.rank}: {failure.reason}"[:4096] if failure else "",
+        ranks=[
+            RankStatus(
+                **w.progress.model_dump(exclude={"kind"}),
+                rank=w.rank,
+                node_id=w.join.node_id,
+                host=w.host,
+                state=w.state.value,
+                heartbeat_age_s=round(max(0.0, now - w.last_seen), 3),
+            )
+            for w in sorted(rdzv.workers, key=lambda w: (w.rank, w.join.node_id))
+        ],
+        restarts=rdzv.gens.restarts,
+        max_restarts=rdzv.gens.max_restarts,
+        generations=rdzv.gens.info(now),
+    )

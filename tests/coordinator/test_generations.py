@@ -1,0 +1,223 @@
+"""Generations in the rendezvous state machine: restarts, the restart budget, fencing of
+the ended generation's processes, and elastic membership (``--nnodes MIN:MAX``)."""
+
+from __future__ import annotations
+
+from shardwire.coordinator import JobState, Rendezvous, RendezvousConfig, Send
+from shardwire.protocol.history import describe, parse_nnodes
+from shardwire.protocol.messages import (
+    Abort,
+    Error,
+    Failure,
+    Finished,
+    Join,
+    Leave,
+    NodeAssignment,
+    NodeJoin,
+    Restart,
+    Roster,
+)
+
+LWS = 2
+
+
+def rdzv(**kw) -> Rendezvous:
+    return Rendezvous(RendezvousConfig(run_id="r", **kw))
+
+
+def node(name: str, *, nodes: int = 2, low: int = 0, budget: int | None = None) -> NodeJoin:
+    return NodeJoin(
+        world_size=nodes * LWS,
+        node_id=name,
+        local_world_size=LWS,
+        min_nodes=low,
+        max_restarts=budget,
+    )
+
+
+def sent(actions, kind: type) -> dict:
+    return {a.conn: a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, kind)}
+
+
+def run_generation(r: Rendezvous, agents: dict[str, int], now: float, first_conn: int) -> dict:
+    """Workers of every assigned agent join; returns {conn: Roster}. Agent conn ids are
+    the values of ``agents``; worker conns count up from ``first_conn``."""
+    out: dict = {}
+    conn = first_conn
+    world = len(agents) * LWS
+    for name in sorted(agents):
+        for local in range(LWS):
+            msg = Join(world_size=world, node_id=name, local_rank=local, local_world_size=LWS)
+            out |= sent(r.join(conn, msg, peer_host="10.0.0.1", now=now), Roster)
+            conn += 1
+    return out
+
+
+def started(budget: int = 1, **kw) -> tuple[Rendezvous, dict]:
+    r = rdzv(**kw)
+    assert r.node_join(100, node("a", budget=budget), 0.0) == []
+    assigned = sent(r.node_join(101, node("b", budget=budget), 0.0), NodeAssignment)
+    assert {m.generation for m in assigned.values()} == {1}
+    rosters = run_generation(r, {"a": 100, "b": 101}, 1.0, 1)
+    assert len(rosters) == 4 and r.state is JobState.RUNNING
+    return r, rosters
+
+
+def test_a_failure_with_restarts_left_opens_the_next_generation() -> None:
+    r, rosters = started(budget=2)
+    actions = r.disconnected(3)  # rank 2's process died
+    restarts = sent(actions, Restart)
+    assert set(restarts) == {100, 101}
+    msg = restarts[100]
+    assert msg.generation == 2 and msg.restarts == 1 and msg.max_restarts == 2
+    assert "rank 2 failed" in msg.reason
+    assert set(sent(actions, Abort)) == {1, 2, 4}  # the survivors of generation 1 stop
+    assert r.state is JobState.RESTARTING and r.generation == 2
+    # both agents say their processes are gone, but worker connections remain: no start
+    assert r.node_join(100, node("a", budget=2), 2.0) == []
+    assert r.node_join(101, node("b", budget=2), 2.0) == []
+    for conn in (1, 2):
+        assert r.disconnected(conn) == []
+    assignments = sent(r.disconnected(4), NodeAssignment)
+    assert {m.generation for m in assignments.values()} == {2}
+    assert {c: m.node_rank for c, m in assignments.items()} == {100: 0, 101: 1}
+    history = assignments[100].history
+    assert [g.generation for g in history] == [1]
+    assert history[0].world_size == 4 and "rank 2 failed" in history[0].ended_by
+    again = run_generation(r, {"a": 100, "b": 101}, 3.0, 11)
+    assert {m.generation for m in again.values()} == {2}
+    # the membership is unchanged, so every node keeps its ranks
+    assert sorted(m.rank for m in again.values()) == sorted(m.rank for m in rosters.values())
+    status = r.status(4.0)
+    assert status.generation == 2 and status.restarts == 1 and status.max_restarts == 2
+    assert [g.generation for g in status.generations] == [1, 2]
+    assert status.generations[1].duration_s is None
+
+
+def test_the_job_fails_once_the_budget_is_spent() -> None:
+    r, _ = started(budget=1)
+    r.disconnected(1)
+    for conn in (2, 3, 4):
+        r.disconnected(conn)
+    r.node_join(100, node("a", budget=1), 2.0)
+    r.node_join(101, node("b", budget=1), 2.0)
+    run_generation(r, {"a": 100, "b": 101}, 3.0, 11)
+    actions = r.report_failure(12, Failure(reason="boom"), 4.0)
+    assert r.state is JobState.FAILED and not sent(actions, Restart)
+    aborts = sent(actions, Abort)
+    assert {100, 101} <= set(aborts) and aborts[100].reason == "boom"
+    ended = r.status(5.0).generations
+    died = "rank 0 failed: connection to the coordinator closed (process died?)"
+    assert [g.ended_by for g in ended] == [died, "rank 1 failed: boom"]
+
+
+def test_without_restarts_a_failure_ends_the_job_as_before() -> None:
+    r, _ = started(budget=0)
+    actions = r.disconnected(2)
+    assert r.state is JobState.FAILED
+    assert not sent(actions, Restart) and {100, 101} <= set(sent(actions, Abort))
+    assert r.status(3.0).generations[0].ended_by.startswith("rank 1 failed")
+
+
+def test_finishing_tells_the_agents() -> None:
+    r, _ = started(budget=1)
+    for conn in (1, 2, 3):
+        assert r.leave(conn, Leave()) == []
+    finished = sent(r.leave(4, Leave()), Finished)
+    assert set(finished) == {100, 101} and finished[100].generation == 1
+    assert r.state is JobState.FINISHED
+    assert r.status(9.0).generations[0].ended_by == "finished"
+
+
+def test_the_coordinators_budget_wins_and_agents_must_agree() -> None:
+    r = rdzv(max_restarts=3)
+    r.node_join(100, node("a", budget=1), 0.0)
+    assert r.gens.max_restarts == 3  # set on the coordinator: agents' values are ignored
+    r = rdzv()
+    r.node_join(100, node("a", budget=1), 0.0)
+    refused = sent(r.node_join(101, node("b", budget=2), 0.0), Error)[101]
+    assert refused.code == "bad_request" and "restart budget" in refused.message
+
+
+def test_an_agent_lost_while_running_restarts_without_its_node_waiting_for_it() -> None:
+    r, _ = started(budget=1)
+    actions = r.disconnected(101)  # node b's agent is gone
+    assert set(sent(actions, Restart)) == {100}
+    assert "node 'b' lost" in sent(actions, Restart)[100].reason
+    for conn in (1, 2, 3, 4):
+        r.disconnected(conn)
+    # fixed size: node a alone cannot form generation 2
+    assert sent(r.node_join(100, node("a"), 2.0), NodeAssignment) == {}
+    assert r.state is JobState.WAITING
+    assigned = sent(r.node_join(102, node("b"), 3.0), NodeAssignment)  # b comes back
+    assert {m.generation for m in assigned.values()} == {2}
+
+
+def test_a_restart_that_never_forms_fails_the_job_at_the_join_timeout() -> None:
+    r, _ = started(budget=1, join_timeout=10.0)
+    r.disconnected(101)
+    for conn in (1, 2, 3, 4):
+        r.disconnected(conn)
+    r.node_join(100, node("a"), 2.0)
+    assert r.tick(5.0) == []
+    actions = r.tick(13.0)
+    assert r.state is JobState.FAILED
+    abort = sent(actions, Abort)[100]
+    assert "node 'b' lost" in abort.reason and "join timeout" in abort.reason
+
+
+def test_an_elastic_job_starts_after_the_last_call_and_grows_by_a_generation() -> None:
+    r = rdzv(last_call=2.0)
+    assert r.node_join(100, node("a", low=1, budget=0), 0.0) == []
+    assert r.tick(1.0) == []  # MIN is in; the last call is still open
+    assigned = sent(r.tick(2.5), NodeAssignment)
+    assert assigned[100].nnodes == 1 and assigned[100].world_size == LWS
+    rosters = run_generation(r, {"a": 100}, 3.0, 1)
+    assert {m.world_size for m in rosters.values()} == {LWS}
+    # a second node arrives: a new generation, which uses no restart
+    actions = r.node_join(101, node("b", low=1, budget=0), 4.0)
+    assert set(sent(actions, Restart)) == {100} and r.gens.restarts == 0
+    assert "membership change" in sent(actions, Restart)[100].reason
+    r.disconnected(1)
+    r.disconnected(2)
+    assigned = sent(r.node_join(100, node("a", low=1, budget=0), 5.0), NodeAssignment)
+    assert {m.nnodes for m in assigned.values()} == {2}  # MAX is in: no last call
+    grown = run_generation(r, {"a": 100, "b": 101}, 6.0, 11)
+    assert {(m.world_size, m.generation) for m in grown.values()} == {(2 * LWS, 2)}
+
+
+def test_an_elastic_job_goes_on_with_fewer_nodes_when_one_is_lost() -> None:
+    r = rdzv(last_call=1.0)
+    r.node_join(100, node("a", low=1, budget=1), 0.0)
+    r.node_join(101, node("b", low=1, budget=1), 0.0)
+    run_generation(r, {"a": 100, "b": 101}, 1.0, 1)
+    r.disconnected(101)
+    for conn in (1, 2, 3, 4):
+        r.disconnected(conn)
+    assert sent(r.node_join(100, node("a", low=1, budget=1), 2.0), NodeAssignment) == {}
+    assigned = sent(r.tick(3.5), NodeAssignment)
+    assert assigned[100].world_size == LWS and assigned[100].generation == 2
+    smaller = run_generation(r, {"a": 100}, 4.0, 11)
+    assert {m.world_size for m in smaller.values()} == {LWS}
+
+
+def test_ranks_of_the_ended_generation_cannot_join_the_next() -> None:
+    r, _ = started(budget=1)
+    r.disconnected(1)
+    msg = Join(world_size=4, node_id="a", local_rank=0, local_world_size=LWS)
+    refused = sent(r.join(50, msg, peer_host="10.0.0.1", now=2.0), Error)[50]
+    assert refused.code == "already_started" and "restarting" in refused.message
+
+
+def test_node_ranges_parse_and_generations_describe() -> None:
+    assert parse_nnodes("3") == (3, 3) and parse_nnodes("1:4") == (1, 4)
+    for bad in ("0", "3:2", "x", "1:"):
+        try:
+            parse_nnodes(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} was accepted")
+    r, _ = started(budget=1)
+    r.disconnected(1)
+    lines = describe(r.status(10.0).generations)
+    assert lines[0].startswith("generation 1: 4 ranks on 2 nodes, started 9 s ago, ran 0.0 s")
