@@ -1,0 +1,74 @@
+"""Hosts for real on one machine: Linux network namespaces joined by a bridge, each with
+a private address (10.77.0.N). The ``hosts`` fixture (in conftest) makes and removes
+them; tests skip with the reason where namespaces cannot be made."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from .cli import ROOT
+
+SUBNET = "10.77.0"
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+def make_hosts(count: int):
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2's ip")
+    tag = f"{os.getpid() % 100000}"
+    hub, names = f"swhub{tag}", [f"swh{i}x{tag}" for i in range(count)]
+    try:
+        _ip("netns", "add", hub)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot create network namespaces here: {exc.stderr.decode().strip()}")
+    made = [hub]
+    try:
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        for i, name in enumerate(names):
+            _ip("netns", "add", name)
+            made.append(name)
+            inner, outer = f"sw{i}i{tag}"[:15], f"sw{i}o{tag}"[:15]
+            _ip(
+                "link",
+                "add",
+                inner,
+                "netns",
+                name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                outer,
+                "netns",
+                hub,
+            )
+            _ip("-n", hub, "link", "set", outer, "master", "br0")
+            _ip("-n", hub, "link", "set", outer, "up")
+            _ip("-n", name, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", inner)
+            _ip("-n", name, "link", "set", inner, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+        yield names
+    finally:
+        for name in made:
+            subprocess.run(
+                ["ip", "netns", "del", name], check=False, capture_output=True, timeout=10
+            )
+
+
+def inside(ns: str, *cmd: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["ip", "netns", "exec", ns, *cmd],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
