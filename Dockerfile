@@ -21,6 +21,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 COPY --from=build /opt/venv /opt/venv
 COPY examples /app/examples
+# The checkpoint volume's mount point: a new volume takes this owner, so workers can write.
+RUN mkdir /checkpoints && chown 10001:10001 /checkpoints
 WORKDIR /app
 USER 10001:10001
 # The slim image has no curl; `shardwire health` asks the coordinator's /healthz.

@@ -74,6 +74,19 @@ def settings_from(argv: list[str] | None) -> CoordinatorSettings:
     return settings
 
 
+def rendezvous_config(settings: CoordinatorSettings) -> RendezvousConfig:
+    return RendezvousConfig(
+        run_id=settings.run_id,
+        world_size=settings.world_size,
+        join_timeout=settings.join_timeout,
+        heartbeat_timeout=settings.heartbeat_timeout,
+        diagnose_timeout=settings.diagnose_timeout,
+        max_restarts=settings.max_restarts,
+        min_nodes=parse_nnodes(settings.nnodes)[0] if settings.nnodes else None,
+        last_call=settings.last_call,
+    )
+
+
 def _write_port_file(path: str, port: int) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -87,16 +100,7 @@ async def serve(settings: CoordinatorSettings) -> int:
     )
     check_bind(settings.host, token, insecure=settings.insecure, what="coordinator")
     config = ServerConfig(
-        RendezvousConfig(
-            run_id=settings.run_id,
-            world_size=settings.world_size,
-            join_timeout=settings.join_timeout,
-            heartbeat_timeout=settings.heartbeat_timeout,
-            diagnose_timeout=settings.diagnose_timeout,
-            max_restarts=settings.max_restarts,
-            min_nodes=parse_nnodes(settings.nnodes)[0] if settings.nnodes else None,
-            last_call=settings.last_call,
-        ),
+        rendezvous_config(settings),
         tls=server_context(settings.tls_cert, settings.tls_key, settings.tls_ca),
     )
     server = CoordinatorServer(config, token)

@@ -3,7 +3,9 @@
 # daemon with its state in a temporary directory, build a Python base image with
 # debootstrap (Debian bookworm + python3), build shardwire's image on it, run
 # `docker compose up --abort-on-container-failure` training the digits example on 3
-# workers to completion, then tear down everything this script started.
+# workers to completion; then again with one worker container's process SIGKILLed
+# mid-run, which Docker restarts and which rejoins (generation 2, from the checkpoint);
+# then tear down everything this script started.
 # Exit status: 0 trained, 1 failed, 3 the daemon cannot run here (said clearly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,9 +94,37 @@ set +e
 docker compose -p shardwire-smoke up --abort-on-container-failure 2>&1 | tee "$work/compose.log"
 code=${PIPESTATUS[0]}
 set -e
-if [ "$code" = 0 ] && grep -q "held_out_accuracy" "$work/compose.log"; then
-  say "trained: $(grep held_out_accuracy "$work/compose.log" | tail -n 1)"
+if [ "$code" != 0 ] || ! grep -q "held_out_accuracy" "$work/compose.log"; then
+  say "docker compose up exited with $code"
+  exit 1
+fi
+say "trained: $(grep held_out_accuracy "$work/compose.log" | tail -n 1)"
+
+say "restart case: SIGKILL one worker container's process at step 100; Docker restarts it"
+compose() { docker compose -p shardwire-smoke "$@"; }
+compose down --volumes >/dev/null 2>&1
+compose up -d >"$work/up.log" 2>&1 || { tail -n 20 "$work/up.log"; exit 1; }
+coordinator="$(compose ps -q coordinator)"
+victim="$(compose ps -q worker | tail -n 1)"
+for _ in $(seq 1 600); do  # at most 5 minutes
+  compose logs worker 2>/dev/null | grep -q "step 100/300" && break
+  sleep 0.5
+done
+if ! compose logs worker 2>/dev/null | grep -q "step 100/300"; then
+  compose logs | tail -n 40
+  say "the job did not reach step 100"
+  exit 1
+fi
+# From the host, so Docker's restart policy applies (it ignores a `docker kill`).
+kill -KILL "$(docker inspect -f '{{.State.Pid}}' "$victim")"
+code="$(timeout 600 docker wait "$coordinator" || echo timeout)"
+compose logs --no-color >"$work/restart.log" 2>&1
+restarted="$(docker inspect -f '{{.RestartCount}}' "$victim")"
+if [ "$code" = 0 ] && [ "$restarted" -ge 1 ] && grep -q "held_out_accuracy" "$work/restart.log" \
+    && grep -q "starting generation 2" "$work/restart.log"; then
+  say "restarted by Docker ($restarted time(s)) and finished: $(grep held_out_accuracy "$work/restart.log" | tail -n 1)"
   exit 0
 fi
-say "docker compose up exited with $code"
+tail -n 60 "$work/restart.log"
+say "restart case failed: coordinator status $code, container restarts $restarted"
 exit 1

@@ -53,3 +53,15 @@ def test_the_image_is_multi_stage_slim_non_root_and_health_checked() -> None:
     assert 'CMD ["shardwire", "health"]' in runtime
     assert 'ENTRYPOINT ["shardwire"]' in runtime
     assert "uv" not in runtime.replace("/opt/venv", "")  # no build tools in the final stage
+
+
+def test_workers_restart_and_resume_from_a_shared_checkpoint_volume() -> None:
+    worker = COMPOSE["services"]["worker"]
+    assert worker["restart"] == "on-failure"
+    command = worker["command"]
+    assert "--max-restarts=${SHARDWIRE_MAX_RESTARTS:-3}" in command
+    ckpt = next(arg for arg in command if arg.startswith("--checkpoint-dir="))
+    assert worker["volumes"] == ["checkpoints:/checkpoints"]
+    assert ckpt.split("=", 1)[1].startswith("/checkpoints/") and "checkpoints" in COMPOSE["volumes"]
+    # the volume's mount point belongs to the image's non-root user
+    assert "chown 10001:10001 /checkpoints" in DOCKERFILE

@@ -75,11 +75,7 @@ def parser() -> argparse.ArgumentParser:
     )
     la.add_argument("--coordinator", help="HOST:PORT when not standalone")
     la.add_argument("--nnodes", help="nodes in the job: N, or MIN:MAX for an elastic job (1)")
-    la.add_argument(
-        "--last-call",
-        type=float,
-        help="with --standalone and MIN:MAX: seconds more nodes may join once MIN are in (3)",
-    )
+
     la.add_argument(
         "--heartbeat-timeout",
         type=float,

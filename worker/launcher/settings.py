@@ -47,7 +47,6 @@ class LaunchSettings(_Client):
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
     nnodes: str = "1"  # N, or MIN:MAX for an elastic job
     max_restarts: int = Field(default=0, ge=0, le=1 << 20)
-    last_call: float = Field(default=3.0, ge=0)
     node_id: str | None = None
     insecure: bool = False
     bind_host: str | None = None

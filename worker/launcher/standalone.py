@@ -14,13 +14,9 @@ from shardwire.worker.launcher.settings import LaunchSettings
 _COORDINATOR_START_TIMEOUT = 30.0
 
 
-@contextlib.asynccontextmanager
-async def standalone_coordinator(
-    settings: LaunchSettings, env: dict[str, str]
-) -> AsyncIterator[tuple[str, int]]:
-    """Run ``python -m shardwire.coordinator`` on 127.0.0.1 with an ephemeral port."""
-    world = settings.nproc_per_node
-    proc = await asyncio.create_subprocess_exec(
+def coordinator_command(settings: LaunchSettings) -> list[str]:
+    """The standalone coordinator's command line: one node of ``--nproc-per-node``."""
+    return [
         sys.executable,
         "-m",
         "shardwire.coordinator",
@@ -29,7 +25,7 @@ async def standalone_coordinator(
         "--port",
         "0",
         "--world-size",
-        str(world),
+        str(settings.nproc_per_node),
         "--run-id",
         settings.run_id,
         "--join-timeout",
@@ -40,8 +36,16 @@ async def standalone_coordinator(
         "0",
         "--max-restarts",
         str(settings.max_restarts),
-        "--last-call",
-        str(settings.last_call),
+    ]
+
+
+@contextlib.asynccontextmanager
+async def standalone_coordinator(
+    settings: LaunchSettings, env: dict[str, str]
+) -> AsyncIterator[tuple[str, int]]:
+    """Run ``python -m shardwire.coordinator`` on 127.0.0.1 with an ephemeral port."""
+    proc = await asyncio.create_subprocess_exec(
+        *coordinator_command(settings),
         env={**os.environ, **env},
         stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

@@ -1,0 +1,47 @@
+"""The restart and elastic options reach what they configure: flags and SHARDWIRE_*
+variables of the coordinator and the launcher."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from shardwire.coordinator.__main__ import rendezvous_config, settings_from
+from shardwire.worker.launcher.cli import _settings, parser
+from shardwire.worker.launcher.settings import LaunchSettings
+from shardwire.worker.launcher.standalone import coordinator_command
+
+
+def test_coordinator_flags_configure_the_rendezvous() -> None:
+    config = rendezvous_config(
+        settings_from(["--max-restarts", "2", "--nnodes", "1:3", "--last-call", "7.5"])
+    )
+    assert (config.max_restarts, config.min_nodes, config.last_call) == (2, 1, 7.5)
+    plain = rendezvous_config(settings_from([]))
+    assert (plain.max_restarts, plain.min_nodes, plain.last_call) == (None, None, 3.0)
+    with pytest.raises(ValueError, match="MIN:MAX"):
+        settings_from(["--nnodes", "two"])
+
+
+def test_coordinator_reads_the_restart_budget_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("SHARDWIRE_MAX_RESTARTS", "4")
+    assert rendezvous_config(settings_from([])).max_restarts == 4
+
+
+def test_launch_flags_and_environment(monkeypatch) -> None:
+    args = parser().parse_args(
+        ["launch", "--standalone", "--max-restarts", "2", "--nnodes", "1:3", "x.py"]
+    )
+    settings = _settings(args)
+    assert settings.max_restarts == 2 and settings.node_range == (1, 3)
+    monkeypatch.setenv("SHARDWIRE_MAX_RESTARTS", "5")
+    assert LaunchSettings().max_restarts == 5
+    assert LaunchSettings(nnodes=2).node_range == (2, 2)
+    with pytest.raises(ValidationError):
+        LaunchSettings(nnodes="3:1")
+
+
+def test_the_standalone_coordinator_gets_the_restart_budget() -> None:
+    command = coordinator_command(LaunchSettings(max_restarts=3, nproc_per_node=4))
+    assert command[command.index("--max-restarts") + 1] == "3"
+    assert command[command.index("--world-size") + 1] == "4"
