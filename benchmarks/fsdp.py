@@ -1,9 +1,11 @@
 """FSDP step time per strategy, with and without prefetch, on a small transformer; the
 share of all-gather time that prefetch hides; and per-rank memory by category.
 
-    python benchmarks/fsdp.py [--world 2 4] [--steps 6] [--json out.json]
+    python benchmarks/fsdp.py [--world 2 4] [--steps 6] [--transport auto tcp] [--json out.json]
 
-Each world size runs as one ``shardwire launch --standalone`` job. "Hidden" is
+Each world size runs as one ``shardwire launch --standalone`` job per transport
+(``SHARDWIRE_TRANSPORT``: "auto" moves large payloads between the ranks through shared
+memory, "tcp" keeps every byte on loopback TCP), in the same invocation. "Hidden" is
 1 - (time compute waited for parameters with prefetch) / (the same without prefetch),
 measured inside the wrapper: 100 % means the gathers cost compute nothing.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -112,22 +115,26 @@ async def worker(steps: int, depth: int) -> list[dict] | None:
 
 def report(rows: list[dict]) -> None:
     print(
-        "| n | strategy | prefetch | step (ms) | all-gathers alone (ms) | compute waited (ms) "
+        "| n | transport | strategy | prefetch | step (ms) | step vs NO_SHARD "
+        "| all-gathers alone (ms) | compute waited (ms) "
         "| hidden by prefetch | params MiB | grads MiB | optimizer MiB | total vs NO_SHARD |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for n in sorted({r["n"] for r in rows}):
-        mine = [r for r in rows if r["n"] == n]
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, transport in sorted({(r["n"], r["transport"]) for r in rows}):
+        mine = [r for r in rows if r["n"] == n and r["transport"] == transport]
         base = next(sum(r["memory"].values()) for r in mine if r["strategy"] == "NO_SHARD")
+        step = {(r["strategy"], r["prefetch"]): r["step_ms"] for r in mine}
         without = {r["strategy"]: r["wait_ms"] for r in mine if not r["prefetch"]}
         for r in mine:
             hidden = "-"
             if r["prefetch"] and without.get(r["strategy"]):
                 hidden = f"{1 - r['wait_ms'] / without[r['strategy']]:.0%}"
             m = r["memory"]
+            ratio = r["step_ms"] / step[("NO_SHARD", False)]
             print(
-                f"| {n} | {r['strategy']} | {'on' if r['prefetch'] else 'off'} | "
-                f"{r['step_ms']:.1f} | {r['gather_ms']:.1f} | {r['wait_ms']:.1f} | {hidden} | "
+                f"| {n} | {transport} | {r['strategy']} | {'on' if r['prefetch'] else 'off'} | "
+                f"{r['step_ms']:.1f} | {ratio:.2f} | {r['gather_ms']:.1f} | "
+                f"{r['wait_ms']:.1f} | {hidden} | "
                 f"{m['params'] / 2**20:.2f} | {m['grads'] / 2**20:.2f} | "
                 f"{m['optimizer'] / 2**20:.2f} | {sum(m.values()) / base:.2f} |"
             )
@@ -138,6 +145,10 @@ def main() -> None:
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--prefetch-depth", type=int, default=1, help="units gathered ahead")
+    p.add_argument(
+        "--transport", nargs="+", default=["auto", "tcp"], choices=["auto", "tcp"],
+        help="SHARDWIRE_TRANSPORT of each run (default: both, side by side)",
+    )  # fmt: skip
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -151,8 +162,8 @@ def main() -> None:
     rows = []
     shardwire = str(Path(sys.executable).parent / "shardwire")
     with tempfile.TemporaryDirectory() as tmp:
-        for n in args.world:
-            out = f"{tmp}/fsdp-{n}.json"
+        for n, transport in [(n, t) for n in args.world for t in args.transport]:
+            out = f"{tmp}/fsdp-{n}-{transport}.json"
             subprocess.run(
                 [
                     shardwire,
@@ -171,8 +182,9 @@ def main() -> None:
                 check=True,
                 timeout=3600,
                 stdout=subprocess.DEVNULL,
+                env={**os.environ, "SHARDWIRE_TRANSPORT": transport},
             )
-            rows += json.loads(Path(out).read_text())
+            rows += [{**r, "transport": transport} for r in json.loads(Path(out).read_text())]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -1,4 +1,4 @@
-"""A job's generations: the restart budget, the elastic node range and the history
+"""A job's generations: the number, the restart budget and the history
 (pure: times are the inputs' clock).
 
 A generation is one formed world: its members, their ranks, one roster. It ends when
@@ -71,19 +71,3 @@ class Generations:
             for e in self.eras
             if upto is None or e.generation < upto
         ]
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRange:
-    """How many node agents a generation may have (``--nnodes MIN:MAX``)."""
-
-    min_nodes: int
-    max_nodes: int
-
-    @property
-    def elastic(self) -> bool:
-        return self.min_nodes < self.max_nodes
-
-    def ready(self, agents: int, *, last_call_over: bool) -> bool:
-        """Whether a generation can form with this many agents now."""
-        return agents >= self.max_nodes or (agents >= self.min_nodes and last_call_over)

@@ -99,7 +99,9 @@ class Lifecycle:
         shape = self._shape
         low = shape.min_nodes or shape.nnodes
         count = len(self._agents)
-        if count >= low and self._last_call is None and count < shape.nnodes:
+        if count < low:
+            self._last_call = None  # a node left before the last call ended
+        elif self._last_call is None and count < shape.nnodes:
             self._last_call = now + self.config.last_call
             self._event(
                 f"{count} of {low}..{shape.nnodes} nodes in; more may join for "

@@ -272,6 +272,34 @@ def test_status_render_shows_a_busy_rank_and_where() -> None:
     assert second.endswith("busy for 14 s at digits.py:33 in load")
 
 
+def test_status_render_lists_the_generations_and_the_restart_budget() -> None:
+    from shardwire.protocol.messages import GenerationInfo, StatusReply
+    from shardwire.worker.launcher.status import render
+
+    reply = StatusReply(
+        run_id="r",
+        state="running",
+        world_size=4,
+        generation=2,
+        restarts=1,
+        max_restarts=3,
+        generations=[
+            GenerationInfo(
+                generation=1, world_size=4, nodes=2, started_age_s=60, duration_s=40,
+                ended_by="rank 3 failed: killed",
+            ),
+            GenerationInfo(generation=2, world_size=4, nodes=2, started_age_s=15),
+        ],
+    )  # fmt: skip
+    lines = render(reply).splitlines()
+    assert lines[0] == "run 'r': running, world size 4, generation 2, restarts 1 of 3"
+    assert (
+        "generation 1: 4 ranks on 2 nodes, started 60 s ago, ran 40.0 s: rank 3 failed: killed"
+        in lines[1]
+    )
+    assert "generation 2: 4 ranks on 2 nodes, started 15 s ago, running" in lines[2]
+
+
 def test_checksum_setting_is_read_from_the_environment() -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
     assert WorkerConfig.from_env(env).checksum is True
