@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,3 +55,12 @@ def start_coordinator(*args: str, **extra: str) -> tuple[subprocess.Popen, str]:
     assert proc.stderr is not None
     line = proc.stderr.readline()  # "shardwire coordinator listening on HOST:PORT"
     return proc, line.strip().rsplit(":", 1)[1]
+
+
+def run_records(run: Path) -> tuple[dict, dict]:
+    """A run directory's logged (loss, lr, accuracy) by step, and its summary."""
+    records = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records[record["step"]] = (record["loss"], record["lr"], record["accuracy"])
+    return records, json.loads((run / "summary.json").read_text())

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .cli import ROOT, SHARDWIRE, env, shardwire
+from .cli import ROOT, SHARDWIRE, env, run_records, shardwire
 
 pytestmark = pytest.mark.e2e
 
@@ -149,12 +149,7 @@ def _finish(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def _records(tmp_path, name: str) -> tuple[dict, dict]:
-    run = tmp_path / name / "run"
-    records = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records[record["step"]] = (record["loss"], record["lr"], record["accuracy"])
-    return records, json.loads((run / "summary.json").read_text())
+    return run_records(tmp_path / name / "run")
 
 
 def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_run(

@@ -5,7 +5,6 @@ as before, and both summaries list the generations."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from shardwire.worker.transport import shm
 
-from .cli import ROOT, SHARDWIRE, env
+from .cli import ROOT, SHARDWIRE, env, run_records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -83,12 +82,7 @@ def _run_and_kill(tmp_path: Path, name: str, *flags: str) -> subprocess.Complete
 
 
 def _results(tmp_path: Path, name: str) -> tuple[dict, dict]:
-    run = tmp_path / name / "run"
-    records = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records[record["step"]] = (record["loss"], record["lr"], record["accuracy"])
-    return records, json.loads((run / "summary.json").read_text())
+    return run_records(tmp_path / name / "run")
 
 
 def test_a_killed_worker_is_restarted_and_the_job_ends_like_an_uninterrupted_run(
