@@ -11,6 +11,7 @@ import numpy as np
 from shardwire.protocol import Tag
 from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.transport.base import Receive, Transport
+from shardwire.worker.transport.mailbox import Fold
 
 # No transport-level timer: the call's own deadline (the group timeout) bounds every
 # wait and turns into CollectiveTimeout with the ranks not heard from. One timer per call
@@ -66,13 +67,16 @@ class Call:
             timeout=_UNTIMED,
         )
 
-    def irecv(self, peer: int, step: int, out: np.ndarray | None = None) -> Receive:
+    def irecv(
+        self, peer: int, step: int, out: np.ndarray | None = None, fold: Fold | None = None
+    ) -> Receive:
         receive = self.transport.irecv(
             self.ranks[peer],
             tag=Tag(self.group_id, self.seq, self.step_base + step),
             op=self.signature,
             out=out,
             timeout=_UNTIMED,
+            fold=fold,
         )
         self.receives.append(receive)
         return receive

@@ -28,6 +28,7 @@ from shardwire.worker.collectives.layout import bounds, pipeline_depth, sub
 from shardwire.worker.collectives.ops import ReduceOp, combine, finish
 from shardwire.worker.collectives.plan import GATHER_STEP
 from shardwire.worker.transport.base import Receive
+from shardwire.worker.transport.mailbox import Fold
 
 # Chunk size and lane count, from benchmarks/collectives.py on 2 cores over loopback:
 # 1 MiB chunks and up to 4 lanes gave the best 16-256 MiB all_reduce (smaller chunks
@@ -41,6 +42,17 @@ CHAIN_PIECES = 64
 def _lanes(segs: list[tuple[int, int]], itemsize: int) -> int:
     widest = max(b - a for a, b in segs) * itemsize
     return pipeline_depth(widest, chunk_bytes=CHUNK_BYTES, max_depth=MAX_LANES)
+
+
+def _folder(op: ReduceOp, mine: np.ndarray, acc: np.ndarray) -> Fold:
+    """``acc = incoming (op) mine``, piece by piece as the incoming bytes arrive (the
+    left neighbour's partial sum comes first, as everywhere: bit-identical results)."""
+
+    def fold(piece: np.ndarray, at: int) -> None:
+        end = at + piece.size
+        combine(op, piece, mine[at:end], out=acc[at:end])
+
+    return fold
 
 
 async def reduce_scatter(
@@ -66,15 +78,15 @@ async def reduce_scatter(
     for s in range(n - 1):
         for j in range(depth):
             ra, rb = sub(segs[(r - s - 2) % n], depth, j)
-            receives[s, j] = c.irecv(left, base_step + s * depth + j, out=incoming[ra:rb])
+            fold = _folder(op, src[ra:rb], acc[ra:rb])
+            step = base_step + s * depth + j
+            receives[s, j] = c.irecv(left, step, out=incoming[ra:rb], fold=fold)
 
     async def lane(j: int) -> None:
         for s in range(n - 1):
             sa, sb = sub(segs[(r - s - 1) % n], depth, j)
             await c.send(right, (src if s == 0 else acc)[sa:sb], base_step + s * depth + j)
-            await receives[s, j].wait()
-            ra, rb = sub(segs[(r - s - 2) % n], depth, j)
-            combine(op, incoming[ra:rb], src[ra:rb], out=acc[ra:rb])
+            await receives[s, j].wait()  # its fold has reduced it into acc
 
     await asyncio.gather(*(lane(j) for j in range(depth)))
 

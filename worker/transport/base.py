@@ -22,7 +22,7 @@ import numpy as np
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
 from shardwire.protocol.codec import pack_object
 from shardwire.protocol.messages import Poison, encode_message
-from shardwire.worker.transport.mailbox import POISON_OP, Mailbox
+from shardwire.worker.transport.mailbox import POISON_OP, Fold, Mailbox
 
 log = logging.getLogger("shardwire.worker")
 
@@ -208,15 +208,18 @@ class Transport(abc.ABC):
         op: str = "p2p",
         out: np.ndarray | None = None,
         timeout: float | None = None,
+        fold: Fold | None = None,
     ) -> Receive:
-        """Post a receive now (so the payload can land in ``out``); await ``wait()`` later."""
+        """Post a receive now (so the payload can land in ``out``); await ``wait()`` later.
+        ``fold`` reduces the message into the caller's accumulator before it completes
+        (from shared memory without copying it into ``out`` first)."""
         self._check_usable()
         self._check_peer(src)
         if out is not None:
             check_dtype(out.dtype)
             if not out.flags.c_contiguous or not out.flags.writeable:
                 raise ValueError("recv(out=...) needs a writeable C-contiguous array")
-        future = self.mailbox.post(src, tag, op, out)
+        future = self.mailbox.post(src, tag, op, out, fold)
         if not future.done():
             if src in self._departed:
                 self.mailbox.withdraw(src, tag, future)

@@ -45,6 +45,7 @@ class _Posted:
     out: np.ndarray | None
     future: asyncio.Future[np.ndarray]
     filling: bool = False
+    fold: Fold | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +57,19 @@ class Inbound:
     posted: _Posted | None
     error: MessageMismatch | None = None
     drop: bool = False  # a mismatched frame nobody will receive
+    folded: bool = False  # its pieces went to the receive's fold as they arrived
+
+    @property
+    def foldable(self) -> bool:
+        """Whether pieces may go straight to the receive's fold (no copy into ``array``)."""
+        p = self.posted
+        return p is not None and p.fold is not None and self.error is None and not self.drop
+
+
+# A receive's reduction: fold(piece, at) combines ``piece`` (elements ``at`` onwards of
+# the message, flat) into the receiver's accumulator. Transports call it once with the
+# whole message, or piece by piece straight from where the bytes arrived (shared memory).
+Fold = Callable[[np.ndarray, int], None]
 
 
 def byte_view(array: np.ndarray) -> memoryview:
@@ -111,14 +125,17 @@ class Mailbox:
 
     # ---- receives ----------------------------------------------------------------------
 
-    def post(self, src: int, tag: Tag, op: str, out: np.ndarray | None) -> asyncio.Future:
-        """Register a receive; completes at once if the message is already here."""
+    def post(
+        self, src: int, tag: Tag, op: str, out: np.ndarray | None, fold: Fold | None = None
+    ) -> asyncio.Future:
+        """Register a receive; completes at once if the message is already here.
+        With ``fold``, the message is folded (see :data:`Fold`) before it completes."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         group_error = self._group_errors.get(tag.group)
         if group_error is not None:
             _fail(future, group_error)
             return future
-        posted = _Posted(op, out, future)
+        posted = _Posted(op, out, future, fold=fold)
         call = (tag.group, tag.seq)
         held = self._early_calls.get(call)
         if held is not None and held[1] != op:
@@ -157,6 +174,8 @@ class Mailbox:
         if posted.out is not None:
             np.copyto(posted.out, array)
             array = posted.out
+        if posted.fold is not None:
+            posted.fold(array.reshape(-1), 0)
         posted.future.set_result(array)
 
     def has_posted(self, meta: TensorMeta) -> bool:
@@ -223,8 +242,10 @@ class Mailbox:
             return
         if inbound.error is not None:
             _fail(posted.future, inbound.error)
-        else:
-            posted.future.set_result(inbound.array)
+            return
+        if posted.fold is not None and not inbound.folded:
+            posted.fold(inbound.array.reshape(-1), 0)
+        posted.future.set_result(inbound.array)
 
     def abandon(self, inbound: Inbound, exc: BaseException) -> None:
         """The payload of ``inbound`` will never complete (its connection is gone or it

@@ -168,7 +168,16 @@ class ShmLink:
                     f"rank {self.peer}: shared-memory chunk of {length} bytes overruns the "
                     f"{len(target)}-byte message at {filled}"
                 )
-            target[filled : filled + length] = source
+            item = inbound.array.itemsize
+            if inbound.foldable and self.inbox.slot_bytes % item == 0:
+                # reduce straight out of the slot: no copy into the receive buffer
+                if filled % item or length % item:
+                    raise ProtocolError(f"rank {self.peer} sent a chunk that splits an element")
+                piece = np.frombuffer(source, dtype=inbound.array.dtype)
+                inbound.posted.fold(piece, filled // item)
+                inbound.folded = True
+            else:
+                target[filled : filled + length] = source
         self._conn.outbox.credit(encode_head(FrameKind.DATA, {CREDIT_KEY: slot}, 0))
         filled += length
         if filled == len(target):

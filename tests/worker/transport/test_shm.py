@@ -176,3 +176,50 @@ async def test_a_lost_peer_fails_a_send_waiting_for_a_slot() -> None:
         with pytest.raises(PeerFailed, match="rank 1"):
             async with asyncio.timeout(5):  # well inside the transport's 10 s send timeout
                 await send
+
+
+async def test_a_folding_receive_reduces_straight_out_of_the_slots() -> None:
+    async with shm_world(2, shm_slots=2, shm_slot_bytes=64 << 10) as (a, b):
+        x = np.arange(100_000, dtype=np.float32)  # 400 KB: 7 slots' worth
+        mine = np.full(x.size, 0.5, np.float32)
+        acc = np.zeros_like(x)
+        out = np.zeros_like(x)
+        pieces: list[tuple[int, int]] = []
+
+        def fold(piece: np.ndarray, at: int) -> None:
+            pieces.append((at, piece.size))
+            np.add(piece, mine[at : at + piece.size], out=acc[at : at + piece.size])
+
+        receive = b.irecv(0, tag=Tag(1, 0), out=out, fold=fold)
+        await asyncio.gather(a.send(1, x, tag=Tag(1, 0)), receive.wait())
+    np.testing.assert_array_equal(acc, x + mine)
+    assert len(pieces) == 7 and pieces[0] == (0, (64 << 10) // 4)
+    assert sum(n for _, n in pieces) == x.size
+    assert not out.any()  # the bytes were never copied into the receive buffer
+
+
+async def test_a_folding_receive_over_tcp_folds_the_whole_message_once() -> None:
+    async with tcp_world(2) as (a, b):
+        x = np.arange(100_000, dtype=np.float64)
+        out = np.zeros_like(x)
+        calls: list[tuple[int, int]] = []
+        receive = b.irecv(0, tag=Tag(1, 0), out=out, fold=lambda p, at: calls.append((at, p.size)))
+        await asyncio.gather(a.send(1, x, tag=Tag(1, 0)), receive.wait())
+    assert calls == [(0, x.size)]
+    np.testing.assert_array_equal(out, x)
+
+
+async def test_a_chunk_that_splits_an_element_of_a_folding_receive_is_refused() -> None:
+    async with shm_world(2) as (a, b):
+        folded = []
+        receive = b.irecv(
+            0, tag=Tag(1, 0), out=np.zeros(1000, np.float32), fold=lambda p, at: folded.append(at)
+        )
+        conn = a._conns[1]
+        head = {"src": 0, "group": 1, "seq": 0, "step": 0, "op": "p2p", "dtype": "float32"}
+        head.update(shape=[1000], gen=a.generation, **{SHM_KEY: 1})
+        conn.transport.write(encode_head(FrameKind.DATA, head, 0))
+        conn.transport.write(encode_head(FrameKind.DATA, {CHUNK_KEY: [0, 6]}, 0))
+        with pytest.raises(PeerFailed, match="splits an element"):
+            await receive.wait()
+        assert folded == []
