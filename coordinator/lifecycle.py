@@ -120,14 +120,11 @@ class Lifecycle:
         return actions
 
     def _reopen(self, now: float) -> None:
-        """Generation g's processes are gone: generation g+1 starts forming."""
+        """Generation g's processes are gone: generation g+1 starts forming (the ended
+        generation's workers, world size and node ranks were let go when it ended)."""
         self.state = JobState.WAITING
-        self._workers.clear()
-        self._world = None
         self._last_call = None
         self._deadline = now + self.config.join_timeout
-        for a in self._agents.values():
-            a.node_rank = None
         self._event(f"generation {self.generation} forming", now)
 
     def _agent_lost(self, agent: Agent) -> list[Action]:
@@ -158,12 +155,15 @@ class Lifecycle:
         abort = Abort(rank=rank, reason=reason, traceback=traceback, stacks=stacks)
         return [Send(conn, abort) for conn in self._listeners()]
 
-    def _listeners(self) -> list[ConnId]:
-        """Every connected worker that has not finished, and every agent."""
-        workers = [
+    def _live_workers(self) -> list[ConnId]:
+        """Every connected worker of this generation that has not finished."""
+        return [
             w.conn for w in self._workers.values() if w.connected and w.state is not RankState.LEFT
         ]
-        return workers + list(self._agents)
+
+    def _listeners(self) -> list[ConnId]:
+        """Every live worker and every agent."""
+        return self._live_workers() + list(self._agents)
 
     def _end_generation(
         self, rank: int, reason: str, traceback: str = "", *, stacks: str = "", failure: bool
@@ -187,7 +187,7 @@ class Lifecycle:
             restarts=self.gens.restarts,
             max_restarts=self.gens.max_restarts,
         )
-        actions: list[Action] = [Send(c, abort) for c in self._listeners() if c not in self._agents]
+        actions: list[Action] = [Send(c, abort) for c in self._live_workers()]
         for a in self._agents.values():
             if a.node_rank is not None:  # it started processes for the ended generation
                 actions.append(Send(a.conn, restart))

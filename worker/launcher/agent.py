@@ -115,7 +115,8 @@ async def _agent(
         control.start_heartbeats(1.0)
         while True:
             assignment = await control.node_join(join, timeout=settings.join_timeout)
-            supervisor = watch.begin(assignment, _launch(settings, argv, child_env, assignment))
+            launch = _launch(settings, argv, child_env, node_id, assignment)
+            supervisor = watch.begin(assignment, launch)
             try:
                 code = await _supervise(supervisor)
             finally:  # the workers are gone: remove the segments a killed one left named
@@ -138,12 +139,16 @@ async def _agent(
 
 
 def _launch(
-    settings: LaunchSettings, argv: list[str], env: dict[str, str], assignment: NodeAssignment
+    settings: LaunchSettings,
+    argv: list[str],
+    env: dict[str, str],
+    node_id: str,
+    assignment: NodeAssignment,
 ) -> Launch:
     return Launch(
         argv=argv,
         env=env,
-        node_id=settings.node_id or socket.gethostname(),
+        node_id=node_id,
         node_rank=assignment.node_rank,
         nproc=settings.nproc_per_node,
         world_size=assignment.world_size,

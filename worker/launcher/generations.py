@@ -134,8 +134,7 @@ class JobWatch:
         history = self.history()
         lines = [f"  {line}" for line in describe(history)]
         if code != 0 and self.supervisor is not None:
-            text = self.supervisor.summary().rsplit("\n", 1)[0]  # without the closing rule
-            return "\n".join([text, "generations:", *lines, "=" * 72])
+            return self.supervisor.summary(["generations:", *lines])
         if len(history) <= 1:
             return ""
         restarts = self.assignment.restarts if self.assignment else 0

@@ -205,8 +205,9 @@ class Supervisor:
             return 128 - code if code < 0 else code
         return 1
 
-    def summary(self) -> str:
-        """The root-cause report printed when the node's job did not succeed."""
+    def summary(self, extra: list[str] | None = None) -> str:
+        """The root-cause report printed when the node's job did not succeed, with
+        ``extra`` lines (the generations) at its end."""
         title = "shardwire: job failed"
         if self.interrupted_by:
             title = f"shardwire: job stopped by {signal.Signals(self.interrupted_by).name}"
@@ -234,6 +235,7 @@ class Supervisor:
         if others:
             lines.append("other ranks on this node:")
             lines += [f"  rank {c.rank}: {c.outcome()}" for c in others]
+        lines += extra or []
         lines.append("=" * 72)
         return "\n".join(lines)
 
