@@ -23,6 +23,11 @@ def pack_meta(meta: dict[str, Any]) -> bytes:
     return _PACKER.pack(meta)
 
 
+def pack_value(value: Any) -> bytes:
+    """Pack one plain value (a key, an int, a list of ints) of a meta map."""
+    return _PACKER.pack(value)
+
+
 def _no_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} is not allowed")
 

@@ -30,6 +30,7 @@ from typing import Any
 from shardwire.protocol.codec import pack_meta, unpack_meta
 from shardwire.protocol.errors import FrameTooLarge, ProtocolError, VersionMismatch
 from shardwire.protocol.integrity import CHECK_KEY, TRAILER_BYTES, Digest, meta_digest
+from shardwire.protocol.tensors import TensorMeta, pack_tensor_meta
 
 MAGIC = b"SW"
 PROTOCOL_VERSION = 2
@@ -87,18 +88,32 @@ class Header:
 
 def encode_head(kind: FrameKind, meta: dict[str, Any], payload_len: int = 0) -> bytes:
     """Return prefix and meta bytes; the payload is written separately, uncopied."""
-    meta_bytes = pack_meta(meta)
+    return _head(kind, pack_meta(meta), payload_len)
+
+
+def _head(kind: FrameKind, meta_bytes: bytes, payload_len: int) -> bytes:
     if len(meta_bytes) > MAX_META_BYTES:
         raise FrameTooLarge(f"meta map is {len(meta_bytes)} bytes, limit {MAX_META_BYTES}")
-    prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, int(kind), len(meta_bytes), payload_len)
+    prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, kind, len(meta_bytes), payload_len)
     return prefix + meta_bytes
 
 
-def encode_sealed_head(meta: dict[str, Any], payload_len: int) -> tuple[bytes, Digest]:
+_SEALED = ((CHECK_KEY, 1),)
+
+
+def encode_data_head(
+    meta: TensorMeta, payload_len: int, extra: tuple[tuple[str, int], ...] = ()
+) -> bytes:
+    """Prefix and meta of a data frame for ``meta`` (plus ``extra`` meta fields)."""
+    return _head(FrameKind.DATA, pack_tensor_meta(meta, extra), payload_len)
+
+
+def encode_sealed_head(meta: TensorMeta, payload_len: int) -> tuple[bytes, Digest]:
     """Prefix and meta of a checksummed data frame, and the digest its payload is fed to;
     the frame ends with ``digest.digest()`` (see :mod:`shardwire.protocol.integrity`)."""
-    head = encode_head(FrameKind.DATA, {**meta, CHECK_KEY: 1}, payload_len + TRAILER_BYTES)
-    return head, meta_digest(memoryview(head)[PREFIX_SIZE:])
+    meta_bytes = pack_tensor_meta(meta, _SEALED)
+    head = _head(FrameKind.DATA, meta_bytes, payload_len + TRAILER_BYTES)
+    return head, meta_digest(meta_bytes)
 
 
 def parse_prefix(

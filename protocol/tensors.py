@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from shardwire.protocol.codec import pack_value
 from shardwire.protocol.errors import ProtocolError
 
 # Only plain little-endian numeric dtypes cross the wire: no object arrays, no structured
@@ -78,6 +79,46 @@ class TensorMeta(NamedTuple):
         return cls(src, tag, op, check_dtype(array.dtype), array.shape, generation)
 
 
+# The meta map of a data frame, packed. Everything but seq and step is the same for every
+# message of a call (and usually for every call of a training step), so those fields'
+# bytes are packed once and kept; a message then costs two small ints and a join
+# (measured ~0.5 us against ~2.3 us for building and packing the dict). The map is the
+# same msgpack map any decoder reads; only the order of its keys differs.
+_BODIES: dict[tuple[Any, ...], bytes] = {}
+_MAX_BODIES = 4096  # distinct (source, group, op, dtype, shape, generation) kept
+_FIXMAPS = [bytes((0x80 | n,)) for n in range(16)]  # msgpack map headers, up to 15 pairs
+_FIXINTS = [bytes((v,)) for v in range(128)]  # msgpack's one-byte non-negative ints
+_SEQ, _STEP = pack_value("seq"), pack_value("step")
+
+
+def _small_int(value: int) -> bytes:
+    return _FIXINTS[value] if 0 <= value < 128 else pack_value(value)
+
+
+def pack_tensor_meta(meta: TensorMeta, extra: tuple[tuple[str, int], ...] = ()) -> bytes:
+    """Pack ``meta.to_wire()`` plus the ``extra`` (key, int) fields as one msgpack map."""
+    key = (meta.src, meta.tag.group, meta.op, meta.dtype, meta.shape, meta.generation, extra)
+    body = _BODIES.get(key)
+    if body is None:
+        fields: dict[str, Any] = {
+            "src": meta.src,
+            "group": meta.tag.group,
+            "op": meta.op,
+            "dtype": meta.dtype,
+            "shape": list(meta.shape),
+            "gen": meta.generation,
+            **dict(extra),
+        }
+        body = b"".join(pack_value(k) + pack_value(v) for k, v in fields.items())
+        if len(_BODIES) >= _MAX_BODIES:
+            _BODIES.clear()
+        _BODIES[key] = body
+    tag = meta.tag
+    return b"".join(
+        (_FIXMAPS[8 + len(extra)], body, _SEQ, _small_int(tag.seq), _STEP, _small_int(tag.step))
+    )
+
+
 def check_dtype(dtype: np.dtype[Any] | str) -> str:
     """Return the canonical dtype name, or raise if it may not cross the wire."""
     name = _NAMES.get(dtype) if isinstance(dtype, np.dtype) else None
@@ -100,6 +141,41 @@ def _int(meta: dict[str, Any], key: str, *, low: int = 0) -> int:
 def parse_tensor_meta(meta: dict[str, Any], payload_len: int | None) -> TensorMeta:
     """Validate a data frame's meta against its announced payload length (None: the
     payload travels elsewhere, through shared memory)."""
+    # The common case in one pass of exact type checks; anything unusual goes through
+    # the field-by-field checks below, which also word the error.
+    try:
+        src, group, seq, step, gen = (
+            meta["src"],
+            meta["group"],
+            meta["seq"],
+            meta["step"],
+            meta["gen"],
+        )
+        op, dtype, shape = meta["op"], meta["dtype"], meta["shape"]
+    except KeyError:
+        return _parse_checked(meta, payload_len)
+    if (
+        type(src) is type(group) is type(seq) is type(step) is type(gen) is int
+        and min(src, group, seq, step, gen) >= 0
+        and type(op) is str
+        and len(op) <= MAX_OP_CHARS
+        and type(dtype) is str
+        and dtype in _ITEMSIZE
+        and type(shape) is list
+        and len(shape) <= MAX_NDIM
+    ):
+        nbytes = _ITEMSIZE[dtype]
+        for d in shape:
+            if type(d) is not int or d < 0:
+                break
+            nbytes *= d
+        else:
+            if payload_len is None or nbytes == payload_len:
+                return TensorMeta(src, Tag(group, seq, step), op, dtype, tuple(shape), gen)
+    return _parse_checked(meta, payload_len)
+
+
+def _parse_checked(meta: dict[str, Any], payload_len: int | None) -> TensorMeta:
     dtype = meta.get("dtype")
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise ProtocolError(f"data frame dtype {dtype!r} is not in the allowlist")

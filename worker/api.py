@@ -58,6 +58,7 @@ class Session:
                 shm=cfg.transport == "auto",
                 shm_slots=cfg.shm_slots,
                 shm_slot_bytes=cfg.shm_slot_bytes,
+                busy_poll_us=cfg.busy_poll_us,
                 tls_server=tls.server_context() if tls else None,
                 tls_client=tls.client_context() if tls else None,
             ),

@@ -56,6 +56,9 @@ class WorkerEnv(BaseModel):
     shm_slot_bytes: int = Field(
         default=1 << 20, ge=4096, le=1 << 30, validation_alias=_alias("SHARDWIRE_SHM_SLOT_BYTES")
     )
+    busy_poll_us: int | None = Field(
+        default=None, ge=0, le=1_000_000, validation_alias=_alias("SHARDWIRE_BUSY_POLL_US")
+    )
     tls_cert: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CERT"))
     tls_key: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_KEY"))
     tls_ca: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CA"))
@@ -85,6 +88,11 @@ class WorkerConfig:
             "tcp" keeps every byte on the peer connections.
         shm_slots, shm_slot_bytes: each shared-memory direction between two ranks is a
             segment of this many slots of this many bytes (reserved in ``/dev/shm``).
+        busy_poll_us: a receive that has to wait keeps the event loop polling its
+            sockets this many microseconds before the process sleeps, which saves the
+            kernel's wake-up latency on small messages. None: 100 when this node has at
+            least as many usable CPUs as ranks, else 0 (polling would take the core
+            another rank needs; set explicitly there, it yields the CPU on every turn).
         tls: certificate, key and CA for TLS on the coordinator and peer connections
             (mutual authentication), or None for plain TCP.
         generation: the generation the node agent started this process for; the
@@ -112,6 +120,7 @@ class WorkerConfig:
     transport: Literal["auto", "tcp"] = "auto"
     shm_slots: int = 4
     shm_slot_bytes: int = 1 << 20
+    busy_poll_us: int | None = None
     tls: TlsFiles | None = None
     generation: int = 0
 

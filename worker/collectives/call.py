@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -58,8 +59,9 @@ class Call:
     def tag(self, step: int) -> Tag:
         return Tag(self.group_id, self.seq, self.step_base + step)
 
-    async def send(self, peer: int, array: np.ndarray, step: int) -> None:
-        await self.transport.send(
+    def send(self, peer: int, array: np.ndarray, step: int) -> Coroutine[Any, Any, None]:
+        # The transport's coroutine itself, not one wrapping it: one frame less per send.
+        return self.transport.send(
             self.ranks[peer],
             array,
             tag=Tag(self.group_id, self.seq, self.step_base + step),
@@ -85,5 +87,7 @@ class Call:
         """Global ranks this call is still waiting for."""
         return sorted({r.src for r in self.receives if not r.received})
 
-    async def recv(self, peer: int, step: int, out: np.ndarray | None = None) -> np.ndarray:
-        return await self.irecv(peer, step, out).wait()
+    def recv(
+        self, peer: int, step: int, out: np.ndarray | None = None
+    ) -> Coroutine[Any, Any, np.ndarray]:
+        return self.irecv(peer, step, out).wait()

@@ -25,6 +25,7 @@ from shardwire.protocol import (
     TransportClosed,
 )
 from shardwire.worker.collectives.call import Call
+from shardwire.worker.collectives.deadlines import Deadlines
 from shardwire.worker.collectives.layout import node_layout
 from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.flight import FlightRecorder
@@ -124,6 +125,7 @@ class GroupCore:
         self._error: BaseException | None = None
         self._works: set[Work] = set()
         self._pool = ScratchPool()
+        self._deadlines = Deadlines()
         self._children: list[GroupCore] = []  # subgroups this group created and closes
         self._closed = False
         self._layout: list[list[int]] | None = None
@@ -188,7 +190,7 @@ class GroupCore:
     async def _run(
         self, call: Call, algorithm: Callable[[Call], Awaitable[T]], limit: float, nbytes: int
     ) -> T:
-        op = call.signature.split(":")[0]
+        op = call.signature.split(":", 1)[0]
         what = f"{op} #{call.seq}"
         me = self.transport.rank
         entry = self.recorder.begin(
@@ -199,14 +201,21 @@ class GroupCore:
             nbytes=nbytes,
             pending=call.silent_ranks,
         )
-        outcome = "error"
+        outcome, expired = "error", False
+        self._deadlines.watch(call.seq, limit)
         try:
-            async with asyncio.timeout(limit):
+            try:
                 result = await algorithm(call)
+            finally:
+                expired = self._deadlines.release(call.seq)
             self._pool.give(call.taken)
             outcome = "ok"
             return result
-        except (TimeoutError, TransportTimeout):
+        except (TimeoutError, TransportTimeout, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and not expired:
+                outcome = "cancelled"
+                self._poison(CollectiveCancelled(f"{what} was cancelled on rank {me}"))
+                raise
             outcome = "timeout"
             waiting = call.silent_ranks()
             heard = f"not heard from ranks {waiting}" if waiting else "stuck sending"
@@ -221,10 +230,6 @@ class GroupCore:
             self._error = self._error or exc
         except MessageMismatch as exc:
             self._poison(CollectiveMismatch(f"{what} on rank {me}: {exc}"))
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            self._poison(CollectiveCancelled(f"{what} was cancelled on rank {me}"))
-            raise
         except (ShardwireError, OSError) as exc:  # PeerFailed, JobAborted, closed
             self._error = self._error or exc
         finally:
@@ -256,6 +261,7 @@ class GroupCore:
         for work in works:
             work.cancel()
         await asyncio.gather(*(work._task for work in works), return_exceptions=True)
+        self._deadlines.close()
         self._pool.clear()
         if self.transport.groups.get(self.group_id) is self:
             del self.transport.groups[self.group_id]

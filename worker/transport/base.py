@@ -23,6 +23,7 @@ from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed,
 from shardwire.protocol.codec import pack_object
 from shardwire.protocol.messages import Poison, encode_message
 from shardwire.worker.transport.mailbox import POISON_OP, Fold, Mailbox
+from shardwire.worker.transport.poll import BusyPoll
 
 log = logging.getLogger("shardwire.worker")
 
@@ -71,10 +72,12 @@ class Receive:
         t = self._transport
         if self.future.done():  # it was already here: no timer, no suspension
             result = self.future.result()
-        elif self.limit == math.inf:  # the caller bounds the wait (a collective's deadline)
-            result = await t._wait_untimed(self.future, self.src, self.tag)
         else:
-            result = await t._wait(self.future, self.src, self.tag, self.op, self.limit)
+            t.poll.hold(self.future)
+            if self.limit == math.inf:  # the caller bounds the wait (a collective's deadline)
+                result = await t._wait_untimed(self.future, self.src, self.tag)
+            else:
+                result = await t._wait(self.future, self.src, self.tag, self.op, self.limit)
         t.stats.bytes_received += result.nbytes
         t.stats.messages_received += 1
         self.received = True
@@ -119,6 +122,7 @@ class Transport(abc.ABC):
         self.groups: dict[int, Any] = {}
         # Node id of every rank, from the roster (None: one node, as far as known).
         self.nodes: tuple[str, ...] | None = None
+        self.poll = BusyPoll()  # waiting receives keep the loop polling this long
 
     # ---- place -------------------------------------------------------------------------
 
@@ -165,11 +169,11 @@ class Transport(abc.ABC):
     ) -> None:
         """Send ``array`` to ``dst``; returns once ``array`` may be modified again."""
         self._check_usable()
-        self._check_peer(dst)
+        place = self._check_peer(dst)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        meta = TensorMeta.for_array(
-            array, src=self.rank, tag=tag, op=op, generation=self.generation
+        meta = TensorMeta(
+            place.rank, tag, op, check_dtype(array.dtype), array.shape, place.generation
         )
         pending = self._start_send(dst, meta, array)
         if pending is not None:  # only a send that did not complete at once needs a timer
@@ -347,8 +351,11 @@ class Transport(abc.ABC):
         if self._closed:
             raise TransportClosed(f"{self._who}: transport is closed")
 
-    def _check_peer(self, peer: int) -> None:
-        if not 0 <= peer < self.world_size or peer == self.rank:
+    def _check_peer(self, peer: int) -> Place:
+        place = self.place
+        if not 0 <= peer < place.world_size or peer == place.rank:
             raise ValueError(
-                f"rank {self.rank}: peer {peer} is not another rank of world size {self.world_size}"
+                f"rank {place.rank}: peer {peer} is not another rank of world size "
+                f"{place.world_size}"
             )
+        return place

@@ -115,7 +115,7 @@ class Mailbox:
         self._on_drain = on_drain
         self._posted: dict[Key, deque[_Posted]] = {}
         self._early: dict[Key, deque[tuple[TensorMeta, np.ndarray]]] = {}
-        self._calls: dict[Call, list] = {}  # our posted calls: [op, receives pending]
+        self._calls: dict[Call, list] = {}  # our posted calls: [op, receives listed]
         self._early_calls: dict[Call, list] = {}  # held frames: [src, op, count]
         self._group_errors: dict[int, BaseException] = {}
 
@@ -154,10 +154,11 @@ class Mailbox:
             entry = self._calls.setdefault(call, [op, 0])
             entry[0] = op
             entry[1] += 1
-            future.add_done_callback(lambda _f: self._call_done(call))
         return future
 
-    def _call_done(self, call: Call) -> None:
+    def _unlisted(self, tag: Tag) -> None:
+        """A posted receive of ``tag``'s call left the posted queues."""
+        call = (tag.group, tag.seq)
         entry = self._calls.get(call)
         if entry is not None:
             entry[1] -= 1
@@ -190,6 +191,7 @@ class Mailbox:
         for posted in list(queue):
             if posted.future is future and not posted.filling:
                 queue.remove(posted)
+                self._unlisted(tag)
         if not queue:
             self._posted.pop((src, tag), None)
 
@@ -291,6 +293,7 @@ class Mailbox:
 
     def _fail_queue(self, key: Key, exc: BaseException) -> None:
         for posted in self._posted.pop(key, ()):
+            self._unlisted(key[1])
             if not posted.future.done():
                 _fail(posted.future, exc)
 
@@ -301,6 +304,7 @@ class Mailbox:
         posted = None
         while queue and posted is None:
             candidate = queue.popleft()
+            self._unlisted(key[1])
             if not candidate.future.done():
                 posted = candidate
         if queue is not None and not queue:

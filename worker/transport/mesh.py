@@ -44,6 +44,7 @@ from shardwire.protocol.messages import (
 from shardwire.worker.transport.base import Place, Transport
 from shardwire.worker.transport.framing import HANG_UP_GRACE
 from shardwire.worker.transport.peer import PeerConnection
+from shardwire.worker.transport.poll import default_budget, usable_cpus
 
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
 
@@ -81,6 +82,9 @@ class MeshConfig:
     shm: bool = False
     shm_slots: int = 4
     shm_slot_bytes: int = 1 << 20
+    # A waiting receive keeps the loop polling this many microseconds before it sleeps
+    # (None: 100 when this node's ranks have a core each, else 0; see transport.poll).
+    busy_poll_us: int | None = None
 
 
 class TcpMesh(Transport):
@@ -155,6 +159,9 @@ class TcpMesh(Transport):
         """Build the full mesh from the roster (bounded by ``connect_timeout``)."""
         self._settle(Place(roster.rank, roster.world_size, roster.generation))
         self.nodes = tuple(m.node_id for m in sorted(roster.members, key=lambda m: m.rank))
+        local, cpus = self.nodes.count(self.nodes[roster.rank]), usable_cpus()
+        self.poll.budget = default_budget(local, cpus, self.config.busy_poll_us)
+        self.poll.yield_cpu = local > cpus
         for conn in self._pending:
             conn.release_held()
         self._maybe_all_connected()

@@ -30,18 +30,16 @@ import numpy as np
 
 from shardwire.protocol import (
     Frame,
-    FrameKind,
     Header,
     Limits,
     ProtocolError,
     ServerHandshake,
     ShardwireError,
     TensorMeta,
-    encode_head,
     message_bytes,
     parse_tensor_meta,
 )
-from shardwire.protocol.frames import STAGE_BYTES, encode_sealed_head
+from shardwire.protocol.frames import STAGE_BYTES, encode_data_head, encode_sealed_head
 from shardwire.protocol.integrity import integrity_error
 from shardwire.protocol.messages import Failure, Leave, Message, ShmAnswer, ShmOffer
 from shardwire.worker.transport.framing import HANG_UP_GRACE, FramedProtocol
@@ -190,14 +188,14 @@ class Outbox:
         assert transport is not None
         payload = byte_view(array)
         if not self._checksum:
-            head = encode_head(FrameKind.DATA, meta.to_wire(), array.nbytes)
+            head = encode_data_head(meta, array.nbytes)
             if array.nbytes <= _COALESCE_BYTES:
                 transport.write(head + payload)  # one syscall; the bytes are copied
             else:
                 transport.write(head)
                 transport.write(payload)
             return
-        head, digest = encode_sealed_head(meta.to_wire(), array.nbytes)
+        head, digest = encode_sealed_head(meta, array.nbytes)
         digest.update(payload)
         if array.nbytes <= _COALESCE_BYTES:
             transport.write(head + payload + digest.digest())
@@ -212,7 +210,7 @@ class Outbox:
         transport = self._conn.transport
         assert transport is not None
         payload = byte_view(array)
-        head, digest = encode_sealed_head(meta.to_wire(), array.nbytes)
+        head, digest = encode_sealed_head(meta, array.nbytes)
         self.streaming = True
         try:
             transport.write(head)

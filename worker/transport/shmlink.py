@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardwire.protocol import FrameKind, ProtocolError, TensorMeta, encode_head
+from shardwire.protocol.frames import encode_data_head
 from shardwire.protocol.messages import ShmAnswer, ShmOffer
 from shardwire.worker.transport.mailbox import byte_view
 from shardwire.worker.transport.shm import Segment, SlotPool
@@ -36,6 +37,7 @@ log = logging.getLogger("shardwire.worker")
 # smaller ones stay in the connection's frames (one write, no slot round trip).
 SHM_MIN_BYTES = 128 * 1024
 SHM_KEY, CHUNK_KEY, CREDIT_KEY = "shm", "c", "f"
+_SHM_HEAD = ((SHM_KEY, 1),)
 
 
 class ShmLink:
@@ -111,7 +113,7 @@ class ShmLink:
         pool = self.out
         assert pool is not None
         payload = byte_view(array)
-        self._write(encode_head(FrameKind.DATA, {**meta.to_wire(), SHM_KEY: 1}, 0))
+        self._write(encode_data_head(meta, 0, _SHM_HEAD))
         step = pool.segment.slot_bytes
         for start in range(0, len(payload), step):
             piece = payload[start : start + step]
