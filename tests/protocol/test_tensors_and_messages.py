@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwire.protocol import ProtocolError, Tag, TensorMeta, check_dtype, parse_tensor_meta
+from shardwire.protocol import (
+    ProtocolError,
+    Tag,
+    TensorMeta,
+    check_dtype,
+    parse_tensor_meta,
+    tensors,
+)
+from shardwire.protocol.codec import unpack_meta
 from shardwire.protocol.messages import Abort, Join, Roster, decode_message, encode_message
 
 
@@ -39,14 +47,54 @@ def test_size_must_match_dtype_and_shape() -> None:
         parse_tensor_meta(wire, 20)
 
 
+@pytest.mark.parametrize(("seq", "step"), [(0, 0), (1, 127), (128, 1 << 30), (1 << 33, 255)])
+def test_packed_meta_is_the_msgpack_map_of_its_fields(seq: int, step: int) -> None:
+    meta = TensorMeta(3, Tag(123456789, seq, step), "all_reduce:float32:6:sum", "float32", (2, 3))
+    for extra in [(), (("ck", 1),), (("shm", 1),)]:
+        for _ in range(2):  # packed, then from the cached bytes
+            packed = tensors.pack_tensor_meta(meta, extra)
+            assert unpack_meta(packed) == {**meta.to_wire(), **dict(extra)}
+    assert parse_tensor_meta(unpack_meta(packed), None) == meta
+
+
+def test_packed_meta_cache_is_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(tensors, "_BODIES", {})
+    monkeypatch.setattr(tensors, "_MAX_BODIES", 8)
+    for shape in range(20):
+        meta = TensorMeta(0, Tag(0, 1), "x", "uint8", (shape,))
+        assert unpack_meta(tensors.pack_tensor_meta(meta))["shape"] == [shape]
+        assert len(tensors._BODIES) <= 8
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("dtype", "object"), ("shape", [-1]), ("shape", "4"), ("seq", -1), ("src", "0"), ("op", 3)],
+    [
+        ("dtype", "object"),
+        ("dtype", ["float32"]),
+        ("shape", [-1]),
+        ("shape", "4"),
+        ("shape", [2, "2"]),
+        ("shape", [True, 4]),
+        ("seq", -1),
+        ("seq", True),
+        ("src", "0"),
+        ("gen", 1.0),
+        ("op", 3),
+        ("op", "x" * 300),
+    ],
 )
 def test_hostile_tensor_meta_is_rejected(field: str, value: object) -> None:
     wire = TensorMeta(0, Tag(0, 1), "x", "uint8", (4,)).to_wire()
     wire[field] = value
     with pytest.raises(ProtocolError):
+        parse_tensor_meta(wire, 4)
+
+
+@pytest.mark.parametrize("field", ["src", "group", "seq", "step", "op", "dtype", "shape", "gen"])
+def test_a_missing_field_is_named(field: str) -> None:
+    wire = TensorMeta(0, Tag(0, 1), "x", "uint8", (4,)).to_wire()
+    del wire[field]
+    with pytest.raises(ProtocolError, match=field):
         parse_tensor_meta(wire, 4)
 
 

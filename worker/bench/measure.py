@@ -70,7 +70,13 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
         op=op,
         n=pg.world_size,
         bytes=nbytes,
-        algorithm=choose(op, nbytes, pg.world_size, nodes=pg.layout is not None),
+        algorithm=choose(
+            op,
+            nbytes,
+            pg.world_size,
+            nodes=pg.layout is not None,
+            crowded=pg.transport.crowded,
+        ),
     )
     return record
 

@@ -236,7 +236,13 @@ class Group(Movement):
         signature = f"broadcast:{dtype_name(x.dtype)}:{list(x.shape)}:{root}"
 
         async def algorithm(c: Call) -> np.ndarray:
-            how = choose("broadcast", x.nbytes, c.size, nodes=self.layout is not None)
+            how = choose(
+                "broadcast",
+                x.nbytes,
+                c.size,
+                nodes=self.layout is not None,
+                crowded=self.transport.crowded,
+            )
             if how == "node-chain":
                 assert self.layout is not None
                 await nodes.broadcast(c, buf, root, self.layout)

@@ -44,13 +44,21 @@ ALL_REDUCE_SMALL = 512 * 1024
 EXCHANGE_SMALL = 1 << 20
 BROADCAST_SMALL = 256 * 1024
 P2P_BASE = 1 << 40
+# CROWDED_BROADCAST: the pipelined chain broadcast hands every piece from rank to rank,
+# so it needs every rank running at once. On a node with more ranks than CPUs the
+# binomial tree (whole messages, log2 n rounds) won at every size. Measured at 4 ranks
+# on 2 cores, shared memory, two runs: 1 MiB tree 0.90-1.12 ms vs chain 1.49-1.52 ms,
+# 16 MiB 9.0-9.1 vs 23-24 ms, 64 MiB 46-51 vs 82-105 ms (a scatter then ring all-gather:
+# 2.7-2.9, 12.6-14.1 and 47-49 ms); over TCP only, 16 MiB 19.8 vs 28.0 ms and 64 MiB
+# 62.9 vs 92.8 ms.
 GATHER_STEP = 1 << 30
 
 
-def choose(op: str, nbytes: int, size: int, *, nodes: bool = False) -> str:
+def choose(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: bool = False) -> str:
     """The algorithm a call of ``op`` moving ``nbytes`` per rank uses in a group of ``size``:
     local, doubling, ring, direct, tree or chain; node-ring or node-chain for the large
-    payloads of a group laid out over several nodes (``nodes``, see ``collectives.nodes``)."""
+    payloads of a group laid out over several nodes (``nodes``, see ``collectives.nodes``).
+    ``crowded``: this node runs more ranks than it has CPUs (see CROWDED_BROADCAST)."""
     if size == 1:
         return "local"
     if op in ("all_reduce", "reduce"):
@@ -63,7 +71,7 @@ def choose(op: str, nbytes: int, size: int, *, nodes: bool = False) -> str:
             return "direct"
         return "node-ring" if nodes else "ring"
     if op == "broadcast":
-        if nbytes <= BROADCAST_SMALL:
+        if nbytes <= BROADCAST_SMALL or (crowded and not nodes):
             return "tree"
         return "node-chain" if nodes else "chain"
     return "direct"

@@ -123,6 +123,9 @@ class Transport(abc.ABC):
         # Node id of every rank, from the roster (None: one node, as far as known).
         self.nodes: tuple[str, ...] | None = None
         self.poll = BusyPoll()  # waiting receives keep the loop polling this long
+        # This node runs more ranks than it has CPUs (from the roster): algorithms that
+        # need every rank running at once lose there.
+        self.crowded = False
 
     # ---- place -------------------------------------------------------------------------
 

@@ -161,7 +161,7 @@ class TcpMesh(Transport):
         self.nodes = tuple(m.node_id for m in sorted(roster.members, key=lambda m: m.rank))
         local, cpus = self.nodes.count(self.nodes[roster.rank]), usable_cpus()
         self.poll.budget = default_budget(local, cpus, self.config.busy_poll_us)
-        self.poll.yield_cpu = local > cpus
+        self.crowded = self.poll.yield_cpu = local > cpus
         for conn in self._pending:
             conn.release_held()
         self._maybe_all_connected()

@@ -14,3 +14,10 @@ def test_thresholds() -> None:
     assert choose("reduce_scatter", EXCHANGE_SMALL + 1, 2) == "ring"
     assert choose("broadcast", 1 << 20, 2) == "chain"
     assert choose("gather", 1 << 30, 2) == "direct"
+
+
+def test_a_crowded_node_broadcasts_by_tree() -> None:
+    assert choose("broadcast", 64 << 20, 4, crowded=True) == "tree"
+    assert choose("broadcast", 64 << 20, 4, crowded=False) == "chain"
+    assert choose("broadcast", 64 << 20, 4, nodes=True, crowded=True) == "node-chain"
+    assert choose("all_reduce", 64 << 20, 4, crowded=True) == "ring"

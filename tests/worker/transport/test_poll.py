@@ -100,3 +100,10 @@ async def test_the_setting_reaches_the_transport() -> None:
 
         budgets = await asyncio.wait_for(asyncio.gather(worker(0), worker(1)), 60)
         assert sorted(budgets) == pytest.approx([250e-6, 251e-6])
+
+
+async def test_a_node_with_more_ranks_than_cpus_is_crowded() -> None:
+    async with tcp_world(3) as meshes:
+        for mesh in meshes:
+            assert mesh.crowded is (3 > usable_cpus())
+            assert mesh.poll.yield_cpu is mesh.crowded
