@@ -15,19 +15,24 @@ from shardwire.worker.collectives.deadlines import Deadlines
 from .worlds import group_world, on_all
 
 
-async def test_a_call_past_its_deadline_is_cancelled_and_told_it_expired() -> None:
-    deadlines = Deadlines()
+async def _expires(deadlines: Deadlines, seq: int, limit: float) -> bool:
+    """Run a call that outlives ``limit`` in a task of its own; whether it was told it
+    expired."""
 
     async def call() -> bool:
-        deadlines.watch(1, 0.05)
+        deadlines.watch(seq, limit)
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
-            return deadlines.release(1)
+            return deadlines.release(seq)
         return False
 
     async with asyncio.timeout(10):
-        assert await asyncio.create_task(call()) is True
+        return await asyncio.create_task(call())
+
+
+async def test_a_call_past_its_deadline_is_cancelled_and_told_it_expired() -> None:
+    assert await _expires(Deadlines(), 1, 0.05) is True
 
 
 async def test_a_call_ending_in_time_leaves_nothing_behind() -> None:
@@ -44,18 +49,8 @@ async def test_a_call_ending_in_time_leaves_nothing_behind() -> None:
 async def test_a_shorter_deadline_rearms_the_timer_earlier() -> None:
     deadlines = Deadlines()
     deadlines.watch(1, 300.0)  # a long call still running
-
-    async def short() -> bool:
-        deadlines.watch(2, 0.05)
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            return deadlines.release(2)
-        return False
-
     start = time.monotonic()
-    async with asyncio.timeout(10):
-        assert await asyncio.create_task(short()) is True
+    assert await _expires(deadlines, 2, 0.05) is True
     assert time.monotonic() - start < 5
     assert 1 in deadlines._running and deadlines.release(1) is False
     deadlines.close()
