@@ -23,7 +23,7 @@ from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed,
 from shardwire.protocol.codec import pack_object
 from shardwire.protocol.messages import Poison, encode_message
 from shardwire.worker.transport.mailbox import POISON_OP, Fold, Mailbox
-from shardwire.worker.transport.poll import BusyPoll
+from shardwire.worker.transport.poll import POLL_MAX_BYTES, BusyPoll
 
 log = logging.getLogger("shardwire.worker")
 
@@ -48,7 +48,7 @@ class TransportStats:
 class Receive:
     """A posted receive (from :meth:`Transport.irecv`)."""
 
-    __slots__ = ("_transport", "future", "limit", "op", "received", "src", "tag")
+    __slots__ = ("_transport", "future", "limit", "nbytes", "op", "received", "src", "tag")
 
     def __init__(
         self,
@@ -59,9 +59,11 @@ class Receive:
         future: asyncio.Future,
         *,
         limit: float,
+        nbytes: int = 0,
     ):
         self._transport = transport
         self.src, self.tag, self.op, self.future, self.limit = src, tag, op, future, limit
+        self.nbytes = nbytes  # the size expected (of ``out``), 0 if unknown
         self.received = False  # set once wait() returned the array
 
     def done(self) -> bool:
@@ -73,7 +75,8 @@ class Receive:
         if self.future.done():  # it was already here: no timer, no suspension
             result = self.future.result()
         else:
-            t.poll.hold(self.future)
+            if self.nbytes <= POLL_MAX_BYTES:
+                t.poll.hold(self.future)
             if self.limit == math.inf:  # the caller bounds the wait (a collective's deadline)
                 result = await t._wait_untimed(self.future, self.src, self.tag)
             else:
@@ -234,9 +237,9 @@ class Transport(abc.ABC):
                 future.exception()  # raised by wait(); never logged as unretrieved
             else:
                 self._posted(src)
-        return Receive(
-            self, src, tag, op, future, limit=self.timeout if timeout is None else timeout
-        )
+        limit = self.timeout if timeout is None else timeout
+        nbytes = 0 if out is None else out.nbytes
+        return Receive(self, src, tag, op, future, limit=limit, nbytes=nbytes)
 
     def poison_group(self, group: int, error: BaseException, peers: list[int]) -> None:
         """Fail every receive of ``group`` here, and tell ``peers`` to do the same."""

@@ -10,7 +10,12 @@ import pytest
 from shardwire.protocol import Tag
 from shardwire.worker import init
 from shardwire.worker.settings import WorkerConfig
-from shardwire.worker.transport.poll import BusyPoll, default_budget, usable_cpus
+from shardwire.worker.transport.poll import (
+    POLL_MAX_BYTES,
+    BusyPoll,
+    default_budget,
+    usable_cpus,
+)
 from tests.worker.cluster import coordinator, worker_config
 from tests.worker.transport.fabric import tcp_world
 
@@ -58,17 +63,17 @@ async def test_no_budget_no_polling() -> None:
     future.cancel()
 
 
-async def _wait_for_late_message(busy_poll_us: int | None) -> int:
+async def _wait_for_late_message(busy_poll_us: int | None, count: int = 4) -> int:
     async with tcp_world(2, busy_poll_us=busy_poll_us) as (a, b):
-        receive = b.irecv(0, tag=Tag(0, 1), out=np.zeros(4))
+        receive = b.irecv(0, tag=Tag(0, 1), out=np.zeros(count))
 
         async def late_send() -> None:
             await asyncio.sleep(0.03)
-            await a.send(1, np.ones(4), tag=Tag(0, 1))
+            await a.send(1, np.ones(count), tag=Tag(0, 1))
 
         sender = asyncio.create_task(late_send())
         async with asyncio.timeout(10):
-            assert (await receive.wait()).tolist() == [1.0] * 4
+            assert (await receive.wait()).sum() == count
             await sender
         return b.poll.polls
 
@@ -76,6 +81,11 @@ async def _wait_for_late_message(busy_poll_us: int | None) -> int:
 async def test_the_mesh_polls_as_configured() -> None:
     assert await _wait_for_late_message(20_000) > 10
     assert await _wait_for_late_message(0) == 0
+
+
+async def test_only_small_receives_poll() -> None:
+    assert await _wait_for_late_message(20_000, POLL_MAX_BYTES // 8) > 10
+    assert await _wait_for_late_message(20_000, POLL_MAX_BYTES // 8 + 1) == 0
 
 
 async def test_the_mesh_default_follows_the_rule() -> None:
