@@ -88,9 +88,9 @@ class WorkerConfig:
             "tcp" keeps every byte on the peer connections.
         shm_slots, shm_slot_bytes: each shared-memory direction between two ranks is a
             segment of this many slots of this many bytes (reserved in ``/dev/shm``).
-        busy_poll_us: a receive that has to wait keeps the event loop polling its
-            sockets this many microseconds before the process sleeps, which saves the
-            kernel's wake-up latency on small messages. None: 100 when this node has at
+        busy_poll_us: a receive of at most 64 KiB that has to wait keeps the event loop
+            polling its sockets this many microseconds before the process sleeps, which
+            saves the kernel's wake-up latency on small messages. None: 100 when this node has at
             least as many usable CPUs as ranks, else 0 (polling would take the core
             another rank needs; set explicitly there, it yields the CPU on every turn).
         tls: certificate, key and CA for TLS on the coordinator and peer connections
