@@ -20,6 +20,13 @@ FROM ${BASE_IMAGE} AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 COPY --from=build /opt/venv /opt/venv
+# The node arena's atomic exchanges come from libatomic (without it a node's ranks use TCP).
+# Unpinned: the base image is an argument, and its release decides the package version.
+# hadolint ignore=DL3008
+RUN if command -v apt-get >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends libatomic1 \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
 COPY examples /app/examples
 # The checkpoint volume's mount point: a new volume takes this owner, so workers can write.
 RUN mkdir /checkpoints && chown 10001:10001 /checkpoints

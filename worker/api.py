@@ -59,6 +59,8 @@ class Session:
                 shm_slots=cfg.shm_slots,
                 shm_slot_bytes=cfg.shm_slot_bytes,
                 busy_poll_us=cfg.busy_poll_us,
+                arena=cfg.transport == "auto",
+                arena_slot_bytes=cfg.arena_slot_bytes,
                 tls_server=tls.server_context() if tls else None,
                 tls_client=tls.client_context() if tls else None,
             ),

@@ -12,6 +12,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
 
 from shardwire.protocol import Token
 from shardwire.protocol.auth import is_loopback, load_token
+from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
 from shardwire.worker.tls import TlsFiles
 
 
@@ -59,6 +60,12 @@ class WorkerEnv(BaseModel):
     busy_poll_us: int | None = Field(
         default=None, ge=0, le=1_000_000, validation_alias=_alias("SHARDWIRE_BUSY_POLL_US")
     )
+    arena_slot_bytes: int = Field(
+        default=DEFAULT_SLOT_BYTES,
+        ge=16384,
+        le=1 << 30,
+        validation_alias=_alias("SHARDWIRE_ARENA_SLOT_BYTES"),
+    )
     tls_cert: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CERT"))
     tls_key: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_KEY"))
     tls_ca: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CA"))
@@ -83,13 +90,17 @@ class WorkerConfig:
         checksum: data frames carry an xxh3-64 checksum of meta and payload, verified on
             arrival (a mismatch raises IntegrityError on every rank of the group). Every
             rank must use the same setting.
-        transport: "auto" moves payloads of 128 KiB and more between ranks on the same
-            node (same node id, and the peer can map the segment) through shared memory;
+        transport: "auto" runs the collectives of a group whose ranks share a node (same
+            node id) through a node arena in shared memory, and moves other payloads of
+            128 KiB and more between ranks on the same node through per-pair segments;
             "tcp" keeps every byte on the peer connections.
         shm_slots, shm_slot_bytes: each shared-memory direction between two ranks is a
             segment of this many slots of this many bytes (reserved in ``/dev/shm``).
-        busy_poll_us: a receive of at most 64 KiB that has to wait keeps the event loop
-            polling its sockets this many microseconds before the process sleeps, which
+        arena_slot_bytes: each local rank's slot in a node arena (used as two halves of
+            double buffering); a group of k ranks on a node reserves k slots plus 4 KiB
+            and 512 bytes per rank in ``/dev/shm``, once, when its first collective runs.
+        busy_poll_us: a receive of at most 64 KiB, or a node-arena wait, that has to
+            wait polls this many microseconds before the process sleeps, which
             saves the kernel's wake-up latency on small messages. None: 100 when this node has at
             least as many usable CPUs as ranks, else 0 (polling would take the core
             another rank needs; set explicitly there, it yields the CPU on every turn).
@@ -121,6 +132,7 @@ class WorkerConfig:
     shm_slots: int = 4
     shm_slot_bytes: int = 1 << 20
     busy_poll_us: int | None = None
+    arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     tls: TlsFiles | None = None
     generation: int = 0
 

@@ -25,8 +25,10 @@ async def test_sigkill_during_a_large_shared_memory_all_reduce() -> None:
     # 4 Mi float64 = 32 MiB per all_reduce: every step moves many 1 MiB slots.
     async with job(3, STEPS="100000", SIZE=str(4 << 20)) as j:
         await j.workers[1].line(r"^step 2 ", timeout=120)
-        for w in j.workers:  # two segments out and two in per rank, names already gone
-            assert _segments_mapped(w.proc.pid) == 4
+        # per rank: the world group's node arena (where the all_reduce runs), and two
+        # per-pair segments out and two in; every name already gone
+        for w in j.workers:
+            assert _segments_mapped(w.proc.pid) == 5
         assert shm.segment_names("faults") == []
         j.workers[1].signal(signal.SIGKILL)
         struck = time.monotonic()

@@ -70,7 +70,9 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
         op=op,
         n=pg.world_size,
         bytes=nbytes,
-        algorithm=choose(
+        algorithm="arena"
+        if pg.gate is not None and pg.gate.arena is not None
+        else choose(
             op,
             nbytes,
             pg.world_size,

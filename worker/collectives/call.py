@@ -34,6 +34,7 @@ class Call:
     receives: list[Receive] = field(default_factory=list)  # for "not heard from" reports
     taken: list[np.ndarray] = field(default_factory=list)  # scratch to give back
     step_base: int = 0  # added to every step: keeps a sub-call's messages apart
+    stalled: list[int] = field(default_factory=list)  # ranks a node-arena wait gave up on
 
     def sub(self, members: Sequence[int], step_base: int = 0) -> Call:
         """The same call seen by a subset of its ranks (group ranks ``members``, in that
@@ -85,7 +86,7 @@ class Call:
 
     def silent_ranks(self) -> list[int]:
         """Global ranks this call is still waiting for."""
-        return sorted({r.src for r in self.receives if not r.received})
+        return sorted({r.src for r in self.receives if not r.received} | set(self.stalled))
 
     def recv(
         self, peer: int, step: int, out: np.ndarray | None = None

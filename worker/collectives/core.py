@@ -24,6 +24,8 @@ from shardwire.protocol import (
     ShardwireError,
     TransportClosed,
 )
+from shardwire.worker.arena.gate import Gate
+from shardwire.worker.arena.programs import Context, Program
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.deadlines import Deadlines
 from shardwire.worker.collectives.layout import node_layout
@@ -33,6 +35,8 @@ from shardwire.worker.transport.base import Transport, TransportTimeout
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 300.0
+# An arena-capable call: the program to run on the node arena, and the call's result then.
+ArenaPlan = tuple[Callable[[Context], Program], Any]
 
 
 def group_id_for(ranks: Sequence[int], name: str = "") -> int:
@@ -130,9 +134,12 @@ class GroupCore:
         self._closed = False
         self._layout: list[list[int]] | None = None
         self._layout_known = False  # the transport knows the nodes once it has a roster
+        self._gate: Gate | None = None
+        self._gate_known = False
         # Recent calls of this group and its subgroups, for hang diagnosis.
         self.recorder = recorder or FlightRecorder()
         transport.groups[group_id] = self  # unique per transport while the group lives
+        transport.abort_hooks.append(self._transport_aborted)
 
     @property
     def layout(self) -> list[list[int]] | None:
@@ -143,6 +150,24 @@ class GroupCore:
             self._layout = node_layout([nodes[r] for r in self.ranks]) if nodes else None
             self._layout_known = nodes is not None
         return self._layout
+
+    @property
+    def gate(self) -> Gate | None:
+        """The way into this group's node arena, when all its ranks share this node and
+        the transport allows arenas (else None: the group moves data by messages)."""
+        if not self._gate_known:
+            nodes, settings = self.transport.nodes, self.transport.arena
+            if nodes is not None:
+                self._gate_known = True
+                mine = nodes[self.transport.rank]
+                if (
+                    settings is not None
+                    and self.size > 1
+                    and all(nodes[r] == mine for r in self.ranks)
+                ):
+                    what = f"rank {self.transport.rank}, group {self.group_id}"
+                    self._gate = Gate(settings, self._spawn, what, self.transport.stats)
+        return self._gate
 
     @property
     def error(self) -> BaseException | None:
@@ -166,14 +191,26 @@ class GroupCore:
         *,
         timeout: float | None,
         nbytes: int = 0,
+        arena: ArenaPlan | None = None,
     ) -> Pending[T]:
         self._check()
         self._seq += 1
         call = Call(
             self.transport, self.ranks, self.rank, self.group_id, self._seq, signature, self._pool
         )
-        coro = self._run(call, algorithm, self.timeout if timeout is None else timeout, nbytes)
-        return Pending(self, coro)
+        limit = self.timeout if timeout is None else timeout
+        gate = self.gate if arena is not None else None
+        if gate is not None and arena is not None:  # queued now: the arena runs calls in order
+            build, result = arena
+            ticket = gate.enqueue(call, build, limit)
+            tcp = algorithm
+
+            async def algorithm(c: Call) -> T:
+                if await gate.run(ticket, c.stalled):
+                    return result
+                return await tcp(c)
+
+        return Pending(self, self._run(call, algorithm, limit, nbytes))
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
         """Run ``coro`` (a sequence of this group's calls) in the background, owned by
@@ -237,6 +274,8 @@ class GroupCore:
                 outcome = f"error: {type(self._error).__name__}"
             silent = call.silent_ranks() if outcome != "ok" else ()  # the hot path skips it
             self.recorder.end(entry, outcome, silent=silent)
+            if outcome != "ok" and self._gate is not None and self._error is not None:
+                self._gate.poison(self._error)  # wakes the ranks of this node at once
         assert self._error is not None
         raise self._error
 
@@ -246,6 +285,10 @@ class GroupCore:
         peers = [r for r in self.ranks if r != self.transport.rank]
         with contextlib.suppress(TransportClosed):
             self.transport.poison_group(self.group_id, self._error, peers)
+
+    def _transport_aborted(self, error: BaseException) -> None:
+        if self._gate is not None:
+            self._gate.poison(error)
 
     def _adopt(self, child: GroupCore) -> None:
         self._children.append(child)
@@ -261,6 +304,10 @@ class GroupCore:
         for work in works:
             work.cancel()
         await asyncio.gather(*(work._task for work in works), return_exceptions=True)
+        if self._gate is not None:
+            self._gate.close()
+        if self._transport_aborted in self.transport.abort_hooks:
+            self.transport.abort_hooks.remove(self._transport_aborted)
         self._deadlines.close()
         self._pool.clear()
         if self.transport.groups.get(self.group_id) is self:

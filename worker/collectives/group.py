@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shardwire.worker.arena import programs
 from shardwire.worker.collectives import nodes, ring, small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
@@ -86,7 +87,8 @@ class Group(Movement):
                 await ring.all_reduce(c, buf, op)
             return target
 
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes)
+        plan = (lambda ctx: programs.all_reduce(ctx, buf, op, self.size), target)
+        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
 
     def reduce_scatter(
         self,
@@ -137,7 +139,12 @@ class Group(Movement):
             finish(op, result, c.size)
             return result
 
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes)
+        flat_result = result.reshape(-1)
+        plan = (
+            lambda ctx: programs.reduce_scatter(ctx, src, flat_result, segs, op, count=self.size),
+            result,
+        )
+        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
 
     def reduce(
         self,
@@ -225,7 +232,9 @@ class Group(Movement):
                 await ring.all_gather(c, buf, segs)
             return result
 
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes)
+        parts = [buf[s:e] for s, e in segs]
+        plan = (lambda ctx: programs.all_gather(ctx, parts), result)
+        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
 
     def broadcast(
         self, x: np.ndarray, *, root: int = 0, timeout: float | None = None
@@ -252,4 +261,5 @@ class Group(Movement):
                 await ring.broadcast_chain(c, buf, root)
             return x
 
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes)
+        plan = (lambda ctx: programs.broadcast(ctx, buf, root), x)
+        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)

@@ -10,6 +10,7 @@ import numpy as np
 
 from shardwire.protocol import Tag
 from shardwire.protocol.codec import pack_object, unpack_object
+from shardwire.worker.arena import programs
 from shardwire.worker.collectives import small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
@@ -130,7 +131,7 @@ class Movement(GroupCore):
             if c.size > 1:
                 await small.barrier(c)
 
-        return self._start("barrier", algorithm, timeout=timeout)
+        return self._start("barrier", algorithm, timeout=timeout, arena=(programs.barrier, None))
 
     # ---- objects and point to point ---------------------------------------------------
 

@@ -13,7 +13,7 @@ import abc
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +129,11 @@ class Transport(abc.ABC):
         # This node runs more ranks than it has CPUs (from the roster): algorithms that
         # need every rank running at once lose there.
         self.crowded = False
+        # Groups whose ranks share this node run their collectives through a node arena
+        # with these settings (an ArenaSettings), or never (None).
+        self.arena: Any = None
+        # Called with the error when the transport is poisoned (groups wake their arena).
+        self.abort_hooks: list[Callable[[BaseException], None]] = []
 
     # ---- place -------------------------------------------------------------------------
 
@@ -273,6 +278,8 @@ class Transport(abc.ABC):
         if self._error is None:
             self._error = exc
         self.mailbox.fail(self._error)
+        for hook in list(self.abort_hooks):
+            hook(self._error)
         self._on_abort()
 
     async def _wait(self, future: asyncio.Future, src: int, tag: Tag, op: str, limit: float):

@@ -41,6 +41,7 @@ from shardwire.protocol.messages import (
     Leave,
     Roster,
 )
+from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES, ArenaSettings
 from shardwire.worker.transport.base import Place, Transport
 from shardwire.worker.transport.framing import HANG_UP_GRACE
 from shardwire.worker.transport.peer import PeerConnection
@@ -85,6 +86,10 @@ class MeshConfig:
     # A waiting receive keeps the loop polling this many microseconds before it sleeps
     # (None: 100 when this node's ranks have a core each, else 0; see transport.poll).
     busy_poll_us: int | None = None
+    # Groups whose ranks all share this node run their collectives through a node arena
+    # (one shared-memory region per group, slots of arena_slot_bytes per local rank).
+    arena: bool = False
+    arena_slot_bytes: int = DEFAULT_SLOT_BYTES
 
 
 class TcpMesh(Transport):
@@ -162,6 +167,13 @@ class TcpMesh(Transport):
         local, cpus = self.nodes.count(self.nodes[roster.rank]), usable_cpus()
         self.poll.budget = default_budget(local, cpus, self.config.busy_poll_us)
         self.crowded = self.poll.yield_cpu = local > cpus
+        if self.config.arena:
+            self.arena = ArenaSettings(
+                self.config.run_id,
+                self.config.arena_slot_bytes,
+                spin=self.poll.budget,
+                yield_cpu=self.crowded,
+            )
         for conn in self._pending:
             conn.release_held()
         self._maybe_all_connected()

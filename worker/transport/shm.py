@@ -27,46 +27,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import mmap
-import os
-import re
-import secrets
-import stat
 from collections import deque
 from pathlib import Path
 
 from shardwire.protocol import ProtocolError
+from shardwire.worker.arena.region import (
+    SHM_DIR,
+    attach_mapped,
+    create_mapped,
+    run_prefix,
+    segment_names,
+    sweep,
+)
 
-SHM_DIR = Path("/dev/shm")
+__all__ = ["SHM_DIR", "Segment", "SlotPool", "run_prefix", "segment_names", "sweep"]
+
 HEADER_BYTES = 4096
 MAGIC = b"SWSHM001"
-_NONCE_BYTES = 16
-
-
-def run_prefix(run_id: str) -> str:
-    """The name prefix of every segment of a run."""
-    return "shardwire-" + hashlib.sha256(run_id.encode()).hexdigest()[:12]
-
-
-def segment_names(run_id: str, directory: Path = SHM_DIR) -> list[Path]:
-    """Segments of ``run_id`` that still have a name in ``directory``."""
-    prefix = run_prefix(run_id) + "-"
-    try:
-        return sorted(p for p in directory.iterdir() if p.name.startswith(prefix))
-    except OSError:
-        return []
-
-
-def sweep(run_id: str, directory: Path = SHM_DIR) -> int:
-    """Remove the named segments of ``run_id`` (after its workers are gone); returns
-    how many there were."""
-    removed = 0
-    for path in segment_names(run_id, directory):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            removed += 1
-    return removed
 
 
 class Segment:
@@ -88,21 +66,8 @@ class Segment:
         cls, run_id: str, slots: int, slot_bytes: int, directory: Path = SHM_DIR
     ) -> tuple[Segment, bytes]:
         """A new segment and its nonce; raises OSError if it cannot be made."""
-        path = directory / f"{run_prefix(run_id)}-{secrets.token_hex(16)}"
         size = cls.size_for(slots, slot_bytes)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.posix_fallocate(fd, 0, size)
-            mapping = mmap.mmap(fd, size)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            raise
-        finally:
-            os.close(fd)
-        nonce = secrets.token_bytes(_NONCE_BYTES)
-        mapping[: len(MAGIC) + _NONCE_BYTES] = MAGIC + nonce
+        path, mapping, nonce = create_mapped(run_id, size, MAGIC, directory)
         return cls(path, mapping, slots, slot_bytes), nonce
 
     @classmethod
@@ -118,25 +83,10 @@ class Segment:
     ) -> Segment:
         """Map a peer's segment after checking it is the one offered (OSError or
         ProtocolError if not)."""
-        if not re.fullmatch(re.escape(run_prefix(run_id)) + r"-[0-9a-f]{32}", name):
-            raise ProtocolError(f"shared-memory segment name {name!r} is not one of this run")
-        path = directory / name
         size = cls.size_for(slots, slot_bytes)
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-                raise ProtocolError(f"{path} is not a regular file of this user")
-            if stat.S_IMODE(info.st_mode) & 0o077:
-                raise ProtocolError(f"{path} is readable by others")
-            if info.st_size != size:
-                raise ProtocolError(f"{path} holds {info.st_size} bytes, {size} offered")
-            mapping = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        if mapping[: len(MAGIC) + _NONCE_BYTES] != MAGIC + nonce:
-            mapping.close()
-            raise ProtocolError(f"{path} is not the segment offered (nonce differs)")
+        path, mapping = attach_mapped(
+            run_id, name, size, magic=MAGIC, nonce=nonce, directory=directory
+        )
         return cls(path, mapping, slots, slot_bytes)
 
     def slot(self, index: int, length: int) -> memoryview:

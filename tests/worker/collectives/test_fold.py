@@ -1,5 +1,9 @@
-"""Reductions fold straight out of shared memory: an in-place ring (all_reduce) hands
-each slot to its fold as it arrives, and the result is still numpy's, bit for bit."""
+"""Reductions fold straight out of per-pair shared memory: an in-place ring (all_reduce)
+hands each slot to its fold as it arrives, and the result is still numpy's, bit for bit.
+
+Groups on one node run on their node arena; the rings over per-pair segments are what
+the node-aware algorithms run inside each node, so they are tested here with the arena
+off."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from shardwire.worker.transport import mailbox
 from .worlds import group_world, on_all
 
 
-@pytest.mark.parametrize("kind", ["shm", "tcp"])
+@pytest.mark.parametrize("kind", ["pairs", "tcp"])
 async def test_an_in_place_ring_folds_from_the_slots_only_over_shared_memory(
     kind: str, monkeypatch
 ) -> None:
@@ -44,7 +48,7 @@ async def test_an_in_place_ring_folds_from_the_slots_only_over_shared_memory(
     for array in got:
         np.testing.assert_array_equal(array, want)
     assert folds > 0  # the ring asked for folds
-    if kind == "shm":
+    if kind == "pairs":
         assert direct  # and shared memory applied them straight from the slots
     else:
         assert not direct

@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from shardwire.worker.collectives import Group
-from tests.worker.transport.fabric import WORLDS
+from tests.worker.transport.fabric import EXTRA_WORLDS, WORLDS
 
 KINDS = sorted(WORLDS)
 
 
 @contextlib.asynccontextmanager
 async def group_world(kind: str, n: int, *, timeout: float = 20.0) -> AsyncIterator[list[Group]]:
-    async with WORLDS[kind](n, timeout=timeout) as transports:
+    async with {**WORLDS, **EXTRA_WORLDS}[kind](n, timeout=timeout) as transports:
         groups = [Group(t, timeout=timeout) for t in transports]
         try:
             yield groups

@@ -86,16 +86,26 @@ async def tcp_world(
 
 
 def shm_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextManager:
-    """One node: payloads of 64 KiB and more go through shared memory."""
-    return tcp_world(n, shm=True, **kwargs)  # type: ignore[arg-type]
+    """One node, as ``SHARDWIRE_TRANSPORT=auto`` runs it: groups run their collectives
+    through a node arena, other payloads of 128 KiB and more use per-pair segments."""
+    return tcp_world(n, shm=True, arena=True, **kwargs)  # type: ignore[arg-type]
 
 
 def mixed_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextManager:
-    """Simulated nodes of two ranks: shared memory inside a node, TCP across nodes."""
-    return tcp_world(n, shm=True, per_node=2, **kwargs)  # type: ignore[arg-type]
+    """Simulated nodes of two ranks: shared memory inside a node (node groups on their
+    arena), TCP across nodes."""
+    return tcp_world(n, shm=True, arena=True, per_node=2, **kwargs)  # type: ignore[arg-type]
+
+
+def pairs_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextManager:
+    """One node with the arena off: per-pair segments only (the path node-aware
+    algorithms use inside a node)."""
+    return tcp_world(n, shm=True, **kwargs)  # type: ignore[arg-type]
 
 
 WORLDS = {"memory": memory_world, "tcp": tcp_world, "shm": shm_world, "mixed": mixed_world}
+# Worlds that only some tests need, by the same names.
+EXTRA_WORLDS = {"pairs": pairs_world}
 
 
 async def close_all(*closeables_lists: list) -> None:

@@ -1,0 +1,176 @@
+"""The node arena under real groups: used by groups on one node, pipelined in slot-sized
+chunks, the oracle's results, one region per group that leaves nothing in /dev/shm,
+TCP (with one warning) when the region cannot be made, and every failure waking every
+waiter of the node with the root cause."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, PeerFailed
+from shardwire.worker.arena.gate import GateState
+from shardwire.worker.arena.region import run_prefix, segment_names
+from shardwire.worker.collectives import Group, ReduceOp
+from tests.worker.collectives.worlds import on_all
+from tests.worker.transport.fabric import tcp_world
+
+
+def mapped(run_id: str = "test") -> list[str]:
+    prefix = run_prefix(run_id)
+    return [line for line in Path("/proc/self/maps").read_text().splitlines() if prefix in line]
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left():
+    yield
+    assert segment_names("test") == []
+    assert mapped() == []
+
+
+@contextlib.asynccontextmanager
+async def arena_groups(n: int, *, timeout: float = 20.0, **config) -> AsyncIterator[list[Group]]:
+    async with tcp_world(n, arena=True, timeout=timeout, **config) as meshes:
+        groups = [Group(m, timeout=timeout) for m in meshes]
+        try:
+            yield groups
+        finally:
+            for g in groups:
+                await g.aclose()
+
+
+def _inputs(n: int, count: int, dtype: str = "float64", salt: int = 0) -> list[np.ndarray]:
+    return [
+        np.random.default_rng(100 * r + salt).integers(-3, 4, count).astype(dtype) for r in range(n)
+    ]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+async def test_collectives_run_on_the_arena_and_match_numpy_across_chunks(n: int) -> None:
+    # 16 KiB slots: 8 KiB halves, so 5000 float64 values take several chunks.
+    async with arena_groups(n, arena_slot_bytes=16 << 10) as groups:
+        for count in (0, 1, 7, 1000, 5003):
+            xs = _inputs(n, count, salt=count)
+            got = await on_all(groups, lambda g: g.all_reduce(xs[g.rank].copy()))
+            for out in got:
+                np.testing.assert_array_equal(out, sum(xs))
+            mins = await on_all(groups, lambda g: g.all_reduce(xs[g.rank].copy(), ReduceOp.MIN))
+            np.testing.assert_array_equal(mins[-1], np.minimum.reduce(xs))
+            gathered = await on_all(groups, lambda g: g.all_gather(xs[g.rank]))
+            for out in gathered:
+                np.testing.assert_array_equal(out, np.concatenate(xs))
+            root = count % n
+            sent = await on_all(groups, lambda g: g.broadcast(xs[g.rank].copy(), root=root))
+            for out in sent:
+                np.testing.assert_array_equal(out, xs[root])
+            await on_all(groups, lambda g: g.barrier())
+        # uneven reduce_scatter and all_gather sizes, AVG divided by the group size
+        sizes = [3000 + 7 * r for r in range(n)]
+        xs = _inputs(n, sum(sizes), salt=9)
+        parts = await on_all(
+            groups, lambda g: g.reduce_scatter(xs[g.rank], ReduceOp.AVG, sizes=sizes)
+        )
+        edges = np.cumsum([0, *sizes])
+        for r, part in enumerate(parts):
+            np.testing.assert_allclose(part, (sum(xs) / n)[edges[r] : edges[r + 1]])
+        ragged = [np.full(s, float(r)) for r, s in enumerate(sizes)]
+        gathered = await on_all(groups, lambda g: g.all_gather(ragged[g.rank], sizes=sizes))
+        np.testing.assert_array_equal(gathered[0], np.concatenate(ragged))
+        engine = groups[0].gate.arena.engine
+        assert groups[0].gate.state is GateState.OPEN
+        assert engine.inline_runs + engine.thread_runs >= 5 * 5 + 2
+        assert segment_names("test") == []  # the name went once every rank had attached
+        assert len(mapped()) == n  # one region, mapped once by each rank
+
+
+async def test_every_rank_holds_the_same_bits_whatever_the_order_of_arrival() -> None:
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(200_001).astype(np.float32) for _ in range(4)]
+    async with arena_groups(4, arena_slot_bytes=256 << 10) as groups:
+        got = await on_all(groups, lambda g: g.all_reduce(xs[g.rank].copy()))
+    assert all(out.tobytes() == got[0].tobytes() for out in got)
+    np.testing.assert_allclose(got[0], ((xs[0] + xs[1]) + xs[2]) + xs[3], rtol=1e-6)
+
+
+async def test_calls_run_in_call_order_whatever_order_they_are_awaited() -> None:
+    async with arena_groups(2) as groups:
+
+        async def run(g: Group) -> tuple[list[float], list[float]]:
+            first = g.all_reduce(np.full(3, g.rank + 1.0))
+            second = g.all_gather(np.array([g.rank * 10.0]))
+            later = (await second).tolist()
+            return (await first).tolist(), later
+
+        assert await on_all(groups, run) == [([3.0] * 3, [0.0, 10.0])] * 2
+
+
+async def test_groups_spanning_nodes_keep_to_messages_and_node_groups_use_the_arena() -> None:
+    async with tcp_world(4, arena=True, per_node=2) as meshes:
+        world = [Group(m) for m in meshes]
+        halves = [g.new_group([0, 1] if g.rank < 2 else [2, 3], name="node") for g in world]
+        out = await on_all(world, lambda g: g.all_reduce(np.full(5, 1.0 + g.rank)))
+        assert all(o.tolist() == [10.0] * 5 for o in out)
+        out = await on_all(halves, lambda g: g.all_reduce(np.full(5, 1.0 + g.transport.rank)))
+        assert [o[0] for o in out] == [3.0, 3.0, 7.0, 7.0]
+        assert world[0].gate is None
+        assert all(h.gate is not None and h.gate.state is GateState.OPEN for h in halves)
+        for g in world:
+            await g.aclose()
+
+
+async def test_a_region_that_cannot_be_made_is_one_warning_and_tcp_for_all(caplog) -> None:
+    caplog.set_level(logging.INFO, "shardwire.worker")
+    async with arena_groups(3, arena_slot_bytes=1 << 46) as groups:  # no /dev/shm has 192 TiB
+        xs = _inputs(3, 1000)
+        got = await on_all(groups, lambda g: g.all_reduce(xs[g.rank].copy()))
+        np.testing.assert_array_equal(got[2], sum(xs))
+        assert all(g.gate.state is GateState.UNAVAILABLE for g in groups)
+        got = await on_all(groups, lambda g: g.all_gather(xs[g.rank]))  # still on TCP
+        np.testing.assert_array_equal(got[1], np.concatenate(xs))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    text = warnings[0].getMessage()
+    assert "SHARDWIRE_ARENA_SLOT_BYTES" in text and "bytes of /dev/shm for 3 ranks" in text
+
+
+async def test_a_failed_peer_wakes_a_sleeping_waiter_at_once() -> None:
+    async with arena_groups(2, timeout=60) as groups:
+        await on_all(groups, lambda g: g.barrier())  # opened
+        waiting = groups[0].all_reduce(np.ones(4)).start()  # rank 1 never joins
+        engine = groups[0].gate.arena.engine
+        for _ in range(3):  # the call's task runs, finds rank 1 absent, hands over
+            await asyncio.sleep(0)
+        assert engine.driver == "thread"  # whose spin is 50 us: then it sleeps on the futex
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        # rank 1's transport learns that rank 7 failed: it poisons its groups' arenas
+        groups[1].transport.abort(PeerFailed(rank=7, reason="killed"))
+        with pytest.raises(PeerFailed, match="rank 7 failed: killed") as caught:
+            await waiting.wait()
+        assert caught.value.rank == 7
+        assert loop.time() - start < 5  # woken, not timed out (the group allows 60 s)
+
+
+async def test_a_silent_rank_is_named_by_the_timeout() -> None:
+    async with arena_groups(3, timeout=1.0) as groups:
+        await on_all(groups, lambda g: g.barrier())
+        calls = [groups[r].all_reduce(np.ones(10)).start() for r in (0, 1)]  # rank 2 silent
+        for call in calls:
+            with pytest.raises(CollectiveTimeout, match=r"not heard from ranks \[2\]"):
+                await call.wait()
+
+
+async def test_different_calls_on_different_ranks_are_a_mismatch_everywhere() -> None:
+    async with arena_groups(2) as groups:
+        await on_all(groups, lambda g: g.barrier())
+        a = groups[0].all_reduce(np.ones(10)).start()
+        b = groups[1].all_gather(np.ones(10)).start()
+        for work in (a, b):
+            with pytest.raises(CollectiveMismatch):
+                await work.wait()

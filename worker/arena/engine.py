@@ -1,0 +1,246 @@
+"""Runs a group's arena programs in call order, on the event loop or on one thread.
+
+Theory of operation
+-------------------
+Programs are queued when their calls are made, so they run in call order whichever
+call is awaited first. Whoever finds the engine idle drives the queue from its head:
+
+* the event loop, *inline*, while every wait of a program is satisfied within the spin
+  budget (peers that arrive within microseconds: no thread hop, no loop wake-up);
+* the engine's thread, once a wait is not: the loop hands the queue over and awaits
+  the call's future, so it keeps running other tasks (prefetch, heartbeats, other
+  groups) while the thread sleeps on the futex. The thread drives until the queue is
+  empty, then idles and the next call is driven inline again.
+
+numpy copies and reductions release the GIL for arrays of any size that matters, and
+the thread's spin yields the CPU between polls, so a thread waiting for peers does not
+hold up the loop's compute. The thread is owned by the engine: :meth:`Engine.close`
+stops and joins it. Futures cross from the thread to the loop only through
+``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+
+from shardwire.worker.arena.board import Board, Poisoned, Stalled
+from shardwire.worker.arena.programs import Mismatch, Need, Program
+
+_THREAD_SPIN = 50e-6  # the thread polls this long (yielding the CPU) before it sleeps
+_RELEASE_WAIT = 5.0  # a cancelled call waits this long for the engine to let go of it
+
+
+class Abandoned(Exception):
+    """The call's caller went away (cancelled); its program stops at its next wait."""
+
+
+class Job:
+    """One queued program and its outcome. The futures are made only when somebody
+    waits for a job the loop did not finish inline (a future costs microseconds)."""
+
+    __slots__ = (
+        "abandoned",
+        "deadline",
+        "error",
+        "finished",
+        "future",
+        "late",
+        "need",
+        "program",
+        "released",
+    )
+
+    def __init__(self, program: Program, deadline: float):
+        self.program = program
+        self.deadline = deadline
+        self.need: Need | None = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.finished = False  # set under the engine's lock
+        self.late: list[int] = []  # local ranks it waited for when its caller gave up
+        self.future: asyncio.Future[None] | None = None
+        self.released: asyncio.Future[None] | None = None
+
+
+class Engine:
+    """The queue of one arena's programs and the two ways of driving it."""
+
+    def __init__(self, board: Board, *, spin: float, yield_cpu: bool, name: str) -> None:
+        self.board = board
+        self.spin = spin  # inline polling budget, seconds (0 on a crowded node)
+        self.yield_cpu = yield_cpu
+        self.inline_runs = 0  # programs finished on the loop, for tests and stats
+        self.thread_runs = 0  # programs finished on the thread
+        self._name = name
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition(threading.Lock())
+        self._driver: str | None = None  # None (idle), "loop" or "thread"
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def driver(self) -> str | None:
+        """Who drives the queue now: None (idle), "loop" or "thread"."""
+        return self._driver
+
+    def submit(self, program: Program, deadline: float) -> Job:
+        """Queue ``program`` (call order is queue order)."""
+        job = Job(program, deadline)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the arena engine is closed")
+            self._queue.append(job)
+        return job
+
+    async def run(self, job: Job) -> None:
+        """Drive the queue if idle, then wait for ``job``; raises the program's error."""
+        with self._cv:
+            drive = self._driver is None
+            if drive:
+                self._driver = "loop"
+        if drive:
+            self._drive_inline()
+        with self._cv:
+            waiting = not job.finished
+            if waiting:
+                job.future = self._loop.create_future()
+                job.released = self._loop.create_future()
+        if waiting:
+            assert job.future is not None and job.released is not None
+            try:
+                await job.future
+            except asyncio.CancelledError:
+                job.late = self.lagging(job)  # before the program lets go of its wait
+                job.abandoned = True
+                self.kick()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_RELEASE_WAIT):
+                        await asyncio.shield(job.released)
+                raise
+        if job.error is not None:
+            raise job.error
+
+    def lagging(self, job: Job) -> list[int]:
+        """The local ranks ``job`` is waiting for now (empty if it waits for nobody)."""
+        need = job.need
+        if need is None:
+            return []
+        return [r for r in need.ranks if self.board.lagging(need.word, (r,), need.target) >= 0]
+
+    def kick(self) -> None:
+        """Wake the thread if it sleeps on a futex (it then re-checks its job)."""
+        for row in self.board.rows:
+            self.board.words.wake(row)
+
+    # ---- driving ------------------------------------------------------------------------
+
+    def _drive_inline(self) -> None:
+        while True:
+            with self._cv:
+                if not self._queue:
+                    self._driver = None
+                    return
+                job = self._queue[0]
+            if not self._advance(job, blocking=False):
+                with self._cv:
+                    self._driver = "thread"
+                    self._start_thread()
+                    self._cv.notify()
+                return
+            with self._cv:
+                self._queue.popleft()
+                job.finished = True
+            self.inline_runs += 1
+            self._settle(job)
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while self._driver != "thread" and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    self._driver = None
+                    if self._closed:
+                        return
+                    continue
+                job = self._queue[0]
+            self._advance(job, blocking=True)
+            with self._cv:
+                self._queue.popleft()
+                job.finished = True
+            self.thread_runs += 1
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(self._settle, job)
+
+    def _advance(self, job: Job, *, blocking: bool) -> bool:
+        """Run ``job`` until it ends (True) or, not ``blocking``, until a wait is not met
+        within the spin budget (False)."""
+        board = self.board
+        spin = self.spin if not blocking else _THREAD_SPIN
+        try:
+            while True:
+                need = job.need
+                if need is not None:
+                    if not board.spin(
+                        need.word, need.ranks, need.target, spin, self.yield_cpu or blocking
+                    ):
+                        if not blocking:
+                            return False
+                        stop = lambda: job.abandoned or self._closed  # noqa: E731
+                        if not board.wait(need.word, need.ranks, need.target, job.deadline, stop):
+                            raise Abandoned("the call was abandoned")
+                    job.need = None
+                if job.abandoned or self._closed:
+                    raise Abandoned("the call was abandoned")
+                job.need = job.program.send(None)
+        except StopIteration:
+            return True
+        except (Poisoned, Stalled, Mismatch, Abandoned) as exc:
+            # Expected ends: no traceback, whose frames would keep views of the region
+            # (and so its mapping) alive for as long as the caller keeps the error.
+            job.error = exc.with_traceback(None)
+            job.program.close()
+            return True
+        except BaseException as exc:  # handed to the caller through its future
+            job.error = exc
+            job.program.close()
+            return True
+
+    @staticmethod
+    def _settle(job: Job) -> None:
+        """On the loop: wake whoever waits for ``job`` (its outcome is on the job)."""
+        if job.future is not None and not job.future.done():
+            job.future.set_result(None)
+        if job.released is not None and not job.released.done():
+            job.released.set_result(None)
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+
+    # ---- closing ------------------------------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Abandon queued programs, stop and join the thread; False if it did not stop."""
+        with self._cv:
+            self._closed = True
+            for job in self._queue:
+                job.abandoned = True
+            self._cv.notify_all()
+        self.kick()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                return False
+        for job in list(self._queue):
+            job.error = job.error or Abandoned("the arena was closed")
+            job.finished = True
+            self._settle(job)
+        self._queue.clear()
+        return True

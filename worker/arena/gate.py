@@ -1,0 +1,119 @@
+"""A group's way into its node arena: opened on first use, calls handed over in order.
+
+Calls are queued with the arena when they are *made* (not when awaited), so the arena
+runs them in the group's call order however the caller awaits them. Calls made while
+the arena is being opened wait in the gate; when it opens they are handed over in
+order, and if it cannot open each of them runs its TCP algorithm instead.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from shardwire.worker.arena.arena import ArenaSettings, NodeArena, open_arena
+from shardwire.worker.arena.engine import Job
+from shardwire.worker.arena.programs import Context, Program
+
+# The engine's own deadline trails the group's, which cancels the call first and names
+# the silent ranks; the engine's only stops a thread nobody waits for any more.
+_BACKSTOP = 1.0
+
+
+class GateState(enum.Enum):
+    CLOSED = "closed"  # no call has asked for the arena yet
+    OPENING = "opening"  # the first call's exchange is under way
+    OPEN = "open"  # calls run on the arena
+    UNAVAILABLE = "unavailable"  # the region could not be made or attached: TCP
+    FAILED = "failed"  # opening raised (a peer failed meanwhile): the group is poisoned
+
+
+class Ticket:
+    """One call's place in the arena's order."""
+
+    __slots__ = ("build", "deadline", "job", "seq", "signature")
+
+    def __init__(self, build: Callable[[Context], Program], seq: int, signature: str, limit: float):
+        self.build = build
+        self.seq = seq
+        self.signature = signature
+        self.deadline = time.monotonic() + limit + _BACKSTOP if limit != math.inf else math.inf
+        self.job: Job | None = None
+
+
+class Gate:
+    """Opens the arena of a group's ranks (all on this node) and feeds it calls."""
+
+    def __init__(
+        self,
+        settings: ArenaSettings,
+        spawn: Callable[[Coroutine[Any, Any, None]], Any],
+        what: str,
+        stats: Any,
+    ) -> None:
+        self.settings = settings
+        self._stats = stats  # the transport's TransportStats: arena bytes count there too
+        self.state = GateState.CLOSED
+        self.arena: NodeArena | None = None
+        self._spawn = spawn
+        self._what = what
+        self._pending: list[Ticket] = []
+        self._opening: Any = None  # the Work of the opening exchange
+
+    def enqueue(self, call: Any, build: Callable[[Context], Program], limit: float) -> Ticket:
+        """Place ``call`` (just made) in the arena's order."""
+        ticket = Ticket(build, call.seq, call.signature, limit)
+        if self.state is GateState.OPEN:
+            assert self.arena is not None
+            ticket.job = self.arena.submit(build, ticket.seq, ticket.signature, ticket.deadline)
+        elif self.state in (GateState.CLOSED, GateState.OPENING):
+            self._pending.append(ticket)
+            if self.state is GateState.CLOSED:
+                self.state = GateState.OPENING
+                self._opening = self._spawn(self._open(call))
+        return ticket
+
+    async def run(self, ticket: Ticket, silent: list[int]) -> bool:
+        """Run the call on the arena; False if the group has none (use TCP)."""
+        if ticket.job is None and self.state is GateState.OPENING:
+            await self._opening.wait()
+        if ticket.job is None:
+            if self.state is GateState.FAILED:
+                await self._opening.wait()  # raises why opening failed
+            return False
+        assert self.arena is not None
+        try:
+            await self.arena.run(ticket.job, silent)
+        finally:
+            if self.arena is not None:
+                self.arena.count(self._stats)
+        return True
+
+    async def _open(self, call: Any) -> None:
+        try:
+            arena = await open_arena(call, self.settings, self._what)
+        except BaseException:
+            self.state = GateState.FAILED
+            self._pending.clear()
+            raise
+        self.arena = arena
+        self.state = GateState.OPEN if arena is not None else GateState.UNAVAILABLE
+        for ticket in self._pending:
+            if arena is not None:
+                ticket.job = arena.submit(
+                    ticket.build, ticket.seq, ticket.signature, ticket.deadline
+                )
+        self._pending.clear()
+
+    def poison(self, error: BaseException) -> None:
+        if self.arena is not None:
+            self.arena.poison(error)
+
+    def close(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        self.state = GateState.FAILED
