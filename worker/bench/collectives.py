@@ -196,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="simulate this many nodes on this host (one agent each, its own node id): "
-        "shared memory inside a node, TCP across, node-aware algorithms",
+        "a node arena inside a node, TCP across, tiered algorithms",
     )
     p.add_argument("--json", help="write all rows here")
     return p

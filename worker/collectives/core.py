@@ -136,6 +136,8 @@ class GroupCore:
         self._layout_known = False  # the transport knows the nodes once it has a roster
         self._gate: Gate | None = None
         self._gate_known = False
+        self._live: dict[int, Call] = {}  # calls under way, by sequence number
+        self._tiers: Any = None  # a Group's node and lane subgroups (collectives.tiers)
         # Recent calls of this group and its subgroups, for hang diagnosis.
         self.recorder = recorder or FlightRecorder()
         transport.groups[group_id] = self  # unique per transport while the group lives
@@ -143,7 +145,7 @@ class GroupCore:
 
     @property
     def layout(self) -> list[list[int]] | None:
-        """This group's ranks (group ranks) by node, when the node-aware algorithms
+        """This group's ranks (group ranks) by node, when the tiered algorithms
         apply (several nodes, the same number of ranks on each); else None."""
         if not self._layout_known:
             nodes = self.transport.nodes
@@ -240,11 +242,13 @@ class GroupCore:
         )
         outcome, expired = "error", False
         self._deadlines.watch(call.seq, limit)
+        self._live[call.seq] = call
         try:
             try:
                 result = await algorithm(call)
             finally:
                 expired = self._deadlines.release(call.seq)
+                del self._live[call.seq]
             self._pool.give(call.taken)
             outcome = "ok"
             return result
@@ -279,7 +283,18 @@ class GroupCore:
         assert self._error is not None
         raise self._error
 
-    def _poison(self, error: CollectiveError) -> None:
+    def silent_now(self) -> list[int]:
+        """Global ranks the calls under way are waiting for."""
+        return sorted({r for call in self._live.values() for r in call.silent_ranks()})
+
+    def fail(self, error: BaseException) -> None:
+        """Poison this group with ``error`` from outside its calls (a call of a group it
+        works with failed): its members are told, and its node arena is woken."""
+        self._poison(error)
+        if self._gate is not None and self._error is not None:
+            self._gate.poison(self._error)
+
+    def _poison(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
         peers = [r for r in self.ranks if r != self.transport.rank]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardwire.worker.arena import programs
-from shardwire.worker.collectives import nodes, ring, small
+from shardwire.worker.collectives import ring, small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import Pending, group_id_for
@@ -23,6 +23,7 @@ from shardwire.worker.collectives.layout import bounds, offsets
 from shardwire.worker.collectives.movement import Movement
 from shardwire.worker.collectives.ops import ReduceOp, check_op, combine, finish
 from shardwire.worker.collectives.plan import GATHER_STEP, choose
+from shardwire.worker.collectives.tiers import Runner, Tiers
 
 
 class Group(Movement):
@@ -56,6 +57,21 @@ class Group(Movement):
         self._adopt(group)
         return group
 
+    @property
+    def tiers(self) -> Tiers | None:
+        """The node and lane subgroups of a group laid out over several nodes (see
+        ``collectives.tiers``); None for a group on one node or an uneven layout."""
+        if self._tiers is None and self.layout is not None:
+            self._tiers = Tiers(self, self.layout)
+        return self._tiers
+
+    def _tiered(self, timeout: float | None) -> tuple[Tiers | None, Runner | None, float]:
+        """(tiers, their runner for a call made now, its time limit), tiers None when the
+        group is flat."""
+        tiers = self.tiers
+        limit = self.timeout if timeout is None else timeout
+        return tiers, (tiers.reserve() if tiers is not None else None), limit
+
     # ---- reductions --------------------------------------------------------------------
 
     def all_reduce(
@@ -74,13 +90,14 @@ class Group(Movement):
         if out is not None:
             np.copyto(target, x)
         signature = f"all_reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}"
+        tiers, run, limit = self._tiered(timeout)
 
         async def algorithm(c: Call) -> np.ndarray:
-            how = choose("all_reduce", buf.nbytes, c.size, nodes=self.layout is not None)
-            if how == "node-ring":
-                assert self.layout is not None
-                await nodes.all_reduce(c, buf, op, self.layout)
-            elif how == "doubling":
+            if tiers is not None and run is not None:
+                await run(c, lambda: tiers.all_reduce(c, buf, op, limit))
+                return target
+            how = choose("all_reduce", buf.nbytes, c.size)
+            if how == "doubling":
                 await small.all_reduce_doubling(c, buf, op)
                 finish(op, buf, c.size)
             elif how == "ring":
@@ -114,15 +131,20 @@ class Group(Movement):
             f"reduce_scatter:{dtype_name(x.dtype)}:{list(x.shape)}:{sizes_text(sizes)}:{op.value}"
         )
 
+        tiers, run, limit = self._tiered(timeout)
+
         async def algorithm(c: Call) -> np.ndarray:
+            if tiers is not None and run is not None:
+                await run(
+                    c,
+                    lambda: tiers.reduce_scatter(
+                        c, src, segs, result.reshape(-1), op=op, limit=limit
+                    ),
+                )
+                return result
             a, b = segs[c.rank]
-            how = choose("reduce_scatter", x.nbytes, c.size, nodes=self.layout is not None)
-            if how == "node-ring":
-                assert self.layout is not None
-                acc = c.scratch(src.size, src.dtype)
-                await nodes.reduce_scatter(c, src, acc, segs, op, layout=self.layout)
-                np.copyto(result.reshape(-1), acc[a:b])
-            elif how == "direct":
+            how = choose("reduce_scatter", x.nbytes, c.size)
+            if how == "direct":
                 parts = [src[s:e] for s, e in segs]
                 peers = [p for p in range(c.size) if p != c.rank]
                 got = await small.exchange(c, {p: parts[p] for p in peers}, dict.fromkeys(peers))
@@ -219,12 +241,14 @@ class Group(Movement):
         np.copyto(buf[a:b], flat(x2, "x"))
         signature = f"all_gather:{dtype_name(x.dtype)}:{list(x2.shape[1:])}:{sizes_text(sizes)}"
 
+        tiers, run, limit = self._tiered(timeout)
+
         async def algorithm(c: Call) -> np.ndarray:
-            how = choose("all_gather", buf.nbytes, c.size, nodes=self.layout is not None)
-            if how == "node-ring":
-                assert self.layout is not None
-                await nodes.all_gather(c, buf, segs, self.layout)
-            elif how == "direct":
+            if tiers is not None and run is not None:
+                await run(c, lambda: tiers.all_gather(c, buf, segs, limit))
+                return result
+            how = choose("all_gather", buf.nbytes, c.size)
+            if how == "direct":
                 mine = buf[a:b]
                 incoming = {p: buf[s:e] for p, (s, e) in enumerate(segs)}
                 await small.exchange(c, dict.fromkeys(range(c.size), mine), incoming)
@@ -244,18 +268,14 @@ class Group(Movement):
         buf = flat(x, "x")
         signature = f"broadcast:{dtype_name(x.dtype)}:{list(x.shape)}:{root}"
 
+        tiers, run, limit = self._tiered(timeout)
+
         async def algorithm(c: Call) -> np.ndarray:
-            how = choose(
-                "broadcast",
-                x.nbytes,
-                c.size,
-                nodes=self.layout is not None,
-                crowded=self.transport.crowded,
-            )
-            if how == "node-chain":
-                assert self.layout is not None
-                await nodes.broadcast(c, buf, root, self.layout)
-            elif how == "tree":
+            if tiers is not None and run is not None:
+                await run(c, lambda: tiers.broadcast(buf, root, limit))
+                return x
+            how = choose("broadcast", x.nbytes, c.size, crowded=self.transport.crowded)
+            if how == "tree":
                 await small.broadcast_tree(c, buf, root)
             elif how == "chain":
                 await ring.broadcast_chain(c, buf, root)

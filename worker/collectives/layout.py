@@ -45,7 +45,7 @@ def largest_power_of_two(n: int) -> int:
 def node_layout(nodes: Sequence[str]) -> list[list[int]] | None:
     """Group ranks (indices into ``nodes``, each rank's node id) by node, nodes in order of
     their lowest rank; None unless there are several nodes holding the same number (two
-    or more) of ranks each, the shape the node-aware algorithms need."""
+    or more) of ranks each, the shape the tiered algorithms need."""
     by_node: dict[str, list[int]] = {}
     for rank, node in enumerate(nodes):
         by_node.setdefault(node, []).append(rank)

@@ -11,16 +11,9 @@ ring at 2 ranks: 256 KiB 230 vs 365 us, 512 KiB 359 vs 433 us, 1 MiB 1636 vs 641
 beat the ring for all_gather / reduce_scatter up to 1 MiB.
 
 A group whose ranks sit on several nodes, the same number (two or more) on each, runs
-its large all_reduce, all_gather, reduce_scatter and broadcast node-aware (the
-``collectives.nodes`` module): the thresholds are the flat ones, above which the
-bandwidth terms dominate. Measured with ``shardwire bench collectives --world 4 --nodes
-2`` (two agents of two ranks on one 2-core host, so "across nodes" is loopback TCP),
-node-aware against the flat ring on the same layout, one session: all_reduce 1 MiB 3.8
-vs 4.6 ms, 16 MiB 30 vs 39 ms, 64 MiB 131 vs 141 ms; all_gather 4 MiB 4.8 vs 5.8 ms,
-64 MiB 69 vs 66 ms; reduce_scatter 4 MiB 6.5 vs 7.3 ms, 64 MiB 88 vs 94 ms. Across real
-links, where TCP is slower than shared memory, the gap widens: the node-aware
-algorithms send (k-1)/k of a rank's 1/L share across nodes per phase, in parallel on all
-L lanes.
+all_reduce, all_gather, reduce_scatter and broadcast in tiers (``collectives.tiers``):
+inside each node through the node's subgroup (its arena), across nodes only on lanes,
+at every size.
 
 Tags
 ----
@@ -52,26 +45,27 @@ P2P_BASE = 1 << 40
 # 2.7-2.9, 12.6-14.1 and 47-49 ms); over TCP only, 16 MiB 19.8 vs 28.0 ms and 64 MiB
 # 62.9 vs 92.8 ms.
 GATHER_STEP = 1 << 30
+TIERED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
 def choose(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: bool = False) -> str:
     """The algorithm a call of ``op`` moving ``nbytes`` per rank uses in a group of ``size``:
-    local, doubling, ring, direct, tree or chain; node-ring or node-chain for the large
-    payloads of a group laid out over several nodes (``nodes``, see ``collectives.nodes``).
+    local, doubling, ring, direct, tree or chain; tiers for the four ops that a group
+    laid out over several nodes (``nodes``) runs hierarchically (``collectives.tiers``).
     ``crowded``: this node runs more ranks than it has CPUs (see CROWDED_BROADCAST)."""
     if size == 1:
         return "local"
+    if nodes and op in TIERED:
+        return "tiers"
     if op in ("all_reduce", "reduce"):
         small = "doubling" if op == "all_reduce" else "tree"
         if nbytes <= ALL_REDUCE_SMALL:
             return small
-        return "node-ring" if nodes and op == "all_reduce" else "ring"
+        return "ring"
     if op in ("all_gather", "reduce_scatter"):
         if nbytes <= EXCHANGE_SMALL:
             return "direct"
-        return "node-ring" if nodes else "ring"
+        return "ring"
     if op == "broadcast":
-        if nbytes <= BROADCAST_SMALL or (crowded and not nodes):
-            return "tree"
-        return "node-chain" if nodes else "chain"
+        return "tree" if nbytes <= BROADCAST_SMALL or crowded else "chain"
     return "direct"

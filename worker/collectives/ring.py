@@ -38,7 +38,7 @@ MAX_LANES = 4
 # The chain broadcast needs more, smaller pieces: its latency is (n - 1 + pieces) hops.
 CHAIN_PIECES = 64
 # Reducing straight out of shared memory (a receive's fold) is used when the reduction
-# is in place (acc is src: all_reduce and the node-aware lanes). Measured on 2 cores, 2
+# is in place (acc is src: all_reduce). Measured on 2 cores, 2
 # ranks, float32, same run: in place, all_reduce 16 MiB 3.7 -> 4.3 GB/s and 64 MiB
 # 3.2 -> 4.2-4.5 GB/s; out of place (reduce_scatter into a scratch buffer) it was slower
 # (16 MiB 2.2 -> 1.7 GB/s), although a fold does less memory traffic than copy-then-add

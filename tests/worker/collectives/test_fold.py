@@ -1,9 +1,9 @@
 """Reductions fold straight out of per-pair shared memory: an in-place ring (all_reduce)
 hands each slot to its fold as it arrives, and the result is still numpy's, bit for bit.
 
-Groups on one node run on their node arena; the rings over per-pair segments are what
-the node-aware algorithms run inside each node, so they are tested here with the arena
-off."""
+Groups on one node run on their node arena; rings over per-pair segments carry the
+groups that have none (it could not be made) and the flat algorithms of unevenly laid
+out groups, so they are tested here with the arena off."""
 
 from __future__ import annotations
 

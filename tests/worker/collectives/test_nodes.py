@@ -1,6 +1,7 @@
-"""Node-aware collectives: results against numpy, and bytes across nodes counted.
+"""Collectives in tiers over several nodes: results against numpy, bytes across nodes
+counted, and the order of concurrent calls.
 
-Nodes are simulated by roster node ids (shared memory inside a node, TCP across).
+Nodes are simulated by roster node ids (a node arena inside each node, TCP across).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 from shardwire.worker.collectives import Group, ReduceOp
 from shardwire.worker.collectives.layout import node_layout
-from shardwire.worker.collectives.plan import ALL_REDUCE_SMALL, EXCHANGE_SMALL, choose
+from shardwire.worker.collectives.plan import choose
 from tests.worker.transport.fabric import tcp_world
 
 from .test_oracle import check, data, oracle
@@ -26,13 +27,13 @@ LAYOUTS = {
     "3x2": [0, 0, 1, 1, 2, 2],
     "interleaved": [0, 1, 0, 1],
 }
-COUNT = 400_003  # float32: above every node-aware threshold
+COUNT = 400_003  # float32: large enough for the ring algorithms on the lanes
 
 
 @contextlib.asynccontextmanager
 async def node_world(nodes: list[int]) -> AsyncIterator[tuple[list[Group], list[list]]]:
     """Groups over simulated nodes, and per rank the (destination, bytes) of each send."""
-    async with tcp_world(len(nodes), shm=True, nodes=nodes, timeout=30.0) as meshes:
+    async with tcp_world(len(nodes), shm=True, arena=True, nodes=nodes, timeout=30.0) as meshes:
         sent: list[list] = [[] for _ in meshes]
         for mesh, log in zip(meshes, sent, strict=True):
             send = mesh.send
@@ -60,12 +61,10 @@ def test_layout_needs_several_nodes_of_equal_size() -> None:
     assert node_layout(["a", "a", "a"]) is None  # one node
     assert node_layout(["a", "b", "c"]) is None  # one rank per node
     assert node_layout(["a", "a", "b"]) is None  # uneven
-    assert choose("all_reduce", ALL_REDUCE_SMALL + 1, 4, nodes=True) == "node-ring"
-    assert choose("all_reduce", ALL_REDUCE_SMALL, 4, nodes=True) == "doubling"
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+        assert choose(op, 4, 4, nodes=True) == "tiers"
+        assert choose(op, 1 << 30, 4, nodes=True) == "tiers"
     assert choose("reduce", 1 << 30, 4, nodes=True) == "ring"
-    assert choose("all_gather", EXCHANGE_SMALL + 1, 4, nodes=True) == "node-ring"
-    assert choose("reduce_scatter", EXCHANGE_SMALL + 1, 4, nodes=True) == "node-ring"
-    assert choose("broadcast", 1 << 20, 4, nodes=True) == "node-chain"
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -120,7 +119,7 @@ async def test_reduce_scatter_and_all_gather_over_nodes(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 @pytest.mark.parametrize("root", [0, 3])
-async def test_broadcast_chain_visits_nodes_in_turn(name: str, root: int) -> None:
+async def test_broadcast_crosses_to_each_node_once(name: str, root: int) -> None:
     nodes = LAYOUTS[name]
     n, k = len(nodes), len(set(nodes))
     async with node_world(nodes) as (groups, sent):
@@ -131,3 +130,47 @@ async def test_broadcast_chain_visits_nodes_in_turn(name: str, root: int) -> Non
             check(got, x, f"{name} broadcast root {root} rank {r}")
         crossing = sum(across(nodes, sent, r) for r in range(n))
         assert crossing == (k - 1) * x.nbytes
+
+
+async def test_each_node_moves_its_share_through_its_arena() -> None:
+    nodes = LAYOUTS["2x2"]
+    async with node_world(nodes) as (groups, sent):
+        inputs = [data(r, 1000, "float32", 3) for r in range(4)]
+        await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy()))  # opens the arenas
+        for log in sent:
+            log.clear()
+        outs = await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy()))
+        for r, got in enumerate(outs):
+            check(got, oracle(inputs, ReduceOp.SUM), f"rank {r}")
+        for g in groups:
+            assert g.tiers is not None
+            gate = g.tiers.local.gate
+            assert gate is not None and gate.arena is not None, "the node phases left the arena"
+            assert g.tiers.across.gate is None  # lanes cross nodes: TCP
+        for r in range(4):  # nothing moved by message inside a node
+            assert all(nodes[dst] != nodes[r] for dst, _ in sent[r])
+
+
+async def test_concurrent_calls_awaited_out_of_order_keep_call_order() -> None:
+    nodes = LAYOUTS["3x2"]
+    n = len(nodes)
+    async with node_world(nodes) as (groups, _sent):
+        xs = [data(r, 5000, "float64", 5) for r in range(n)]
+        parts = [data(r, 700, "int32", 6) for r in range(n)]
+        root = data(4, 3000, "float32", 8)
+
+        async def run(g: Group) -> list:
+            works = [
+                g.all_reduce(xs[g.rank].copy()).start(),
+                g.all_gather(parts[g.rank]).start(),
+                g.broadcast(root.copy() if g.rank == 4 else np.zeros_like(root), root=4).start(),
+                g.reduce_scatter(np.tile(xs[g.rank], n)).start(),
+            ]
+            return [await w.wait() for w in reversed(works)]
+
+        outs = await on_all(groups, run)
+        for r, (rs, bc, ag, ar) in enumerate(outs):
+            check(ar, oracle(xs, ReduceOp.SUM), f"all_reduce rank {r}")
+            check(ag, np.concatenate(parts), f"all_gather rank {r}")
+            check(bc, root, f"broadcast rank {r}")
+            check(rs, oracle(xs, ReduceOp.SUM), f"reduce_scatter rank {r}")

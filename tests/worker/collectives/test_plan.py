@@ -19,5 +19,5 @@ def test_thresholds() -> None:
 def test_a_crowded_node_broadcasts_by_tree() -> None:
     assert choose("broadcast", 64 << 20, 4, crowded=True) == "tree"
     assert choose("broadcast", 64 << 20, 4, crowded=False) == "chain"
-    assert choose("broadcast", 64 << 20, 4, nodes=True, crowded=True) == "node-chain"
+    assert choose("broadcast", 64 << 20, 4, nodes=True, crowded=True) == "tiers"
     assert choose("all_reduce", 64 << 20, 4, crowded=True) == "ring"

@@ -98,8 +98,8 @@ def mixed_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextMana
 
 
 def pairs_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextManager:
-    """One node with the arena off: per-pair segments only (the path node-aware
-    algorithms use inside a node)."""
+    """One node with the arena off: per-pair segments only (the path of a group whose
+    arena could not be made)."""
     return tcp_world(n, shm=True, **kwargs)  # type: ignore[arg-type]
 
 
