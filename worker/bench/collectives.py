@@ -1,5 +1,6 @@
 """``shardwire bench collectives``: time every collective for float32 sizes 4 KiB-256 MiB
-on N local processes, next to baselines measured in the same invocation: shardwire with
+on N local processes, next to baselines measured in the same invocation, size by size
+(every system at one size, then every system at the next): shardwire with
 shared memory off (``--compare-tcp``), Open MPI through mpi4py with its shared-memory
 transport and again with ``--mca btl tcp,self`` (``--compare-mpi``), and torch's gloo
 (``--compare-gloo``).
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from shardwire.worker.bench import gloo as gloo_module
@@ -165,6 +167,33 @@ def _print_table(rows: list[dict], raw_two_way: float | None) -> None:
                 )
 
 
+def _one_size(
+    n: int, config: dict, args: argparse.Namespace, tmp: str, *, turn: int, pythons: dict
+) -> list[dict]:
+    """Every system at one size, shardwire first on even turns and last on odd ones: a
+    machine that gets slower or faster during the run hurts all of them alike."""
+    systems: list[tuple[str, Callable[[], list[dict]]]] = [
+        ("ours", lambda: _shardwire_cells(n, config, tmp, nodes=args.nodes))
+    ]
+    if args.compare_tcp:
+        systems.append(("tcp", lambda: _shardwire_cells(n, config, tmp, "tcp", args.nodes)))
+    if pythons.get("mpi"):
+        mpi = pythons["mpi"]
+        systems.append(("mpi", lambda: _mpi_cells(n, config, mpi, tmp, tcp_only=False)))
+        systems.append(("mpi_tcp", lambda: _mpi_cells(n, config, mpi, tmp, tcp_only=True)))
+    if pythons.get("gloo"):
+        gloo = pythons["gloo"]
+        systems.append(("gloo", lambda: _gloo_cells(n, config, gloo, tmp)))
+    runs = {name: measure() for name, measure in (systems if turn % 2 == 0 else systems[::-1])}
+    ours = runs.pop("ours")
+    keyed = {name: {(c["op"], c["bytes"]): c for c in cells} for name, cells in runs.items()}
+    rows = []
+    for c in ours:
+        key = (c["op"], c["bytes"])
+        rows.append(_row(c, {name: cells[key] for name, cells in keyed.items() if key in cells}))
+    return rows
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardwire bench collectives", description=__doc__)
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
@@ -224,25 +253,14 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    pythons = {"gloo": gloo_python, "mpi": mpi_python}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.world:
-            ours = _shardwire_cells(n, config, tmp, nodes=args.nodes)
-            runs: dict[str, list[dict]] = {}
-            if args.compare_tcp:
-                runs["tcp"] = _shardwire_cells(n, config, tmp, "tcp", nodes=args.nodes)
-            if mpi_python:
-                runs["mpi"] = _mpi_cells(n, config, mpi_python, tmp, tcp_only=False)
-                runs["mpi_tcp"] = _mpi_cells(n, config, mpi_python, tmp, tcp_only=True)
-            if gloo_python:
-                runs["gloo"] = _gloo_cells(n, config, gloo_python, tmp)
-            keyed = {
-                name: {(c["op"], c["bytes"]): c for c in cells} for name, cells in runs.items()
-            }
-            for c in ours:
-                key = (c["op"], c["bytes"])
-                found = {name: cells[key] for name, cells in keyed.items() if key in cells}
-                rows.append(_row(c, found))
+            for turn, size in enumerate(config["sizes"]):
+                rows += _one_size(
+                    n, {**config, "sizes": [size]}, args, tmp, turn=turn, pythons=pythons
+                )
     raw = two_way_throughput(64 << 20) if 2 in args.world else None
     _print_table(rows, raw)
     if args.json:
