@@ -13,8 +13,10 @@ from shardwire.worker.bench import collectives
 _MEDIANS = {"auto": 0.001, "tcp": 0.004, "mpi-shm": 0.0005, "mpi-tcp": 0.002}
 
 
-def _fake_run(seen: list[str]):
+def _fake_run(seen: list[str], commands: list[list[str]] | None = None):
     def run(cmd, *, env, **kwargs):
+        if commands is not None:
+            commands.append(cmd)
         if cmd[0].endswith("mpirun"):
             kind = "mpi-tcp" if "tcp,self" in cmd else "mpi-shm"
             times = [_MEDIANS[kind]] * 5
@@ -52,13 +54,7 @@ def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(
     (python.parent / "mpirun").write_text("")
     seen: list[str] = []
     commands: list[list[str]] = []
-    fake = _fake_run(seen)
-
-    def run(cmd, **kwargs):
-        commands.append(cmd)
-        return fake(cmd, **kwargs)
-
-    monkeypatch.setattr(collectives.subprocess, "run", run)
+    monkeypatch.setattr(collectives.subprocess, "run", _fake_run(seen, commands))
     monkeypatch.setattr(collectives, "side_python", lambda *a: str(python))
     out_json = tmp_path / "rows.json"
     argv = ["--world", "2", "--sizes", "1M", "--compare-mpi", "--json", str(out_json)]
@@ -84,13 +80,7 @@ def test_compare_mpi_without_mpi4py_says_how_to_get_it(monkeypatch, capsys) -> N
 def test_systems_alternate_size_by_size(monkeypatch, capsys) -> None:
     seen: list[str] = []
     commands: list[list[str]] = []
-    fake = _fake_run(seen)
-
-    def run(cmd, **kwargs):
-        commands.append(cmd)
-        return fake(cmd, **kwargs)
-
-    monkeypatch.setattr(collectives.subprocess, "run", run)
+    monkeypatch.setattr(collectives.subprocess, "run", _fake_run(seen, commands))
     argv = ["--world", "2", "--sizes", "4K", "1M", "16M", "--compare-tcp"]
     assert collectives.main(argv) == 0
     # one size per job, every system at a size before the next size; who goes first flips
