@@ -66,6 +66,7 @@ class NodeArena:
                 self._stamps.clear()
             crc = self._stamps[signature] = zlib.crc32(signature.encode())
         stamp = ((seq & 0xFFFFFFFF) << 32) | crc
+        self.board.enter(seq)
         return self.engine.submit(_deferred(build, self.context, stamp), deadline)
 
     def count(self, stats: Any) -> None:
@@ -77,13 +78,16 @@ class NodeArena:
         stats.bytes_received += received - self._counted[1]
         self._counted = (sent, received)
 
-    async def run(self, job: Job, silent: list[int]) -> None:
-        """Wait for ``job``; arena errors become the group's (``silent`` gets the global
-        ranks not heard from when it times out)."""
+    async def run(self, job: Job, silent: list[int], seq: int) -> None:
+        """Wait for ``job`` (call ``seq``); arena errors become the group's (``silent``
+        gets the global ranks not heard from when it times out)."""
         try:
             await self.engine.run(job)
         except asyncio.CancelledError:  # the call's deadline (or its caller): say who is late
-            silent.extend(self.ranks[r] for r in job.late)
+            # the ranks it was waiting for, and those that never made the call (named even
+            # when the program had not reached a wait yet: a busy machine)
+            late = set(job.late) | set(self.board.absent(seq))
+            silent.extend(self.ranks[r] for r in sorted(late))
             raise
         except Poisoned as exc:
             raise _cause_error(exc) from None

@@ -9,6 +9,8 @@ Every local rank owns one row and is the only writer of it (except the abort pat
   a CRC of the call's signature), which readers compare with their own;
 * ``bell`` and ``sleepers``: the futex word sleepers wait on, and whether anyone may
   (see ``atomics``);
+* ``entered``: the sequence number of the last call this rank made in its group (read
+  only to name the ranks that never made a call when it times out);
 * ``poisoned`` and ``cause``: set when this rank poisoned the arena, with the error
   (kind, message, failed rank) that every other local rank then raises.
 
@@ -28,7 +30,17 @@ from shardwire.protocol.codec import pack_object, unpack_object
 from shardwire.worker.arena.atomics import Words
 from shardwire.worker.arena.region import ABORT, ROW_BYTES, Region
 
-BELL, SLEEPERS, READY, DONE, SIG, POISONED, CAUSE_LEN, CAUSE = 0, 4, 8, 16, 24, 40, 44, 64
+BELL, SLEEPERS, READY, DONE, SIG, POISONED, CAUSE_LEN, ENTERED, CAUSE = (
+    0,
+    4,
+    8,
+    16,
+    24,
+    40,
+    44,
+    48,
+    64,
+)
 CAUSE_BYTES = ROW_BYTES - CAUSE
 _MASK = (1 << 64) - 1
 _HALF = 1 << 63
@@ -80,6 +92,15 @@ class Board:
         if w.load32(row + SLEEPERS):
             w.exchange32(row + SLEEPERS, 0)
             w.wake(row + BELL)
+
+    def enter(self, seq: int) -> None:
+        """Record that this rank has made call ``seq`` of its group."""
+        self.words.store(self.mine + ENTERED, seq & _MASK)
+
+    def absent(self, seq: int) -> list[int]:
+        """The other local ranks that have not made call ``seq`` yet."""
+        load, rows = self.words.load, self.rows
+        return [r for r in self.others if not reached(load(rows[r] + ENTERED), seq)]
 
     def sign(self, half: int, signature: int) -> None:
         self.words.store(self.mine + SIG + 8 * half, signature & _MASK)

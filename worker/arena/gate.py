@@ -86,7 +86,7 @@ class Gate:
             return False
         assert self.arena is not None
         try:
-            await self.arena.run(ticket.job, silent)
+            await self.arena.run(ticket.job, silent, ticket.seq)
         finally:
             if self.arena is not None:
                 self.arena.count(self._stats)
