@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, PeerFailed
+from shardwire.worker.arena.board import Board
 from shardwire.worker.arena.gate import GateState
-from shardwire.worker.arena.region import run_prefix, segment_names
+from shardwire.worker.arena.region import Geometry, Region, run_prefix, segment_names
 from shardwire.worker.collectives import Group, ReduceOp
 from tests.worker.collectives.worlds import on_all
 from tests.worker.transport.fabric import tcp_world
@@ -110,7 +111,7 @@ async def test_calls_run_in_call_order_whatever_order_they_are_awaited() -> None
         assert await on_all(groups, run) == [([3.0] * 3, [0.0, 10.0])] * 2
 
 
-async def test_groups_spanning_nodes_keep_to_messages_and_node_groups_use_the_arena() -> None:
+async def test_groups_spanning_nodes_have_no_arena_of_their_own_node_groups_do() -> None:
     async with tcp_world(4, arena=True, per_node=2) as meshes:
         world = [Group(m) for m in meshes]
         halves = [g.new_group([0, 1] if g.rank < 2 else [2, 3], name="node") for g in world]
@@ -174,3 +175,20 @@ async def test_different_calls_on_different_ranks_are_a_mismatch_everywhere() ->
         for work in (a, b):
             with pytest.raises(CollectiveMismatch):
                 await work.wait()
+
+
+def test_a_rank_that_never_made_the_call_is_absent(tmp_path) -> None:
+    region, _ = Region.create("test", Geometry(3, 8192), tmp_path)
+    try:
+        boards = [Board(region, r) for r in range(3)]
+        boards[0].enter(7)
+        boards[1].enter(7)
+        boards[2].enter(6)
+        assert boards[0].absent(7) == [2]
+        assert boards[2].absent(7) == []  # it does not name itself
+        assert boards[1].absent(6) == []
+        boards[2].enter(7)
+        assert boards[0].absent(7) == []
+    finally:
+        region.unlink()
+        region.close()
