@@ -174,6 +174,7 @@ async def shardwire_worker(sizes: list[int], trials: int) -> dict | None:
 VARIANTS: dict[str, dict[str, str]] = {
     "shardwire": {},
     "no checksum": {"SHARDWIRE_CHECKSUM": "0"},
+    "tcp only": {"SHARDWIRE_TRANSPORT": "tcp"},  # the two ranks share a node: shm above
     "tls": {},
 }
 

@@ -1,17 +1,22 @@
 """Shared memory between worker processes: a rank killed in the middle of a large
-all_reduce fails the others at once, and no segment outlives the job."""
+all_reduce fails the others at once, no segment outlives the job, and 32 local ranks
+fit a 256 MiB /dev/shm (their node arena grows with the ranks, not their pairs)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
 from shardwire.worker.transport import shm
 
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env
 from .faults import job
 
 
@@ -25,10 +30,10 @@ async def test_sigkill_during_a_large_shared_memory_all_reduce() -> None:
     # 4 Mi float64 = 32 MiB per all_reduce: every step moves many 1 MiB slots.
     async with job(3, STEPS="100000", SIZE=str(4 << 20)) as j:
         await j.workers[1].line(r"^step 2 ", timeout=120)
-        # per rank: the world group's node arena (where the all_reduce runs), and two
-        # per-pair segments out and two in; every name already gone
+        # per rank: the world group's node arena, where the all_reduce runs; no per-pair
+        # segment (offered only with a large point-to-point payload); every name gone
         for w in j.workers:
-            assert _segments_mapped(w.proc.pid) == 5
+            assert _segments_mapped(w.proc.pid) == 1
         assert shm.segment_names("faults") == []
         j.workers[1].signal(signal.SIGKILL)
         struck = time.monotonic()
@@ -50,3 +55,36 @@ async def test_transport_tcp_keeps_every_byte_on_the_connections() -> None:
         await j.workers[0].line(r"^step 2 ", timeout=120)
         assert [_segments_mapped(w.proc.pid) for w in j.workers] == [0, 0]
         assert [w.proc.returncode for w in j.workers] == [None, None]
+
+
+def _private_dev_shm(size: str) -> list[str]:
+    """A command prefix that runs its command with a fresh tmpfs of ``size`` on /dev/shm
+    (a mount namespace of its own), or skips where one cannot be made."""
+    mount = f'mount -t tmpfs -o size={size},mode=1777 shardwire /dev/shm && exec "$@"'
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    prefix = ["unshare", *user, "--mount", "--propagation", "private", "--", "sh", "-c", mount]
+    probe = subprocess.run(
+        [*prefix, "sh", "true"], check=False, capture_output=True, text=True, timeout=30
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private /dev/shm here: {probe.stderr.strip()}")
+    return [*prefix, "sh"]
+
+
+@pytest.mark.timeout(900)
+def test_thirty_two_local_ranks_fit_a_256_mib_dev_shm() -> None:
+    ranks = 32
+    cmd = [
+        *_private_dev_shm("256m"),
+        SHARDWIRE, "launch", "--standalone", "--nproc-per-node", str(ranks),
+        str(SCRIPTS / "crowd.py"),
+    ]  # fmt: skip
+    result = subprocess.run(
+        cmd, check=False, env=env(), capture_output=True, text=True, timeout=800, cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert sum(" ok " in f" {line} " for line in result.stdout.splitlines()) == ranks
+    assert "no node arena" not in result.stderr  # the arena formed: no fallback warning
+    used = int(re.search(r"shm-used (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    assert DEFAULT_SLOT_BYTES * ranks <= used <= ranks * (DEFAULT_SLOT_BYTES + (64 << 10))

@@ -235,6 +235,10 @@ class FramedProtocol(asyncio.BufferedProtocol):
         if not transport.can_write_eof():  # TLS: no half-close
             transport.close()
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # the peer reset the connection already: nothing left to flush
+            transport.close()
+            return
         self._hanging_up = asyncio.get_running_loop().call_later(grace, transport.close)
         transport.resume_reading()

@@ -79,7 +79,8 @@ class MeshConfig:
     tls_server: ssl.SSLContext | None = None
     tls_client: ssl.SSLContext | None = None
     # Peers on the same node (roster node id) move payloads of 128 KiB and more through a
-    # shared-memory segment per direction of shm_slots x shm_slot_bytes, if it attaches.
+    # shared-memory segment per direction of shm_slots x shm_slot_bytes, if it attaches;
+    # it is offered with the first such payload (collectives on one node use the arena).
     shm: bool = False
     shm_slots: int = 4
     shm_slot_bytes: int = 1 << 20
@@ -181,14 +182,8 @@ class TcpMesh(Transport):
             async with asyncio.timeout(self.config.connect_timeout):
                 await self._dial_lower(roster)
                 await self._all_connected.wait()
-                await asyncio.gather(*(c.shm.settled for c in list(self._conns.values())))
         except TimeoutError:
             missing = sorted(set(range(self.world_size)) - set(self._conns) - {self.rank})
-            if not missing:
-                raise ConnectFailed(
-                    f"rank {self.rank}: shared-memory offers unanswered within "
-                    f"{self.config.connect_timeout:g} s"
-                ) from None
             raise ConnectFailed(
                 f"rank {self.rank}: no connection with ranks {missing} within "
                 f"{self.config.connect_timeout:g} s"
@@ -228,9 +223,7 @@ class TcpMesh(Transport):
             self._pending.remove(conn)
         self._conns[conn.peer] = conn
         if self.config.shm and self.nodes and self.nodes[conn.peer] == self.nodes[self.rank]:
-            conn.shm.offer(self.config.run_id, self.config.shm_slots, self.config.shm_slot_bytes)
-        else:
-            conn.shm.settled.set_result(None)
+            conn.shm.allow(self.config.run_id, self.config.shm_slots, self.config.shm_slot_bytes)
         self._maybe_all_connected()
 
     def _maybe_all_connected(self) -> None:
@@ -244,7 +237,8 @@ class TcpMesh(Transport):
         return conn in self._paused
 
     def shm_peers(self) -> list[int]:
-        """The peers this rank sends to through shared memory."""
+        """The peers this rank sends to through shared memory (offered on the first
+        payload large enough)."""
         return sorted(p for p, c in self._conns.items() if c.shm.out is not None)
 
     def lost(self, conn: PeerConnection, exc: Exception | None) -> None:

@@ -103,9 +103,9 @@ class Outbox:
         else:
             self._enqueue(meta, array.copy(), None)
 
-    def credit(self, data: bytes) -> None:
-        """Write a shared-memory credit frame now (it must not wait behind this rank's own
-        sends), or right after the frame being written in slices."""
+    def urgent(self, data: bytes) -> None:
+        """Write a frame that must not wait behind this rank's own sends (a shared-memory
+        credit, offer or answer) now, or right after the frame being written in slices."""
         if self.streaming:
             self._enqueue(None, data, None)
         elif self._conn.is_open:
@@ -155,7 +155,7 @@ class Outbox:
                     if self._conn.is_open:
                         assert self._conn.transport is not None
                         self._conn.transport.write(item)
-                elif queued.shm and meta is not None:
+                elif meta is not None and queued.shm and await self._conn.shm.ready():
                     await self._conn.shm.send(meta, item)
                 elif meta is not None and self._checksum and item.nbytes > _STREAM_BYTES:
                     await self._stream(meta, item)
@@ -364,8 +364,8 @@ class PeerConnection(FramedProtocol):
         if isinstance(msg, Failure):
             self.failure = msg
             return
-        if isinstance(msg, ShmOffer):
-            self.write_message(self.shm.on_offer(msg, self.mesh.config.run_id))
+        if isinstance(msg, ShmOffer):  # answered at once: this rank's sends may wait on ours
+            self.outbox.urgent(message_bytes(self.shm.on_offer(msg, self.mesh.config.run_id)))
             return
         if isinstance(msg, ShmAnswer):
             self.shm.on_answer(msg)

@@ -1,9 +1,14 @@
 """Shared memory on one peer connection (see :mod:`shardwire.worker.transport.shm`).
 
-A :class:`ShmLink` belongs to one :class:`PeerConnection`. It negotiates the segment
-this rank sends through (``offer`` / ``on_answer``) and attaches the one it receives from
-(``on_offer``). On the connection, besides ordinary data frames, three small frames
-without payload bytes carry the shared-memory traffic:
+A :class:`ShmLink` belongs to one :class:`PeerConnection`. Nothing is created when the
+connection opens: the first payload large enough for shared memory (``wants``) to a
+peer on the same node makes the sender offer the segment this rank sends through
+(``ready``: offer, then wait for ``on_answer``); the peer attaches it (``on_offer``).
+Collectives on one node run on the node arena, so a job that only runs collectives
+creates no segment at all, and /dev/shm holds segments only for the pairs that
+exchange large point-to-point payloads. A refused or failed offer keeps that direction
+on TCP for the connection's life. On the connection, besides ordinary data frames,
+three small frames without payload bytes carry the shared-memory traffic:
 
 * a message head: the tensor meta plus ``shm: 1``; its bytes follow through slots;
 * a chunk: ``c: [slot, length]``, the next ``length`` bytes of the message in ``slot``;
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardwire.protocol import FrameKind, ProtocolError, TensorMeta, encode_head
+from shardwire.protocol.control import message_bytes
 from shardwire.protocol.frames import encode_data_head
 from shardwire.protocol.messages import ShmAnswer, ShmOffer
 from shardwire.worker.transport.mailbox import byte_view
@@ -47,11 +53,36 @@ class ShmLink:
         self.inbox: Segment | None = None  # the peer's segment this rank receives from
         self._offered: Segment | None = None
         self._current: list[Any] | None = None  # [Inbound, bytes filled]
-        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # (run id, slots, slot bytes) while an offer may still be made to a same-node peer
+        self._terms: tuple[str, int, int] | None = None
+        self._answer: asyncio.Future[None] | None = None  # the offer's answer, once offered
 
     # ---- negotiation ---------------------------------------------------------------
 
-    def offer(self, run_id: str, slots: int, slot_bytes: int) -> None:
+    def allow(self, run_id: str, slots: int, slot_bytes: int) -> None:
+        """The peer shares this node: the first large payload will offer a segment."""
+        self._terms = (run_id, slots, slot_bytes)
+
+    async def ready(self) -> bool:
+        """Whether this direction's payload goes through shared memory: offers the segment
+        on the first call and waits (at most the connect timeout) for the peer's answer."""
+        timeout = self._conn.mesh.config.connect_timeout
+        if self._terms is not None:
+            terms, self._terms = self._terms, None
+            self._answer = asyncio.get_running_loop().create_future()
+            self._offer(*terms)
+        if self._answer is None or self._answer.done():
+            return self.out is not None
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._answer)
+        except TimeoutError:
+            raise ConnectionResetError(
+                f"rank {self.peer} did not answer the shared-memory offer within {timeout:g} s"
+            ) from None
+        return self.out is not None
+
+    def _offer(self, run_id: str, slots: int, slot_bytes: int) -> None:
         """Create this direction's segment and offer it to the peer."""
         try:
             segment, nonce = Segment.create(run_id, slots, slot_bytes)
@@ -60,9 +91,10 @@ class ShmLink:
             self._settle()
             return
         self._offered = segment
-        self._conn.write_message(
-            ShmOffer(name=segment.path.name, slots=slots, slot_bytes=slot_bytes, nonce=nonce.hex())
+        offer = ShmOffer(
+            name=segment.path.name, slots=slots, slot_bytes=slot_bytes, nonce=nonce.hex()
         )
+        self._conn.outbox.urgent(message_bytes(offer))
 
     def on_offer(self, msg: ShmOffer, run_id: str) -> ShmAnswer:
         """The peer offers its segment: attach it if it is the one offered."""
@@ -92,8 +124,8 @@ class ShmLink:
         self._settle()
 
     def _settle(self) -> None:
-        if not self.settled.done():
-            self.settled.set_result(None)
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(None)
 
     @property
     def peer(self) -> int:
@@ -106,7 +138,11 @@ class ShmLink:
     # ---- sending ---------------------------------------------------------------------
 
     def wants(self, nbytes: int) -> bool:
-        return self.out is not None and nbytes >= SHM_MIN_BYTES
+        """A payload this large may go through shared memory (``ready`` decides)."""
+        if nbytes < SHM_MIN_BYTES:
+            return False
+        pending = self._answer is not None and not self._answer.done()
+        return self.out is not None or self._terms is not None or pending
 
     async def send(self, meta: TensorMeta, array: np.ndarray) -> None:
         """Announce the message, then pass its bytes through free slots, in order."""
@@ -180,7 +216,7 @@ class ShmLink:
                 inbound.folded = True
             else:
                 target[filled : filled + length] = source
-        self._conn.outbox.credit(encode_head(FrameKind.DATA, {CREDIT_KEY: slot}, 0))
+        self._conn.outbox.urgent(encode_head(FrameKind.DATA, {CREDIT_KEY: slot}, 0))
         filled += length
         if filled == len(target):
             self._current = None
@@ -192,6 +228,7 @@ class ShmLink:
 
     def close(self, exc: BaseException) -> None:
         """The connection is gone: fail what waits and unmap both segments."""
+        self._terms = None
         if self._current is not None:
             self._conn.mesh.mailbox.abandon(self._current[0], exc)
             self._current = None

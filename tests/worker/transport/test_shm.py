@@ -1,5 +1,6 @@
-"""The shared-memory data path: chosen per same-node pair, byte-exact, bounded by its
-slots, refused when the segment cannot be attached, and leaving nothing in /dev/shm."""
+"""The shared-memory data path: offered per same-node direction with its first large
+payload, byte-exact, bounded by its slots, refused when the segment cannot be attached,
+and leaving nothing in /dev/shm."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ def mapped_segments(run_id: str = "test") -> list[str]:
     return [line for line in Path("/proc/self/maps").read_text().splitlines() if prefix in line]
 
 
+async def touch(meshes, nbytes: int = SHM_MIN_BYTES) -> None:
+    """Every rank sends ``nbytes`` to every other (each direction's first large payload)."""
+    n, x = len(meshes), np.ones(nbytes, dtype=np.uint8)
+    sends = [meshes[r].send(p, x, tag=Tag(7, 0)) for r in range(n) for p in range(n) if p != r]
+    recvs = [meshes[r].recv(p, tag=Tag(7, 0)) for r in range(n) for p in range(n) if p != r]
+    for got in (await asyncio.gather(*sends, *recvs))[len(sends) :]:
+        np.testing.assert_array_equal(got, x)
+
+
 @pytest.fixture(autouse=True)
 def _no_segments_left():
     yield
@@ -31,6 +41,11 @@ def _no_segments_left():
 
 async def test_same_node_pairs_send_through_shared_memory_byte_exact() -> None:
     async with shm_world(3, shm_slots=3, shm_slot_bytes=64 << 10) as meshes:
+        assert [m.shm_peers() for m in meshes] == [[], [], []]  # nothing until needed
+        assert mapped_segments() == []
+        await touch(meshes, SHM_MIN_BYTES - 1)  # small payloads stay on the connection
+        assert mapped_segments() == []
+        await touch(meshes)  # every direction offers at once: answers never queue behind
         assert [m.shm_peers() for m in meshes] == [[1, 2], [0, 2], [0, 1]]
         assert shm.segment_names("test") == []  # names dropped once attached
         assert len(mapped_segments()) == 6 * 2  # each direction, mapped at both ends
@@ -57,11 +72,13 @@ async def test_same_node_pairs_send_through_shared_memory_byte_exact() -> None:
 
 async def test_nodes_use_shared_memory_inside_and_tcp_across() -> None:
     async with mixed_world(4) as meshes:
+        await touch(meshes)
         assert [m.shm_peers() for m in meshes] == [[1], [0], [3], [2]]
 
 
 async def test_tcp_only_when_shared_memory_is_off() -> None:
     async with tcp_world(2) as meshes:
+        await touch(meshes)
         assert [m.shm_peers() for m in meshes] == [[], []]
 
 
@@ -71,10 +88,11 @@ async def test_a_segment_that_cannot_be_attached_leaves_the_pair_on_tcp(monkeypa
 
     monkeypatch.setattr(shm.Segment, "attach", elsewhere)
     async with shm_world(2) as (a, b):
-        assert a.shm_peers() == [] and b.shm_peers() == []
         x = np.arange(1 << 20, dtype=np.float32)
-        got = await asyncio.gather(a.send(1, x, tag=Tag(1, 0)), b.recv(0, tag=Tag(1, 0)))
-        np.testing.assert_array_equal(got[1], x)
+        for i in range(2):  # the refusal holds: no second offer
+            got = await asyncio.gather(a.send(1, x, tag=Tag(1, i)), b.recv(0, tag=Tag(1, i)))
+            np.testing.assert_array_equal(got[1], x)
+        assert a.shm_peers() == [] and b.shm_peers() == []
 
 
 async def test_a_full_dev_shm_leaves_the_pair_on_tcp(monkeypatch) -> None:
@@ -83,6 +101,7 @@ async def test_a_full_dev_shm_leaves_the_pair_on_tcp(monkeypatch) -> None:
 
     monkeypatch.setattr(shm.Segment, "create", full)
     async with shm_world(2) as (a, b):
+        await touch([a, b])
         assert a.shm_peers() == [] and b.shm_peers() == []
 
 
@@ -152,6 +171,7 @@ def test_sweep_removes_the_named_segments_of_its_run_only(tmp_path: Path) -> Non
 )
 async def test_a_malicious_notification_is_a_protocol_violation(frame, problem) -> None:
     async with shm_world(2) as (a, b):
+        await touch([a, b])
         target = np.zeros(1000, np.uint8)
         receive = b.irecv(0, tag=Tag(1, 0), out=target)
         conn = a._conns[1]
@@ -211,6 +231,7 @@ async def test_a_folding_receive_over_tcp_folds_the_whole_message_once() -> None
 
 async def test_a_chunk_that_splits_an_element_of_a_folding_receive_is_refused() -> None:
     async with shm_world(2) as (a, b):
+        await touch([a, b])
         folded = []
         receive = b.irecv(
             0, tag=Tag(1, 0), out=np.zeros(1000, np.float32), fold=lambda p, at: folded.append(at)
@@ -223,3 +244,22 @@ async def test_a_chunk_that_splits_an_element_of_a_folding_receive_is_refused() 
         with pytest.raises(PeerFailed, match="splits an element"):
             await receive.wait()
         assert folded == []
+
+
+async def test_an_offer_never_answered_fails_the_send_within_the_connect_timeout(
+    monkeypatch,
+) -> None:
+    from shardwire.protocol.messages import ShmOffer
+    from shardwire.worker.transport.peer import PeerConnection
+
+    answer = PeerConnection._on_control
+
+    def deaf(self, msg) -> None:
+        if not isinstance(msg, ShmOffer):
+            answer(self, msg)
+
+    monkeypatch.setattr(PeerConnection, "_on_control", deaf)
+    async with shm_world(2, connect_timeout=0.5) as (a, _b):
+        x = np.ones(SHM_MIN_BYTES, dtype=np.uint8)
+        with pytest.raises(ConnectionError, match="rank 1 did not answer the shared-memory"):
+            await asyncio.wait_for(a.send(1, x, tag=Tag(1, 0)), 30)
