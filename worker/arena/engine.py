@@ -11,6 +11,8 @@ call is awaited first. Whoever finds the engine idle drives the queue from its h
   the call's future, so it keeps running other tasks (prefetch, heartbeats, other
   groups) while the thread sleeps on the futex. The thread drives until the queue is
   empty, then idles and the next call is driven inline again.
+* the engine's thread at once, for a call started in the background (``hurry``): a
+  prefetch then moves its data while the loop computes, not when the loop next awaits.
 
 numpy copies and reductions release the GIL for arrays of any size that matters, and
 the thread's spin yields the CPU between polls, so a thread waiting for peers does not
@@ -95,6 +97,15 @@ class Engine:
                 raise RuntimeError("the arena engine is closed")
             self._queue.append(job)
         return job
+
+    def hurry(self) -> None:
+        """Have the thread drive the queue now if nobody does (a call started in the
+        background): its work overlaps whatever the loop runs until it is awaited."""
+        with self._cv:
+            if self._driver is None and self._queue and not self._closed:
+                self._driver = "thread"
+                self._start_thread()
+                self._cv.notify()
 
     async def run(self, job: Job) -> None:
         """Drive the queue if idle, then wait for ``job``; raises the program's error."""

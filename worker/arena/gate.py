@@ -34,7 +34,7 @@ class GateState(enum.Enum):
 class Ticket:
     """One call's place in the arena's order."""
 
-    __slots__ = ("build", "deadline", "job", "seq", "signature")
+    __slots__ = ("background", "build", "deadline", "job", "seq", "signature")
 
     def __init__(self, build: Callable[[Context], Program], seq: int, signature: str, limit: float):
         self.build = build
@@ -42,6 +42,7 @@ class Ticket:
         self.signature = signature
         self.deadline = time.monotonic() + limit + _BACKSTOP if limit != math.inf else math.inf
         self.job: Job | None = None
+        self.background = False  # started, not awaited: the engine's thread runs it
 
 
 class Gate:
@@ -76,6 +77,13 @@ class Gate:
                 self._opening = self._spawn(self._open(call))
         return ticket
 
+    def hurry(self, ticket: Ticket) -> None:
+        """The call was started in the background: the arena's thread runs it now (or as
+        soon as the arena is open), overlapping the loop's compute."""
+        ticket.background = True
+        if ticket.job is not None and self.arena is not None:
+            self.arena.engine.hurry()
+
     async def run(self, ticket: Ticket, silent: list[int]) -> bool:
         """Run the call on the arena; False if the group has none (use TCP)."""
         if ticket.job is None and self.state is GateState.OPENING:
@@ -106,6 +114,8 @@ class Gate:
                 ticket.job = arena.submit(
                     ticket.build, ticket.seq, ticket.signature, ticket.deadline
                 )
+        if arena is not None and any(t.background for t in self._pending):
+            arena.engine.hurry()
         self._pending.clear()
 
     def poison(self, error: BaseException) -> None:

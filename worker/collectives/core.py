@@ -75,12 +75,18 @@ class Pending(Generic[T]):
     get a :class:`Work`; one or the other, once.
     """
 
-    __slots__ = ("_coro", "_group", "_taken")
+    __slots__ = ("_coro", "_group", "_on_start", "_taken")
 
-    def __init__(self, group: GroupCore, coro: Coroutine[Any, Any, T]):
+    def __init__(
+        self,
+        group: GroupCore,
+        coro: Coroutine[Any, Any, T],
+        on_start: Callable[[], None] | None = None,
+    ):
         self._group = group
         self._coro = coro
         self._taken = False
+        self._on_start = on_start  # the arena runs a started call on its thread at once
 
     def _take(self) -> Coroutine[Any, Any, T]:
         if self._taken:
@@ -93,7 +99,10 @@ class Pending(Generic[T]):
 
     def start(self) -> Work[T]:
         """Run the call in the background; the group owns it (and cancels it on close)."""
-        return self._group._spawn(self._take())
+        work = self._group._spawn(self._take())
+        if self._on_start is not None:
+            self._on_start()
+        return work
 
 
 class GroupCore:
@@ -202,17 +211,18 @@ class GroupCore:
         )
         limit = self.timeout if timeout is None else timeout
         gate = self.gate if arena is not None else None
-        if gate is not None and arena is not None:  # queued now: the arena runs calls in order
-            build, result = arena
-            ticket = gate.enqueue(call, build, limit)
-            tcp = algorithm
+        if gate is None or arena is None:
+            return Pending(self, self._run(call, algorithm, limit, nbytes))
+        build, result = arena  # queued now: the arena runs calls in order
+        ticket = gate.enqueue(call, build, limit)
+        tcp = algorithm
 
-            async def algorithm(c: Call) -> T:
-                if await gate.run(ticket, c.stalled):
-                    return result
-                return await tcp(c)
+        async def on_arena(c: Call) -> T:
+            if await gate.run(ticket, c.stalled):
+                return result
+            return await tcp(c)
 
-        return Pending(self, self._run(call, algorithm, limit, nbytes))
+        return Pending(self, self._run(call, on_arena, limit, nbytes), lambda: gate.hurry(ticket))
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
         """Run ``coro`` (a sequence of this group's calls) in the background, owned by

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -192,3 +193,18 @@ def test_a_rank_that_never_made_the_call_is_absent(tmp_path) -> None:
     finally:
         region.unlink()
         region.close()
+
+
+async def test_a_started_call_runs_on_the_arena_thread_while_the_loop_computes() -> None:
+    async with arena_groups(2) as groups:
+        await on_all(groups, lambda g: g.barrier())  # the arena is open
+        engines = [g.gate.arena.engine for g in groups]
+        before = [e.thread_runs for e in engines]
+        works = [g.all_gather(np.full(1000, g.rank + 1.0)).start() for g in groups]
+        deadline = time.monotonic() + 30
+        while [e.thread_runs for e in engines] != [b + 1 for b in before]:  # the loop is busy
+            assert time.monotonic() < deadline, "the started calls did not run meanwhile"
+            time.sleep(0.005)  # noqa: ASYNC251 (compute that holds the loop)
+        for work in works:
+            out = await work.wait()
+            np.testing.assert_array_equal(out, np.repeat([1.0, 2.0], 1000))
