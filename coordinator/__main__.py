@@ -16,6 +16,7 @@ from shardwire.coordinator.tls import server_context
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import check_bind, load_token
 from shardwire.protocol.history import parse_nnodes
+from shardwire.protocol.nofile import ensure_nofile
 
 # Time for the abort broadcast to reach every survivor before the listener goes away.
 _LINGER = 1.0
@@ -102,6 +103,14 @@ async def serve(settings: CoordinatorSettings) -> int:
     config = ServerConfig(
         rendezvous_config(settings),
         tls=server_context(settings.tls_cert, settings.tls_key, settings.tls_ca),
+    )
+    # a connection per worker and agent, their handshakes, the status page's; an
+    # elastic job's size is not known: as many as the hard limit allows
+    workers = settings.world_size or 1024
+    ensure_nofile(
+        4 * workers + 320,
+        f"the coordinator of a {workers}-rank job",
+        strict=settings.world_size is not None,
     )
     server = CoordinatorServer(config, token)
     http = StatusHTTP(server.rendezvous)

@@ -49,6 +49,11 @@ class RendezvousError(ShardwireError):
         self.code = code
 
 
+class DescriptorLimit(ShardwireError):
+    """This process may not open as many descriptors as the job needs (its hard
+    RLIMIT_NOFILE is too low); the message names the need and how to raise the limit."""
+
+
 class JobAborted(ShardwireError):
     """The coordinator aborted the job (a worker failed or the operator stopped it)."""
 

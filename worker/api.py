@@ -10,6 +10,7 @@ from types import TracebackType
 from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed
 from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
+from shardwire.protocol.nofile import ensure_nofile
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.liveness import ControlThread
@@ -47,6 +48,8 @@ class Session:
     async def _start(self) -> ProcessGroup:
         cfg = self.config
         check_bind(cfg.bind_host, cfg.token, insecure=cfg.insecure, what="peer listener")
+        # a connection (and at times a shared-memory segment) per peer, plus room
+        ensure_nofile(2 * cfg.world_size + 64, f"a worker of a {cfg.world_size}-rank job")
         tls = cfg.tls
         mesh = self._mesh = TcpMesh(
             MeshConfig(

@@ -11,6 +11,7 @@ import pytest
 from shardwire.coordinator import JobState
 from shardwire.protocol import (
     AuthFailed,
+    DescriptorLimit,
     IntegrityError,
     PeerFailed,
     RendezvousError,
@@ -105,6 +106,17 @@ async def test_wrong_token_is_refused_clearly() -> None:
         with pytest.raises(AuthFailed, match="token"):
             async with init(worker_config(server, 1, 0, token=Token("wrong"))):
                 pass
+
+
+async def test_a_hard_file_limit_below_the_job_is_refused_before_joining(monkeypatch) -> None:
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (1024, 1024))
+    async with coordinator(1000) as server:
+        with pytest.raises(DescriptorLimit, match="1000-rank job needs 2064 open files"):
+            async with init(worker_config(server, 1000, 0)):
+                pass
+        assert server.rendezvous.state is JobState.WAITING  # it never joined
 
 
 async def test_wrong_run_id_is_refused() -> None:
