@@ -7,7 +7,9 @@ answered or the inquest's deadline passed, compares them: the ranks of that call
 whose tails hold no entry for it *never entered* it, and their stacks say where they are
 instead. Ranks that did not answer are named as such. The verdict is one line for logs
 and summaries ("rank 3 never entered all_reduce #57 (ranks 0-2 waited 30 s); rank 3 is
-at train.py:88 in load_batch") plus the culprits' stacks.
+at train.py:88 in load_batch") plus the culprits' stacks. Absent ranks at the same place
+share a line and a stack, so the verdict stays short however many ranks are absent;
+messages clip what is still too long.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from shardwire.protocol.messages import CollectiveRecord, Diagnosis
 
 _STACKS = 8000  # characters of culprits' stacks kept (an Abort carries at most 8192)
+_PLACES = 8  # distinct places of absent ranks named (ranks at one place share a line)
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -85,13 +88,18 @@ def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_siz
     if silent:
         parts.append(f"{ranks_text(silent)} did not answer")
     text = " and ".join(parts) + f" ({ranks_text(waited)} waited {longest:.0f} s)"
-    stacks = []
+    places: dict[str, list[int]] = {}  # where the absent ranks are, grouped: one line each
     for r in absent:
         report = reports[r]
         last = _last_on_group(report, stuck.group)
         after = f", after {_call_name(last)} ({last.outcome})" if last is not None else ""
-        text += f"; rank {r} is at {report.where or 'an unknown place'}{after}"
-        stacks.append(f"--- rank {r} ---\n{report.stack.rstrip()}\n")
+        places.setdefault(f"{report.where or 'an unknown place'}{after}", []).append(r)
+    stacks = []
+    for place, ranks in list(places.items())[:_PLACES]:
+        text += f"; {ranks_text(ranks)} {'is' if len(ranks) == 1 else 'are'} at {place}"
+        stacks.append(f"--- {ranks_text(ranks)} ---\n{reports[ranks[0]].stack.rstrip()}\n")
+    if len(places) > _PLACES:
+        text += f"; and {len(places) - _PLACES} more places"
     return Verdict((absent or silent)[0], text, "".join(stacks)[-_STACKS:])
 
 

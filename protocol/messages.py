@@ -8,9 +8,10 @@ incompatible change bumps ``PROTOCOL_VERSION`` in :mod:`shardwire.protocol.frame
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shardwire.protocol.errors import ProtocolError
 
@@ -18,7 +19,31 @@ _Str = Annotated[str, Field(max_length=256)]
 _Hex = Annotated[str, Field(min_length=16, max_length=128, pattern="^[0-9a-f]+$")]
 _Rank = Annotated[int, Field(ge=0, lt=1 << 20)]
 _Size = Annotated[int, Field(ge=1, lt=1 << 20)]
-_Text = Annotated[str, Field(max_length=8192)]
+
+
+def _clip(limit: int) -> Callable[[object], object]:
+    """Shorten a text longer than ``limit`` characters in the middle (a marker says how
+    much), instead of refusing it: a reason that grows with the job (a verdict naming
+    many ranks) must never make its message impossible to send."""
+
+    def clip(value: object) -> object:
+        if not isinstance(value, str) or len(value) <= limit:
+            return value
+        cut = len(value) - limit
+        while True:
+            marker = f" [... {cut} characters cut ...] "
+            keep = limit - len(marker)
+            if len(value) - keep == cut:
+                break
+            cut = len(value) - keep
+        head = keep * 3 // 4
+        return value[:head] + marker + value[len(value) - (keep - head) :]
+
+    return clip
+
+
+_Text = Annotated[str, BeforeValidator(_clip(8192)), Field(max_length=8192)]
+_Reason = Annotated[str, BeforeValidator(_clip(4096)), Field(max_length=4096)]
 # Tracebacks are clipped to this many characters (from the end) so that a Failure or an
 # Abort, with its reason and diagnosis, stays inside the 64 KiB control-frame limit.
 TRACEBACK_CHARS = 24 * 1024
@@ -66,7 +91,7 @@ class Error(_Msg):
 
     kind: Literal["error"] = "error"
     code: _Str
-    message: Annotated[str, Field(max_length=8192)]
+    message: _Text
 
 
 class Join(_Msg):
@@ -108,7 +133,7 @@ class GenerationInfo(_Msg):
     nodes: int = 0  # node agents in it (0: workers joined without agents)
     started_age_s: float  # seconds before the message was made
     duration_s: float | None = None  # None while it runs
-    ended_by: Annotated[str, Field(max_length=4096)] = ""  # the root cause, or "finished"
+    ended_by: _Reason = ""  # the root cause, or "finished"
 
 
 _History = Annotated[list[GenerationInfo], Field(max_length=1024)]
@@ -135,7 +160,7 @@ class Restart(_Msg):
     kind: Literal["restart"] = "restart"
     generation: int
     rank: int = -1
-    reason: Annotated[str, Field(max_length=4096)]
+    reason: _Reason
     restarts: int = 0
     max_restarts: int = 0
 
@@ -216,7 +241,7 @@ class StatusReply(_Msg):
     state: _Str
     world_size: int = 0
     generation: int = 0
-    failure: Annotated[str, Field(max_length=4096)] = ""
+    failure: _Reason = ""
     ranks: Annotated[list[RankStatus], Field(max_length=1 << 16)] = []
     restarts: int = 0
     max_restarts: int = 0
@@ -271,7 +296,7 @@ class Failure(_Msg):
 
     kind: Literal["failure"] = "failure"
     rank: int = -1
-    reason: Annotated[str, Field(max_length=4096)]
+    reason: _Reason
     traceback: _Trace = ""
     code: _Str = ""
     diagnosis: Diagnosis | None = None
@@ -286,7 +311,7 @@ class Abort(_Msg):
 
     kind: Literal["abort"] = "abort"
     rank: int
-    reason: Annotated[str, Field(max_length=4096)]
+    reason: _Reason
     traceback: _Trace = ""
     stacks: _Text = ""
 

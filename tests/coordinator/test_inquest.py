@@ -54,6 +54,32 @@ def test_verdict_names_the_rank_that_never_entered_and_where_it_is() -> None:
     assert verdict.stacks == "--- rank 2 ---\n  File train.py ...\n"
 
 
+def test_a_verdict_over_many_absent_ranks_groups_them_by_place_and_fits_an_abort() -> None:
+    world = 1000
+    waiting = rec(7, "timeout", ranks=range(world), age=30)
+    reports = {0: diag(rec(6, ranks=range(world)), waiting)}
+    for r in range(1, world):  # 999 absent, at 12 places
+        where = f"train.py:{100 + r % 12} in load_batch"
+        reports[r] = diag(rec(6, ranks=range(world)), where=where, stack=f"  File {where}\n")
+    verdict = explain(0, "timeout", reports, world_size=world)
+    assert verdict.reason.startswith("ranks 1-999 never entered all_reduce #7 (rank 0 waited")
+    assert "; ranks 1, 13, 25," in verdict.reason and "; and 4 more places" in verdict.reason
+    assert verdict.reason.count(" are at train.py:") == 8
+    assert verdict.stacks.count("--- ranks ") == 8
+    abort = Abort(rank=verdict.rank, reason=verdict.reason, stacks=verdict.stacks)
+    assert len(abort.reason) <= 4096 and abort.reason.startswith("ranks 1-999 never entered")
+
+
+def test_a_reason_too_long_for_its_message_is_cut_in_the_middle_not_refused() -> None:
+    text = "head " + "x" * 10_000 + " tail"
+    abort = Abort(rank=3, reason=text)
+    assert len(abort.reason) == 4096
+    assert abort.reason.startswith("head xxx") and abort.reason.endswith("xxx tail")
+    cut = int(abort.reason.split(" [... ")[1].split(" ")[0])
+    assert len(text) - cut == 4096 - len(f" [... {cut} characters cut ...] ")
+    assert Abort(rank=3, reason="short").reason == "short"
+
+
 def test_verdict_names_ranks_that_did_not_answer() -> None:
     reports = {0: diag(rec(3, "timeout", ranks=(0, 1, 2, 3), age=5)), 1: diag(rec(2))}
     verdict = explain(0, "timeout", reports, world_size=4)
