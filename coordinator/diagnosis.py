@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shardwire.protocol.messages import CollectiveRecord, Diagnosis
+from shardwire.protocol.ranks import from_runs
 
 _STACKS = 8000  # characters of culprits' stacks kept (an Abort carries at most 8192)
 _PLACES = 8  # distinct places of absent ranks named (ranks at one place share a line)
@@ -56,6 +57,18 @@ def _last_on_group(diagnosis: Diagnosis, group: int) -> CollectiveRecord | None:
     return mine[-1] if mine else None
 
 
+def _members(rec: CollectiveRecord, reports: dict[int, Diagnosis], world_size: int) -> list[int]:
+    """The ranks of ``rec``'s group: listed, as runs, the world, or (an irregular group
+    too large to list) the ranks whose recorders know the group."""
+    if rec.ranks:
+        return list(rec.ranks)
+    if rec.runs:
+        return from_runs(rec.runs)
+    if rec.size in (0, world_size):
+        return list(range(world_size))
+    return sorted(r for r, d in reports.items() if any(c.group == rec.group for c in d.collectives))
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     rank: int  # the rank blamed
@@ -69,7 +82,7 @@ def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_siz
     stuck = _stuck(mine) if mine is not None else None
     if stuck is None:
         return Verdict(reporter, reason, "")
-    members = stuck.ranks or list(range(world_size))
+    members = _members(stuck, reports, world_size)
     waited = [r for r in members if r in reports and _entered(reports[r], stuck)]
     absent = [r for r in members if r in reports and not _entered(reports[r], stuck)]
     silent = [r for r in members if r not in reports]

@@ -254,6 +254,7 @@ class CollectiveRecord(_Msg):
     group: int  # group id (0: the world); alike on every member
     size: int = 0  # members of the group
     ranks: Annotated[list[_Rank], Field(max_length=1024)] = []  # global ranks; [] if many
+    runs: Annotated[list[tuple[int, int, int]], Field(max_length=32)] = []  # then these
     op: _Str
     seq: int
     nbytes: int = 0

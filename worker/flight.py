@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardwire.protocol.messages import CollectiveRecord
+from shardwire.protocol.ranks import to_runs
 
 CAPACITY = 32  # recent collectives kept per rank
 SHOWN = 16  # the newest ones a diagnosis carries
@@ -94,6 +95,7 @@ class FlightRecorder:
                     group=group,
                     size=len(ranks),
                     ranks=list(ranks) if len(ranks) <= _LISTED else [],
+                    runs=(to_runs(ranks) or []) if len(ranks) > _LISTED else [],
                     op=op,
                     seq=seq,
                     nbytes=nbytes,

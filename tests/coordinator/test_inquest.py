@@ -70,6 +70,25 @@ def test_a_verdict_over_many_absent_ranks_groups_them_by_place_and_fits_an_abort
     assert len(abort.reason) <= 4096 and abort.reason.startswith("ranks 1-999 never entered")
 
 
+def test_a_large_group_named_by_runs_blames_only_its_own_members() -> None:
+    world, lane = 1024, range(1, 1024, 4)  # local rank 1 of every 4-rank node
+    big = dict(ranks=[], op="all_gather")
+
+    def rec_of(seq: int, outcome: str = "ok") -> CollectiveRecord:
+        return rec(seq, outcome, **big).model_copy(
+            update={"group": 9, "size": 256, "runs": [(1, 1024, 4)]}
+        )
+
+    reports = {r: diag(where="elsewhere.py:1") for r in range(world)}
+    for r in lane:
+        reports[r] = diag(rec_of(3), rec_of(4, "timeout" if r == 1 else "running"))
+    reports[5] = diag(rec_of(3), where="data.py:12 in next_batch")  # the one lane rank late
+    verdict = explain(1, "timeout", reports, world_size=world)
+    assert verdict.rank == 5
+    assert verdict.reason.startswith("rank 5 never entered all_gather #4 on group 9")
+    assert "rank 5 is at data.py:12 in next_batch" in verdict.reason
+
+
 def test_a_reason_too_long_for_its_message_is_cut_in_the_middle_not_refused() -> None:
     text = "head " + "x" * 10_000 + " tail"
     abort = Abort(rank=3, reason=text)

@@ -50,11 +50,16 @@ def test_entries_keep_their_outcome_and_age() -> None:
     assert [r.seq for r in fr.snapshot(live=True)] == [2, 3, 4]  # capacity 3
 
 
-def test_large_groups_are_sent_by_size() -> None:
+def test_large_groups_are_sent_as_runs_or_by_size() -> None:
     fr = FlightRecorder()
     fr.begin(group=0, ranks=range(500), op="all_reduce", seq=1, nbytes=0)
-    (record,) = fr.snapshot(live=False)
-    assert (record.size, record.ranks) == (500, [])
+    fr.begin(group=5, ranks=range(3, 1024, 4), op="all_reduce", seq=1, nbytes=0)  # a lane
+    irregular = [r * r for r in range(200)]
+    fr.begin(group=6, ranks=irregular, op="all_reduce", seq=1, nbytes=0)
+    world, lane, odd = fr.snapshot(live=False)
+    assert (world.size, world.ranks, world.runs) == (500, [], [(0, 500, 1)])
+    assert (lane.size, lane.ranks, lane.runs) == (256, [], [(3, 1024, 4)])
+    assert (odd.size, odd.ranks, odd.runs) == (200, [], [])
 
 
 async def test_collectives_record_themselves_including_a_timeout() -> None:
