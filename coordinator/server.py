@@ -70,6 +70,15 @@ class ServerConfig:
     tls: ssl.SSLContext | None = None  # mutual TLS on the listener, or plain TCP
 
 
+# Sent, pre-encoded, to a connection over max_unauthenticated; its client retries.
+_BUSY = message_bytes(
+    Error(code="busy", message="the coordinator is busy with other handshakes; retry")
+)
+# Accept queue: a burst of a thousand joiners must not meet a full queue (the kernel
+# caps it at net.core.somaxconn).
+BACKLOG = 4096
+
+
 class _Conn:
     """One client's stream plus its frame decoder."""
 
@@ -122,6 +131,7 @@ class CoordinatorServer:
             port,
             ssl=tls,
             ssl_handshake_timeout=self._config.handshake_timeout if tls else None,
+            backlog=BACKLOG,
         )
         self.address = self._server.sockets[0].getsockname()[:2]
         self._ticker = asyncio.create_task(self._tick_loop(), name="coordinator-ticker")
@@ -213,7 +223,10 @@ class CoordinatorServer:
 
     async def _serve(self, conn_id: int, conn: _Conn) -> None:
         if self._unauthenticated >= self._config.max_unauthenticated:
-            return  # over the limit: closed on arrival, before any buffer is filled
+            # over the limit: told so and closed on arrival, before any buffer is filled;
+            # a worker retries (a burst of joiners is normal, not an attack)
+            conn.writer.write(_BUSY)
+            return
         self._unauthenticated += 1
         try:
             async with asyncio.timeout(self._config.handshake_timeout):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -87,31 +88,22 @@ class ControlClient:
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
 
     async def connect(self, host: str, port: int, *, timeout: float) -> None:
-        """Connect and authenticate; retries refused connections until ``timeout``."""
-        loop = asyncio.get_running_loop()
-        shake = ClientHandshake(
-            self._token, role=self._role, run_id=self._run_id, generation=self._generation
-        )
+        """Connect and authenticate; retries refused connections (the coordinator may
+        still be starting) and "busy" refusals (a burst of joiners) until ``timeout``."""
         delay = 0.05
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     try:
-                        _, proto = await loop.create_connection(
-                            lambda: FramedProtocol(
-                                shake, limits=_CONTROL_LIMITS, on_message=self._received
-                            ),
-                            host,
-                            port,
-                            ssl=self._tls,
-                        )
+                        await self._dial(host, port)
                         break
                     except ConnectionRefusedError:
-                        await asyncio.sleep(delay)  # the coordinator may still be starting
-                        delay = min(delay * 2, 1.0)
-                self._proto = proto
-                proto.closed.add_done_callback(self._lost)
-                await proto.ready
+                        pass
+                    except RendezvousError as exc:
+                        if exc.code != "busy":
+                            raise
+                    await asyncio.sleep(delay * (0.5 + random.random()))  # spread the retries
+                    delay = min(delay * 2, 1.0)
         except TimeoutError:
             raise CoordinatorUnreachable(
                 f"no coordinator answered at {host}:{port} within {timeout:g} s"
@@ -127,6 +119,28 @@ class ControlClient:
             raise CoordinatorUnreachable(
                 f"the coordinator at {host}:{port} closed the connection during the handshake{hint}"
             ) from None
+
+    async def _dial(self, host: str, port: int) -> FramedProtocol:
+        """One attempt: connect and run the handshake (a fresh one: new nonce)."""
+        shake = ClientHandshake(
+            self._token, role=self._role, run_id=self._run_id, generation=self._generation
+        )
+        _, proto = await asyncio.get_running_loop().create_connection(
+            lambda: FramedProtocol(shake, limits=_CONTROL_LIMITS, on_message=self._received),
+            host,
+            port,
+            ssl=self._tls,
+        )
+        self._proto = proto
+        try:
+            await proto.ready
+        except RendezvousError as exc:
+            if exc.code == "busy":
+                self._proto = None
+                proto.close()
+            raise
+        proto.closed.add_done_callback(self._lost)  # from now on a close is the job's end
+        return proto
 
     def _received(self, msg: Message) -> None:
         if isinstance(msg, DiagnoseRequest):

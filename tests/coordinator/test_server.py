@@ -142,6 +142,8 @@ async def test_connections_over_the_unauthenticated_cap_are_closed_on_arrival() 
     try:
         idle = [await RawClient.open(server.address) for _ in range(3)]
         extra = await RawClient.open(server.address)
+        busy = await extra.recv(timeout=5)  # told why, so that a worker retries
+        assert isinstance(busy, Error) and busy.code == "busy"
         assert await extra.closed_by_server(timeout=5)
         for client in idle:  # the deadline frees their slots
             assert await client.closed_by_server(timeout=5)
@@ -170,4 +172,38 @@ async def test_a_ticker_that_dies_ends_the_server_and_its_error_reaches_aclose()
     await server.start("127.0.0.1", 0)
     await asyncio.wait_for(server.done.wait(), 10)  # not silent: the server is done
     with pytest.raises(RuntimeError, match="tick failed"):
+        await server.aclose()
+
+
+async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() -> None:
+    from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
+    from shardwire.worker.control import ControlClient
+
+    world, lws = 96, 8
+    server = CoordinatorServer(
+        ServerConfig(
+            RendezvousConfig(run_id="test", world_size=world),
+            max_unauthenticated=4,
+            handshake_timeout=1.0,
+        ),
+        TOKEN,
+    )
+    await server.start("127.0.0.1", 0)
+    # every slot held by a silent client until its handshake deadline: every first
+    # attempt of the burst is told "busy"
+    idle = [await RawClient.open(server.address) for _ in range(4)]
+    clients = [ControlClient(token=TOKEN, run_id="test", role="worker") for _ in range(world)]
+
+    async def one(i: int) -> Roster:
+        await clients[i].connect(*server.address, timeout=60)
+        return await clients[i].join(join(f"node{i // lws:03d}", i % lws, world, lws), timeout=60)
+
+    try:
+        rosters = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(world))), 120)
+        assert sorted(r.rank for r in rosters) == list(range(world))
+    finally:
+        for client in clients:
+            await client.aclose()
+        for raw in idle:
+            raw.close()
         await server.aclose()

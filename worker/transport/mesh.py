@@ -57,6 +57,10 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
+# Accept queue of the peer listener (the kernel caps it at net.core.somaxconn).
+BACKLOG = 4096
+
+
 class ConnectFailed(ShardwireError):
     """The mesh could not be built (a peer unreachable or refusing the handshake)."""
 
@@ -132,6 +136,7 @@ class TcpMesh(Transport):
             0,
             ssl=self.config.tls_server,
             ssl_handshake_timeout=self.config.handshake_timeout if self.config.tls_server else None,
+            backlog=BACKLOG,  # every higher rank dials at once
         )
         return self.listen_port
 
