@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.forming import assignments
 from shardwire.coordinator.generations import Generations
-from shardwire.coordinator.membership import Shape
+from shardwire.coordinator.membership import JoinIndex, Shape
 from shardwire.coordinator.state import (
     Action,
     Agent,
@@ -44,6 +44,7 @@ class Lifecycle:
     inquest: Inquest | None = None
     gens: Generations = field(default_factory=Generations)
     _workers: dict[ConnId, Worker] = field(default_factory=dict)
+    _joins: JoinIndex = field(default_factory=JoinIndex)  # what _workers' joins claim
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None
@@ -195,6 +196,7 @@ class Lifecycle:
                 a.node_rank = None
         self._old = {c: w for c, w in self._workers.items() if w.connected}
         self._workers = {}
+        self._joins = JoinIndex()
         self._world = None
         return actions + self._advance(self._now)
 

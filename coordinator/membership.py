@@ -6,6 +6,7 @@ rendezvous sends back at once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,37 +45,76 @@ def shape_problem(
     return None
 
 
-def membership_problem(shape: Shape, joined: Sequence[Join], msg: Join) -> tuple[str, str] | None:
-    """Does a worker's node, local rank and requested rank fit those already joined?"""
-    lws = shape.local_world_size
-    if msg.local_rank >= lws:
-        return "bad_request", f"local rank {msg.local_rank} >= processes per node {lws}"
-    same_node = [j for j in joined if j.node_id == msg.node_id]
-    if any(j.local_rank == msg.local_rank for j in same_node):
-        return (
-            "duplicate_rank",
-            f"node {msg.node_id!r} already has local rank {msg.local_rank}",
-        )
-    nodes = {j.node_id for j in joined}
-    if msg.node_id not in nodes and len(nodes) >= shape.nnodes:
-        return "world_size", f"already {len(nodes)} nodes, the job has {shape.nnodes}"
-    if msg.requested_rank is None:
-        return None
-    r = msg.requested_rank
-    if r >= shape.world_size or r % lws != msg.local_rank:
-        return "bad_request", (
-            f"requested rank {r} does not fit world size {shape.world_size} "
-            f"with local rank {msg.local_rank} of {lws}"
-        )
-    for j in joined:
-        if j.requested_rank == r:
-            return "duplicate_rank", f"rank {r} was already requested by node {j.node_id!r}"
-        other = j.requested_rank
-        if other is not None and j.node_id == msg.node_id and other // lws != r // lws:
+class JoinIndex:
+    """What the workers joined so far claim, indexed so that checking one more joiner
+    costs the same whatever the job's size (a thousand joins, not a million steps)."""
+
+    def __init__(self) -> None:
+        self._slots: set[tuple[str, int]] = set()  # (node id, local rank)
+        self._nodes: Counter[str] = Counter()  # workers per node id
+        self._requested: dict[int, str] = {}  # requested rank -> node id
+        self._node_ranks: dict[str, Counter[int]] = {}  # node id -> requested node ranks
+        self._owners: dict[int, Counter[str]] = {}  # requested node rank -> node ids
+
+    def add(self, j: Join, lws: int) -> None:
+        self._slots.add((j.node_id, j.local_rank))
+        self._nodes[j.node_id] += 1
+        if j.requested_rank is not None:
+            r = j.requested_rank
+            self._requested[r] = j.node_id
+            self._node_ranks.setdefault(j.node_id, Counter())[r // lws] += 1
+            self._owners.setdefault(r // lws, Counter())[j.node_id] += 1
+
+    def remove(self, j: Join, lws: int) -> None:
+        self._slots.discard((j.node_id, j.local_rank))
+        self._nodes[j.node_id] -= 1
+        if not self._nodes[j.node_id]:
+            del self._nodes[j.node_id]
+        if j.requested_rank is not None:
+            r = j.requested_rank
+            self._requested.pop(r, None)
+            _drop(self._node_ranks, j.node_id, r // lws)
+            _drop(self._owners, r // lws, j.node_id)
+
+    def problem(self, shape: Shape, msg: Join) -> tuple[str, str] | None:
+        """Does a worker's node, local rank and requested rank fit those already joined?"""
+        lws = shape.local_world_size
+        if msg.local_rank >= lws:
+            return "bad_request", f"local rank {msg.local_rank} >= processes per node {lws}"
+        if (msg.node_id, msg.local_rank) in self._slots:
+            return (
+                "duplicate_rank",
+                f"node {msg.node_id!r} already has local rank {msg.local_rank}",
+            )
+        if msg.node_id not in self._nodes and len(self._nodes) >= shape.nnodes:
+            return "world_size", f"already {len(self._nodes)} nodes, the job has {shape.nnodes}"
+        if msg.requested_rank is None:
+            return None
+        r = msg.requested_rank
+        if r >= shape.world_size or r % lws != msg.local_rank:
+            return "bad_request", (
+                f"requested rank {r} does not fit world size {shape.world_size} "
+                f"with local rank {msg.local_rank} of {lws}"
+            )
+        if r in self._requested:
+            node = self._requested[r]
+            return "duplicate_rank", f"rank {r} was already requested by node {node!r}"
+        if any(n != r // lws for n in self._node_ranks.get(msg.node_id, ())):
             return "bad_request", f"node {msg.node_id!r} requested ranks on two nodes"
-        if other is not None and j.node_id != msg.node_id and other // lws == r // lws:
-            return "duplicate_rank", f"node rank {r // lws} is taken by {j.node_id!r}"
-    return None
+        taken = [n for n in self._owners.get(r // lws, ()) if n != msg.node_id]
+        if taken:
+            return "duplicate_rank", f"node rank {r // lws} is taken by {taken[0]!r}"
+        return None
+
+
+def _drop(table: dict, key: object, item: object) -> None:
+    counts = table.get(key)
+    if counts is not None:
+        counts[item] -= 1
+        if counts[item] <= 0:
+            del counts[item]
+        if not counts:
+            del table[key]
 
 
 def assign_node_ranks(shape: Shape, joined: Sequence[Join]) -> dict[str, int]:

@@ -37,10 +37,10 @@ from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.forming import agreement_problem, rosters, stall_text
 from shardwire.coordinator.lifecycle import Lifecycle
 from shardwire.coordinator.membership import (
+    JoinIndex,
     Shape,
     assign_node_ranks,
     describe_missing,
-    membership_problem,
     shape_problem,
 )
 from shardwire.coordinator.state import (
@@ -128,12 +128,13 @@ class Rendezvous(Lifecycle):
         if refusal:
             return refusal
         shape = self._generation_shape()
-        problem = membership_problem(shape, [w.join for w in self._workers.values()], msg)
+        problem = self._joins.problem(shape, msg)
         if problem:
             code, text = problem
             return refuse(conn, code, text)
         host = msg.listen_host or peer_host
         self._workers[conn] = Worker(conn, msg, host, now)
+        self._joins.add(msg, shape.local_world_size)
         self._event(
             f"worker joined from {host} (node {msg.node_id!r}, local rank {msg.local_rank})", now
         )
@@ -263,6 +264,7 @@ class Rendezvous(Lifecycle):
             return []
         if self.state is JobState.WAITING:
             del self._workers[conn]
+            self._joins.remove(worker.join, worker.join.local_world_size)
             return []
         worker.connected = False
         if self.inquest is not None:
@@ -308,6 +310,7 @@ class Rendezvous(Lifecycle):
             return self._give_up(message) + [Close(c) for c in self._workers]
         conns = list(self._workers) + list(self._agents)
         self._workers.clear()
+        self._joins = JoinIndex()
         self._agents.clear()
         self._deadline = None
         self._last_call = None

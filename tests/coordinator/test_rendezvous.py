@@ -94,6 +94,8 @@ def test_world_size_from_first_joiner_when_unconfigured() -> None:
         (join("a", 0), join("b", 0, lws=4), "world_size", "processes-per-node disagreement"),
         (join("a", 0), join("b", 5, lws=2), "bad_request", "local rank 5"),
         (join("a", 0), join("b", 1, rank=2), "bad_request", "requested rank 2 does not fit"),
+        (join("a", 0, rank=0), join("a", 1, rank=3), "bad_request", "ranks on two nodes"),
+        (join("a", 0, rank=0), join("b", 1, rank=1), "duplicate_rank", "node rank 0 is taken"),
     ],
 )
 def test_membership_errors(first: Join, second: Join, code: str, text: str) -> None:
@@ -143,6 +145,15 @@ def test_disconnect_while_waiting_frees_the_slot() -> None:
     assert r.disconnected(1) == []
     r.join(2, join("a", 0, world=2, lws=1), peer_host="h", now=0)  # same slot, no error
     assert rosters(r.join(3, join("b", 0, world=2, lws=1), peer_host="h", now=0))
+
+
+def test_disconnect_while_waiting_frees_a_requested_rank_and_its_node_rank() -> None:
+    r = rdzv(4)
+    r.join(1, join("a", 0, rank=0), peer_host="h", now=0)
+    assert r.disconnected(1) == []
+    assert r.join(2, join("b", 0, rank=0), peer_host="h", now=0) == []  # rank 0 is free again
+    err = error_of(r.join(3, join("a", 1, rank=1), peer_host="h", now=0))
+    assert err.code == "duplicate_rank" and "node rank 0 is taken by 'b'" in err.message
 
 
 def _running(world: int = 3) -> Rendezvous:
