@@ -45,6 +45,7 @@ class Lifecycle:
     gens: Generations = field(default_factory=Generations)
     _workers: dict[ConnId, Worker] = field(default_factory=dict)
     _joins: JoinIndex = field(default_factory=JoinIndex)  # what _workers' joins claim
+    _beats: dict[ConnId, None] = field(default_factory=dict)  # oldest heartbeat first
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None

@@ -150,6 +150,8 @@ class Rendezvous(Lifecycle):
             w.rank = node_ranks[w.join.node_id] * lws + w.join.local_rank
             w.state = RankState.RUNNING
             w.last_seen = now  # building the peer mesh comes next; the clock starts here
+        # by rank: of workers silent equally long, the lowest rank is named
+        self._beats = {w.conn: None for w in sorted(self._workers.values(), key=lambda w: w.rank)}
         self.state = JobState.RUNNING
         self._deadline = None
         nodes = sum(1 for a in self._agents.values() if a.node_rank is not None)
@@ -171,6 +173,8 @@ class Rendezvous(Lifecycle):
         if worker is None:
             return []
         worker.last_seen = now
+        self._beats.pop(conn, None)
+        self._beats[conn] = None  # now the newest
         if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
             self.losses.append((msg.step, msg.loss))
         before, worker.progress = worker.progress, msg
@@ -290,12 +294,27 @@ class Rendezvous(Lifecycle):
             return self._conclude(now)
         if self.state is not JobState.RUNNING:
             return []
-        limit = self.config.heartbeat_timeout
-        for w in sorted(self._workers.values(), key=lambda w: w.rank):
-            if w.state is RankState.RUNNING and now - w.last_seen > limit:
-                silent = now - w.last_seen
-                return self._fail(w, f"no heartbeat for {silent:.1f} s (hung or partitioned)")
-        return []
+        return self._silent(now)
+
+    def _silent(self, now: float) -> list[Action]:
+        """Fail the lowest rank among those whose heartbeat is overdue; looks only at the
+        oldest heartbeats (the head of ``_beats``), not at every worker."""
+        limit, overdue, gone = self.config.heartbeat_timeout, [], []
+        for conn in self._beats:
+            w = self._workers.get(conn)
+            if w is None or w.state is not RankState.RUNNING:
+                gone.append(conn)
+            elif now - w.last_seen > limit:
+                overdue.append(w)
+            else:
+                break
+        for conn in gone:
+            del self._beats[conn]
+        if not overdue:
+            return []
+        w = min(overdue, key=lambda w: w.rank)
+        silent = now - w.last_seen
+        return self._fail(w, f"no heartbeat for {silent:.1f} s (hung or partitioned)")
 
     def _fail(self, worker: Worker, reason: str, traceback: str = "") -> list[Action]:
         worker.state = RankState.FAILED

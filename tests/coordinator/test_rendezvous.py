@@ -177,6 +177,18 @@ def test_missed_heartbeats_abort_naming_the_rank() -> None:
     assert r.state is JobState.FAILED and r.failure.rank == 1
 
 
+def test_the_oldest_heartbeat_fails_first_and_equals_name_the_lowest_rank() -> None:
+    r = _running(500)
+    rank_of = {w.conn: w.rank for w in r.workers}
+    for conn in range(500):
+        if conn not in (7, 300, 301):
+            r.heartbeat(conn, Heartbeat(step=1), now=3.0)
+    r.heartbeat(7, Heartbeat(step=1), now=1.0)  # then silent, but beat later than 300, 301
+    assert r.tick(4.9) == []
+    actions = r.tick(5.5)  # 300 and 301 silent since the start, 7 for 4.5 s only
+    assert actions and actions[0].msg.rank == min(rank_of[300], rank_of[301])
+
+
 def test_closed_connection_aborts_the_job() -> None:
     r = _running()
     actions = r.disconnected(2)
