@@ -99,9 +99,10 @@ class _Conn:
             self.frames.extend(self.decoder.feed(data))
         return frame_message(self.frames.popleft())
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: Message, data: bytes | None = None) -> None:
+        """Write ``msg`` (``data``: its encoding, when the caller has it already)."""
         if not self.writer.is_closing():
-            self.writer.write(message_bytes(msg))
+            self.writer.write(message_bytes(msg) if data is None else data)
 
 
 class CoordinatorServer:
@@ -182,6 +183,7 @@ class CoordinatorServer:
             self.done.set()
 
     def _apply(self, actions: list[Action]) -> None:
+        encoded: dict[int, bytes] = {}  # one message sent to many (an abort) is encoded once
         for action in actions:
             match action:
                 case Notice(text=text):
@@ -189,7 +191,10 @@ class CoordinatorServer:
                 case Send(conn=conn_id, msg=msg) if conn_id in self._conns:
                     if isinstance(msg, Error):
                         self._refused(self._conns[conn_id].peer_host, msg.code, msg.message)
-                    self._conns[conn_id].send(msg)
+                    data = encoded.get(id(msg))
+                    if data is None:
+                        data = encoded[id(msg)] = message_bytes(msg)
+                    self._conns[conn_id].send(msg, data)
                 case Close(conn=conn_id) if conn_id in self._conns:
                     self._conns[conn_id].writer.close()
         if self.rendezvous.state in (JobState.FINISHED, JobState.FAILED):

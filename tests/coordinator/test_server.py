@@ -207,3 +207,33 @@ async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() 
         for raw in idle:
             raw.close()
         await server.aclose()
+
+
+def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
+    from shardwire.coordinator import CoordinatorServer, RendezvousConfig, Send, ServerConfig
+    from shardwire.coordinator import server as module
+    from shardwire.protocol.messages import Abort
+
+    class Writer:
+        def __init__(self) -> None:
+            self.data: list[bytes] = []
+
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            self.data.append(data)
+
+    server = CoordinatorServer(ServerConfig(RendezvousConfig(run_id="test", world_size=1)), TOKEN)
+    writers = [Writer() for _ in range(1000)]
+    for i, writer in enumerate(writers):
+        conn = object.__new__(module._Conn)
+        conn.writer, conn.peer_host = writer, "127.0.0.1"
+        server._conns[i] = conn
+    calls = []
+    encode = module.message_bytes
+    monkeypatch.setattr(module, "message_bytes", lambda m: calls.append(m) or encode(m))
+    abort = Abort(rank=3, reason="rank 3 failed", stacks="x" * 8000)
+    server._apply([Send(i, abort) for i in range(1000)])
+    assert len(calls) == 1
+    assert all(w.data == [encode(abort)] for w in writers)
