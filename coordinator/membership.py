@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardwire.coordinator.diagnosis import ranks_text
 from shardwire.protocol.messages import Join
 
 
@@ -141,7 +142,7 @@ def describe_missing(shape: Shape | None, joined: Sequence[Join], *, agents: int
     requested = {j.requested_rank for j in joined}
     if workers and None not in requested:
         gone = sorted(set(range(shape.world_size)) - requested)
-        return f"{count} of {total} {unit} joined; missing ranks {gone}"
+        return f"{count} of {total} {unit} joined; missing {ranks_text(gone)}"  # runs: short
     per_node: dict[str, int] = {}
     for j in joined:
         per_node[j.node_id] = per_node.get(j.node_id, 0) + 1

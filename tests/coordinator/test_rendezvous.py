@@ -128,7 +128,7 @@ def test_join_timeout_lists_missing_requested_ranks() -> None:
     errors = [a.msg for a in actions if isinstance(a, Send)]
     assert len(errors) == 2
     assert errors[0].code == "join_timeout"
-    assert "2 of 4 workers joined; missing ranks [2, 3]" in errors[0].message
+    assert "2 of 4 workers joined; missing ranks 2-3" in errors[0].message
     assert r.state is JobState.WAITING  # the next attempt starts clean
 
 
