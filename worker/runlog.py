@@ -114,13 +114,16 @@ class RunLog:
         if step % self.every and step != self.total_steps:
             return
         stats = self.pg.transport.stats
-        traffic = await self.pg.all_gather_object([stats.bytes_sent, stats.bytes_received])
+        # only rank 0 writes the record: the others send theirs, nobody gathers everything
+        traffic = await self.pg.gather_object([stats.bytes_sent, stats.bytes_received])
         now = time.perf_counter()
         last_time, last_step = self._last
         self._last = (now, step)
         rate = samples * (step - last_step) / max(now - last_time, 1e-9)
         loss = metrics.get("loss")
         self.pg.report_progress(step, rate, None if loss is None else float(loss))
+        if traffic is None:  # not rank 0
+            return
         record = {
             "step": step,
             "time_s": round(now - self.started, 4),
@@ -129,8 +132,6 @@ class RunLog:
             "bytes_sent": [t[0] for t in traffic],
             "bytes_received": [t[1] for t in traffic],
         }
-        if self.pg.rank != 0:
-            return
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._bar is None:

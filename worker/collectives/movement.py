@@ -161,6 +161,25 @@ class Movement(GroupCore):
 
         return self._start("all_gather_object", algorithm, timeout=timeout)
 
+    def gather_object(
+        self, obj: Any, *, root: int = 0, timeout: float | None = None
+    ) -> Pending[list[Any] | None]:
+        """Every rank's small msgpack-able value, as a list in rank order on ``root``
+        (None elsewhere): each rank sends one message, so the bytes grow with the group,
+        not with its square as when every rank needs every value."""
+        self._check_root(root)
+        payload = np.frombuffer(pack_object(obj), np.uint8)
+
+        async def algorithm(c: Call) -> list[Any] | None:
+            if c.rank != root:
+                await c.send(root, payload, 0)
+                return None
+            got = await small.exchange(c, {}, dict.fromkeys(range(c.size)))
+            got[c.rank] = payload
+            return [unpack_object(got[p].tobytes()) for p in range(c.size)]
+
+        return self._start(f"gather_object:{root}", algorithm, timeout=timeout)
+
     async def send(self, x: np.ndarray, dst: int, *, tag: int = 0) -> None:
         """Point-to-point send to group rank ``dst`` (returns when ``x`` is reusable)."""
         self._check()

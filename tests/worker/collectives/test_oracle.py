@@ -206,6 +206,8 @@ async def test_barrier_objects_and_point_to_point(kind: str) -> None:
         assert got == [{"lr": 0.1, "layers": [1, 2]}] * 3
         got = await on_all(groups, lambda g: g.all_gather_object(f"rank-{g.rank}"))
         assert got == [["rank-0", "rank-1", "rank-2"]] * 3
+        got = await on_all(groups, lambda g: g.gather_object({"r": g.rank}, root=2))
+        assert got == [None, None, [{"r": 0}, {"r": 1}, {"r": 2}]]
 
         async def ping(g):
             if g.rank == 0:
