@@ -2,6 +2,7 @@
 
 from shardwire.protocol.auth import Token
 from shardwire.protocol.control import frame_message, message_bytes
+from shardwire.protocol.decoder import SMALL_STAGE, FrameDecoder, StagePool
 from shardwire.protocol.errors import (
     AuthFailed,
     CollectiveCancelled,
@@ -23,9 +24,7 @@ from shardwire.protocol.errors import (
 from shardwire.protocol.frames import (
     HANDSHAKE_LIMITS,
     PROTOCOL_VERSION,
-    SMALL_STAGE,
     Frame,
-    FrameDecoder,
     FrameKind,
     Header,
     Limits,
@@ -59,6 +58,7 @@ __all__ = [
     "RendezvousError",
     "ServerHandshake",
     "ShardwireError",
+    "StagePool",
     "Tag",
     "TensorMeta",
     "Token",

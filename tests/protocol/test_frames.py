@@ -22,7 +22,8 @@ from shardwire.protocol import (
     VersionMismatch,
     encode_head,
 )
-from shardwire.protocol.frames import MAGIC, PREFIX, PROTOCOL_VERSION, STAGE_BYTES
+from shardwire.protocol.decoder import STAGE_BYTES, StagePool
+from shardwire.protocol.frames import MAGIC, PREFIX, PROTOCOL_VERSION
 
 
 def data_frame(payload: bytes, **meta) -> bytes:
@@ -236,3 +237,42 @@ def test_handshake_limits_refuse_data_frames_until_upgraded() -> None:
     assert [f.kind for f in first + rest] == [FrameKind.HANDSHAKE, FrameKind.DATA]
     assert bytes(rest[0].payload) == payload
     assert decoder.stage_bytes == STAGE_BYTES
+
+
+def test_a_pooled_decoder_borrows_a_stage_per_burst_and_gives_it_back_when_parsed() -> None:
+    pool = StagePool()
+    decoder = FrameDecoder(limits=HANDSHAKE_LIMITS, stage_bytes=SMALL_STAGE)
+    decoder.upgrade(Limits(), pool=pool)
+    payloads = [np.full(1000 + i, i, np.uint8).tobytes() for i in range(100)]
+    got = decoder.feed(b"".join(data_frame(p) for p in payloads))
+    assert [bytes(f.payload) for f in got] == payloads
+    assert not decoder.borrowing and pool.lent == 0
+    assert decoder.stage_bytes == SMALL_STAGE  # what an idle connection keeps
+
+
+def test_a_frame_split_anywhere_keeps_its_borrowed_stage_until_parsed() -> None:
+    pool = StagePool()
+    wire = data_frame(np.arange(300, dtype=np.float64).tobytes()) + data_frame(b"tail")
+    for cut in range(1, len(wire)):
+        decoder = FrameDecoder()
+        decoder.upgrade(Limits(), pool=pool)
+        first = decoder.feed(wire[:cut])
+        assert decoder.borrowing == (pool.lent == 1)
+        rest = decoder.feed(wire[cut:])
+        assert [bytes(f.payload)[-4:] for f in first + rest][-1] == b"tail"
+        assert pool.lent == 0 and not decoder.borrowing
+
+
+def test_decoders_reading_at_once_never_share_a_stage() -> None:
+    pool = StagePool(keep=1)
+    one, two = FrameDecoder(), FrameDecoder()
+    for decoder in (one, two):
+        decoder.upgrade(Limits(), pool=pool)
+    a, b = data_frame(b"a" * 5000), data_frame(b"b" * 5000)
+    assert one.feed(a[:10]) == [] and two.feed(b[:10]) == []  # both hold a partial prefix
+    assert pool.lent == 2 and one.borrowing and two.borrowing
+    assert one.feed(a[10:100]) == []  # payload bytes go to the frame's own buffer: drained
+    assert pool.lent == 1 and not one.borrowing
+    assert bytes(one.feed(a[100:])[0].payload) == b"a" * 5000
+    assert bytes(two.feed(b[10:])[0].payload) == b"b" * 5000
+    assert pool.lent == 0

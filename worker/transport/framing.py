@@ -31,6 +31,7 @@ from shardwire.protocol import (
     ProtocolError,
     ServerHandshake,
     ShardwireError,
+    StagePool,
     frame_message,
     message_bytes,
 )
@@ -54,6 +55,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         on_message: Callable[[Message], None],
         hold_handshake: Callable[[], bool] = lambda: False,
         stage_bytes: int = SMALL_STAGE,
+        stages: StagePool | None = None,
     ):
         loop = asyncio.get_running_loop()
         self._shake = handshake
@@ -63,6 +65,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         # Until the peer is authenticated it gets handshake limits and a small stage.
         self._limits = limits
         self._stage_bytes = stage_bytes
+        self._stages = stages  # once authenticated, bursts are read into borrowed stages
         self._decoder = FrameDecoder(
             limits=HANDSHAKE_LIMITS, allocator=self._allocate, stage_bytes=SMALL_STAGE
         )
@@ -164,7 +167,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.fail(ProtocolError(f"refused peer at {self.peer_host}: {reply.message}"))
         elif self._shake.done:
             self.authenticated = True
-            self._decoder.upgrade(self._limits, stage_bytes=self._stage_bytes)
+            self._decoder.upgrade(self._limits, stage_bytes=self._stage_bytes, pool=self._stages)
             self._authenticated()
             if not self.ready.done():
                 self.ready.set_result(None)

@@ -33,6 +33,7 @@ from shardwire.protocol import (
     Token,
 )
 from shardwire.protocol.control import message_bytes
+from shardwire.protocol.decoder import StagePool
 from shardwire.protocol.messages import (
     TRACEBACK_CHARS,
     Error,
@@ -112,6 +113,7 @@ class TcpMesh(Transport):
         self._on_peer_failed = on_peer_failed
         self._server: asyncio.Server | None = None
         self._conns: dict[int, PeerConnection] = {}
+        self.stages = StagePool()  # a stage per connection reading now, not per peer
         self._pending: list[PeerConnection] = []
         self._paused: set[PeerConnection] = set()
         self._all_connected = asyncio.Event()

@@ -39,7 +39,8 @@ from shardwire.protocol import (
     message_bytes,
     parse_tensor_meta,
 )
-from shardwire.protocol.frames import STAGE_BYTES, encode_data_head, encode_sealed_head
+from shardwire.protocol.decoder import StagePool
+from shardwire.protocol.frames import encode_data_head, encode_sealed_head
 from shardwire.protocol.integrity import integrity_error
 from shardwire.protocol.messages import Failure, Leave, Message, ShmAnswer, ShmOffer
 from shardwire.worker.transport.framing import HANG_UP_GRACE, FramedProtocol
@@ -230,6 +231,7 @@ class PeerOwner(Protocol):
 
     config: MeshConfig
     mailbox: Mailbox
+    stages: StagePool  # staging buffers shared by the connections
 
     @property
     def has_roster(self) -> bool: ...
@@ -264,7 +266,7 @@ class PeerConnection(FramedProtocol):
             limits=Limits(max_payload=mesh.config.max_payload),
             on_message=self._on_control,
             hold_handshake=lambda: not mesh.has_roster,
-            stage_bytes=STAGE_BYTES,
+            stages=mesh.stages,
         )
         self.mesh = mesh
         self.peer = peer
