@@ -345,6 +345,7 @@ class Rendezvous(Lifecycle):
         joins = [w.join for w in self._workers.values()]
         return describe_missing(self.shape, joins, agents=len(self._agents))
 
-    def status(self, now: float) -> StatusReply:
-        """The job as a monitoring client sees it."""
-        return status_reply(self, now)
+    def status(self, now: float, offset: int = 0, limit: int | None = None) -> StatusReply:
+        """The job as a monitoring client sees it (rank rows ``offset`` onwards, at most
+        ``limit``; None: all, for the status page)."""
+        return status_reply(self, now, offset, limit)

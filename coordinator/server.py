@@ -299,8 +299,8 @@ class CoordinatorServer:
                 return rdzv.diagnosis(conn_id, msg, now)
             case Leave():
                 return rdzv.leave(conn_id, msg)
-            case StatusRequest():
-                return [Send(conn_id, rdzv.status(now))]
+            case StatusRequest(offset=offset, limit=limit):
+                return [Send(conn_id, rdzv.status(now, offset, limit))]
         return [
             Send(conn_id, Error(code="bad_request", message=f"unexpected {msg.kind!r}")),
             Close(conn_id),

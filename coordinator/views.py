@@ -11,12 +11,17 @@ if TYPE_CHECKING:
     from shardwire.coordinator.rendezvous import Rendezvous
 
 
-def status_reply(rdzv: Rendezvous, now: float) -> StatusReply:
-    """State, ranks of the current generation, restarts and every generation so far."""
+def status_reply(
+    rdzv: Rendezvous, now: float, offset: int = 0, limit: int | None = None
+) -> StatusReply:
+    """State, ranks of the current generation (rows ``offset`` onwards, at most ``limit``;
+    None: all), restarts and every generation so far."""
     # the last failure, while it is the job's end or the cause of the restart under way
     ended = rdzv.state in (JobState.FAILED, JobState.RESTARTING, JobState.FAILING)
     failure = rdzv.failure if ended else None
     shape = rdzv.shape
+    workers = sorted(rdzv.workers, key=lambda w: (w.rank, w.join.node_id))
+    page = workers[offset:] if limit is None else workers[offset : offset + limit]
     return StatusReply(
         run_id=rdzv.config.run_id,
         state=rdzv.state.value,
@@ -32,8 +37,10 @@ def status_reply(rdzv: Rendezvous, now: float) -> StatusReply:
                 state=w.state.value,
                 heartbeat_age_s=round(max(0.0, now - w.last_seen), 3),
             )
-            for w in sorted(rdzv.workers, key=lambda w: (w.rank, w.join.node_id))
+            for w in page
         ],
+        total=len(workers),
+        offset=offset,
         restarts=rdzv.gens.restarts,
         max_restarts=rdzv.gens.max_restarts,
         generations=rdzv.gens.info(now),

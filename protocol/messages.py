@@ -8,46 +8,12 @@ incompatible change bumps ``PROTOCOL_VERSION`` in :mod:`shardwire.protocol.frame
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shardwire.protocol.errors import ProtocolError
-
-_Str = Annotated[str, Field(max_length=256)]
-_Hex = Annotated[str, Field(min_length=16, max_length=128, pattern="^[0-9a-f]+$")]
-_Rank = Annotated[int, Field(ge=0, lt=1 << 20)]
-_Size = Annotated[int, Field(ge=1, lt=1 << 20)]
-
-
-def _clip(limit: int) -> Callable[[object], object]:
-    """Shorten a text longer than ``limit`` characters in the middle (a marker says how
-    much), instead of refusing it: a reason that grows with the job (a verdict naming
-    many ranks) must never make its message impossible to send."""
-
-    def clip(value: object) -> object:
-        if not isinstance(value, str) or len(value) <= limit:
-            return value
-        cut = len(value) - limit
-        while True:
-            marker = f" [... {cut} characters cut ...] "
-            keep = limit - len(marker)
-            if len(value) - keep == cut:
-                break
-            cut = len(value) - keep
-        head = keep * 3 // 4
-        return value[:head] + marker + value[len(value) - (keep - head) :]
-
-    return clip
-
-
-_Text = Annotated[str, BeforeValidator(_clip(8192)), Field(max_length=8192)]
-_Reason = Annotated[str, BeforeValidator(_clip(4096)), Field(max_length=4096)]
-# Tracebacks are clipped to this many characters (from the end) so that a Failure or an
-# Abort, with its reason and diagnosis, stays inside the 64 KiB control-frame limit.
-TRACEBACK_CHARS = 24 * 1024
-_Trace = Annotated[str, Field(max_length=TRACEBACK_CHARS)]
+from shardwire.protocol.fields import Hex, Rank, Reason, Size, Str, Text, Trace
 
 
 class _Msg(BaseModel):
@@ -59,8 +25,8 @@ class Hello(_Msg):
 
     kind: Literal["hello"] = "hello"
     role: Literal["worker", "agent", "peer", "client"]
-    run_id: _Str
-    nonce: _Hex
+    run_id: Str
+    nonce: Hex
     rank: int = -1
     generation: int = 0
 
@@ -69,15 +35,15 @@ class Challenge(_Msg):
     """Server's fresh nonce and its proof of the token over both nonces."""
 
     kind: Literal["challenge"] = "challenge"
-    nonce: _Hex
-    proof: _Hex
+    nonce: Hex
+    proof: Hex
 
 
 class Proof(_Msg):
     """Client's proof of the token over both nonces."""
 
     kind: Literal["proof"] = "proof"
-    proof: _Hex
+    proof: Hex
 
 
 class Welcome(_Msg):
@@ -90,22 +56,22 @@ class Error(_Msg):
     """A refusal with a stable ``code`` and a human-readable message; the sender closes."""
 
     kind: Literal["error"] = "error"
-    code: _Str
-    message: _Text
+    code: Str
+    message: Text
 
 
 class Join(_Msg):
     """A worker process asks for a rank."""
 
     kind: Literal["join"] = "join"
-    world_size: _Size
-    node_id: _Str
-    local_rank: _Rank
-    local_world_size: _Size
-    listen_host: _Str = ""
+    world_size: Size
+    node_id: Str
+    local_rank: Rank
+    local_world_size: Size
+    listen_host: Str = ""
     listen_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    fingerprint: _Str = ""
-    requested_rank: _Rank | None = None
+    fingerprint: Str = ""
+    requested_rank: Rank | None = None
 
 
 class NodeJoin(_Msg):
@@ -118,9 +84,9 @@ class NodeJoin(_Msg):
     """
 
     kind: Literal["node_join"] = "node_join"
-    world_size: _Size
-    node_id: _Str
-    local_world_size: _Size
+    world_size: Size
+    node_id: Str
+    local_world_size: Size
     min_nodes: Annotated[int, Field(ge=0, lt=1 << 20)] = 0
     max_restarts: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
 
@@ -133,7 +99,7 @@ class GenerationInfo(_Msg):
     nodes: int = 0  # node agents in it (0: workers joined without agents)
     started_age_s: float  # seconds before the message was made
     duration_s: float | None = None  # None while it runs
-    ended_by: _Reason = ""  # the root cause, or "finished"
+    ended_by: Reason = ""  # the root cause, or "finished"
 
 
 _History = Annotated[list[GenerationInfo], Field(max_length=1024)]
@@ -143,9 +109,9 @@ class NodeAssignment(_Msg):
     """The agent's node rank; its processes request ranks node_rank*L ... node_rank*L+L-1."""
 
     kind: Literal["node_assignment"] = "node_assignment"
-    node_rank: _Rank
-    nnodes: _Size
-    world_size: _Size
+    node_rank: Rank
+    nnodes: Size
+    world_size: Size
     generation: int = 1
     max_restarts: int = 0
     restarts: int = 0  # restarts used so far
@@ -160,7 +126,7 @@ class Restart(_Msg):
     kind: Literal["restart"] = "restart"
     generation: int
     rank: int = -1
-    reason: _Reason
+    reason: Reason
     restarts: int = 0
     max_restarts: int = 0
 
@@ -175,11 +141,11 @@ class Finished(_Msg):
 class Member(_Msg):
     """One roster entry."""
 
-    rank: _Rank
-    node_id: _Str
-    node_rank: _Rank
-    local_rank: _Rank
-    host: _Str
+    rank: Rank
+    node_id: Str
+    node_rank: Rank
+    local_rank: Rank
+    host: Str
     port: Annotated[int, Field(ge=0, le=65535)]
 
 
@@ -187,8 +153,8 @@ class Roster(_Msg):
     """The complete world, sent to every worker once all have joined."""
 
     kind: Literal["roster"] = "roster"
-    rank: _Rank
-    world_size: _Size
+    rank: Rank
+    world_size: Size
     generation: int
     members: Annotated[list[Member], Field(max_length=1 << 16)]
 
@@ -207,8 +173,8 @@ class _Progress(_Msg):
     bytes_sent: int = 0
     bytes_received: int = 0
     busy_s: float = 0.0
-    busy_at: _Str = ""
-    busy_stack: _Text = ""
+    busy_at: Str = ""
+    busy_stack: Text = ""
 
 
 class Heartbeat(_Progress):
@@ -217,19 +183,25 @@ class Heartbeat(_Progress):
     kind: Literal["heartbeat"] = "heartbeat"
 
 
+STATUS_PAGE = 200  # rank rows per status reply (about 40 KB: inside a control frame)
+
+
 class StatusRequest(_Msg):
-    """A monitoring client asks for the job state."""
+    """A monitoring client asks for the job state, with rank rows ``offset`` onwards (at
+    most ``limit``; a job of any size is read page by page)."""
 
     kind: Literal["status_request"] = "status_request"
+    offset: Annotated[int, Field(ge=0)] = 0
+    limit: Annotated[int, Field(ge=1, le=STATUS_PAGE)] = STATUS_PAGE
 
 
 class RankStatus(_Progress):
     """One row of a status reply."""
 
     rank: int
-    node_id: _Str
-    host: _Str
-    state: _Str
+    node_id: Str
+    host: Str
+    state: Str
     heartbeat_age_s: float = 0.0
 
 
@@ -237,12 +209,14 @@ class StatusReply(_Msg):
     """The job state as the coordinator sees it."""
 
     kind: Literal["status"] = "status"
-    run_id: _Str
-    state: _Str
+    run_id: Str
+    state: Str
     world_size: int = 0
     generation: int = 0
-    failure: _Reason = ""
+    failure: Reason = ""
     ranks: Annotated[list[RankStatus], Field(max_length=1 << 16)] = []
+    total: int = 0  # rank rows in all (``ranks`` holds rows offset ... offset + len - 1)
+    offset: int = 0
     restarts: int = 0
     max_restarts: int = 0
     generations: _History = []
@@ -253,23 +227,23 @@ class CollectiveRecord(_Msg):
 
     group: int  # group id (0: the world); alike on every member
     size: int = 0  # members of the group
-    ranks: Annotated[list[_Rank], Field(max_length=1024)] = []  # global ranks; [] if many
+    ranks: Annotated[list[Rank], Field(max_length=1024)] = []  # global ranks; [] if many
     runs: Annotated[list[tuple[int, int, int]], Field(max_length=32)] = []  # then these
-    op: _Str
+    op: Str
     seq: int
     nbytes: int = 0
     age_s: float  # seconds since it started, when the record was taken
     duration_s: float | None = None  # None while it runs
-    outcome: _Str = "running"  # running | ok | timeout | error: ...
-    pending: Annotated[list[_Rank], Field(max_length=1024)] = []  # not heard from yet
+    outcome: Str = "running"  # running | ok | timeout | error: ...
+    pending: Annotated[list[Rank], Field(max_length=1024)] = []  # not heard from yet
 
 
 class Diagnosis(_Msg):
     """What a rank was doing: its recent collectives and where its code is."""
 
     collectives: Annotated[list[CollectiveRecord], Field(max_length=64)] = []
-    where: _Str = ""  # "train.py:88 in load_batch"
-    stack: _Text = ""
+    where: Str = ""  # "train.py:88 in load_batch"
+    stack: Text = ""
 
 
 class DiagnoseRequest(_Msg):
@@ -297,9 +271,9 @@ class Failure(_Msg):
 
     kind: Literal["failure"] = "failure"
     rank: int = -1
-    reason: _Reason
-    traceback: _Trace = ""
-    code: _Str = ""
+    reason: Reason
+    traceback: Trace = ""
+    code: Str = ""
     diagnosis: Diagnosis | None = None
 
 
@@ -312,9 +286,9 @@ class Abort(_Msg):
 
     kind: Literal["abort"] = "abort"
     rank: int
-    reason: _Reason
-    traceback: _Trace = ""
-    stacks: _Text = ""
+    reason: Reason
+    traceback: Trace = ""
+    stacks: Text = ""
 
 
 class Poison(_Msg):
@@ -323,8 +297,8 @@ class Poison(_Msg):
 
     kind: Literal["poison"] = "poison"
     group: Annotated[int, Field(ge=0)]
-    error: _Str  # the error's class name; unknown names become CollectiveError
-    message: _Text
+    error: Str  # the error's class name; unknown names become CollectiveError
+    message: Text
 
 
 class Leave(_Msg):
@@ -340,7 +314,7 @@ class ShmOffer(_Msg):
     name: Annotated[str, Field(max_length=128, pattern="^[0-9a-z-]+$")]
     slots: Annotated[int, Field(ge=1, le=1024)]
     slot_bytes: Annotated[int, Field(ge=4096, le=1 << 30)]
-    nonce: _Hex
+    nonce: Hex
 
 
 class ShmAnswer(_Msg):
@@ -348,7 +322,7 @@ class ShmAnswer(_Msg):
 
     kind: Literal["shm_answer"] = "shm_answer"
     ok: bool
-    reason: _Text = ""
+    reason: Text = ""
 
 
 Message = Annotated[

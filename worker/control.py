@@ -17,8 +17,9 @@ from shardwire.protocol import (
     ShardwireError,
     Token,
 )
+from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import (
-    TRACEBACK_CHARS,
+    STATUS_PAGE,
     Abort,
     DiagnoseReply,
     DiagnoseRequest,
@@ -202,8 +203,18 @@ class ControlClient:
         return await self._request(msg, NodeAssignment, timeout)
 
     async def status(self, *, timeout: float) -> StatusReply:
-        """Ask the coordinator for the job state (role "client" connections)."""
-        return await self._request(StatusRequest(), StatusReply, timeout)
+        """Ask the coordinator for the job state (role "client" connections), page by
+        page: every rank's row, each reply inside a control frame at any job size."""
+        reply = await self._request(StatusRequest(), StatusReply, timeout)
+        ranks = list(reply.ranks)
+        for _ in range(reply.total // STATUS_PAGE + 1):  # bounded: the rows announced
+            if len(ranks) >= reply.total:
+                break
+            page = await self._request(StatusRequest(offset=len(ranks)), StatusReply, timeout)
+            if not page.ranks:  # the job shrank meanwhile
+                break
+            ranks += page.ranks
+        return reply.model_copy(update={"ranks": ranks, "total": len(ranks)})
 
     def set_progress(self, progress: Heartbeat) -> None:
         """Report progress now and in every later heartbeat (status pages, metrics)."""

@@ -237,3 +237,38 @@ def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
     server._apply([Send(i, abort) for i in range(1000)])
     assert len(calls) == 1
     assert all(w.data == [encode(abort)] for w in writers)
+
+
+async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> None:
+    from shardwire.protocol import FrameTooLarge
+    from shardwire.protocol.control import message_bytes
+    from shardwire.protocol.frames import MAX_META_BYTES
+    from shardwire.protocol.messages import STATUS_PAGE, StatusRequest
+    from shardwire.worker.control import ControlClient
+
+    world, lws = 700, 10
+    async with coordinator(world) as server:
+        joined = []
+        for i in range(world):
+            client = await RawClient.open(server.address)
+            await client.authenticate(TOKEN)
+            client.send(join(f"host-with-a-long-name-{i // lws:04d}", i % lws, world, lws))
+            joined.append(client)
+        for client in joined:
+            assert isinstance(await client.recv(timeout=60), Roster)
+        with pytest.raises(FrameTooLarge):  # one reply could not carry every row
+            message_bytes(server.rendezvous.status(0.0))
+        page = server.rendezvous.status(0.0, 600, STATUS_PAGE)
+        assert [r.rank for r in page.ranks] == list(range(600, 700)) and page.total == world
+        assert len(message_bytes(server.rendezvous.status(0.0, 0, STATUS_PAGE))) < MAX_META_BYTES
+        with pytest.raises(ValueError):
+            StatusRequest(limit=STATUS_PAGE + 1)
+        monitor = ControlClient(token=TOKEN, run_id="test", role="client")
+        try:
+            await monitor.connect(*server.address, timeout=30)
+            reply = await monitor.status(timeout=30)
+        finally:
+            await monitor.aclose()
+        assert [r.rank for r in reply.ranks] == list(range(world)) and reply.total == world
+        for client in joined:
+            client.close()

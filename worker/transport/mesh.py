@@ -34,8 +34,8 @@ from shardwire.protocol import (
 )
 from shardwire.protocol.control import message_bytes
 from shardwire.protocol.decoder import StagePool
+from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import (
-    TRACEBACK_CHARS,
     Error,
     Failure,
     Hello,
