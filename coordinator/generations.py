@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shardwire.protocol.messages import GenerationInfo
+from shardwire.protocol.messages import HISTORY_SHOWN, GenerationInfo
 
 _HISTORY = 1024  # generations kept (the oldest are dropped past this)
 
@@ -58,7 +58,11 @@ class Generations:
             self.restarts += 1
 
     def info(self, now: float, *, upto: int | None = None) -> list[GenerationInfo]:
-        """The history as sent to agents and status clients (``upto``: exclusive)."""
+        """The history as sent to agents and status clients (``upto``: exclusive): the
+        first generation and the latest ones, HISTORY_SHOWN in all."""
+        eras = [e for e in self.eras if upto is None or e.generation < upto]
+        if len(eras) > HISTORY_SHOWN:
+            eras = [eras[0], *eras[len(eras) - HISTORY_SHOWN + 1 :]]
         return [
             GenerationInfo(
                 generation=e.generation,
@@ -66,8 +70,7 @@ class Generations:
                 nodes=e.nodes,
                 started_age_s=round(max(0.0, now - e.started), 3),
                 duration_s=None if e.ended is None else round(e.ended - e.started, 3),
-                ended_by=e.ended_by[:4096],
+                ended_by=e.ended_by,
             )
-            for e in self.eras
-            if upto is None or e.generation < upto
+            for e in eras
         ]

@@ -37,6 +37,7 @@ def clip_text(limit: int) -> Callable[[object], object]:
 
 Text = Annotated[str, BeforeValidator(clip_text(8192)), Field(max_length=8192)]
 Reason = Annotated[str, BeforeValidator(clip_text(4096)), Field(max_length=4096)]
+Cause = Annotated[str, BeforeValidator(clip_text(1024)), Field(max_length=1024)]  # in a list
 # Tracebacks are clipped to this many characters (from the end) so that a Failure or an
 # Abort, with its reason and diagnosis, stays inside the 64 KiB control-frame limit.
 TRACEBACK_CHARS = 24 * 1024

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from shardwire.protocol.errors import ProtocolError
-from shardwire.protocol.fields import Hex, Rank, Reason, Size, Str, Text, Trace
+from shardwire.protocol.fields import Cause, Hex, Rank, Reason, Size, Str, Text, Trace
 
 
 class _Msg(BaseModel):
@@ -99,10 +99,13 @@ class GenerationInfo(_Msg):
     nodes: int = 0  # node agents in it (0: workers joined without agents)
     started_age_s: float  # seconds before the message was made
     duration_s: float | None = None  # None while it runs
-    ended_by: Reason = ""  # the root cause, or "finished"
+    ended_by: Cause = ""  # the root cause, or "finished"
 
 
-_History = Annotated[list[GenerationInfo], Field(max_length=1024)]
+# The first generation and the latest ones: a long elastic job's history stays inside a
+# control frame (HISTORY_SHOWN x about 1 KiB).
+HISTORY_SHOWN = 32
+_History = Annotated[list[GenerationInfo], Field(max_length=HISTORY_SHOWN)]
 
 
 class NodeAssignment(_Msg):

@@ -221,3 +221,21 @@ def test_node_ranges_parse_and_generations_describe() -> None:
     r.disconnected(1)
     lines = describe(r.status(10.0).generations)
     assert lines[0].startswith("generation 1: 4 ranks on 2 nodes, started 9 s ago, ran 0.0 s")
+
+
+def test_a_long_history_sends_the_first_and_latest_generations_inside_a_frame() -> None:
+    from shardwire.coordinator.generations import Generations
+    from shardwire.protocol.control import message_bytes
+    from shardwire.protocol.messages import HISTORY_SHOWN, StatusReply
+
+    gens = Generations(max_restarts=500)
+    for i in range(200):
+        gens.begin(64, 4, float(i))
+        gens.end(f"rank {i} failed: " + "a very long traceback line " * 300, float(i) + 0.5)
+        gens.advance(failure=True)
+    shown = gens.info(300.0)
+    assert len(shown) == HISTORY_SHOWN
+    assert [g.generation for g in shown] == [1, *range(200 - HISTORY_SHOWN + 2, 201)]
+    assert all(len(g.ended_by) <= 1024 for g in shown)
+    reply = StatusReply(run_id="r", state="running", generations=shown)
+    assert len(message_bytes(reply)) < 64 * 1024
