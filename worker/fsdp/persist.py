@@ -217,13 +217,16 @@ class Checkpointer:
                 snap.table[key].update(info, file=store.rank_file(group.rank))
         except OSError as exc:
             error = f"rank {group.rank}: {exc}"
-        everyone = await group.all_gather_object(
+        # only rank 0 writes the manifest: it gathers the tables, then tells every rank
+        # the first error, if any (bytes grow with the ranks, not with their square)
+        everyone = await group.gather_object(
             {"table": snap.table, "meta": snap.meta, "error": error}
         )
-        await _agree([e["error"] for e in everyone], step)
+        first = next((e["error"] for e in everyone if e["error"]), None) if everyone else None
+        await _agree([await group.broadcast_object(first)], step)
         path = root / store.step_name(step)
         committed = None
-        if group.rank == 0:
+        if everyone is not None:  # rank 0
             manifest = self._manifest(step, nonce, everyone, snap.extra)
             committed = await _attempt(store.commit, root, partial, step, manifest)
             if committed is None and keep is not None:
@@ -285,7 +288,9 @@ class Checkpointer:
         except Exception as exc:  # every rank hears of it before any rank goes on
             failure = exc
         problem = None if failure is None else f"rank {self._group.rank}: {failure}"
-        problems = [p for p in await self._group.all_gather_object(problem) if p]
+        every = await self._group.gather_object(problem)  # rank 0 hears, then tells all
+        first = next((p for p in every if p), None) if every is not None else None
+        problems = [p for p in [await self._group.broadcast_object(first)] if p]
         if failure is not None:
             raise failure
         if problems:
