@@ -7,7 +7,8 @@ from collections.abc import Collection
 from shardwire.coordinator.generations import Generations
 from shardwire.coordinator.membership import Shape
 from shardwire.coordinator.state import Action, Agent, RendezvousConfig, Send, Worker
-from shardwire.protocol.messages import Heartbeat, Member, NodeAssignment, NodeJoin, Roster
+from shardwire.protocol.messages import Heartbeat, NodeAssignment, NodeJoin
+from shardwire.protocol.placement import Member, Placement
 
 
 def assignments(
@@ -33,8 +34,11 @@ def assignments(
     return world, actions
 
 
-def rosters(workers: Collection[Worker], shape: Shape, generation: int) -> list[Action]:
-    """The roster for every worker (their ranks are assigned)."""
+def placements(
+    workers: Collection[Worker], shape: Shape, generation: int
+) -> tuple[list[Member], list[Action]]:
+    """The members by rank (served page by page on request) and every worker's placement
+    (their ranks are assigned): a few numbers each, whatever the job's size."""
     lws = shape.local_world_size
     members = sorted(
         (
@@ -50,15 +54,11 @@ def rosters(workers: Collection[Worker], shape: Shape, generation: int) -> list[
         ),
         key=lambda m: m.rank,
     )
-    return [
-        Send(
-            w.conn,
-            Roster(
-                rank=w.rank, world_size=shape.world_size, generation=generation, members=members
-            ),
-        )
+    sends: list[Action] = [
+        Send(w.conn, Placement(rank=w.rank, world_size=shape.world_size, generation=generation))
         for w in workers
     ]
+    return members, sends
 
 
 def agreement_problem(

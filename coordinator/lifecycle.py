@@ -29,6 +29,7 @@ from shardwire.coordinator.state import (
     Worker,
 )
 from shardwire.protocol.messages import Abort, Restart
+from shardwire.protocol.placement import Member
 
 _EVENTS = 200  # recent events kept for status pages
 _LOSSES = 2000  # rank 0's reported losses kept for the loss curve
@@ -46,6 +47,7 @@ class Lifecycle:
     _workers: dict[ConnId, Worker] = field(default_factory=dict)
     _joins: JoinIndex = field(default_factory=JoinIndex)  # what _workers' joins claim
     _beats: dict[ConnId, None] = field(default_factory=dict)  # oldest heartbeat first
+    _members: list[Member] = field(default_factory=list)  # the formed generation's, by rank
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None
@@ -198,6 +200,7 @@ class Lifecycle:
         self._old = {c: w for c, w in self._workers.items() if w.connected}
         self._workers = {}
         self._joins = JoinIndex()
+        self._members = []
         self._world = None
         return actions + self._advance(self._now)
 

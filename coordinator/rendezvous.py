@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwire.coordinator.diagnosis import Inquest
-from shardwire.coordinator.forming import agreement_problem, rosters, stall_text
+from shardwire.coordinator.forming import agreement_problem, placements, stall_text
 from shardwire.coordinator.lifecycle import Lifecycle
 from shardwire.coordinator.membership import (
     JoinIndex,
@@ -68,6 +68,7 @@ from shardwire.protocol.messages import (
     NodeJoin,
     StatusReply,
 )
+from shardwire.protocol.placement import PeerPage, PeerQuery
 
 
 @dataclass
@@ -160,12 +161,20 @@ class Rendezvous(Lifecycle):
             f"all {shape.world_size} workers joined; job running (generation {self.generation})",
             now,
         )
-        actions = rosters(self._workers.values(), shape, self.generation)
+        self._members, actions = placements(self._workers.values(), shape, self.generation)
         if self._may_grow() and any(a.node_rank is None for a in self._agents.values()):
             # a node arrived while this generation formed: take it in with the next one
             late = next(a for a in self._agents.values() if a.node_rank is None)
             actions += self._end_generation(-1, f"node {late.join.node_id!r} joined", failure=False)
         return actions
+
+    def peer_page(self, conn: ConnId, msg: PeerQuery) -> list[Action]:
+        """Members of the asking worker's generation, ``msg.offset`` onwards (a page)."""
+        worker = self._workers.get(conn)
+        if worker is None or worker.rank < 0 or not self._members:
+            return refuse(conn, "bad_request", "members are asked by a worker of a formed job")
+        page = self._members[msg.offset : msg.offset + msg.limit]
+        return [Send(conn, PeerPage(generation=self.generation, offset=msg.offset, members=page))]
 
     def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
         worker = self._workers.get(conn)
@@ -330,6 +339,7 @@ class Rendezvous(Lifecycle):
         conns = list(self._workers) + list(self._agents)
         self._workers.clear()
         self._joins = JoinIndex()
+        self._members = []
         self._agents.clear()
         self._deadline = None
         self._last_call = None

@@ -50,6 +50,7 @@ from shardwire.protocol.messages import (
     NodeJoin,
     StatusRequest,
 )
+from shardwire.protocol.placement import PeerQuery
 
 log = logging.getLogger("shardwire.coordinator")
 
@@ -299,6 +300,8 @@ class CoordinatorServer:
                 return rdzv.diagnosis(conn_id, msg, now)
             case Leave():
                 return rdzv.leave(conn_id, msg)
+            case PeerQuery():
+                return rdzv.peer_page(conn_id, msg)
             case StatusRequest(offset=offset, limit=limit):
                 return [Send(conn_id, rdzv.status(now, offset, limit))]
         return [

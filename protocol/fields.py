@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 Str = Annotated[str, Field(max_length=256)]
 Hex = Annotated[str, Field(min_length=16, max_length=128, pattern="^[0-9a-f]+$")]
@@ -42,3 +42,9 @@ Cause = Annotated[str, BeforeValidator(clip_text(1024)), Field(max_length=1024)]
 # Abort, with its reason and diagnosis, stays inside the 64 KiB control-frame limit.
 TRACEBACK_CHARS = 24 * 1024
 Trace = Annotated[str, Field(max_length=TRACEBACK_CHARS)]
+
+
+class Msg(BaseModel):
+    """Base of every control message: immutable, unknown fields ignored (older peers)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")

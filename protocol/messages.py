@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from shardwire.protocol.errors import ProtocolError
 from shardwire.protocol.fields import Cause, Hex, Rank, Reason, Size, Str, Text, Trace
-
-
-class _Msg(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+from shardwire.protocol.fields import Msg as _Msg
+from shardwire.protocol.placement import PeerPage, PeerQuery, Placement
 
 
 class Hello(_Msg):
@@ -139,27 +137,6 @@ class Finished(_Msg):
 
     kind: Literal["finished"] = "finished"
     generation: int
-
-
-class Member(_Msg):
-    """One roster entry."""
-
-    rank: Rank
-    node_id: Str
-    node_rank: Rank
-    local_rank: Rank
-    host: Str
-    port: Annotated[int, Field(ge=0, le=65535)]
-
-
-class Roster(_Msg):
-    """The complete world, sent to every worker once all have joined."""
-
-    kind: Literal["roster"] = "roster"
-    rank: Rank
-    world_size: Size
-    generation: int
-    members: Annotated[list[Member], Field(max_length=1 << 16)]
 
 
 class _Progress(_Msg):
@@ -339,7 +316,9 @@ Message = Annotated[
     | NodeAssignment
     | Restart
     | Finished
-    | Roster
+    | Placement
+    | PeerQuery
+    | PeerPage
     | Heartbeat
     | StatusRequest
     | StatusReply

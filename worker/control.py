@@ -34,9 +34,16 @@ from shardwire.protocol.messages import (
     NodeAssignment,
     NodeJoin,
     Restart,
-    Roster,
     StatusReply,
     StatusRequest,
+)
+from shardwire.protocol.placement import (
+    PEER_PAGE,
+    Member,
+    PeerPage,
+    PeerQuery,
+    Placement,
+    Roster,
 )
 from shardwire.worker.transport.framing import FramedProtocol
 
@@ -165,7 +172,9 @@ class ControlClient:
         if not self._leaving:
             self._on_abort(None)
 
-    async def _request(self, msg: Join | NodeJoin | StatusRequest, expect: type, timeout: float):
+    async def _request(
+        self, msg: Join | NodeJoin | StatusRequest | PeerQuery, expect: type, timeout: float
+    ):
         assert self._proto is not None
         self._proto.write_message(msg)
         try:
@@ -195,8 +204,34 @@ class ControlClient:
         raise JobAborted("the coordinator closed the connection")
 
     async def join(self, msg: Join, *, timeout: float) -> Roster:
-        """Join and wait for the roster (bounded by ``timeout``)."""
-        return await self._request(msg, Roster, timeout)
+        """Join, wait for the placement, then read the members page by page (each
+        request bounded by ``timeout``): every message stays small at any job size."""
+        place: Placement = await self._request(msg, Placement, timeout)
+        members: list[Member] = []
+        for _ in range(place.world_size // PEER_PAGE + 1):  # bounded: the members announced
+            if len(members) >= place.world_size:
+                break
+            page = await self._request(PeerQuery(offset=len(members)), PeerPage, timeout)
+            if page.generation != place.generation or page.offset != len(members):
+                raise RendezvousError(
+                    f"members of generation {page.generation} from {page.offset} answered a "
+                    f"query for generation {place.generation} from {len(members)}",
+                    code="stale_generation",
+                )
+            if not page.members:
+                break
+            members += page.members
+        if [m.rank for m in members] != list(range(place.world_size)):
+            raise RendezvousError(
+                f"the coordinator listed {len(members)} members for {place.world_size} ranks",
+                code="bad_request",
+            )
+        return Roster(
+            rank=place.rank,
+            world_size=place.world_size,
+            generation=place.generation,
+            members=members,
+        )
 
     async def node_join(self, msg: NodeJoin, *, timeout: float) -> NodeAssignment:
         """Join as a node agent and wait for the node rank."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from shardwire.protocol.messages import Heartbeat, Member
+from shardwire.protocol.messages import Heartbeat
+from shardwire.protocol.placement import Member
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport

@@ -32,7 +32,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from shardwire.protocol import Token
-from shardwire.protocol.messages import Abort, Diagnosis, Heartbeat, Join, Roster
+from shardwire.protocol.messages import Abort, Diagnosis, Heartbeat, Join
+from shardwire.protocol.placement import Roster
 from shardwire.worker import stacks
 from shardwire.worker.control import ControlClient
 from shardwire.worker.flight import FlightRecorder

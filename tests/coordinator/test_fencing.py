@@ -9,15 +9,8 @@ import pytest
 
 from shardwire.coordinator.http import StatusHTTP
 from shardwire.protocol import RendezvousError
-from shardwire.protocol.messages import (
-    Abort,
-    Failure,
-    Join,
-    NodeAssignment,
-    NodeJoin,
-    Restart,
-    Roster,
-)
+from shardwire.protocol.messages import Abort, Failure, Join, NodeAssignment, NodeJoin, Restart
+from shardwire.protocol.placement import Placement
 from tests.coordinator.rawclient import RawClient
 from tests.worker.cluster import TOKEN, coordinator
 
@@ -40,7 +33,7 @@ async def test_a_process_of_an_ended_generation_is_refused_and_cannot_disturb_th
         assert isinstance(first := await agent.recv(), NodeAssignment) and first.generation == 1
         worker = await _connect(server, role="worker", generation=1)
         worker.send(JOIN)
-        assert isinstance(roster := await worker.recv(), Roster) and roster.generation == 1
+        assert isinstance(roster := await worker.recv(), Placement) and roster.generation == 1
         worker.send(Failure(reason="raised ValueError: boom"))
         restart = await agent.recv()
         assert isinstance(restart, Restart) and restart.generation == 2
@@ -62,7 +55,7 @@ async def test_a_process_of_an_ended_generation_is_refused_and_cannot_disturb_th
         assert [g.generation for g in second.history] == [1]
         fresh = await _connect(server, role="worker", generation=2)
         fresh.send(JOIN)
-        assert isinstance(roster := await fresh.recv(), Roster) and roster.generation == 2
+        assert isinstance(roster := await fresh.recv(), Placement) and roster.generation == 2
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
             async with web.get(f"http://{host}:{port}/api/status") as response:
                 status = await response.json()

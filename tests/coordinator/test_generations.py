@@ -15,8 +15,8 @@ from shardwire.protocol.messages import (
     NodeAssignment,
     NodeJoin,
     Restart,
-    Roster,
 )
+from shardwire.protocol.placement import Placement
 
 LWS = 2
 
@@ -40,7 +40,7 @@ def sent(actions, kind: type) -> dict:
 
 
 def run_generation(r: Rendezvous, agents: dict[str, int], now: float, first_conn: int) -> dict:
-    """Workers of every assigned agent join; returns {conn: Roster}. Agent conn ids are
+    """Workers of every assigned agent join; returns {conn: Placement}. Agent conn ids are
     the values of ``agents``; worker conns count up from ``first_conn``."""
     out: dict = {}
     conn = first_conn
@@ -48,7 +48,7 @@ def run_generation(r: Rendezvous, agents: dict[str, int], now: float, first_conn
     for name in sorted(agents):
         for local in range(LWS):
             msg = Join(world_size=world, node_id=name, local_rank=local, local_world_size=LWS)
-            out |= sent(r.join(conn, msg, peer_host="10.0.0.1", now=now), Roster)
+            out |= sent(r.join(conn, msg, peer_host="10.0.0.1", now=now), Placement)
             conn += 1
     return out
 

@@ -14,8 +14,8 @@ from shardwire.protocol.messages import (
     Leave,
     NodeAssignment,
     NodeJoin,
-    Roster,
 )
+from shardwire.protocol.placement import PeerPage, PeerQuery, Placement
 
 
 def rdzv(world: int | None = 4, **kw) -> Rendezvous:
@@ -34,7 +34,7 @@ def join(node: str = "a", local: int = 0, *, world: int = 4, lws: int = 2, rank=
 
 
 def rosters(actions) -> dict:
-    return {a.conn: a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, Roster)}
+    return {a.conn: a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, Placement)}
 
 
 def error_of(actions) -> Error:
@@ -54,16 +54,24 @@ def test_ranks_are_contiguous_per_node_in_node_id_order() -> None:
     r = rdzv()
     got = start(r, {1: join("b", 1), 2: join("a", 0), 3: join("b", 0), 4: join("a", 1)})
     assert {c: m.rank for c, m in got.items()} == {2: 0, 4: 1, 3: 2, 1: 3}
-    roster = got[1]
-    assert roster.generation == 1 and roster.world_size == 4
-    assert [(m.node_id, m.node_rank, m.local_rank) for m in roster.members] == [
-        ("a", 0, 0),
-        ("a", 0, 1),
-        ("b", 1, 0),
-        ("b", 1, 1),
+    place = got[1]
+    assert place.generation == 1 and place.world_size == 4
+    (page,) = [a.msg for a in r.peer_page(1, PeerQuery(offset=1, limit=3))]
+    assert isinstance(page, PeerPage) and page.offset == 1 and page.generation == 1
+    assert [(m.rank, m.node_id, m.node_rank, m.local_rank) for m in page.members] == [
+        (1, "a", 0, 1),
+        (2, "b", 1, 0),
+        (3, "b", 1, 1),
     ]
-    assert all(m.host == "10.0.0.9" for m in roster.members)
+    assert all(m.host == "10.0.0.9" for m in page.members)
     assert r.state is JobState.RUNNING
+
+
+def test_members_are_asked_by_workers_of_the_formed_job_only() -> None:
+    r = rdzv()
+    r.join(1, join("a", 0), peer_host="h", now=0)
+    assert error_of(r.peer_page(1, PeerQuery())).code == "bad_request"  # not formed yet
+    assert error_of(r.peer_page(9, PeerQuery())).code == "bad_request"  # not a worker
 
 
 def test_requested_ranks_fix_their_node() -> None:

@@ -10,7 +10,8 @@ import pytest
 from shardwire.coordinator import JobState
 from shardwire.protocol import PROTOCOL_VERSION, ClientHandshake, Token
 from shardwire.protocol.frames import MAGIC, PREFIX
-from shardwire.protocol.messages import Error, Join, Proof, Roster
+from shardwire.protocol.messages import Error, Join, Proof
+from shardwire.protocol.placement import Placement
 from tests.worker.cluster import TOKEN, coordinator
 
 from .rawclient import RawClient
@@ -30,24 +31,23 @@ async def test_256_workers_join_concurrently() -> None:
     world, lws = 256, 8
     async with coordinator(world) as server:
 
-        async def one(i: int) -> Roster:
+        async def one(i: int) -> Placement:
             client = await RawClient.open(server.address)
             try:
                 await client.authenticate(TOKEN)
                 client.send(join(f"node{i // lws:03d}", i % lws, world, lws))
                 msg = await client.recv(timeout=30)
-                assert isinstance(msg, Roster)
+                assert isinstance(msg, Placement)
                 return msg
             finally:
                 client.close()
 
         order = list(range(world))
         random.Random(0).shuffle(order)
-        rosters = await asyncio.gather(*(one(i) for i in order))
-        assert sorted(r.rank for r in rosters) == list(range(world))
-        for i, roster in zip(order, rosters, strict=True):
-            assert roster.rank == i  # node ids sort like their index here
-            assert len(roster.members) == world
+        placed = await asyncio.gather(*(one(i) for i in order))
+        assert sorted(p.rank for p in placed) == list(range(world))
+        for i, place in zip(order, placed, strict=True):
+            assert place.rank == i and place.world_size == world  # node ids sort like i
 
 
 async def test_wrong_token_admits_no_one() -> None:
@@ -123,7 +123,7 @@ async def test_keeps_serving_after_1000_malformed_connections() -> None:
         legit = await RawClient.open(server.address)
         await legit.authenticate(TOKEN)
         legit.send(join("a", 0, 1, 1))
-        assert isinstance(await legit.recv(), Roster)
+        assert isinstance(await legit.recv(), Placement)
 
 
 async def test_connections_over_the_unauthenticated_cap_are_closed_on_arrival() -> None:
@@ -150,7 +150,7 @@ async def test_connections_over_the_unauthenticated_cap_are_closed_on_arrival() 
         legit = await RawClient.open(server.address)
         await legit.authenticate(TOKEN)
         legit.send(join("a", 0, 1, 1))
-        assert isinstance(await legit.recv(), Roster)
+        assert isinstance(await legit.recv(), Placement)
         legit.close()
     finally:
         for client in idle:
@@ -194,7 +194,7 @@ async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() 
     idle = [await RawClient.open(server.address) for _ in range(4)]
     clients = [ControlClient(token=TOKEN, run_id="test", role="worker") for _ in range(world)]
 
-    async def one(i: int) -> Roster:
+    async def one(i: int) -> Placement:
         await clients[i].connect(*server.address, timeout=60)
         return await clients[i].join(join(f"node{i // lws:03d}", i % lws, world, lws), timeout=60)
 
@@ -255,7 +255,7 @@ async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> N
             client.send(join(f"host-with-a-long-name-{i // lws:04d}", i % lws, world, lws))
             joined.append(client)
         for client in joined:
-            assert isinstance(await client.recv(timeout=60), Roster)
+            assert isinstance(await client.recv(timeout=60), Placement)
         with pytest.raises(FrameTooLarge):  # one reply could not carry every row
             message_bytes(server.rendezvous.status(0.0))
         page = server.rendezvous.status(0.0, 600, STATUS_PAGE)
@@ -270,5 +270,30 @@ async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> N
         finally:
             await monitor.aclose()
         assert [r.rank for r in reply.ranks] == list(range(world)) and reply.total == world
+        for client in joined:
+            client.close()
+
+
+async def test_a_thousand_workers_form_a_job_with_no_message_growing_with_it() -> None:
+    from shardwire.protocol.placement import PEER_PAGE, PeerPage, PeerQuery
+
+    world, lws = 1000, 8
+    async with coordinator(world) as server:
+        joined = []
+        for i in range(world):
+            client = await RawClient.open(server.address)
+            await client.authenticate(TOKEN)
+            client.send(join(f"n{i // lws:04d}", i % lws, world, lws))
+            joined.append(client)
+        placed = [await c.recv(timeout=60) for c in joined]
+        assert sorted(p.rank for p in placed) == list(range(world))
+        asker, members = joined[-1], []
+        for offset in range(0, world, PEER_PAGE):
+            asker.send(PeerQuery(offset=offset))
+            page = await asker.recv(timeout=30)
+            assert isinstance(page, PeerPage) and len(page.members) <= PEER_PAGE
+            members += page.members
+        assert [m.rank for m in members] == list(range(world))
+        assert [m.port for m in members[:3]] == [2000, 2001, 2002]
         for client in joined:
             client.close()

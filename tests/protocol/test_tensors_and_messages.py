@@ -14,7 +14,8 @@ from shardwire.protocol import (
     tensors,
 )
 from shardwire.protocol.codec import unpack_meta
-from shardwire.protocol.messages import Abort, Join, Roster, decode_message, encode_message
+from shardwire.protocol.messages import Abort, Join, decode_message, encode_message
+from shardwire.protocol.placement import Placement
 
 
 def test_tensor_meta_round_trip() -> None:
@@ -125,4 +126,4 @@ def test_invalid_messages_are_protocol_errors(meta: dict) -> None:
 
 
 def test_roster_type() -> None:
-    assert Roster(rank=0, world_size=1, generation=1, members=[]).kind == "roster"
+    assert Placement(rank=0, world_size=1, generation=1).kind == "placement"

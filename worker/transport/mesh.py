@@ -35,13 +35,8 @@ from shardwire.protocol import (
 from shardwire.protocol.control import message_bytes
 from shardwire.protocol.decoder import StagePool
 from shardwire.protocol.fields import TRACEBACK_CHARS
-from shardwire.protocol.messages import (
-    Error,
-    Failure,
-    Hello,
-    Leave,
-    Roster,
-)
+from shardwire.protocol.messages import Error, Failure, Hello, Leave
+from shardwire.protocol.placement import Roster
 from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES, ArenaSettings
 from shardwire.worker.transport.base import Place, Transport
 from shardwire.worker.transport.framing import HANG_UP_GRACE

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from shardwire.protocol import Token
-from shardwire.protocol.messages import Member, Roster
+from shardwire.protocol.placement import Member, Roster
 from shardwire.worker.transport import MemoryHub, MeshConfig, TcpMesh, Transport
 
 TOKEN = Token("test-token")
