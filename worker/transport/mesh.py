@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -27,6 +29,7 @@ from shardwire.protocol import (
     JobAborted,
     PeerFailed,
     ProtocolError,
+    RendezvousError,
     ServerHandshake,
     ShardwireError,
     TensorMeta,
@@ -46,10 +49,15 @@ from shardwire.worker.transport.poll import default_budget, usable_cpus
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
 
 
+_BUSY = message_bytes(Error(code="busy", message="too many handshakes under way; retry"))
+
+
 class _Refused(asyncio.Protocol):
-    """Closes a connection over the listener's unauthenticated limit on arrival."""
+    """Closes a connection over the listener's unauthenticated limit on arrival, saying
+    so: the dialer retries (a thousand ranks dialling rank 0 at once is normal)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.WriteTransport, transport).write(_BUSY)  # uvloop's is not a subclass
         transport.close()
 
 
@@ -201,6 +209,19 @@ class TcpMesh(Transport):
             raise ConnectFailed(f"rank {self.rank}: {first}") from first
 
     async def _dial(self, peer: int, host: str, port: int) -> None:
+        """Connect to ``peer``; a "busy" refusal (its listener is in many handshakes) is
+        retried with spread backoff, inside the caller's connect timeout."""
+        delay = 0.05
+        while True:
+            try:
+                return await self._dial_once(peer, host, port)
+            except RendezvousError as exc:
+                if exc.code != "busy":
+                    raise
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+
+    async def _dial_once(self, peer: int, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         shake = ClientHandshake(
             self.config.token,

@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 
 from shardwire.protocol import ClientHandshake, Tag
+from shardwire.protocol.messages import Error
 from shardwire.worker.transport import MeshConfig, TcpMesh
 from tests.coordinator.rawclient import RawClient
 
@@ -36,6 +37,8 @@ async def test_connections_over_the_cap_are_closed_and_peers_still_connect() -> 
         ports = [await m.listen() for m in meshes]
         idle = [await RawClient.open(("127.0.0.1", ports[0])) for _ in range(4)]
         extra = await RawClient.open(("127.0.0.1", ports[0]))
+        busy = await extra.recv(timeout=5)  # told why, so that a dialling rank retries
+        assert isinstance(busy, Error) and busy.code == "busy"
         assert await extra.closed_by_server(timeout=5)
         for client in idle:  # the deadline frees their slots
             assert await client.closed_by_server(timeout=5)
@@ -48,6 +51,28 @@ async def test_connections_over_the_cap_are_closed_and_peers_still_connect() -> 
     finally:
         for client in idle:
             client.close()
+        for m in meshes:
+            await m.aclose()
+
+
+async def test_ranks_dialling_a_listener_in_too_many_handshakes_retry_until_in() -> None:
+    n = 12
+    meshes = [_mesh(max_unauthenticated=1, handshake_timeout=1.0, connect_timeout=60)]
+    meshes += [_mesh(connect_timeout=60) for _ in range(n - 1)]
+    idle: RawClient | None = None
+    try:
+        ports = [await m.listen() for m in meshes]
+        idle = await RawClient.open(("127.0.0.1", ports[0]))  # holds rank 0's one slot
+        async with asyncio.timeout(60):  # every first dial to rank 0 is told "busy"
+            await asyncio.gather(*(m.connect(roster_for(ports, r)) for r, m in enumerate(meshes)))
+        got = await asyncio.gather(
+            *(meshes[0].recv(r, tag=Tag(0, r)) for r in range(1, n)),
+            *(meshes[r].send(0, np.array([r]), tag=Tag(0, r)) for r in range(1, n)),
+        )
+        assert [int(x[0]) for x in got[: n - 1]] == list(range(1, n))
+    finally:
+        if idle is not None:
+            idle.close()
         for m in meshes:
             await m.aclose()
 
