@@ -173,8 +173,16 @@ class Rendezvous(Lifecycle):
         worker = self._workers.get(conn)
         if worker is None or worker.rank < 0 or not self._members:
             return refuse(conn, "bad_request", "members are asked by a worker of a formed job")
-        page = self._members[msg.offset : msg.offset + msg.limit]
-        return [Send(conn, PeerPage(generation=self.generation, offset=msg.offset, members=page))]
+        key = (self.generation, msg.offset, msg.limit)
+        page = self._pages.get(key)
+        if page is None:  # every worker asks for the same pages: made (and encoded) once
+            if len(self._pages) > 64:
+                self._pages.clear()
+            members = self._members[msg.offset : msg.offset + msg.limit]
+            page = self._pages[key] = PeerPage(
+                generation=self.generation, offset=msg.offset, members=members
+            )
+        return [Send(conn, page)]
 
     def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
         worker = self._workers.get(conn)

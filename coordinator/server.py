@@ -122,6 +122,7 @@ class CoordinatorServer:
         self.done = asyncio.Event()
         self._closing = False
         self._unauthenticated = 0
+        self._encoded: dict[int, tuple[Message, bytes]] = {}  # recent messages' encodings
         self._refusals = RefusalLog()
         self.address: tuple[str, int] = ("", 0)
 
@@ -184,7 +185,9 @@ class CoordinatorServer:
             self.done.set()
 
     def _apply(self, actions: list[Action]) -> None:
-        encoded: dict[int, bytes] = {}  # one message sent to many (an abort) is encoded once
+        encoded = self._encoded  # one message sent to many (an abort, a page) encoded once
+        if len(encoded) > 64:
+            encoded.clear()
         for action in actions:
             match action:
                 case Notice(text=text):
@@ -192,10 +195,10 @@ class CoordinatorServer:
                 case Send(conn=conn_id, msg=msg) if conn_id in self._conns:
                     if isinstance(msg, Error):
                         self._refused(self._conns[conn_id].peer_host, msg.code, msg.message)
-                    data = encoded.get(id(msg))
-                    if data is None:
-                        data = encoded[id(msg)] = message_bytes(msg)
-                    self._conns[conn_id].send(msg, data)
+                    known = encoded.get(id(msg))
+                    if known is None or known[0] is not msg:  # held: its id is not reused
+                        known = encoded[id(msg)] = (msg, message_bytes(msg))
+                    self._conns[conn_id].send(msg, known[1])
                 case Close(conn=conn_id) if conn_id in self._conns:
                     self._conns[conn_id].writer.close()
         if self.rendezvous.state in (JobState.FINISHED, JobState.FAILED):

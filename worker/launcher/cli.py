@@ -98,8 +98,12 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _bench(argv: list[str]) -> int:
+    if argv[:1] == ["rendezvous"]:
+        from shardwire.worker.bench.rendezvous import main as rendezvous_main
+
+        return rendezvous_main(argv[1:])
     if argv[:1] != ["collectives"]:
-        print("usage: shardwire bench collectives [--help]", file=sys.stderr)
+        print("usage: shardwire bench {collectives,rendezvous} [--help]", file=sys.stderr)
         return 2
     from shardwire.worker.bench.collectives import main as bench_main
 

@@ -1,0 +1,197 @@
+"""``shardwire bench rendezvous``: how fast a coordinator admits a job of N workers.
+
+    shardwire bench rendezvous [--workers 1000] [--processes 4] [--per-node 8] [--json OUT]
+
+A real coordinator runs as its own process (``python -m shardwire.coordinator``); the
+workers are simulated by ``--processes`` client processes, each running its share of
+the workers as real control clients in one event loop (handshake, join, placement, the
+member pages). Each simulated worker times its own join, from dialling to holding every
+member; then all leave cleanly and the coordinator exits. Printed and written as JSON:
+
+* ``rendezvous_s``: first dial to the last worker holding the whole member list;
+* ``join_p50_s`` / ``join_p99_s``: one worker's dial-to-members time;
+* ``coordinator_cpu_s``: the coordinator's CPU time over the whole run (``/proc``);
+* ``coordinator_peak_rss_mib``: its peak resident memory (``VmHWM``).
+
+Nothing here asserts a speed: the figures are for comparing runs on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
+
+
+async def _workers(port: int, first: int, count: int, world: int, lws: int) -> None:
+    """Run workers ``first`` .. ``first + count - 1`` and print their join times (the
+    token comes in SHARDWIRE_TOKEN, never on a command line)."""
+    token = os.environ["SHARDWIRE_TOKEN"]
+    from shardwire.protocol import Token
+    from shardwire.protocol.messages import Join
+    from shardwire.worker.control import ControlClient
+
+    clients = [
+        ControlClient(token=Token(token), run_id="bench", role="worker") for _ in range(count)
+    ]
+
+    async def one(i: int) -> tuple[float, float]:
+        rank = first + i
+        start = time.time()
+        client = clients[i]
+        await client.connect("127.0.0.1", port, timeout=_TIMEOUT)
+        client.start_heartbeats(1.0)  # from the connection on, as a worker's control thread
+        msg = Join(
+            world_size=world,
+            node_id=f"node-{rank // lws:06d}",
+            local_rank=rank % lws,
+            local_world_size=lws,
+            listen_port=10000 + rank % 50000,
+        )
+        roster = await client.join(msg, timeout=_TIMEOUT)
+        done = time.time()
+        assert len(roster.members) == world
+        return start, done
+
+    try:
+        times = await asyncio.gather(*(one(i) for i in range(count)))
+        print(json.dumps(times), flush=True)
+        sys.stdin.readline()  # the driver says when every worker has its members
+        for client in clients:
+            client.leave()
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def _proc_stats(pid: int) -> tuple[float, float]:
+    """(CPU seconds, peak RSS MiB) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    hwm = 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            hwm = int(line.split()[1]) / 1024
+    return cpu, hwm
+
+
+def measure(workers: int, processes: int, lws: int) -> dict:
+    """One run: a coordinator and ``processes`` client processes for ``workers``."""
+    if workers < 1 or workers % lws:
+        raise ValueError(f"{workers} workers do not fill nodes of {lws}")
+    token = secrets.token_hex(16)
+    env = {**os.environ, "SHARDWIRE_TOKEN": token}
+    with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
+        port_file = Path(tmp) / "port"
+        coordinator = subprocess.Popen(
+            [sys.executable, "-m", "shardwire.coordinator", "--port", "0", "--port-file",
+             str(port_file), "--world-size", str(workers), "--run-id", "bench",
+             "--http-port", "-1", "--log-level", "WARNING"],
+            env=env, stdout=subprocess.DEVNULL, stderr=(Path(tmp) / "log").open("w"),
+        )  # fmt: skip
+        clients: list[subprocess.Popen] = []
+        try:
+            deadline = time.monotonic() + 60
+            while not port_file.exists() or not port_file.read_text().strip():
+                if coordinator.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark's coordinator did not start")
+                time.sleep(0.02)
+            port = int(port_file.read_text())
+            share = -(-workers // processes)
+            for first in range(0, workers, share):
+                count = min(share, workers - first)
+                clients.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "shardwire.worker.bench.rendezvous",
+                            "--client",
+                            str(port),
+                            str(first),
+                            str(count),
+                            str(workers),
+                            str(lws),
+                        ],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        env=env,
+                    )  # fmt: skip
+                )
+            times: list[tuple[float, float]] = []
+            for client in clients:
+                assert client.stdout is not None
+                line = client.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"a client process failed (exit {client.wait(60)})")
+                times += [tuple(t) for t in json.loads(line)]
+            cpu, rss = _proc_stats(coordinator.pid)
+            for client in clients:
+                assert client.stdin is not None
+                client.stdin.write("\n")
+                client.stdin.flush()
+            for client in clients:
+                client.wait(timeout=_TIMEOUT)
+            coordinator.wait(timeout=60)
+            log = (Path(tmp) / "log").read_text().strip().splitlines()
+        finally:
+            for proc in [*clients, coordinator]:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+    joins = sorted(end - start for start, end in times)
+    return {
+        "workers": workers,
+        "processes": len(clients),
+        "rendezvous_s": max(e for _, e in times) - min(s for s, _ in times),
+        "join_p50_s": statistics.median(joins),
+        "join_p99_s": joins[min(len(joins) - 1, int(0.99 * len(joins)))],
+        "coordinator_cpu_s": cpu,
+        "coordinator_peak_rss_mib": rss,
+        "coordinator_exit": coordinator.returncode,
+        "coordinator_last_line": log[-1] if log else "",
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="shardwire bench rendezvous", description=__doc__)
+    p.add_argument("--workers", type=int, nargs="+", default=[1000])
+    p.add_argument("--processes", type=int, default=4, help="client processes")
+    p.add_argument("--per-node", type=int, default=8, help="simulated workers per node")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    results = []
+    print("| workers | rendezvous (s) | join p50 (s) | join p99 (s) | coordinator CPU (s) | "
+          "coordinator peak RSS (MiB) |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for n in args.workers:
+        r = measure(n, args.processes, args.per_node)
+        results.append(r)
+        print(
+            f"| {n} | {r['rendezvous_s']:.2f} | {r['join_p50_s']:.2f} | {r['join_p99_s']:.2f} "
+            f"| {r['coordinator_cpu_s']:.2f} | {r['coordinator_peak_rss_mib']:.0f} |",
+            flush=True,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--client"]:
+        port, first, count, world, lws = (int(x) for x in sys.argv[2:7])
+        asyncio.run(_workers(port, first, count, world, lws))
+    else:
+        sys.exit(main(sys.argv[1:]))
