@@ -23,6 +23,7 @@ import numpy as np
 
 from shardwire.protocol import ShardwireError
 from shardwire.worker.collectives import Group
+from shardwire.worker.collectives.agree import differing_from_root
 from shardwire.worker.compression import Codec
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import Optimizer
@@ -67,11 +68,11 @@ class Aggregator:
                 f"{len(signature)} now (or their shapes or dtypes)"
             )
         if self.group is not None and self.group.size > 1:
-            everyone = await self.group.all_gather_object([list(map(list, signature))])
-            differ = [r for r, s in enumerate(everyone) if s != everyone[0]]
-            if differ:
+            differ, count = await differing_from_root(self.group, signature)
+            if count:
+                more = f" and {count - len(differ)} more" if count > len(differ) else ""
                 raise AggregationError(
-                    f"ranks {differ} bring other gradients (shapes or dtypes) than rank 0"
+                    f"ranks {differ}{more} bring other gradients (shapes or dtypes) than rank 0"
                 )
         self._signature = signature
 

@@ -56,13 +56,27 @@ async def test_a_local_aggregator_is_for_one_process() -> None:
     assert all(np.array_equal(a, b) and a is not b for a, b in zip(out, grads, strict=True))
 
 
-async def test_mismatched_gradient_lists_are_refused_on_every_rank() -> None:
-    async with group_world("memory", 2) as groups:
+async def test_mismatched_gradient_lists_are_refused_on_every_rank_naming_the_rank() -> None:
+    async with group_world("memory", 3) as groups:
         aggs = [AllReduceAggregator(g) for g in groups]
         results = await asyncio.gather(
-            aggs[0].aggregate(_grads(0)), aggs[1].aggregate(_grads(1)[:1]), return_exceptions=True
+            aggs[0].aggregate(_grads(0)),
+            aggs[1].aggregate(_grads(1)),
+            aggs[2].aggregate(_grads(2)[:1]),
+            return_exceptions=True,
         )
-    assert all(isinstance(r, AggregationError) for r in results), results
+    assert all(isinstance(r, AggregationError) and "ranks [2] bring" in str(r) for r in results)
+
+
+async def test_ranks_differing_from_rank_0_are_named_the_same_everywhere() -> None:
+    from shardwire.worker.collectives.agree import SHOWN, differing_from_root
+
+    async with group_world("memory", 20) as groups:
+        got = await on_all(groups, lambda g: differing_from_root(g, (1, 2) if g.rank < 2 else [3]))
+    assert got == [(list(range(2, 2 + SHOWN)), 18)] * 20
+    async with group_world("memory", 3) as groups:  # a tuple and a list are alike
+        got = await on_all(groups, lambda g: differing_from_root(g, (1, 2) if g.rank else [1, 2]))
+    assert got == [([], 0)] * 3
 
 
 def _model() -> Sequential:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from shardwire.worker.collectives import Group
+from shardwire.worker.collectives.agree import differing_from_root
 from shardwire.worker.fsdp import checkpoint, memory
 from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
@@ -102,12 +103,11 @@ class FSDP:
         if "strategy" in options:
             options["strategy"] = Strategy(options["strategy"])
         config = FSDPConfig(**options)
-        mine = fingerprint(model)
-        everyone = await group.all_gather_object(mine)
-        differ = [r for r, fp in enumerate(everyone) if fp != everyone[0]]
-        if differ:
+        differ, count = await differing_from_root(group, fingerprint(model))
+        if count:
+            more = f" and {count - len(differ)} more" if count > len(differ) else ""
             raise FSDPError(
-                f"model on rank(s) {differ} differs from rank 0's (parameter "
+                f"model on rank(s) {differ}{more} differs from rank 0's (parameter "
                 "names, shapes or dtypes); build the same model everywhere"
             )
         return cls(model, group, optimizer=optimizer, config=config)
