@@ -239,6 +239,18 @@ def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
     assert all(w.data == [encode(abort)] for w in writers)
 
 
+async def _join_all(server, world: int, lws: int, prefix: str) -> tuple[list[RawClient], list]:
+    """``world`` raw workers joined on nodes ``prefix0000``...; their clients and what each
+    received (the placement, once the job formed)."""
+    joined = []
+    for i in range(world):
+        client = await RawClient.open(server.address)
+        await client.authenticate(TOKEN)
+        client.send(join(f"{prefix}{i // lws:04d}", i % lws, world, lws))
+        joined.append(client)
+    return joined, [await c.recv(timeout=60) for c in joined]
+
+
 async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> None:
     from shardwire.protocol import FrameTooLarge
     from shardwire.protocol.control import message_bytes
@@ -248,14 +260,8 @@ async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> N
 
     world, lws = 700, 10
     async with coordinator(world) as server:
-        joined = []
-        for i in range(world):
-            client = await RawClient.open(server.address)
-            await client.authenticate(TOKEN)
-            client.send(join(f"host-with-a-long-name-{i // lws:04d}", i % lws, world, lws))
-            joined.append(client)
-        for client in joined:
-            assert isinstance(await client.recv(timeout=60), Placement)
+        joined, placed = await _join_all(server, world, lws, "host-with-a-long-name-")
+        assert all(isinstance(p, Placement) for p in placed)
         with pytest.raises(FrameTooLarge):  # one reply could not carry every row
             message_bytes(server.rendezvous.status(0.0))
         page = server.rendezvous.status(0.0, 600, STATUS_PAGE)
@@ -279,13 +285,7 @@ async def test_a_thousand_workers_form_a_job_with_no_message_growing_with_it() -
 
     world, lws = 1000, 8
     async with coordinator(world) as server:
-        joined = []
-        for i in range(world):
-            client = await RawClient.open(server.address)
-            await client.authenticate(TOKEN)
-            client.send(join(f"n{i // lws:04d}", i % lws, world, lws))
-            joined.append(client)
-        placed = [await c.recv(timeout=60) for c in joined]
+        joined, placed = await _join_all(server, world, lws, "n")
         assert sorted(p.rank for p in placed) == list(range(world))
         asker, members = joined[-1], []
         for offset in range(0, world, PEER_PAGE):

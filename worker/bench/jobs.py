@@ -31,6 +31,17 @@ def run_job(script: str, nproc: int, *args: str, timeout: float = 3600) -> Any:
         return json.loads(out.read_text())
 
 
+def coordinator_port(port_file: Path, coordinator: subprocess.Popen, limit: float = 60) -> int:
+    """The port a benchmark's coordinator wrote to ``port_file`` (waits up to ``limit`` s;
+    raises if it exits first)."""
+    deadline = time.monotonic() + limit
+    while not port_file.exists() or not port_file.read_text().strip():
+        if coordinator.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the benchmark's coordinator did not start")
+        time.sleep(0.02)
+    return int(port_file.read_text())
+
+
 def run_nodes(
     module_args: list[str], nproc: int, nodes: int, env: dict[str, str], *, timeout: float = 3600
 ) -> None:
@@ -50,12 +61,7 @@ def run_nodes(
         )  # fmt: skip
         agents: list[subprocess.Popen] = []
         try:
-            deadline = time.monotonic() + 60
-            while not port_file.exists() or not port_file.read_text().strip():
-                if coordinator.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the benchmark's coordinator did not start")
-                time.sleep(0.05)
-            address = f"127.0.0.1:{port_file.read_text().strip()}"
+            address = f"127.0.0.1:{coordinator_port(port_file, coordinator)}"
             agents = [
                 subprocess.Popen(
                     [

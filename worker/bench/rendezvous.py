@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shardwire.worker.bench.jobs import coordinator_port
+
 _TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
 
 
@@ -102,12 +104,7 @@ def measure(workers: int, processes: int, lws: int) -> dict:
         )  # fmt: skip
         clients: list[subprocess.Popen] = []
         try:
-            deadline = time.monotonic() + 60
-            while not port_file.exists() or not port_file.read_text().strip():
-                if coordinator.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the benchmark's coordinator did not start")
-                time.sleep(0.02)
-            port = int(port_file.read_text())
+            port = coordinator_port(port_file, coordinator)
             share = -(-workers // processes)
             for first in range(0, workers, share):
                 count = min(share, workers - first)
