@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from shardwire.worker.arena.board import Board
 from shardwire.worker.arena.gate import GateState
 from shardwire.worker.arena.region import Geometry, Region, run_prefix, segment_names
 from shardwire.worker.collectives import Group, ReduceOp
-from tests.worker.collectives.worlds import on_all
+from tests.worker.collectives.worlds import groups_over, on_all
 from tests.worker.transport.fabric import tcp_world
 
 
@@ -36,15 +35,10 @@ def _nothing_left():
     assert mapped() == []
 
 
-@contextlib.asynccontextmanager
-async def arena_groups(n: int, *, timeout: float = 20.0, **config) -> AsyncIterator[list[Group]]:
-    async with tcp_world(n, arena=True, timeout=timeout, **config) as meshes:
-        groups = [Group(m, timeout=timeout) for m in meshes]
-        try:
-            yield groups
-        finally:
-            for g in groups:
-                await g.aclose()
+def arena_groups(
+    n: int, *, timeout: float = 20.0, **config
+) -> contextlib.AbstractAsyncContextManager[list[Group]]:
+    return groups_over(tcp_world(n, arena=True, timeout=timeout, **config), timeout)
 
 
 def _inputs(n: int, count: int, dtype: str = "float64", salt: int = 0) -> list[np.ndarray]:

@@ -14,14 +14,23 @@ KINDS = sorted(WORLDS)
 
 
 @contextlib.asynccontextmanager
-async def group_world(kind: str, n: int, *, timeout: float = 20.0) -> AsyncIterator[list[Group]]:
-    async with {**WORLDS, **EXTRA_WORLDS}[kind](n, timeout=timeout) as transports:
+async def groups_over(
+    world: contextlib.AbstractAsyncContextManager, timeout: float
+) -> AsyncIterator[list[Group]]:
+    """One group per transport of ``world`` (entered here), all closed on the way out."""
+    async with world as transports:
         groups = [Group(t, timeout=timeout) for t in transports]
         try:
             yield groups
         finally:
             for g in groups:
                 await g.aclose()
+
+
+def group_world(
+    kind: str, n: int, *, timeout: float = 20.0
+) -> contextlib.AbstractAsyncContextManager[list[Group]]:
+    return groups_over({**WORLDS, **EXTRA_WORLDS}[kind](n, timeout=timeout), timeout)
 
 
 async def on_all(groups: list[Group], fn: Callable[[Group], Awaitable[Any]]) -> list[Any]:
