@@ -8,12 +8,14 @@ order, and if it cannot open each of them runs its TCP algorithm instead.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import math
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from shardwire.protocol import ShardwireError
 from shardwire.worker.arena.arena import ArenaSettings, NodeArena, open_arena
 from shardwire.worker.arena.engine import Job
 from shardwire.worker.arena.programs import Context, Program
@@ -63,6 +65,7 @@ class Gate:
         self._what = what
         self._pending: list[Ticket] = []
         self._opening: Any = None  # the Work of the opening exchange
+        self._failure: BaseException | None = None  # why opening failed
 
     def enqueue(self, call: Any, build: Callable[[Context], Program], limit: float) -> Ticket:
         """Place ``call`` (just made) in the arena's order."""
@@ -90,7 +93,7 @@ class Gate:
             await self._opening.wait()
         if ticket.job is None:
             if self.state is GateState.FAILED:
-                await self._opening.wait()  # raises why opening failed
+                raise self._failure or RuntimeError(f"{self._what}: the arena is closed")
             return False
         assert self.arena is not None
         try:
@@ -103,10 +106,14 @@ class Gate:
     async def _open(self, call: Any) -> None:
         try:
             arena = await open_arena(call, self.settings, self._what)
-        except BaseException:
+        except BaseException as exc:  # kept for the calls that wait: nobody may await this
             self.state = GateState.FAILED
             self._pending.clear()
-            raise
+            if isinstance(exc, asyncio.CancelledError):
+                self._failure = ShardwireError(f"{self._what}: opening the arena was cancelled")
+                raise
+            self._failure = exc
+            return
         self.arena = arena
         self.state = GateState.OPEN if arena is not None else GateState.UNAVAILABLE
         for ticket in self._pending:
