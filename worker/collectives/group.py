@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardwire.worker.arena import programs
-from shardwire.worker.collectives import ring, small
+from shardwire.worker.collectives import bruck, ring, small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import Pending, group_id_for
@@ -102,6 +102,8 @@ class Group(Movement):
                 finish(op, buf, c.size)
             elif how == "ring":
                 await ring.all_reduce(c, buf, op)
+            elif how == "bruck":
+                await bruck.all_reduce(c, buf, op)
             return target
 
         plan = (lambda ctx: programs.all_reduce(ctx, buf, op, self.size), target)
@@ -152,9 +154,10 @@ class Group(Movement):
                 np.copyto(acc, got[0] if c.rank else parts[0])
                 for p in range(1, c.size):
                     combine(op, acc, got[p] if p != c.rank else parts[p], out=acc)
-            elif how == "ring":
+            elif how in ("ring", "bruck"):
                 acc = c.scratch(src.size, src.dtype)
-                await ring.reduce_scatter(c, src, acc, segs, op)
+                scatter = ring.reduce_scatter if how == "ring" else bruck.reduce_scatter
+                await scatter(c, src, acc, segs, op)
                 np.copyto(result.reshape(-1), acc[a:b])
             else:
                 np.copyto(result.reshape(-1), src[a:b])
@@ -254,6 +257,8 @@ class Group(Movement):
                 await small.exchange(c, dict.fromkeys(range(c.size), mine), incoming)
             elif how == "ring":
                 await ring.all_gather(c, buf, segs)
+            elif how == "bruck":
+                await bruck.all_gather(c, buf, segs)
             return result
 
         parts = [buf[s:e] for s, e in segs]

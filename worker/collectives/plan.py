@@ -24,9 +24,9 @@ Every data frame is routed by ``Tag(group, seq, step)``:
 * ``seq``: the call's sequence number in its group, from 1, taken when the call is made.
   Point-to-point messages of a group use ``P2P_BASE + tag`` (user tags below 2**40), far
   above any collective's sequence number.
-* ``step``: the message's place within the call. Ring algorithms number their chunk
-  messages from 0; a call's second phase (the all-gather half of a large all_reduce,
-  the gather of a large reduce) starts at ``GATHER_STEP``.
+* ``step``: the message's place within the call. Ring and Bruck algorithms number their
+  messages from 0 (Bruck's all_gather from 2^20); a call's second phase (the all-gather
+  half of a large all_reduce, the gather of a large reduce) starts at ``GATHER_STEP``.
 * ``seq`` 0 of a group carries poison notices (op ``__poison__``): one rank's error for
   the whole group, relayed so that every member fails the same way.
 """
@@ -45,27 +45,37 @@ P2P_BASE = 1 << 40
 # 2.7-2.9, 12.6-14.1 and 47-49 ms); over TCP only, 16 MiB 19.8 vs 28.0 ms and 64 MiB
 # 62.9 vs 92.8 ms.
 GATHER_STEP = 1 << 30
+# Scale: a direct exchange connects a rank to every other, so only small groups use it;
+# a ring moves nbytes/size per hop in 2(size - 1) hops, so it is used only while a hop
+# carries at least RING_MIN_HOP bytes. Otherwise the logarithmic algorithms of
+# ``collectives.bruck`` run (ceil(log2 n) rounds, peers at distances 2^k). At 8 ranks
+# and below nothing changed: the ring's hops there are at least 64 KiB above the
+# small-size thresholds.
+DIRECT_MAX = 8
+RING_MIN_HOP = 64 * 1024
 TIERED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
 def choose(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: bool = False) -> str:
-    """The algorithm a call of ``op`` moving ``nbytes`` per rank uses in a group of ``size``:
-    local, doubling, ring, direct, tree or chain; tiers for the four ops that a group
-    laid out over several nodes (``nodes``) runs hierarchically (``collectives.tiers``).
-    ``crowded``: this node runs more ranks than it has CPUs (see CROWDED_BROADCAST)."""
+    """The algorithm a call of ``op`` moving ``nbytes`` (the whole buffer) uses in a group
+    of ``size``: local, doubling, ring, bruck, direct, tree or chain; tiers for the four
+    ops that a group laid out over several nodes (``nodes``) runs hierarchically
+    (``collectives.tiers``). ``crowded``: this node runs more ranks than it has CPUs
+    (see CROWDED_BROADCAST)."""
     if size == 1:
         return "local"
     if nodes and op in TIERED:
         return "tiers"
+    ring = nbytes // size >= RING_MIN_HOP  # else a ring is many hops of a few bytes
     if op in ("all_reduce", "reduce"):
         small = "doubling" if op == "all_reduce" else "tree"
-        if nbytes <= ALL_REDUCE_SMALL:
+        if nbytes <= ALL_REDUCE_SMALL or (op == "reduce" and not ring):
             return small
-        return "ring"
+        return "ring" if ring else "bruck"
     if op in ("all_gather", "reduce_scatter"):
-        if nbytes <= EXCHANGE_SMALL:
+        if nbytes <= EXCHANGE_SMALL and size <= DIRECT_MAX:
             return "direct"
-        return "ring"
+        return "ring" if ring else "bruck"
     if op == "broadcast":
         return "tree" if nbytes <= BROADCAST_SMALL or crowded else "chain"
     return "direct"

@@ -27,6 +27,13 @@ class MemoryHub:
         self._timeout = timeout
         self._max_early = max_early_bytes
         self._endpoints: dict[int, MemoryTransport] = {}
+        # Every pair of ranks that exchanged a message: the connections a TCP mesh would
+        # have opened for the same traffic (it connects on first use).
+        self.pairs: set[tuple[int, int]] = set()
+
+    def links(self, rank: int) -> int:
+        """How many peers ``rank`` has exchanged messages with."""
+        return sum(1 for pair in self.pairs if rank in pair)
 
     def endpoint(self, rank: int) -> MemoryTransport:
         if rank in self._endpoints:
@@ -56,6 +63,7 @@ class MemoryTransport(Transport):
         self._space.set()
 
     def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
+        self._hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
         peer = self._hub.peer(dst)
         if peer._closed:
             raise PeerFailed(rank=dst, reason="endpoint closed")
@@ -65,6 +73,7 @@ class MemoryTransport(Transport):
         return None
 
     def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+        self._hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
         self._hub.peer(dst).mailbox.deliver(meta, array)
 
     async def _deliver_later(

@@ -1,0 +1,90 @@
+"""Collectives for many ranks: the logarithmic algorithms against the numpy oracle, and
+how many peers each rank talks to at 1,024 ranks (the connections a TCP rank opens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardwire.worker.collectives import Group, ReduceOp
+from shardwire.worker.collectives.plan import choose
+from shardwire.worker.transport import MemoryHub
+
+from .test_oracle import check, data, oracle, valid_ops
+from .worlds import group_world, on_all
+
+# 150,000 float32 (586 KiB): above the small all_reduce, below a ring's 64 KiB hops at
+# 11 to 16 ranks, so all_reduce takes the Bruck path there.
+MID = 150_000
+
+
+@pytest.mark.parametrize("kind", ["memory", "tcp"])
+@pytest.mark.parametrize("n", [11, 13, 16])
+async def test_logarithmic_algorithms_match_the_oracle(kind: str, n: int) -> None:
+    assert choose("all_reduce", MID * 4, n) == "bruck"
+    assert choose("all_gather", 1000, n) == choose("reduce_scatter", 1000, n) == "bruck"
+    async with group_world(kind, n) as groups:
+        for salt, (dtype, op) in enumerate(
+            [("float32", o) for o in valid_ops("float32")] + [("int32", ReduceOp.BXOR)]
+        ):
+            inputs = [data(r, MID, dtype, salt) for r in range(n)]
+            outs = await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy(), op))
+            for rank, got in enumerate(outs):
+                check(got, oracle(inputs, op), f"{kind} n={n} all_reduce {dtype} {op} {rank}")
+            assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+        for salt, sizes in enumerate([[3] * n, [0] * n, [r % 4 for r in range(n)]]):
+            inputs = [data(r, sum(sizes), "float32", salt, (5,)) for r in range(n)]
+            full, cut = oracle(inputs, ReduceOp.SUM), np.cumsum([0, *sizes])
+            outs = await on_all(groups, lambda g: g.reduce_scatter(inputs[g.rank], sizes=sizes))
+            for r, got in enumerate(outs):
+                check(got, full[cut[r] : cut[r + 1]], f"{kind} n={n} sizes={sizes} rank {r}")
+            parts = [data(r, sizes[r], "int64", salt, (2,)) for r in range(n)]
+            outs = await on_all(groups, lambda g: g.all_gather(parts[g.rank], sizes=sizes))
+            for r, got in enumerate(outs):
+                check(got, np.concatenate(parts), f"{kind} n={n} all_gather {sizes} rank {r}")
+
+
+N = 1024
+LOG_BOUND = 2 * (N - 1).bit_length()  # peers at distances ±2^k: 20 at 1,024 ranks
+
+
+def test_large_groups_leave_rings_of_tiny_hops_and_direct_exchanges() -> None:
+    assert choose("all_reduce", 1 << 20, N) == "bruck"  # not 2,046 hops of 512 bytes
+    assert choose("all_reduce", 1 << 30, N) == "ring"  # 1 MiB hops
+    assert choose("all_gather", 1 << 20, N) == choose("reduce_scatter", 1 << 20, N) == "bruck"
+    assert choose("all_gather", 1 << 20, 8) == "direct"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        ("all_reduce", lambda g: g.all_reduce(np.full(64, g.rank, np.int64))),  # doubling
+        ("all_reduce", lambda g: g.all_reduce(np.full(70_000, g.rank % 7, np.float64))),
+        ("all_gather", lambda g: g.all_gather(np.full(2, g.rank, np.int32))),
+        ("reduce_scatter", lambda g: g.reduce_scatter(np.ones(2 * N, np.float32))),
+        ("barrier", lambda g: g.barrier()),
+    ],
+    ids=["all_reduce-small", "all_reduce-mid", "all_gather", "reduce_scatter", "barrier"],
+)
+async def test_at_1024_ranks_each_rank_talks_to_a_logarithmic_number_of_peers(call) -> None:
+    name, run = call
+    hub = MemoryHub(N, timeout=120)
+    groups = [Group(hub.endpoint(r), timeout=120) for r in range(N)]
+    try:
+        outs = await on_all(groups, run)
+    finally:
+        for g in groups:
+            await g.aclose()
+        for g in groups:
+            await g.transport.aclose()
+    links = [0] * N
+    for a, b in hub.pairs:
+        links[a] += 1
+        links[b] += 1
+    assert max(links) <= LOG_BOUND, (name, max(links))
+    if name == "all_reduce":
+        assert outs[0][0] == outs[-1][0] == sum(r % 7 if outs[0].size > 64 else r for r in range(N))
+    elif name == "all_gather":
+        assert outs[5].tolist() == [r for r in range(N) for _ in range(2)]
+    elif name == "reduce_scatter":
+        assert outs[7].tolist() == [float(N)] * 2
