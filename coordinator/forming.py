@@ -37,7 +37,7 @@ def assignments(
 def placements(
     workers: Collection[Worker], shape: Shape, generation: int
 ) -> tuple[list[Member], list[Action]]:
-    """The members by rank (served page by page on request) and every worker's placement
+    """The members by rank (served on request, a few at a time) and every worker's placement
     (their ranks are assigned): a few numbers each, whatever the job's size."""
     lws = shape.local_world_size
     members = sorted(
@@ -55,7 +55,17 @@ def placements(
         key=lambda m: m.rank,
     )
     sends: list[Action] = [
-        Send(w.conn, Placement(rank=w.rank, world_size=shape.world_size, generation=generation))
+        Send(
+            w.conn,
+            Placement(
+                rank=w.rank,
+                world_size=shape.world_size,
+                generation=generation,
+                local_rank=w.join.local_rank,
+                local_world_size=lws,
+                node_rank=w.rank // lws,
+            ),
+        )
         for w in workers
     ]
     return members, sends

@@ -29,7 +29,7 @@ from shardwire.coordinator.state import (
     Worker,
 )
 from shardwire.protocol.messages import Abort, Restart
-from shardwire.protocol.placement import Member, PeerPage
+from shardwire.protocol.placement import Member
 
 _EVENTS = 200  # recent events kept for status pages
 _LOSSES = 2000  # rank 0's reported losses kept for the loss curve
@@ -48,7 +48,6 @@ class Lifecycle:
     _joins: JoinIndex = field(default_factory=JoinIndex)  # what _workers' joins claim
     _beats: dict[ConnId, None] = field(default_factory=dict)  # oldest heartbeat first
     _members: list[Member] = field(default_factory=list)  # the formed generation's, by rank
-    _pages: dict[tuple[int, int, int], PeerPage] = field(default_factory=dict)  # served
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None

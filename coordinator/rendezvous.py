@@ -169,20 +169,15 @@ class Rendezvous(Lifecycle):
         return actions
 
     def peer_page(self, conn: ConnId, msg: PeerQuery) -> list[Action]:
-        """Members of the asking worker's generation, ``msg.offset`` onwards (a page)."""
+        """The members with the asked ranks, of the asking worker's generation."""
         worker = self._workers.get(conn)
         if worker is None or worker.rank < 0 or not self._members:
             return refuse(conn, "bad_request", "members are asked by a worker of a formed job")
-        key = (self.generation, msg.offset, msg.limit)
-        page = self._pages.get(key)
-        if page is None:  # every worker asks for the same pages: made (and encoded) once
-            if len(self._pages) > 64:
-                self._pages.clear()
-            members = self._members[msg.offset : msg.offset + msg.limit]
-            page = self._pages[key] = PeerPage(
-                generation=self.generation, offset=msg.offset, members=members
-            )
-        return [Send(conn, page)]
+        world = len(self._members)
+        if any(r >= world for r in msg.ranks):
+            return refuse(conn, "bad_request", f"asked for ranks beyond the world of {world}")
+        members = [self._members[r] for r in msg.ranks]
+        return [Send(conn, PeerPage(generation=self.generation, members=members))]
 
     def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
         worker = self._workers.get(conn)

@@ -28,7 +28,7 @@ from shardwire.protocol.integrity import CHECK_KEY, TRAILER_BYTES, Digest, meta_
 from shardwire.protocol.tensors import TensorMeta, pack_tensor_meta
 
 MAGIC = b"SW"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 PREFIX = struct.Struct(">2sBBIQ")
 PREFIX_SIZE = PREFIX.size
 MAX_META_BYTES = 64 * 1024

@@ -279,6 +279,10 @@ class Poison(_Msg):
     group: Annotated[int, Field(ge=0)]
     error: Str  # the error's class name; unknown names become CollectiveError
     message: Text
+    # The group's ranks as runs (start, stop, step), for the relay; empty when they take
+    # more than 32 runs (then each rank relays by its own copy of the group).
+    runs: Annotated[list[tuple[int, int, int]], Field(max_length=32)] = []
+    down: bool = False  # travelling from the group's first rank down, else up to it
 
 
 class Leave(_Msg):

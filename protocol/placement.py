@@ -1,11 +1,11 @@
-"""Where a worker stands in its generation, and the members as pages (messages whose
-size does not grow with the job)."""
+"""Where a worker stands in its generation, and the addresses of the peers it asks for
+(messages whose size does not grow with the job)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from shardwire.protocol.fields import Msg, Rank, Size, Str
 
@@ -23,41 +23,31 @@ class Member(Msg):
 
 class Placement(Msg):
     """To every worker once its generation formed: its place, in a few numbers whatever
-    the job's size. The peers' addresses come page by page (``PeerQuery``)."""
+    the job's size. Ranks are contiguous per node (node ``r // local_world_size``); a
+    peer's address is asked for when this rank first needs it (``PeerQuery``)."""
 
     kind: Literal["placement"] = "placement"
     rank: Rank
     world_size: Size
     generation: int
+    local_rank: Rank
+    local_world_size: Size
+    node_rank: Rank
 
 
-PEER_PAGE = 256  # members per PeerPage (about 25 KB: inside a control frame)
+PEER_PAGE = 256  # ranks per PeerQuery (a reply is about 25 KB: inside a control frame)
 
 
 class PeerQuery(Msg):
-    """A worker asks for the members of its generation from rank ``offset`` on."""
+    """A worker asks for the members of its generation with these ranks."""
 
     kind: Literal["peer_query"] = "peer_query"
-    offset: Annotated[int, Field(ge=0)] = 0
-    limit: Annotated[int, Field(ge=1, le=PEER_PAGE)] = PEER_PAGE
+    ranks: Annotated[list[Rank], Field(min_length=1, max_length=PEER_PAGE)]
 
 
 class PeerPage(Msg):
-    """Members ``offset`` onwards of the asking worker's generation, by rank."""
+    """The members a ``PeerQuery`` asked for, in its order."""
 
     kind: Literal["peer_page"] = "peer_page"
     generation: int
-    offset: int
     members: Annotated[list[Member], Field(max_length=PEER_PAGE)] = []
-
-
-class Roster(BaseModel):
-    """The complete world as a worker holds it, assembled from its placement and the
-    pages of members (never one message: it grows with the job)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    rank: Rank
-    world_size: Size
-    generation: int
-    members: list[Member]

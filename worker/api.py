@@ -11,10 +11,12 @@ from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed
 from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
+from shardwire.protocol.placement import Member
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.liveness import ControlThread
 from shardwire.worker.settings import WorkerConfig
+from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
 
 # A rank that gave up on a collective waits this long for the coordinator's verdict (it
@@ -83,7 +85,7 @@ class Session:
             generation=cfg.generation,
         )
         await control.connect(*cfg.coordinator, timeout=min(cfg.join_timeout, 60.0))
-        roster = await control.join(
+        place = await control.join(
             Join(
                 world_size=cfg.world_size,
                 node_id=cfg.node_id,
@@ -95,16 +97,19 @@ class Session:
             ),
             timeout=cfg.join_timeout,
         )
-        self._rank = roster.rank
-        await mesh.connect(roster)
-        me = roster.members[roster.rank]
+        self._rank = place.rank
+        lookup_timeout = cfg.connect_timeout
+
+        async def lookup(ranks: list[int]) -> list[Member]:
+            return await control.peers(ranks, timeout=lookup_timeout)
+
+        mesh.start(place, AddressBook(lookup))
         self.group = ProcessGroup(
             mesh,
-            local_rank=me.local_rank,
-            local_world_size=cfg.local_world_size,
-            node_rank=me.node_rank,
-            generation=roster.generation,
-            members=roster.members,
+            local_rank=place.local_rank,
+            local_world_size=place.local_world_size,
+            node_rank=place.node_rank,
+            generation=place.generation,
             timeout=cfg.timeout,
             progress=control.set_progress,
             interactive=cfg.interactive,

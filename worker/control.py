@@ -37,14 +37,7 @@ from shardwire.protocol.messages import (
     StatusReply,
     StatusRequest,
 )
-from shardwire.protocol.placement import (
-    PEER_PAGE,
-    Member,
-    PeerPage,
-    PeerQuery,
-    Placement,
-    Roster,
-)
+from shardwire.protocol.placement import PEER_PAGE, Member, PeerPage, PeerQuery, Placement
 from shardwire.worker.transport.framing import FramedProtocol
 
 _CONTROL_LIMITS = Limits(max_payload=0)
@@ -92,6 +85,8 @@ class ControlClient:
         self._heartbeat: asyncio.Task[None] | None = None
         self._replies: set[asyncio.Task[None]] = set()  # diagnosis answers in flight
         self._leaving = False
+        self._asking = asyncio.Lock()  # one request at a time: replies match by kind
+        self._placed = -1  # the generation of this worker's placement
         self._progress = Heartbeat()
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
 
@@ -175,6 +170,10 @@ class ControlClient:
     async def _request(
         self, msg: Join | NodeJoin | StatusRequest | PeerQuery, expect: type, timeout: float
     ):
+        async with self._asking:
+            return await self._ask(msg, expect, timeout)
+
+    async def _ask(self, msg: Message, expect: type, timeout: float):
         assert self._proto is not None
         self._proto.write_message(msg)
         try:
@@ -203,35 +202,28 @@ class ControlClient:
             return get.result()
         raise JobAborted("the coordinator closed the connection")
 
-    async def join(self, msg: Join, *, timeout: float) -> Roster:
-        """Join, wait for the placement, then read the members page by page (each
-        request bounded by ``timeout``): every message stays small at any job size."""
+    async def join(self, msg: Join, *, timeout: float) -> Placement:
+        """Join and wait for this worker's placement (bounded by ``timeout``)."""
         place: Placement = await self._request(msg, Placement, timeout)
+        self._placed = place.generation
+        return place
+
+    async def peers(self, ranks: list[int], *, timeout: float) -> list[Member]:
+        """The members with ``ranks`` (of this worker's generation), asked in queries of
+        at most ``PEER_PAGE`` ranks, each bounded by ``timeout``."""
         members: list[Member] = []
-        for _ in range(place.world_size // PEER_PAGE + 1):  # bounded: the members announced
-            if len(members) >= place.world_size:
-                break
-            page = await self._request(PeerQuery(offset=len(members)), PeerPage, timeout)
-            if page.generation != place.generation or page.offset != len(members):
+        for start in range(0, len(ranks), PEER_PAGE):
+            asked = ranks[start : start + PEER_PAGE]
+            page = await self._request(PeerQuery(ranks=asked), PeerPage, timeout)
+            if page.generation != self._placed or [m.rank for m in page.members] != asked:
                 raise RendezvousError(
-                    f"members of generation {page.generation} from {page.offset} answered a "
-                    f"query for generation {place.generation} from {len(members)}",
+                    f"the coordinator answered ranks {[m.rank for m in page.members][:8]} of "
+                    f"generation {page.generation} to a query for ranks {asked[:8]} of "
+                    f"generation {self._placed}",
                     code="stale_generation",
                 )
-            if not page.members:
-                break
             members += page.members
-        if [m.rank for m in members] != list(range(place.world_size)):
-            raise RendezvousError(
-                f"the coordinator listed {len(members)} members for {place.world_size} ranks",
-                code="bad_request",
-            )
-        return Roster(
-            rank=place.rank,
-            world_size=place.world_size,
-            generation=place.generation,
-            members=members,
-        )
+        return members
 
     async def node_join(self, msg: NodeJoin, *, timeout: float) -> NodeAssignment:
         """Join as a node agent and wait for the node rank."""

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from shardwire.protocol.messages import Heartbeat
-from shardwire.protocol.placement import Member
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport
@@ -19,7 +18,6 @@ class ProcessGroup(Group):
         local_rank, local_world_size: index on this node and processes per node.
         node_rank: index of this node (it owns ranks node_rank*L ... node_rank*L+L-1).
         generation: rendezvous generation; every data frame carries it.
-        members: the roster (rank, node, address) of every process.
         transport: point-to-point messaging to the other ranks.
     """
 
@@ -31,7 +29,6 @@ class ProcessGroup(Group):
         local_world_size: int,
         node_rank: int,
         generation: int,
-        members: Sequence[Member] = (),
         timeout: float = DEFAULT_TIMEOUT,
         progress: Callable[[Heartbeat], None] | None = None,
         interactive: bool = False,
@@ -43,7 +40,6 @@ class ProcessGroup(Group):
         self.local_world_size = local_world_size
         self.node_rank = node_rank
         self.generation = generation
-        self.members = list(members)
         self._progress = progress or (lambda _heartbeat: None)
         self.interactive = interactive  # a person watches this job's output on a terminal
 

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from shardwire.protocol import Token
 from shardwire.protocol.messages import Abort, Diagnosis, Heartbeat, Join
-from shardwire.protocol.placement import Roster
+from shardwire.protocol.placement import Member, Placement
 from shardwire.worker import stacks
 from shardwire.worker.control import ControlClient
 from shardwire.worker.flight import FlightRecorder
@@ -116,11 +116,17 @@ class ControlThread:
         self._tick()
         await self._call(self._connect(host, port, timeout))
 
-    async def join(self, msg: Join, *, timeout: float) -> Roster:
-        """Join and wait for the roster (bounded by ``timeout``)."""
+    async def join(self, msg: Join, *, timeout: float) -> Placement:
+        """Join and wait for this worker's placement (bounded by ``timeout``)."""
         client = self._client
         assert client is not None
         return await self._call(client.join(msg, timeout=timeout))
+
+    async def peers(self, ranks: list[int], *, timeout: float) -> list[Member]:
+        """The members with ``ranks``, from the coordinator (each query bounded)."""
+        client = self._client
+        assert client is not None
+        return await self._call(client.peers(ranks, timeout=timeout))
 
     def set_progress(self, progress: Heartbeat) -> None:
         """Report progress now and in every later heartbeat."""

@@ -46,6 +46,9 @@ class WorkerEnv(BaseModel):
     join_timeout: float = Field(
         default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT")
     )
+    connect_timeout: float = Field(
+        default=60.0, gt=0, validation_alias=_alias("SHARDWIRE_CONNECT_TIMEOUT")
+    )
     timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
     stall_warn: float = Field(default=10.0, gt=0, validation_alias=_alias("SHARDWIRE_STALL_WARN"))
     interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))

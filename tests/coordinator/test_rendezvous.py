@@ -56,12 +56,13 @@ def test_ranks_are_contiguous_per_node_in_node_id_order() -> None:
     assert {c: m.rank for c, m in got.items()} == {2: 0, 4: 1, 3: 2, 1: 3}
     place = got[1]
     assert place.generation == 1 and place.world_size == 4
-    (page,) = [a.msg for a in r.peer_page(1, PeerQuery(offset=1, limit=3))]
-    assert isinstance(page, PeerPage) and page.offset == 1 and page.generation == 1
+    assert (place.local_rank, place.local_world_size, place.node_rank) == (1, 2, 1)
+    (page,) = [a.msg for a in r.peer_page(1, PeerQuery(ranks=[3, 1, 2]))]
+    assert isinstance(page, PeerPage) and page.generation == 1
     assert [(m.rank, m.node_id, m.node_rank, m.local_rank) for m in page.members] == [
+        (3, "b", 1, 1),
         (1, "a", 0, 1),
         (2, "b", 1, 0),
-        (3, "b", 1, 1),
     ]
     assert all(m.host == "10.0.0.9" for m in page.members)
     assert r.state is JobState.RUNNING
@@ -70,8 +71,8 @@ def test_ranks_are_contiguous_per_node_in_node_id_order() -> None:
 def test_members_are_asked_by_workers_of_the_formed_job_only() -> None:
     r = rdzv()
     r.join(1, join("a", 0), peer_host="h", now=0)
-    assert error_of(r.peer_page(1, PeerQuery())).code == "bad_request"  # not formed yet
-    assert error_of(r.peer_page(9, PeerQuery())).code == "bad_request"  # not a worker
+    assert error_of(r.peer_page(1, PeerQuery(ranks=[0]))).code == "bad_request"  # not formed
+    assert error_of(r.peer_page(9, PeerQuery(ranks=[0]))).code == "bad_request"  # not a worker
 
 
 def test_requested_ranks_fix_their_node() -> None:

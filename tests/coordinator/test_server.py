@@ -288,12 +288,15 @@ async def test_a_thousand_workers_form_a_job_with_no_message_growing_with_it() -
         joined, placed = await _join_all(server, world, lws, "n")
         assert sorted(p.rank for p in placed) == list(range(world))
         asker, members = joined[-1], []
-        for offset in range(0, world, PEER_PAGE):
-            asker.send(PeerQuery(offset=offset))
+        for start in range(0, world, PEER_PAGE):
+            asker.send(PeerQuery(ranks=list(range(start, min(world, start + PEER_PAGE)))))
             page = await asker.recv(timeout=30)
             assert isinstance(page, PeerPage) and len(page.members) <= PEER_PAGE
             members += page.members
         assert [m.rank for m in members] == list(range(world))
         assert [m.port for m in members[:3]] == [2000, 2001, 2002]
+        asker.send(PeerQuery(ranks=[world]))  # beyond the world: refused, named
+        refusal = await asker.recv(timeout=30)
+        assert isinstance(refusal, Error) and "beyond the world of 1000" in refusal.message
         for client in joined:
             client.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from shardwire.protocol import (
     ProtocolError,
@@ -15,7 +16,7 @@ from shardwire.protocol import (
 )
 from shardwire.protocol.codec import unpack_meta
 from shardwire.protocol.messages import Abort, Join, decode_message, encode_message
-from shardwire.protocol.placement import Placement
+from shardwire.protocol.placement import PEER_PAGE, PeerQuery
 
 
 def test_tensor_meta_round_trip() -> None:
@@ -116,7 +117,8 @@ def test_unknown_fields_are_ignored_and_missing_ones_defaulted() -> None:
     [
         {"kind": "nope"},
         {"kind": "join"},
-        {"kind": "roster", "rank": 0, "world_size": 1, "generation": 1, "members": "x"},
+        {"kind": "placement", "rank": 0, "world_size": 1, "generation": 1},  # no local rank
+        {"kind": "peer_query", "ranks": []},
         {},
     ],
 )
@@ -125,5 +127,7 @@ def test_invalid_messages_are_protocol_errors(meta: dict) -> None:
         decode_message(meta)
 
 
-def test_roster_type() -> None:
-    assert Placement(rank=0, world_size=1, generation=1).kind == "placement"
+def test_a_peer_query_asks_for_at_most_a_page_of_ranks() -> None:
+    assert PeerQuery(ranks=list(range(PEER_PAGE))).kind == "peer_query"
+    with pytest.raises(ValidationError):
+        PeerQuery(ranks=list(range(PEER_PAGE + 1)))

@@ -20,6 +20,7 @@ from shardwire.protocol import (
     Token,
 )
 from shardwire.worker import WorkerConfig, init
+from shardwire.worker.transport import TcpMesh
 
 from .cluster import coordinator, worker_config
 
@@ -39,8 +40,13 @@ async def test_four_workers_join_exchange_and_leave() -> None:
         async def worker(i: int):
             async with init(worker_config(server, 4, i)) as pg:
                 assert (pg.world_size, pg.local_world_size, pg.node_rank) == (4, 4, 0)
-                assert [m.rank for m in pg.members] == [0, 1, 2, 3]
-                return await _ring_exchange(pg)
+                exchanged = await _ring_exchange(pg)
+                # connected on first use, to its two ring neighbours only, whose
+                # addresses came from the coordinator when first needed
+                mesh = pg.transport
+                assert isinstance(mesh, TcpMesh) and mesh.book.queries == 1
+                assert sorted(mesh._conns) == sorted({(pg.rank + 1) % 4, (pg.rank - 1) % 4})
+                return exchanged
 
         results = await asyncio.gather(*(worker(i) for i in range(4)))
         assert sorted(results) == [[r, (r - 1) % 4] for r in range(4)]
@@ -316,6 +322,25 @@ def test_checksum_setting_is_read_from_the_environment() -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
     assert WorkerConfig.from_env(env).checksum is True
     assert WorkerConfig.from_env({**env, "SHARDWIRE_CHECKSUM": "0"}).checksum is False
+
+
+def test_connect_timeout_is_read_from_the_environment() -> None:
+    env = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
+    assert WorkerConfig.from_env(env).connect_timeout == 60.0
+    assert WorkerConfig.from_env({**env, "SHARDWIRE_CONNECT_TIMEOUT": "7.5"}).connect_timeout == 7.5
+
+
+async def test_the_connect_timeout_reaches_the_dials() -> None:
+    # (the dial's bound itself: tests/worker/transport/test_lazy.py)
+    async with coordinator(2) as server:
+
+        async def worker(i: int) -> float:
+            async with init(worker_config(server, 2, i, connect_timeout=0.5)) as pg:
+                await pg.barrier()
+                assert isinstance(pg.transport, TcpMesh)
+                return pg.transport.config.connect_timeout
+
+        assert await asyncio.wait_for(asyncio.gather(worker(0), worker(1)), 30) == [0.5, 0.5]
 
 
 async def test_the_checksum_setting_reaches_the_wire() -> None:

@@ -4,12 +4,14 @@
 
 A real coordinator runs as its own process (``python -m shardwire.coordinator``); the
 workers are simulated by ``--processes`` client processes, each running its share of
-the workers as real control clients in one event loop (handshake, join, placement, the
-member pages). Each simulated worker times its own join, from dialling to holding every
-member; then all leave cleanly and the coordinator exits. Printed and written as JSON:
+the workers as real control clients in one event loop: handshake, join, placement, then
+one lookup of the addresses of the peers a ring and a hypercube connect it to (the
+neighbours its collectives use). Each simulated worker times its own join, from
+dialling to holding those addresses; then all leave cleanly and the coordinator exits.
+Printed and written as JSON:
 
-* ``rendezvous_s``: first dial to the last worker holding the whole member list;
-* ``join_p50_s`` / ``join_p99_s``: one worker's dial-to-members time;
+* ``rendezvous_s``: first dial to the last worker holding its peers' addresses;
+* ``join_p50_s`` / ``join_p99_s``: one worker's dial-to-addresses time;
 * ``coordinator_cpu_s``: the coordinator's CPU time over the whole run (``/proc``);
 * ``coordinator_peak_rss_mib``: its peak resident memory (``VmHWM``).
 
@@ -33,6 +35,13 @@ from pathlib import Path
 from shardwire.worker.bench.jobs import coordinator_port
 
 _TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
+
+
+def neighbours(rank: int, world: int) -> list[int]:
+    """The peers a ring and a hypercube (recursive doubling) connect ``rank`` to."""
+    near = {(rank + 1) % world, (rank - 1) % world}
+    near |= {rank ^ (1 << k) for k in range(world.bit_length())}
+    return sorted(p for p in near if p != rank and p < world)
 
 
 async def _workers(port: int, first: int, count: int, world: int, lws: int) -> None:
@@ -60,15 +69,16 @@ async def _workers(port: int, first: int, count: int, world: int, lws: int) -> N
             local_world_size=lws,
             listen_port=10000 + rank % 50000,
         )
-        roster = await client.join(msg, timeout=_TIMEOUT)
+        place = await client.join(msg, timeout=_TIMEOUT)
+        members = await client.peers(neighbours(place.rank, world), timeout=_TIMEOUT)
         done = time.time()
-        assert len(roster.members) == world
+        assert [m.rank for m in members] == neighbours(place.rank, world)
         return start, done
 
     try:
         times = await asyncio.gather(*(one(i) for i in range(count)))
         print(json.dumps(times), flush=True)
-        sys.stdin.readline()  # the driver says when every worker has its members
+        sys.stdin.readline()  # the driver says when every worker has its peers
         for client in clients:
             client.leave()
     finally:

@@ -307,9 +307,8 @@ class GroupCore:
     def _poison(self, error: BaseException) -> None:
         if self._error is None:
             self._error = error
-        peers = [r for r in self.ranks if r != self.transport.rank]
         with contextlib.suppress(TransportClosed):
-            self.transport.poison_group(self.group_id, self._error, peers)
+            self.transport.poison_group(self.group_id, self._error, self.ranks)
 
     def _transport_aborted(self, error: BaseException) -> None:
         if self._gate is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 
 def bounds(total: int, parts: int) -> list[tuple[int, int]]:
@@ -42,11 +42,11 @@ def largest_power_of_two(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-def node_layout(nodes: Sequence[str]) -> list[list[int]] | None:
+def node_layout(nodes: Sequence[Hashable]) -> list[list[int]] | None:
     """Group ranks (indices into ``nodes``, each rank's node id) by node, nodes in order of
     their lowest rank; None unless there are several nodes holding the same number (two
     or more) of ranks each, the shape the tiered algorithms need."""
-    by_node: dict[str, list[int]] = {}
+    by_node: dict[Hashable, list[int]] = {}
     for rank, node in enumerate(nodes):
         by_node.setdefault(node, []).append(rank)
     layout = list(by_node.values())

@@ -13,17 +13,16 @@ import abc
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
-from shardwire.protocol.codec import pack_object
-from shardwire.protocol.messages import Poison, encode_message
-from shardwire.worker.transport.mailbox import POISON_OP, Fold, Mailbox
+from shardwire.worker.transport.mailbox import Fold, Mailbox
 from shardwire.worker.transport.poll import POLL_MAX_BYTES, BusyPoll
+from shardwire.worker.transport.relay import Relay
 
 log = logging.getLogger("shardwire.worker")
 
@@ -93,9 +92,27 @@ class Receive:
             self.future.cancel()
 
 
+class NodeMap(Sequence[int]):
+    """The node of each rank where ranks are contiguous per node (as the coordinator
+    places them): ``per_node`` ranks on each, computed, not listed."""
+
+    __slots__ = ("per_node", "world_size")
+
+    def __init__(self, per_node: int, world_size: int):
+        self.per_node, self.world_size = per_node, world_size
+
+    def __getitem__(self, rank):
+        if isinstance(rank, slice) or not 0 <= rank < self.world_size:
+            raise IndexError(f"rank {rank} is not in a world of {self.world_size}")
+        return rank // self.per_node
+
+    def __len__(self) -> int:
+        return self.world_size
+
+
 @dataclass(frozen=True, slots=True)
 class Place:
-    """Where a process sits in the job, as the roster says."""
+    """Where a process sits in the job, as its placement says."""
 
     rank: int
     world_size: int
@@ -116,15 +133,18 @@ class Transport(abc.ABC):
         self.timeout = timeout
         self.stats = TransportStats()
         rank = place.rank if place is not None else -1
-        self.mailbox = Mailbox(rank, max_early_bytes=max_early_bytes, on_drain=self._resume)
+        self.relay = Relay(self)
+        self.mailbox = Mailbox(
+            rank, max_early_bytes=max_early_bytes, on_drain=self._resume, on_notice=self.relay.heard
+        )
         self._error: BaseException | None = None
         self._departed: dict[int, BaseException] = {}
         self._closed = False
         # Open collective groups by group id, kept by the groups themselves: a group id is
         # unique on a transport while its group is open (their frames share the tags).
         self.groups: dict[int, Any] = {}
-        # Node id of every rank, from the roster (None: one node, as far as known).
-        self.nodes: tuple[str, ...] | None = None
+        # The node of every rank, by rank (None: one node, as far as known).
+        self.nodes: Sequence[Hashable] | None = None
         self.poll = BusyPoll()  # waiting receives keep the loop polling this long
         # This node runs more ranks than it has CPUs (from the roster): algorithms that
         # need every rank running at once lose there.
@@ -139,9 +159,9 @@ class Transport(abc.ABC):
 
     @property
     def place(self) -> Place:
-        """This process's rank, world size and generation (from the roster)."""
+        """This process's rank, world size and generation (from its placement)."""
         if self._place is None:
-            raise RuntimeError("the transport has no place in the job yet (no roster)")
+            raise RuntimeError("the transport has no place in the job yet (no placement)")
         return self._place
 
     @property
@@ -157,7 +177,7 @@ class Transport(abc.ABC):
         return self.place.generation
 
     def _settle(self, place: Place) -> None:
-        """Take this process's place from the roster (once)."""
+        """Take this process's place (once)."""
         if self._place is not None:
             raise RuntimeError(f"the transport already has its place: {self._place}")
         self._place = place
@@ -165,7 +185,7 @@ class Transport(abc.ABC):
 
     @property
     def _who(self) -> str:
-        return f"rank {self._place.rank}" if self._place is not None else "a rank without roster"
+        return f"rank {self._place.rank}" if self._place is not None else "a rank without a place"
 
     # ---- contract ------------------------------------------------------------------
 
@@ -246,28 +266,12 @@ class Transport(abc.ABC):
         nbytes = 0 if out is None else out.nbytes
         return Receive(self, src, tag, op, future, limit=limit, nbytes=nbytes)
 
-    def poison_group(self, group: int, error: BaseException, peers: list[int]) -> None:
-        """Fail every receive of ``group`` here, and tell ``peers`` to do the same."""
+    def poison_group(self, group: int, error: BaseException, members: Sequence[int]) -> None:
+        """Fail every receive of ``group`` here, and tell its other ``members`` (all its
+        ranks) to do the same, through :class:`~shardwire.worker.transport.relay.Relay`."""
         self.mailbox.poison_group(group, error)
-        if self._error is not None or self._closed:
-            return
-        notice = Poison(group=group, error=type(error).__name__[:256], message=str(error)[:8192])
-        report = np.frombuffer(pack_object(encode_message(notice)), np.uint8)
-        for peer in peers:
-            if peer != self.rank and peer not in self._departed:
-                meta = TensorMeta.for_array(
-                    report,
-                    src=self.rank,
-                    tag=Tag(group, 0),
-                    op=POISON_OP,
-                    generation=self.generation,
-                )
-                try:
-                    self._post(peer, meta, report)
-                except (ShardwireError, OSError) as exc:  # that peer is gone: it cannot hear
-                    log.debug(
-                        "rank %d: poison notice to rank %d not sent: %s", self.rank, peer, exc
-                    )
+        if self._error is None and not self._closed:
+            self.relay.start(group, error, members)
 
     def group_error(self, group: int) -> BaseException | None:
         """The error another member (or this rank) poisoned ``group`` with, if any."""

@@ -108,11 +108,19 @@ def check_match(meta: TensorMeta, op: str, out: np.ndarray | None, rank: int) ->
 class Mailbox:
     """Posted receives and early arrivals for one rank."""
 
-    def __init__(self, rank: int, *, max_early_bytes: int, on_drain: Callable[[], None]):
+    def __init__(
+        self,
+        rank: int,
+        *,
+        max_early_bytes: int,
+        on_drain: Callable[[], None],
+        on_notice: Callable[[Poison], None] = lambda _notice: None,
+    ):
         self.rank = rank
         self.max_early_bytes = max_early_bytes
         self.early_bytes = 0
         self._on_drain = on_drain
+        self._on_notice = on_notice  # a poison notice arrived (after failing the group)
         self._posted: dict[Key, deque[_Posted]] = {}
         self._early: dict[Key, deque[tuple[TensorMeta, np.ndarray]]] = {}
         self._calls: dict[Call, list] = {}  # our posted calls: [op, receives listed]
@@ -226,6 +234,7 @@ class Mailbox:
             if not isinstance(notice, Poison) or notice.group != meta.tag.group:
                 raise ProtocolError(f"rank {meta.src} sent a malformed poison notice")
             self.poison_group(notice.group, relayed_error(notice.error, notice.message))
+            self._on_notice(notice)
             return
         if inbound.drop:
             return

@@ -1,12 +1,14 @@
-"""TCP peer mesh: one authenticated connection per pair of ranks.
+"""TCP peer mesh: one authenticated connection per pair of ranks that talk.
 
 Theory of operation
 -------------------
 1. :meth:`TcpMesh.listen` binds an ephemeral port before the worker joins, so the port
    can go into the join message and every peer is listening before anyone dials.
-2. :meth:`TcpMesh.connect` takes the roster: the higher rank of each pair dials the
-   lower. The dialer's handshake carries run id, generation and its rank, bound into the
-   HMAC proofs. Handshakes that arrive before this rank has its roster are held.
+2. :meth:`TcpMesh.start` takes this rank's placement and an address book. Nothing is
+   dialled then: a rank connects to a peer on its first send (``links``), so a rank
+   holds connections only to the peers its collectives use. The dialer's handshake
+   carries run id, generation and its rank, bound into the HMAC proofs. Handshakes that
+   arrive before this rank has its placement are held.
 3. Data frames are routed through the mailbox; payloads land directly in the receiving
    array. A connection lost without a goodbye poisons the mesh with ``PeerFailed``; after
    a goodbye (``Leave`` on the peer connection) only receives from that peer fail.
@@ -16,9 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,20 +30,22 @@ from shardwire.protocol import (
     JobAborted,
     PeerFailed,
     ProtocolError,
-    RendezvousError,
     ServerHandshake,
     ShardwireError,
     TensorMeta,
     Token,
+    TransportClosed,
 )
 from shardwire.protocol.control import message_bytes
 from shardwire.protocol.decoder import StagePool
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import Error, Failure, Hello, Leave
-from shardwire.protocol.placement import Roster
+from shardwire.protocol.placement import Placement
 from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES, ArenaSettings
-from shardwire.worker.transport.base import Place, Transport
+from shardwire.worker.transport.base import NodeMap, Place, Transport
+from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.framing import HANG_UP_GRACE
+from shardwire.worker.transport.links import CROSSED, Links
 from shardwire.worker.transport.peer import PeerConnection
 from shardwire.worker.transport.poll import default_budget, usable_cpus
 
@@ -63,10 +66,6 @@ class _Refused(asyncio.Protocol):
 
 # Accept queue of the peer listener (the kernel caps it at net.core.somaxconn).
 BACKLOG = 4096
-
-
-class ConnectFailed(ShardwireError):
-    """The mesh could not be built (a peer unreachable or refusing the handshake)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +101,7 @@ class MeshConfig:
 
 
 class TcpMesh(Transport):
-    """The TCP transport: listen, then connect to every peer from the roster."""
+    """The TCP transport: listen, take a place, then connect to peers on first use."""
 
     def __init__(
         self,
@@ -111,7 +110,7 @@ class TcpMesh(Transport):
         on_peer_failed: Callable[[PeerFailed], None] = lambda _err: None,
         **kwargs,
     ) -> None:
-        super().__init__(None, **kwargs)  # the place comes with the roster
+        super().__init__(None, **kwargs)  # the place comes with the placement
         self.config = config
         self._on_peer_failed = on_peer_failed
         self._server: asyncio.Server | None = None
@@ -119,12 +118,13 @@ class TcpMesh(Transport):
         self.stages = StagePool()  # a stage per connection reading now, not per peer
         self._pending: list[PeerConnection] = []
         self._paused: set[PeerConnection] = set()
-        self._all_connected = asyncio.Event()
+        self.links = Links(self)
+        self.book = AddressBook.fixed({})
         self._closing = False
         self._reported_failure = False
 
     @property
-    def has_roster(self) -> bool:
+    def has_place(self) -> bool:
         return self._place is not None
 
     @property
@@ -148,7 +148,13 @@ class TcpMesh(Transport):
     def _accepted(self) -> asyncio.BaseProtocol:
         if len(self._pending) >= self.config.max_unauthenticated:
             return _Refused()
-        conn = PeerConnection(self, ServerHandshake(self.config.token, accept=self._check_hello))
+        conn: PeerConnection | None = None
+
+        def accept(hello: Hello) -> Error | None:
+            assert conn is not None
+            return self._check_hello(hello, conn)
+
+        conn = PeerConnection(self, ServerHandshake(self.config.token, accept=accept))
         self._pending.append(conn)
         loop = asyncio.get_running_loop()
         loop.call_later(self.config.handshake_timeout, self._handshake_expired, conn)
@@ -159,23 +165,40 @@ class TcpMesh(Transport):
             limit = self.config.handshake_timeout
             conn.fail(ProtocolError(f"no handshake from {conn.peer_host} within {limit:g} s"))
 
-    def _check_hello(self, hello: Hello) -> Error | None:
+    def _check_hello(self, hello: Hello, conn: PeerConnection) -> Error | None:
         problem = ""
         if hello.role != "peer" or hello.run_id != self.config.run_id:
             problem = f"expected a peer of run {self.config.run_id!r}"
         elif hello.generation != self.generation:
             problem = f"generation {hello.generation} is stale, the job is at {self.generation}"
-        elif not self.rank < hello.rank < self.world_size:
-            problem = f"rank {hello.rank} must not dial rank {self.rank}"
-        elif hello.rank in self._conns:
-            problem = f"rank {hello.rank} is already connected"
-        return Error(code="bad_request", message=problem) if problem else None
+        elif not 0 <= hello.rank < self.world_size or hello.rank == self.rank:
+            problem = f"rank {hello.rank} is not a peer of rank {self.rank}"
+        elif hello.rank in self._conns or self.links.refuses(hello.rank):
+            why = f"rank {self.rank} is connected or connecting to rank {hello.rank} itself"
+            return Error(code=CROSSED, message=why)
+        if problem:
+            return Error(code="bad_request", message=problem)
+        conn.peer = hello.rank  # claimed, not yet proven: the handshake makes the link
+        self.links.expect(hello.rank)
+        return None
 
-    async def connect(self, roster: Roster) -> None:
-        """Build the full mesh from the roster (bounded by ``connect_timeout``)."""
-        self._settle(Place(roster.rank, roster.world_size, roster.generation))
-        self.nodes = tuple(m.node_id for m in sorted(roster.members, key=lambda m: m.rank))
-        local, cpus = self.nodes.count(self.nodes[roster.rank]), usable_cpus()
+    def start(
+        self,
+        placement: Placement,
+        book: AddressBook,
+        *,
+        nodes: Sequence[Hashable] | None = None,
+    ) -> None:
+        """Take this rank's place; peers' addresses come from ``book`` when first needed.
+        ``nodes`` gives each rank's node where ranks are not contiguous per node."""
+        self._settle(Place(placement.rank, placement.world_size, placement.generation))
+        self.book = book
+        self.nodes = (
+            nodes
+            if nodes is not None
+            else NodeMap(placement.local_world_size, placement.world_size)
+        )
+        local, cpus = placement.local_world_size, usable_cpus()
         self.poll.budget = default_budget(local, cpus, self.config.busy_poll_us)
         self.crowded = self.poll.yield_cpu = local > cpus
         if self.config.arena:
@@ -185,43 +208,16 @@ class TcpMesh(Transport):
                 spin=self.poll.budget,
                 yield_cpu=self.crowded,
             )
-        for conn in self._pending:
+        for conn in list(self._pending):
             conn.release_held()
-        self._maybe_all_connected()
-        try:
-            async with asyncio.timeout(self.config.connect_timeout):
-                await self._dial_lower(roster)
-                await self._all_connected.wait()
-        except TimeoutError:
-            missing = sorted(set(range(self.world_size)) - set(self._conns) - {self.rank})
-            raise ConnectFailed(
-                f"rank {self.rank}: no connection with ranks {missing} within "
-                f"{self.config.connect_timeout:g} s"
-            ) from None
 
-    async def _dial_lower(self, roster: Roster) -> None:
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for member in roster.members[: self.rank]:
-                    tg.create_task(self._dial(member.rank, member.host, member.port))
-        except ExceptionGroup as group:
-            first = group.exceptions[0]
-            raise ConnectFailed(f"rank {self.rank}: {first}") from first
+    async def ensure(self, peers: Sequence[int]) -> None:
+        """Connect to ``peers`` now (bounded by ``connect_timeout``), as a first send would."""
+        missing = [p for p in peers if p not in self._conns]
+        await asyncio.gather(*(self.links.wait(p) for p in missing))
 
-    async def _dial(self, peer: int, host: str, port: int) -> None:
-        """Connect to ``peer``; a "busy" refusal (its listener is in many handshakes) is
-        retried with spread backoff, inside the caller's connect timeout."""
-        delay = 0.05
-        while True:
-            try:
-                return await self._dial_once(peer, host, port)
-            except RendezvousError as exc:
-                if exc.code != "busy":
-                    raise
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
-
-    async def _dial_once(self, peer: int, host: str, port: int) -> None:
+    async def dial(self, peer: int, host: str, port: int) -> None:
+        """One connection attempt to ``peer`` (its handshake included)."""
         loop = asyncio.get_running_loop()
         shake = ClientHandshake(
             self.config.token,
@@ -230,16 +226,25 @@ class TcpMesh(Transport):
             rank=self.rank,
             generation=self.generation,
         )
+        _, conn = await loop.create_connection(
+            lambda: PeerConnection(self, shake, peer=peer),
+            host,
+            port,
+            ssl=self.config.tls_client,
+        )
         try:
-            _, conn = await loop.create_connection(
-                lambda: PeerConnection(self, shake, peer=peer),
-                host,
-                port,
-                ssl=self.config.tls_client,
-            )
-        except OSError as exc:
-            raise ConnectFailed(f"cannot reach rank {peer} at {host}:{port}: {exc}") from exc
-        await conn.ready
+            await conn.ready
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+
+    def link_failed(self, error: ShardwireError) -> None:
+        """A peer could not be connected: poison the mesh (blaming it, if unreachable)."""
+        if self._closing or self.error is not None:
+            return
+        if isinstance(error, PeerFailed):
+            self._on_peer_failed(error)
+        self.abort(error)
 
     def register(self, conn: PeerConnection) -> None:
         if conn in self._pending:
@@ -247,11 +252,7 @@ class TcpMesh(Transport):
         self._conns[conn.peer] = conn
         if self.config.shm and self.nodes and self.nodes[conn.peer] == self.nodes[self.rank]:
             conn.shm.allow(self.config.run_id, self.config.shm_slots, self.config.shm_slot_bytes)
-        self._maybe_all_connected()
-
-    def _maybe_all_connected(self) -> None:
-        if self.has_roster and len(self._conns) == self.world_size - 1:
-            self._all_connected.set()
+        self.links.connected(conn, inbound=isinstance(conn._shake, ServerHandshake))
 
     def pause(self, conn: PeerConnection) -> None:
         self._paused.add(conn)
@@ -267,6 +268,8 @@ class TcpMesh(Transport):
     def lost(self, conn: PeerConnection, exc: Exception | None) -> None:
         if conn in self._pending:
             self._pending.remove(conn)
+            if conn.peer >= 0 and not self._closing:  # an accepted hello, never proven
+                self.links.inbound_failed(conn.peer)
         self._paused.discard(conn)
         if self._closing or self._conns.get(conn.peer) is not conn:
             return
@@ -295,17 +298,25 @@ class TcpMesh(Transport):
             self._on_peer_failed(error)
         self.abort(error)
 
-    def _conn_to(self, dst: int) -> PeerConnection:
+    def _conn_to(self, dst: int) -> PeerConnection | None:
+        """The open connection to ``dst``, or None while there is none yet."""
         conn = self._conns.get(dst)
-        if conn is None or not conn.is_open:
+        if conn is not None and not conn.is_open:
             raise PeerFailed(rank=dst, reason="no open connection")
         return conn
 
     def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
-        return self._conn_to(dst).outbox.send(meta, array)
+        conn = self._conn_to(dst)
+        if conn is None:
+            return self.links.send(dst, meta, array)
+        return conn.outbox.send(meta, array)
 
     def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
-        self._conn_to(dst).outbox.post(meta, array)
+        conn = self._conn_to(dst)
+        if conn is None:
+            self.links.post(dst, meta, array)
+        else:
+            conn.outbox.post(meta, array)
 
     def report_failure(self, reason: str, traceback: str) -> None:
         """Tell every peer why this rank is about to go away."""
@@ -340,9 +351,12 @@ class TcpMesh(Transport):
             last = message_bytes(why)
         for conn in list(self._conns.values()):
             conn.hang_up(last)
+        self.links.stop(error or JobAborted("the transport was aborted"))
 
     async def _close(self) -> None:
         self._closing = True
+        await self.links.aclose(self.error or TransportClosed(f"{self._who}: transport closed"))
+        await self.book.aclose()
         conns = list(self._conns.values()) + self._pending
         goodbye = b"" if self._reported_failure else message_bytes(Leave())
         for conn in self._conns.values():

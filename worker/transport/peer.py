@@ -234,7 +234,7 @@ class PeerOwner(Protocol):
     stages: StagePool  # staging buffers shared by the connections
 
     @property
-    def has_roster(self) -> bool: ...
+    def has_place(self) -> bool: ...
 
     @property
     def rank(self) -> int: ...
@@ -265,7 +265,7 @@ class PeerConnection(FramedProtocol):
             handshake,
             limits=Limits(max_payload=mesh.config.max_payload),
             on_message=self._on_control,
-            hold_handshake=lambda: not mesh.has_roster,
+            hold_handshake=lambda: not mesh.has_place,
             stages=mesh.stages,
         )
         self.mesh = mesh

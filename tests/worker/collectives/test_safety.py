@@ -14,6 +14,7 @@ from shardwire.protocol import (
     CollectiveTimeout,
     PeerFailed,
 )
+from tests.worker.transport.fabric import connect_all
 
 from .worlds import KINDS, group_world, on_all
 
@@ -76,6 +77,7 @@ async def test_timeout_names_the_silent_rank(kind: str) -> None:
 
 async def test_dead_peer_fails_every_survivor(kind: str) -> None:
     async with group_world(kind, 4, timeout=30) as groups:
+        await connect_all([g.transport for g in groups])  # its death closes connections
         big = [np.ones(2_000_000, np.float32) for _ in range(4)]
         tasks = [asyncio.ensure_future(g.all_reduce(big[g.rank])) for g in groups if g.rank != 3]
         await asyncio.sleep(0)

@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from shardwire.protocol import Token
-from shardwire.protocol.placement import Member, Roster
-from shardwire.worker.transport import MemoryHub, MeshConfig, TcpMesh, Transport
+from shardwire.protocol.placement import Placement
+from shardwire.worker.transport import AddressBook, MemoryHub, MeshConfig, TcpMesh, Transport
 
 TOKEN = Token("test-token")
 
@@ -24,30 +24,43 @@ async def memory_world(n: int, *, timeout: float = 10.0) -> AsyncIterator[list[T
             await t.aclose()
 
 
-def roster_for(
+def placement_for(
+    world: int, rank: int, generation: int = 1, *, per_node: int | None = None
+) -> Placement:
+    """Rank ``rank``'s placement: ``per_node`` ranks on each node (all on one by default)."""
+    per_node = per_node or world
+    return Placement(
+        rank=rank,
+        world_size=world,
+        generation=generation,
+        local_rank=rank % per_node,
+        local_world_size=per_node,
+        node_rank=rank // per_node,
+    )
+
+
+def book_for(ports: list[int]) -> AddressBook:
+    """Every rank listening on loopback at ``ports[rank]``."""
+    return AddressBook.fixed({r: ("127.0.0.1", p) for r, p in enumerate(ports)})
+
+
+def start_all(
+    meshes: list[TcpMesh],
     ports: list[int],
-    rank: int,
-    generation: int = 1,
     *,
+    generation: int = 1,
     per_node: int | None = None,
     nodes: list[int] | None = None,
-) -> Roster:
-    """Every rank on one node, ``per_node`` ranks on each of several simulated nodes, or
-    rank r on simulated node ``nodes[r]``."""
-    per_node = per_node or len(ports)
-    node_of = nodes or [r // per_node for r in range(len(ports))]
-    members = [
-        Member(
-            rank=r,
-            node_id=f"node-{node_of[r]}",
-            node_rank=node_of[r],
-            local_rank=node_of[:r].count(node_of[r]),
-            host="127.0.0.1",
-            port=p,
-        )
-        for r, p in enumerate(ports)
-    ]
-    return Roster(rank=rank, world_size=len(ports), generation=generation, members=members)
+) -> None:
+    """Give every mesh its place; rank r listens at ``ports[r]``. ``nodes``: rank r on
+    simulated node ``nodes[r]`` (ranks need not be contiguous per node then)."""
+    n = len(meshes)
+    for r, m in enumerate(meshes):
+        if nodes is not None:
+            place = placement_for(n, r, generation, per_node=nodes.count(nodes[r]))
+            m.start(place, book_for(ports), nodes=nodes)
+        else:
+            m.start(placement_for(n, r, generation, per_node=per_node), book_for(ports))
 
 
 @contextlib.asynccontextmanager
@@ -72,17 +85,19 @@ async def tcp_world(
     ]
     try:
         ports = [await m.listen() for m in meshes]
-        async with asyncio.timeout(10):
-            await asyncio.gather(
-                *(
-                    m.connect(roster_for(ports, r, per_node=per_node, nodes=nodes))
-                    for r, m in enumerate(meshes)
-                )
-            )
+        start_all(meshes, ports, per_node=per_node, nodes=nodes)
         yield list(meshes)
     finally:
         for m in meshes:
             await m.aclose()
+
+
+async def connect_all(transports: list[Transport]) -> None:
+    """Connect every pair of TCP ranks now (as if each had sent to each), so that a
+    rank's death shows as its connections closing."""
+    meshes = [t for t in transports if isinstance(t, TcpMesh)]
+    async with asyncio.timeout(30):
+        await asyncio.gather(*(m.ensure(range(m.rank + 1, len(meshes))) for m in meshes))
 
 
 def shm_world(n: int, **kwargs: object) -> contextlib.AbstractAsyncContextManager:

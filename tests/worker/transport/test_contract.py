@@ -217,7 +217,7 @@ async def test_poisoned_group_fails_pending_and_later_receives(kind: str) -> Non
     async with WORLDS[kind](3) as (a, b, c):
         pending = b.irecv(2, tag=Tag(7, 1))
         other_group = b.irecv(2, tag=Tag(8, 1))
-        a.poison_group(7, CollectiveTimeout("all_reduce #1 timed out on rank 0"), [1, 2])
+        a.poison_group(7, CollectiveTimeout("all_reduce #1 timed out on rank 0"), [0, 1, 2])
         with pytest.raises(CollectiveTimeout, match="timed out on rank 0"):
             await pending.wait()
         with pytest.raises(CollectiveTimeout):

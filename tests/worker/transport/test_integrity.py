@@ -16,7 +16,7 @@ from shardwire.worker.collectives import Group
 from shardwire.worker.transport import MeshConfig, TcpMesh
 from tests.e2e.abuse import FlipProxy
 
-from .fabric import TOKEN, close_all, roster_for
+from .fabric import TOKEN, book_for, close_all, placement_for, start_all
 
 
 @contextlib.asynccontextmanager
@@ -31,9 +31,10 @@ async def _pair_via(proxy: FlipProxy, *, checksum: bool = True) -> AsyncIterator
         ports = [await m.listen() for m in meshes]
         proxy.target = ("127.0.0.1", ports[0])
         detour = await proxy.start()
-        rosters = [roster_for(ports, 0), roster_for([detour, ports[1]], 1)]
+        meshes[0].start(placement_for(2, 0), book_for(ports))
+        meshes[1].start(placement_for(2, 1), book_for([detour, ports[1]]))
         async with asyncio.timeout(10):
-            await asyncio.gather(*(m.connect(r) for m, r in zip(meshes, rosters, strict=True)))
+            await meshes[1].ensure([0])  # before rank 0 sends: it would dial rank 1 directly
         groups = [Group(m, timeout=10) for m in meshes]
         yield groups
     finally:
@@ -108,8 +109,7 @@ async def test_a_rank_expecting_checksums_refuses_frames_without_them() -> None:
     ]
     try:
         ports = [await m.listen() for m in meshes]
-        async with asyncio.timeout(10):
-            await asyncio.gather(*(m.connect(roster_for(ports, r)) for r, m in enumerate(meshes)))
+        start_all(meshes, ports)
         groups = [Group(m, timeout=10) for m in meshes]
         results = await _all_reduce(groups)
         assert isinstance(results[0], IntegrityError)

@@ -12,7 +12,7 @@ from shardwire.protocol.messages import Error
 from shardwire.worker.transport import MeshConfig, TcpMesh
 from tests.coordinator.rawclient import RawClient
 
-from .fabric import TOKEN, roster_for
+from .fabric import TOKEN, start_all
 
 
 def _mesh(**config) -> TcpMesh:
@@ -42,8 +42,7 @@ async def test_connections_over_the_cap_are_closed_and_peers_still_connect() -> 
         assert await extra.closed_by_server(timeout=5)
         for client in idle:  # the deadline frees their slots
             assert await client.closed_by_server(timeout=5)
-        async with asyncio.timeout(10):
-            await asyncio.gather(*(m.connect(roster_for(ports, r)) for r, m in enumerate(meshes)))
+        start_all(meshes, ports)
         got, _ = await asyncio.gather(
             meshes[0].recv(1, tag=Tag(0, 0)), meshes[1].send(0, np.arange(3.0), tag=Tag(0, 0))
         )
@@ -63,12 +62,12 @@ async def test_ranks_dialling_a_listener_in_too_many_handshakes_retry_until_in()
     try:
         ports = [await m.listen() for m in meshes]
         idle = await RawClient.open(("127.0.0.1", ports[0]))  # holds rank 0's one slot
+        start_all(meshes, ports)
         async with asyncio.timeout(60):  # every first dial to rank 0 is told "busy"
-            await asyncio.gather(*(m.connect(roster_for(ports, r)) for r, m in enumerate(meshes)))
-        got = await asyncio.gather(
-            *(meshes[0].recv(r, tag=Tag(0, r)) for r in range(1, n)),
-            *(meshes[r].send(0, np.array([r]), tag=Tag(0, r)) for r in range(1, n)),
-        )
+            got = await asyncio.gather(
+                *(meshes[0].recv(r, tag=Tag(0, r)) for r in range(1, n)),
+                *(meshes[r].send(0, np.array([r]), tag=Tag(0, r)) for r in range(1, n)),
+            )
         assert [int(x[0]) for x in got[: n - 1]] == list(range(1, n))
     finally:
         if idle is not None:

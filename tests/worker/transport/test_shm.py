@@ -188,6 +188,7 @@ async def test_a_malicious_notification_is_a_protocol_violation(frame, problem) 
 async def test_a_lost_peer_fails_a_send_waiting_for_a_slot() -> None:
     async with shm_world(2, shm_slots=2, shm_slot_bytes=64 << 10) as (a, b):
         x = np.ones(1 << 20, np.uint8)  # 16 slots' worth; b never receives
+        await a.ensure([1])
         b._conns[0].shm.on_frame = lambda meta: True  # b swallows chunks, returns no credit
         send = asyncio.ensure_future(a.send(1, x, tag=Tag(1, 0)))
         await asyncio.sleep(0.2)

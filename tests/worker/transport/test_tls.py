@@ -21,7 +21,7 @@ from tests.e2e.abuse import FlipProxy
 from tests.worker.cluster import TOKEN as CLUSTER_TOKEN
 from tests.worker.cluster import coordinator, worker_config
 
-from .fabric import TOKEN, close_all, roster_for
+from .fabric import TOKEN, book_for, close_all, placement_for
 
 
 def _coordinator_tls(files: TlsFiles) -> ssl.SSLContext:
@@ -89,8 +89,9 @@ async def _mesh_pair(certs, dialer: TlsFiles | None, detour: FlipProxy | None = 
     if detour is not None:
         detour.target = ("127.0.0.1", ports[0])
         dial_ports[0] = await detour.start()
-    rosters = [roster_for(ports, 0), roster_for(dial_ports, 1)]
-    return meshes, rosters
+    meshes[0].start(placement_for(2, 0), book_for(ports))
+    meshes[1].start(placement_for(2, 1), book_for(dial_ports))
+    return meshes
 
 
 @pytest.mark.parametrize("who", ["plain", "stranger"])
@@ -98,13 +99,12 @@ async def test_a_peer_listener_refuses_dialers_without_the_jobs_certificate(
     certificates, who
 ) -> None:
     dialer = None if who == "plain" else certificates.stranger
-    meshes, rosters = await _mesh_pair(certificates, dialer)
+    meshes = await _mesh_pair(certificates, dialer)
     try:
-        results = await asyncio.gather(
-            *(m.connect(r) for m, r in zip(meshes, rosters, strict=True)),
-            return_exceptions=True,
-        )
-        assert all(isinstance(r, ShardwireError) for r in results), results
+        with pytest.raises(ShardwireError):
+            async with asyncio.timeout(30):
+                await meshes[1].ensure([0])
+        assert meshes[0]._conns == {}
     finally:
         for m in meshes:
             await m.aclose()
@@ -114,11 +114,11 @@ async def test_with_tls_a_flipped_byte_breaks_the_link_instead_of_the_result(
     certificates,
 ) -> None:
     proxy = FlipProxy(("", 0), part="stream", offset=200_000)  # well past the handshakes
-    meshes, rosters = await _mesh_pair(certificates, certificates.member, proxy)
+    meshes = await _mesh_pair(certificates, certificates.member, proxy)
     groups: list[Group] = []
     try:
         async with asyncio.timeout(10):
-            await asyncio.gather(*(m.connect(r) for m, r in zip(meshes, rosters, strict=True)))
+            await meshes[1].ensure([0])  # through the proxy
         groups = [Group(m, timeout=10) for m in meshes]
         x = np.arange(200_000.0)
         async with asyncio.timeout(30):
