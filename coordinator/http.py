@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 from aiohttp import web
@@ -21,9 +22,16 @@ Clock = Callable[[], float]
 _SHUTDOWN_GRACE = 2.0  # seconds in-flight requests get when the coordinator stops
 
 
-def status_json(rdzv: Rendezvous, now: float, wall: float) -> dict:
-    """The job for machines: state, ranks, recent events (wall-clock times), losses."""
-    reply = rdzv.status(now)
+API_PAGE = 1000  # rank rows per /api/status response (``?offset=&limit=`` pages on)
+METRICS_RANKS = 1024  # ranks with series of their own in /metrics (then aggregates only)
+
+
+def status_json(
+    rdzv: Rendezvous, now: float, wall: float, offset: int = 0, limit: int = API_PAGE
+) -> dict:
+    """The job for machines: state, rank rows ``offset`` onwards (at most ``limit``, and
+    ``total`` of them), recent events (wall-clock times), losses."""
+    reply = rdzv.status(now, offset, max(1, min(limit, API_PAGE)))
     body = reply.model_dump(exclude={"kind"})
     for g in body["generations"]:
         g["started_at"] = wall - g["started_age_s"]
@@ -41,7 +49,7 @@ class _Metrics(Collector):
         self._rdzv, self._clock = rdzv, clock
 
     def collect(self) -> Iterator:
-        reply = self._rdzv.status(self._clock())
+        reply = self._rdzv.status(self._clock())  # every rank: the aggregates need them
         state = GaugeMetricFamily(
             "shardwire_job_state", "1 for the job's current state", labels=["state"]
         )
@@ -69,7 +77,20 @@ class _Metrics(Collector):
         received = CounterMetricFamily(
             "shardwire_rank_received_bytes", "Payload bytes received", labels=["rank"]
         )
-        for r in reply.ranks:
+        steps = [r.step for r in reply.ranks]
+        ranks = GaugeMetricFamily(
+            "shardwire_ranks", "Ranks of the current generation, by state", labels=["state"]
+        )
+        for name, count in sorted(Counter(r.state for r in reply.ranks).items()):
+            ranks.add_metric([name], count)
+        yield ranks
+        yield GaugeMetricFamily(
+            "shardwire_step_min", "Lowest step reported", value=min(steps, default=0)
+        )
+        yield GaugeMetricFamily(
+            "shardwire_step_max", "Highest step reported", value=max(steps, default=0)
+        )
+        for r in reply.ranks[:METRICS_RANKS]:  # a bounded number of series per scrape
             label = [str(r.rank)]
             step.add_metric(label, r.step)
             rate.add_metric(label, r.samples_per_s)
@@ -172,8 +193,14 @@ class StatusHTTP:
         ready = self._rdzv.state in (JobState.WAITING, JobState.RUNNING)
         return web.Response(text=f"{self._rdzv.state.value}\n", status=200 if ready else 503)
 
-    async def _status(self, _request: web.Request) -> web.Response:
-        return web.json_response(status_json(self._rdzv, self._clock(), time.time()))
+    async def _status(self, request: web.Request) -> web.Response:
+        try:
+            offset = max(0, int(request.query.get("offset", "0")))
+            limit = int(request.query.get("limit", str(API_PAGE)))
+        except ValueError:
+            raise web.HTTPBadRequest(text="offset and limit are whole numbers\n") from None
+        body = status_json(self._rdzv, self._clock(), time.time(), offset, limit)
+        return web.json_response(body)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self._registry)

@@ -48,6 +48,7 @@ class Lifecycle:
     _joins: JoinIndex = field(default_factory=JoinIndex)  # what _workers' joins claim
     _beats: dict[ConnId, None] = field(default_factory=dict)  # oldest heartbeat first
     _members: list[Member] = field(default_factory=list)  # the formed generation's, by rank
+    _by_rank: dict[int, Worker] = field(default_factory=dict)  # its workers, by rank
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None
@@ -201,6 +202,7 @@ class Lifecycle:
         self._workers = {}
         self._joins = JoinIndex()
         self._members = []
+        self._by_rank = {}
         self._world = None
         return actions + self._advance(self._now)
 

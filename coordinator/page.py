@@ -104,6 +104,12 @@ async function refresh() {
       if (r.busy_stack) tr.title = r.busy_stack;
       body.appendChild(tr);
     }
+    if (s.total > s.ranks.length) {
+      const tr = document.createElement("tr");
+      tr.append(cell(`ranks ${s.offset + s.ranks.length} to ${s.total - 1} not shown ` +
+                     `(/api/status?offset=${s.offset + s.ranks.length})`, "text"));
+      body.appendChild(tr);
+    }
     drawLoss(s.losses);
     document.getElementById("events").textContent = s.events.map(
       e => new Date(e.time * 1000).toLocaleTimeString() + "  " + e.text).join("\\n");

@@ -162,6 +162,7 @@ class Rendezvous(Lifecycle):
             now,
         )
         self._members, actions = placements(self._workers.values(), shape, self.generation)
+        self._by_rank = {w.rank: w for w in self._workers.values()}
         if self._may_grow() and any(a.node_rank is None for a in self._agents.values()):
             # a node arrived while this generation formed: take it in with the next one
             late = next(a for a in self._agents.values() if a.node_rank is None)
@@ -208,11 +209,11 @@ class Rendezvous(Lifecycle):
         if self.state is JobState.FAILING:
             return self._testify(worker, msg.diagnosis, now)
         if msg.rank >= 0 and msg.rank != worker.rank:
-            blamed = [w for w in self._workers.values() if w.rank == msg.rank]
-            if not blamed:
+            blamed = self._by_rank.get(msg.rank)
+            if blamed is None or self._workers.get(blamed.conn) is not blamed:
                 return []
             reason = f"{msg.reason} (reported by rank {worker.rank})"
-            return self._fail(blamed[0], reason)
+            return self._fail(blamed, reason)
         if msg.code == "collective_timeout" and self.state is JobState.RUNNING:
             return self._open_inquest(worker, msg, now)
         return self._fail(worker, msg.reason, msg.traceback)
@@ -343,6 +344,7 @@ class Rendezvous(Lifecycle):
         self._workers.clear()
         self._joins = JoinIndex()
         self._members = []
+        self._by_rank = {}
         self._agents.clear()
         self._deadline = None
         self._last_call = None

@@ -39,6 +39,10 @@ async def test_views_of_a_running_job() -> None:
                     if [r["step"] for r in status["ranks"]] == [20, 20]:
                         break
                     await asyncio.sleep(0.02)
+                async with web.get(f"{base}/api/status?offset=1&limit=1") as response:
+                    paged = await response.json()
+                async with web.get(f"{base}/api/status?limit=all") as response:
+                    assert response.status == 400
                 async with web.get(f"{base}/healthz") as response:
                     assert response.status == 200
                 async with web.get(f"{base}/readyz") as response:
@@ -52,6 +56,7 @@ async def test_views_of_a_running_job() -> None:
             await workers
             await http.aclose()
     assert status["state"] == "running" and status["world_size"] == 2
+    assert [r["rank"] for r in paged["ranks"]] == [1] and paged["total"] == 2
     assert [(r["rank"], r["step"], r["samples_per_s"]) for r in status["ranks"]] == [
         (0, 20, 50.0),
         (1, 20, 100.0),
@@ -108,3 +113,25 @@ async def test_slow_and_excess_http_connections_are_dropped() -> None:
             for client in clients:
                 client.close()
             await http.aclose()
+
+
+def test_api_status_pages_and_metrics_keep_a_bounded_number_of_series() -> None:
+    from shardwire.coordinator import Rendezvous, RendezvousConfig
+    from shardwire.coordinator.http import API_PAGE, METRICS_RANKS, _Metrics, status_json
+    from shardwire.protocol.messages import Join
+
+    world, lws = 2500, 50
+    r = Rendezvous(RendezvousConfig(run_id="big", world_size=world))
+    for i in range(world):
+        node = f"n{i // lws:03d}"
+        join = Join(world_size=world, node_id=node, local_rank=i % lws, local_world_size=lws)
+        r.join(i, join, peer_host="10.0.0.1", now=0.0)
+    first = status_json(r, 1.0, 100.0)
+    assert first["total"] == world and len(first["ranks"]) == API_PAGE
+    last = status_json(r, 1.0, 100.0, offset=2000, limit=10_000)  # the limit is capped
+    assert [row["rank"] for row in last["ranks"]] == list(range(2000, 2500))
+    families = {f.name: f for f in _Metrics(r, lambda: 1.0).collect()}
+    assert len(families["shardwire_rank_step"].samples) == METRICS_RANKS
+    assert families["shardwire_ranks"].samples[0].labels == {"state": "running"}
+    assert families["shardwire_ranks"].samples[0].value == world
+    assert families["shardwire_step_max"].samples[0].value == 0
