@@ -1,5 +1,5 @@
 """shardwire bench rendezvous: a real coordinator process admits simulated workers that
-each read every member, and the run reports its figures (no speed is asserted)."""
+each look up their neighbours, and the run reports its figures (no speed is asserted)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ from shardwire.worker.bench.rendezvous import main, measure
 
 
 def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
-    result = measure(64, 2, 8)
+    result = measure(64, 2, 8, beat_window=1.0)
     assert result["workers"] == 64 and result["processes"] == 2
     assert result["coordinator_exit"] == 0  # every simulated worker held all and left
     assert 0 < result["join_p50_s"] <= result["join_p99_s"] <= result["rendezvous_s"]
     assert result["coordinator_cpu_s"] > 0 and result["coordinator_peak_rss_mib"] > 10
+    assert 0 <= result["heartbeat_cpu_share"] < 2  # CPU seconds per second, two cores
     out = tmp_path / "r.json"
-    assert main(["--workers", "24", "--processes", "1", "--per-node", "4", "--json", str(out)]) == 0
+    args = ["--workers", "24", "--processes", "1", "--per-node", "4", "--beat-window", "0.5"]
+    assert main([*args, "--json", str(out)]) == 0
     assert "| 24 |" in capsys.readouterr().out
-    assert json.loads(out.read_text())[0]["workers"] == 24
+    written = json.loads(out.read_text())[0]
+    assert written["workers"] == 24 and "heartbeat_cpu_share" in written
 
 
 def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts() -> None:

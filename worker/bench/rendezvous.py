@@ -1,6 +1,7 @@
 """``shardwire bench rendezvous``: how fast a coordinator admits a job of N workers.
 
-    shardwire bench rendezvous [--workers 1000] [--processes 4] [--per-node 8] [--json OUT]
+    shardwire bench rendezvous [--workers 1000] [--processes 4] [--per-node 8]
+                               [--beat-window 5] [--json OUT]
 
 A real coordinator runs as its own process (``python -m shardwire.coordinator``); the
 workers are simulated by ``--processes`` client processes, each running its share of
@@ -12,7 +13,11 @@ Printed and written as JSON:
 
 * ``rendezvous_s``: first dial to the last worker holding its peers' addresses;
 * ``join_p50_s`` / ``join_p99_s``: one worker's dial-to-addresses time;
-* ``coordinator_cpu_s``: the coordinator's CPU time over the whole run (``/proc``);
+* ``coordinator_cpu_s``: the coordinator's CPU time until every worker had its peers
+  (``/proc``);
+* ``heartbeat_cpu_share``: the coordinator's CPU seconds per second over the next
+  ``--beat-window`` seconds (default 5), while every worker heartbeats once a second
+  (the default interval);
 * ``coordinator_peak_rss_mib``: its peak resident memory (``VmHWM``).
 
 Nothing here asserts a speed: the figures are for comparing runs on one machine.
@@ -98,8 +103,9 @@ def _proc_stats(pid: int) -> tuple[float, float]:
     return cpu, hwm
 
 
-def measure(workers: int, processes: int, lws: int) -> dict:
-    """One run: a coordinator and ``processes`` client processes for ``workers``."""
+def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) -> dict:
+    """One run: a coordinator and ``processes`` client processes for ``workers``; then
+    ``beat_window`` seconds of every worker heartbeating."""
     if workers < 1 or workers % lws:
         raise ValueError(f"{workers} workers do not fill nodes of {lws}")
     token = secrets.token_hex(16)
@@ -145,6 +151,9 @@ def measure(workers: int, processes: int, lws: int) -> dict:
                     raise RuntimeError(f"a client process failed (exit {client.wait(60)})")
                 times += [tuple(t) for t in json.loads(line)]
             cpu, rss = _proc_stats(coordinator.pid)
+            # every worker now heartbeats once a second: what that costs the coordinator
+            time.sleep(beat_window)
+            beat_cpu, rss = _proc_stats(coordinator.pid)
             for client in clients:
                 assert client.stdin is not None
                 client.stdin.write("\n")
@@ -166,6 +175,7 @@ def measure(workers: int, processes: int, lws: int) -> dict:
         "join_p50_s": statistics.median(joins),
         "join_p99_s": joins[min(len(joins) - 1, int(0.99 * len(joins)))],
         "coordinator_cpu_s": cpu,
+        "heartbeat_cpu_share": (beat_cpu - cpu) / beat_window,
         "coordinator_peak_rss_mib": rss,
         "coordinator_exit": coordinator.returncode,
         "coordinator_last_line": log[-1] if log else "",
@@ -177,18 +187,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1000])
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--per-node", type=int, default=8, help="simulated workers per node")
+    p.add_argument("--beat-window", type=float, default=5.0, help="seconds of heartbeats")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     results = []
     print("| workers | rendezvous (s) | join p50 (s) | join p99 (s) | coordinator CPU (s) | "
-          "coordinator peak RSS (MiB) |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+          "coordinator peak RSS (MiB) | heartbeats (share of a core) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for n in args.workers:
-        r = measure(n, args.processes, args.per_node)
+        r = measure(n, args.processes, args.per_node, args.beat_window)
         results.append(r)
         print(
             f"| {n} | {r['rendezvous_s']:.2f} | {r['join_p50_s']:.2f} | {r['join_p99_s']:.2f} "
-            f"| {r['coordinator_cpu_s']:.2f} | {r['coordinator_peak_rss_mib']:.0f} |",
+            f"| {r['coordinator_cpu_s']:.2f} | {r['coordinator_peak_rss_mib']:.0f} "
+            f"| {r['heartbeat_cpu_share']:.3f} |",
             flush=True,
         )
     if args.json:
