@@ -3,6 +3,7 @@ small objects) and point-to-point messages, as the base of :class:`Group`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import GroupCore, Pending
 from shardwire.worker.collectives.layout import offsets
-from shardwire.worker.collectives.plan import P2P_BASE
+from shardwire.worker.collectives.plan import P2P_BASE, choose
 
 
 class Movement(GroupCore):
@@ -41,6 +42,14 @@ class Movement(GroupCore):
         result = out_array(out, (sum(sizes), *row_shape), x.dtype) if self.rank == root else None
 
         async def algorithm(c: Call) -> np.ndarray | None:
+            if choose("gather", x.nbytes, c.size) == "tree":
+                row = math.prod(row_shape)
+                gathered = await small.gather_tree(c, src, [k * row for k in sizes], root)
+                if gathered is None:
+                    return None
+                assert result is not None
+                np.copyto(result.reshape(-1), gathered)
+                return result
             if c.rank != root:
                 await c.send(root, x, 0)
                 return None
@@ -74,6 +83,12 @@ class Movement(GroupCore):
         signature = f"scatter:{root}"
 
         async def algorithm(c: Call) -> np.ndarray:
+            if choose("scatter", 0, c.size) == "tree":
+                got = await small.scatter_tree(c, chunks if c.rank == root else None, root)
+                if out is None:
+                    return got
+                np.copyto(out, got.reshape(out.shape))
+                return out
             if c.rank != root:
                 return await c.recv(root, 0, out=out)
             await small.exchange(c, dict(enumerate(chunks)), {})

@@ -78,4 +78,6 @@ def choose(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: boo
         return "ring" if ring else "bruck"
     if op == "broadcast":
         return "tree" if nbytes <= BROADCAST_SMALL or crowded else "chain"
-    return "direct"
+    if op in ("gather", "scatter") and size > DIRECT_MAX:
+        return "tree"
+    return "direct"  # all_to_all: every pair exchanges anyway

@@ -4,7 +4,8 @@
   2*rem ranks fold pairwise into one (rem = n - 2^k), the 2^k survivors double, and the
   result is handed back (Thakur, Rabenseifner & Gropp, 2005).
 * all_gather, reduce_scatter, gather, scatter, all_to_all: direct exchange, one round.
-* broadcast and reduce: binomial trees rooted anywhere.
+* broadcast, reduce, and gather and scatter in groups of more than 8: binomial trees
+  rooted anywhere (a rank talks to log2 n others).
 * barrier: dissemination, ceil(log2 n) rounds of empty messages.
 
 Reductions always combine the lower ranks' part first, so every rank and every run
@@ -121,3 +122,66 @@ async def barrier(c: Call) -> None:
         await receive.wait()
         distance <<= 1
         step += 1
+
+
+def _subtree(v: int, n: int) -> int:
+    """The end of the binomial subtree of virtual rank ``v`` (it covers ``v .. end-1``)."""
+    span = v & -v if v else 1 << max(0, n - 1).bit_length()
+    return min(v + span, n)
+
+
+async def gather_tree(c: Call, mine: np.ndarray, counts: list[int], root: int) -> np.ndarray | None:
+    """Binomial-tree gather of flat ``mine`` (``counts[p]`` elements from rank p): on
+    ``root`` every rank's elements in rank order, elsewhere None. A rank receives its
+    subtree's parts, one message per child, and passes them up as one: log2 n peers."""
+    n, r = c.size, c.rank
+    v = (r - root) % n
+    end = _subtree(v, n)
+    order = [(root + u) % n for u in range(v, end)]  # this subtree's ranks, virtual order
+    starts = np.cumsum([0] + [counts[p] for p in order])
+    stage = c.scratch(int(starts[-1]), mine.dtype)
+    np.copyto(stage[: counts[r]], mine)
+    mask = 1
+    while mask < n:
+        if v & mask:
+            await c.send((r - mask) % n, stage, 0)
+            return None
+        child = v + mask
+        if child < n:  # its subtree is child .. _subtree(child)-1, right after ours so far
+            a, b = starts[child - v], starts[_subtree(child, n) - v]
+            await c.recv((r + mask) % n, 0, out=stage[a:b])
+        mask <<= 1
+    out = np.empty(sum(counts), mine.dtype)
+    at = np.cumsum([0, *counts])
+    for u, p in enumerate(order):  # from virtual order (root first) to rank order
+        out[at[p] : at[p + 1]] = stage[starts[u] : starts[u + 1]]
+    return out
+
+
+async def scatter_tree(c: Call, chunks: list[np.ndarray] | None, root: int) -> np.ndarray:
+    """Binomial-tree scatter: ``root`` passes ``chunks`` (one per rank, rows of the same
+    row shape); every rank returns its own. A rank gets its subtree's rows from its
+    parent (their counts first) and passes each child its part: log2 n peers."""
+    n, r = c.size, c.rank
+    v = (r - root) % n
+    end = _subtree(v, n)
+    if v == 0:
+        assert chunks is not None
+        order = [chunks[(root + u) % n] for u in range(n)]
+        rows = np.array([len(x) for x in order], np.int64)
+        data = np.concatenate(order) if n > 1 else order[0]
+    else:
+        parent = (r - (v & -v)) % n
+        rows = await c.recv(parent, 0)
+        data = await c.recv(parent, 1)
+    starts = np.cumsum([0, *rows.tolist()])
+    mask = (end - v - 1).bit_length()
+    while mask:
+        mask -= 1
+        child = v + (1 << mask)
+        if child < end:
+            stop = _subtree(child, n)
+            a, b = child - v, stop - v
+            await c.send((r + (1 << mask)) % n, rows[a:b], 0)
+            await c.send((r + (1 << mask)) % n, data[starts[a] : starts[b]], 1)
+    return data[: starts[1]].copy()  # not a view holding the subtree's rows

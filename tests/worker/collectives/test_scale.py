@@ -44,6 +44,28 @@ async def test_logarithmic_algorithms_match_the_oracle(kind: str, n: int) -> Non
                 check(got, np.concatenate(parts), f"{kind} n={n} all_gather {sizes} rank {r}")
 
 
+@pytest.mark.parametrize("kind", ["memory", "tcp"])
+@pytest.mark.parametrize("n", [9, 13])
+async def test_tree_gather_and_scatter_match_the_oracle(kind: str, n: int) -> None:
+    assert choose("gather", 1, n) == choose("scatter", 1, n) == "tree"
+    async with group_world(kind, n) as groups:
+        for root in (0, n // 2, n - 1):
+            for sizes in ([2] * n, [r % 3 for r in range(n)]):
+                parts = [data(r, sizes[r], "float64", root, (3,)) for r in range(n)]
+                outs = await on_all(
+                    groups, lambda g: g.gather(parts[g.rank], root=root, sizes=sizes)
+                )
+                check(outs[root], np.concatenate(parts), f"{kind} gather {root} {sizes}")
+                assert all(o is None for r, o in enumerate(outs) if r != root)
+                whole = np.concatenate(parts)
+                outs = await on_all(
+                    groups,
+                    lambda g: g.scatter(whole if g.rank == root else None, root=root, sizes=sizes),
+                )
+                for r, got in enumerate(outs):
+                    check(got, parts[r], f"{kind} scatter {root} {sizes} rank {r}")
+
+
 N = 1024
 LOG_BOUND = 2 * (N - 1).bit_length()  # peers at distances ±2^k: 20 at 1,024 ranks
 
@@ -63,8 +85,18 @@ def test_large_groups_leave_rings_of_tiny_hops_and_direct_exchanges() -> None:
         ("all_gather", lambda g: g.all_gather(np.full(2, g.rank, np.int32))),
         ("reduce_scatter", lambda g: g.reduce_scatter(np.ones(2 * N, np.float32))),
         ("barrier", lambda g: g.barrier()),
+        ("gather", lambda g: g.gather(np.full(1, g.rank, np.int32), root=3)),
+        ("scatter", lambda g: g.scatter(np.arange(N) if g.rank == 3 else None, root=3)),
     ],
-    ids=["all_reduce-small", "all_reduce-mid", "all_gather", "reduce_scatter", "barrier"],
+    ids=[
+        "all_reduce-small",
+        "all_reduce-mid",
+        "all_gather",
+        "reduce_scatter",
+        "barrier",
+        "gather",
+        "scatter",
+    ],
 )
 async def test_at_1024_ranks_each_rank_talks_to_a_logarithmic_number_of_peers(call) -> None:
     name, run = call
@@ -88,3 +120,7 @@ async def test_at_1024_ranks_each_rank_talks_to_a_logarithmic_number_of_peers(ca
         assert outs[5].tolist() == [r for r in range(N) for _ in range(2)]
     elif name == "reduce_scatter":
         assert outs[7].tolist() == [float(N)] * 2
+    elif name == "gather":
+        assert outs[3].tolist() == list(range(N))
+    elif name == "scatter":
+        assert [int(o[0]) for o in outs] == list(range(N))
