@@ -291,6 +291,20 @@ class Leave(_Msg):
     kind: Literal["leave"] = "leave"
 
 
+class Release(_Msg):
+    """A peer proposes closing this idle connection (the next send dials again)."""
+
+    kind: Literal["release"] = "release"
+
+
+class ReleaseAnswer(_Msg):
+    """The answer to ``Release``. ``ok``: the peer is idle too, sends nothing more on this
+    connection, and the proposer closes it once its own frames are out."""
+
+    kind: Literal["release_answer"] = "release_answer"
+    ok: bool
+
+
 class ShmOffer(_Msg):
     """A same-host peer offers a shared-memory segment for the payloads it sends."""
 
@@ -332,6 +346,8 @@ Message = Annotated[
     | Abort
     | Poison
     | Leave
+    | Release
+    | ReleaseAnswer
     | ShmOffer
     | ShmAnswer,
     Field(discriminator="kind"),

@@ -59,6 +59,7 @@ class Session:
                 token=cfg.token,
                 bind_host=cfg.bind_host,
                 connect_timeout=cfg.connect_timeout,
+                idle_close=cfg.idle_close,
                 checksum=cfg.checksum,
                 shm=cfg.transport == "auto",
                 shm_slots=cfg.shm_slots,

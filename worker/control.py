@@ -38,7 +38,7 @@ from shardwire.protocol.messages import (
     StatusRequest,
 )
 from shardwire.protocol.placement import PEER_PAGE, Member, PeerPage, PeerQuery, Placement
-from shardwire.worker.transport.framing import FramedProtocol
+from shardwire.worker.transport.framing import FramedProtocol, open_connection
 
 _CONTROL_LIMITS = Limits(max_payload=0)
 
@@ -128,7 +128,7 @@ class ControlClient:
         shake = ClientHandshake(
             self._token, role=self._role, run_id=self._run_id, generation=self._generation
         )
-        _, proto = await asyncio.get_running_loop().create_connection(
+        proto = await open_connection(
             lambda: FramedProtocol(shake, limits=_CONTROL_LIMITS, on_message=self._received),
             host,
             port,

@@ -49,6 +49,7 @@ class WorkerEnv(BaseModel):
     connect_timeout: float = Field(
         default=60.0, gt=0, validation_alias=_alias("SHARDWIRE_CONNECT_TIMEOUT")
     )
+    idle_close: float = Field(default=120.0, ge=0, validation_alias=_alias("SHARDWIRE_IDLE_CLOSE"))
     timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
     stall_warn: float = Field(default=10.0, gt=0, validation_alias=_alias("SHARDWIRE_STALL_WARN"))
     interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))
@@ -87,6 +88,9 @@ class WorkerConfig:
         token: shared secret (``Token(None)`` for none; only allowed on loopback).
         bind_host: address of the peer listener; advertise_host overrides what peers dial.
         timeout: default bound for every collective and transport operation, in seconds.
+        connect_timeout: bound on connecting to a peer (made on first use), in seconds.
+        idle_close: a peer connection nothing moved on for about this many seconds is
+            closed, both ranks agreeing (the next send dials again); 0: never.
         heartbeat_interval: seconds between heartbeats (sent from a thread of their own).
         stall_warn: seconds without the event loop running before the rank is reported
             busy (with its stack) on the status views; a busy rank is never failed.
@@ -127,6 +131,7 @@ class WorkerConfig:
     heartbeat_interval: float = 1.0
     join_timeout: float = 300.0
     connect_timeout: float = 60.0
+    idle_close: float = 120.0
     timeout: float = 300.0
     stall_warn: float = 10.0
     interactive: bool = False

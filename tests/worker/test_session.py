@@ -324,23 +324,33 @@ def test_checksum_setting_is_read_from_the_environment() -> None:
     assert WorkerConfig.from_env({**env, "SHARDWIRE_CHECKSUM": "0"}).checksum is False
 
 
-def test_connect_timeout_is_read_from_the_environment() -> None:
+def test_connect_timeout_and_idle_close_are_read_from_the_environment() -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
     assert WorkerConfig.from_env(env).connect_timeout == 60.0
     assert WorkerConfig.from_env({**env, "SHARDWIRE_CONNECT_TIMEOUT": "7.5"}).connect_timeout == 7.5
+    assert WorkerConfig.from_env(env).idle_close == 120.0
+    assert WorkerConfig.from_env({**env, "SHARDWIRE_IDLE_CLOSE": "0"}).idle_close == 0.0
 
 
-async def test_the_connect_timeout_reaches_the_dials() -> None:
-    # (the dial's bound itself: tests/worker/transport/test_lazy.py)
+async def test_the_connect_timeout_and_idle_close_reach_the_mesh() -> None:
+    # (what they do: tests/worker/transport/test_lazy.py and test_idle.py)
     async with coordinator(2) as server:
 
-        async def worker(i: int) -> float:
-            async with init(worker_config(server, 2, i, connect_timeout=0.5)) as pg:
+        async def worker(i: int) -> tuple[float, float]:
+            cfg = worker_config(server, 2, i, connect_timeout=0.5, idle_close=0.3)
+            async with init(cfg) as pg:
                 await pg.barrier()
                 assert isinstance(pg.transport, TcpMesh)
-                return pg.transport.config.connect_timeout
+                for _ in range(400):  # the barrier's connections go idle: poll, bounded
+                    if not pg.transport.peers():
+                        break
+                    await asyncio.sleep(0.05)
+                assert pg.transport.peers() == []
+                await pg.barrier()  # and the next call dials again
+                return pg.transport.config.connect_timeout, pg.transport.idle.after
 
-        assert await asyncio.wait_for(asyncio.gather(worker(0), worker(1)), 30) == [0.5, 0.5]
+        got = await asyncio.wait_for(asyncio.gather(worker(0), worker(1)), 60)
+        assert got == [(0.5, 0.3), (0.5, 0.3)]
 
 
 async def test_the_checksum_setting_reaches_the_wire() -> None:

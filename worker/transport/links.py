@@ -89,7 +89,12 @@ class Links:
 
     @staticmethod
     async def _sent(slot: asyncio.Future[Any]) -> None:
-        pending = await slot  # the outbox's own wait, once the frame was handed to it
+        try:
+            pending = await slot  # the outbox's own wait, once the frame was handed to it
+        except asyncio.CancelledError:
+            if slot.done() and not slot.cancelled() and asyncio.iscoroutine(slot.result()):
+                slot.result().close()  # handed over as this sender gave up: not awaited
+            raise
         if pending is not None:
             await pending
 
@@ -134,13 +139,13 @@ class Links:
             else:
                 del self._links[peer]
 
-    def connected(self, conn: PeerConnection, *, inbound: bool) -> None:
-        """``conn`` registered: send the backlog through it, in order."""
+    def connected(self, conn: PeerConnection) -> None:
+        """``conn`` registered: send the backlog through it, in order. A dial of this
+        rank still under way ends by itself (refused as crossed); it is not cancelled in
+        the middle of a handshake the peer may complete."""
         link = self._links.pop(conn.peer, None)
         if link is None:
             return
-        if inbound and link.task is not None:  # the peer's dial won
-            link.task.cancel()
         for meta, array, slot in link.backlog:
             if slot is not None and slot.cancelled():
                 continue  # its sender gave up before the connection came
@@ -160,17 +165,21 @@ class Links:
         limit = mesh.config.connect_timeout
         where, last = f"rank {peer}", "no attempt finished"
         try:
-            async with asyncio.timeout(limit), self._slots:
+            async with asyncio.timeout(limit):
                 host, port = await mesh.book.address(peer)
                 where = f"rank {peer} at {host}:{port}"
                 delay = 0.05
-                while True:  # bounded by the connect timeout
+                while not link.made.done():  # bounded by the connect timeout
                     try:
-                        self.dials += 1
-                        await mesh.dial(peer, host, port)
+                        async with self._slots:  # never held while waiting for the peer
+                            if link.made.done():
+                                break  # the peer's connection came first
+                            self.dials += 1
+                            await mesh.dial(peer, host, port)
                         return
                     except RendezvousError as exc:
                         if exc.code == CROSSED:
+                            last = "it was connecting to this rank itself"
                             break
                         if exc.code != "busy":
                             raise

@@ -44,7 +44,8 @@ from shardwire.protocol.placement import Placement
 from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES, ArenaSettings
 from shardwire.worker.transport.base import NodeMap, Place, Transport
 from shardwire.worker.transport.book import AddressBook
-from shardwire.worker.transport.framing import HANG_UP_GRACE
+from shardwire.worker.transport.framing import HANG_UP_GRACE, open_connection
+from shardwire.worker.transport.idle import IdleCloser
 from shardwire.worker.transport.links import CROSSED, Links
 from shardwire.worker.transport.peer import PeerConnection
 from shardwire.worker.transport.poll import default_budget, usable_cpus
@@ -80,6 +81,9 @@ class MeshConfig:
     # are open at once (further ones are closed on arrival).
     handshake_timeout: float = 10.0
     max_unauthenticated: int = 512  # above the largest burst of legitimate dialers
+    # A connection nothing moved on for about this many seconds is closed (both ranks
+    # agreeing; the next send dials again). 0: never.
+    idle_close: float = 0.0
     # Data frames carry an xxh3-64 checksum of meta and payload, verified on arrival.
     checksum: bool = True
     # TLS (mutual): the listener's context and the dialer's, or None for plain TCP.
@@ -119,6 +123,7 @@ class TcpMesh(Transport):
         self._pending: list[PeerConnection] = []
         self._paused: set[PeerConnection] = set()
         self.links = Links(self)
+        self.idle = IdleCloser(self, config.idle_close)
         self.book = AddressBook.fixed({})
         self._closing = False
         self._reported_failure = False
@@ -173,7 +178,7 @@ class TcpMesh(Transport):
             problem = f"generation {hello.generation} is stale, the job is at {self.generation}"
         elif not 0 <= hello.rank < self.world_size or hello.rank == self.rank:
             problem = f"rank {hello.rank} is not a peer of rank {self.rank}"
-        elif hello.rank in self._conns or self.links.refuses(hello.rank):
+        elif self._holds(hello.rank) or self.links.refuses(hello.rank):
             why = f"rank {self.rank} is connected or connecting to rank {hello.rank} itself"
             return Error(code=CROSSED, message=why)
         if problem:
@@ -181,6 +186,11 @@ class TcpMesh(Transport):
         conn.peer = hello.rank  # claimed, not yet proven: the handshake makes the link
         self.links.expect(hello.rank)
         return None
+
+    def _holds(self, peer: int) -> bool:
+        """A connection to ``peer`` is open and not being released."""
+        conn = self._conns.get(peer)
+        return conn is not None and not conn.releasing
 
     def start(
         self,
@@ -210,6 +220,7 @@ class TcpMesh(Transport):
             )
         for conn in list(self._pending):
             conn.release_held()
+        self.idle.start()
 
     async def ensure(self, peers: Sequence[int]) -> None:
         """Connect to ``peers`` now (bounded by ``connect_timeout``), as a first send would."""
@@ -218,7 +229,6 @@ class TcpMesh(Transport):
 
     async def dial(self, peer: int, host: str, port: int) -> None:
         """One connection attempt to ``peer`` (its handshake included)."""
-        loop = asyncio.get_running_loop()
         shake = ClientHandshake(
             self.config.token,
             role="peer",
@@ -226,11 +236,8 @@ class TcpMesh(Transport):
             rank=self.rank,
             generation=self.generation,
         )
-        _, conn = await loop.create_connection(
-            lambda: PeerConnection(self, shake, peer=peer),
-            host,
-            port,
-            ssl=self.config.tls_client,
+        conn = await open_connection(
+            lambda: PeerConnection(self, shake, peer=peer), host, port, ssl=self.config.tls_client
         )
         try:
             await conn.ready
@@ -252,7 +259,7 @@ class TcpMesh(Transport):
         self._conns[conn.peer] = conn
         if self.config.shm and self.nodes and self.nodes[conn.peer] == self.nodes[self.rank]:
             conn.shm.allow(self.config.run_id, self.config.shm_slots, self.config.shm_slot_bytes)
-        self.links.connected(conn, inbound=isinstance(conn._shake, ServerHandshake))
+        self.links.connected(conn)
 
     def pause(self, conn: PeerConnection) -> None:
         self._paused.add(conn)
@@ -260,12 +267,17 @@ class TcpMesh(Transport):
     def is_paused(self, conn: PeerConnection) -> bool:
         return conn in self._paused
 
+    def peers(self) -> list[int]:
+        """The ranks this rank holds an open connection to (made on first use)."""
+        return sorted(p for p, c in self._conns.items() if c.is_open)
+
     def shm_peers(self) -> list[int]:
         """The peers this rank sends to through shared memory (offered on the first
         payload large enough)."""
         return sorted(p for p, c in self._conns.items() if c.shm.out is not None)
 
     def lost(self, conn: PeerConnection, exc: Exception | None) -> None:
+        self.idle.retired.discard(conn)
         if conn in self._pending:
             self._pending.remove(conn)
             if conn.peer >= 0 and not self._closing:  # an accepted hello, never proven
@@ -355,9 +367,10 @@ class TcpMesh(Transport):
 
     async def _close(self) -> None:
         self._closing = True
+        await self.idle.aclose()
         await self.links.aclose(self.error or TransportClosed(f"{self._who}: transport closed"))
         await self.book.aclose()
-        conns = list(self._conns.values()) + self._pending
+        conns = [*self._conns.values(), *self._pending, *self.idle.retired]
         goodbye = b"" if self._reported_failure else message_bytes(Leave())
         for conn in self._conns.values():
             conn.hang_up(goodbye)

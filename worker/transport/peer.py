@@ -7,26 +7,15 @@ Receiving: the frame decoder asks :meth:`PeerConnection._allocate` where a paylo
 the mailbox answers with the posted receive's array, or scratch space for an early
 arrival. A large payload nobody waits for yet makes the connection stop reading for one
 loop turn, since its receive is usually about to be posted.
-
-Sending: :class:`Outbox` writes each frame whole. Frames up to 8 MiB, and every frame
-without a checksum, go to the transport at once while nothing else is being written (the
-caller's array is written without a copy and the send completes when the kernel has it;
-a checksum is computed first, from cache). A larger frame with a checksum is streamed:
-each slice is hashed just before it is handed to the kernel, and the next slice waits
-until the previous one is in the kernel, so the hash reads warm data and overlaps the
-peer's receive. While a frame streams, later frames and control
-messages queue behind it, which keeps every frame contiguous on the wire.
+Sending is the outbox's (``transport.outbox``); closing an idle connection is
+``transport.idle``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
-
-import numpy as np
 
 from shardwire.protocol import (
     Frame,
@@ -40,190 +29,29 @@ from shardwire.protocol import (
     parse_tensor_meta,
 )
 from shardwire.protocol.decoder import StagePool
-from shardwire.protocol.frames import encode_data_head, encode_sealed_head
 from shardwire.protocol.integrity import integrity_error
-from shardwire.protocol.messages import Failure, Leave, Message, ShmAnswer, ShmOffer
+from shardwire.protocol.messages import (
+    Failure,
+    Leave,
+    Message,
+    Release,
+    ReleaseAnswer,
+    ShmAnswer,
+    ShmOffer,
+)
 from shardwire.worker.transport.framing import HANG_UP_GRACE, FramedProtocol
 from shardwire.worker.transport.mailbox import Inbound, Mailbox, byte_view
+from shardwire.worker.transport.outbox import Outbox
 from shardwire.worker.transport.shmlink import ShmLink
 
 if TYPE_CHECKING:
+    from shardwire.worker.transport.idle import IdleCloser
     from shardwire.worker.transport.mesh import MeshConfig
 
-# Below this size prefix, meta and payload go out as one write (one syscall); above it
-# the payload is written from the caller's array without a copy.
-_COALESCE_BYTES = 64 * 1024
 # Payloads at least this large wait (one loop turn) for their receive to be posted
 # rather than being read into scratch space: at 1 MiB this took p2p throughput on
 # loopback from ~3.3 to ~13 GB/s (scratch allocation page faults plus a second copy).
 _DEFER_BYTES = 64 * 1024
-# Checksummed payloads above _STREAM_BYTES are streamed in slices of _SLICE_BYTES; smaller
-# ones are hashed whole (from cache: xxh3 runs at ~58 GB/s on 1 MiB here) and written at
-# once, which costs less than a background writer would.
-_STREAM_BYTES = 8 << 20
-_SLICE_BYTES = 1 << 20
-
-
-@dataclass(slots=True)
-class _Queued:
-    meta: TensorMeta | None  # None: a control frame's bytes
-    item: np.ndarray | bytes
-    future: asyncio.Future[None] | None  # None: nobody waits for it
-    shm: bool = False  # the payload goes through shared memory
-
-
-class Outbox:
-    """Writes whole frames to one connection in order (see the module docstring)."""
-
-    def __init__(self, conn: PeerConnection, *, checksum: bool):
-        self._conn = conn
-        self._checksum = checksum
-        self._queue: deque[_Queued] = deque()
-        self.streaming = False  # a frame is being written in slices
-        self.task: asyncio.Task[None] | None = None  # owned; ends when the queue is empty
-
-    def send(self, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
-        """Write a data frame; returns what to await until ``array`` may change, if any."""
-        if self._conn.shm.wants(array.nbytes):
-            future = asyncio.get_running_loop().create_future()
-            self._queue.append(_Queued(meta, array, future, shm=True))
-            self._start()
-            return future
-        if self.task is None and (not self._checksum or array.nbytes <= _STREAM_BYTES):
-            self._write_now(meta, array)
-            return self._conn.wait_flushed() if self._buffered() else None
-        future = asyncio.get_running_loop().create_future()
-        self._enqueue(meta, array, future)
-        return future
-
-    def post(self, meta: TensorMeta, array: np.ndarray) -> None:
-        """Write a small data frame nobody waits on (after whatever is queued)."""
-        assert array.nbytes <= _COALESCE_BYTES
-        if self.task is None:
-            self._write_now(meta, array)
-        else:
-            self._enqueue(meta, array.copy(), None)
-
-    def urgent(self, data: bytes) -> None:
-        """Write a frame that must not wait behind this rank's own sends (a shared-memory
-        credit, offer or answer) now, or right after the frame being written in slices."""
-        if self.streaming:
-            self._enqueue(None, data, None)
-        elif self._conn.is_open:
-            assert self._conn.transport is not None
-            self._conn.transport.write(data)
-
-    def write(self, data: bytes) -> None:
-        """Write a control frame (after whatever is queued)."""
-        if self.task is None:
-            if self._conn.is_open:
-                assert self._conn.transport is not None
-                self._conn.transport.write(data)
-        else:
-            self._enqueue(None, data, None)
-
-    def stop(self, exc: BaseException) -> None:
-        """Drop the unsent queue, failing its senders with ``exc``, and end the writer.
-        (Failed here, not by the writer: a writer cancelled before its first step never
-        runs its own clean-up.)"""
-        self._fail_all(None, exc)
-        if self.task is not None:
-            self.task.cancel()
-
-    # ---- internals --------------------------------------------------------------------
-
-    def _buffered(self) -> int:
-        transport = self._conn.transport
-        return transport.get_write_buffer_size() if transport is not None else 0
-
-    def _enqueue(
-        self, meta: TensorMeta | None, item: np.ndarray | bytes, future: asyncio.Future | None
-    ) -> None:
-        self._queue.append(_Queued(meta, item, future))
-        self._start()
-
-    def _start(self) -> None:
-        if self.task is None:
-            self.task = asyncio.create_task(self._drain(), name=f"outbox-{self._conn.peer}")
-
-    async def _drain(self) -> None:
-        current: _Queued | None = None
-        try:
-            while self._queue:
-                current = queued = self._queue.popleft()
-                meta, item = queued.meta, queued.item
-                if isinstance(item, bytes):
-                    if self._conn.is_open:
-                        assert self._conn.transport is not None
-                        self._conn.transport.write(item)
-                elif meta is not None and queued.shm and await self._conn.shm.ready():
-                    await self._conn.shm.send(meta, item)
-                elif meta is not None and self._checksum and item.nbytes > _STREAM_BYTES:
-                    await self._stream(meta, item)
-                elif meta is not None:
-                    self._write_now(meta, item)
-                if self._buffered():
-                    await self._conn.wait_flushed()
-                if queued.future is not None and not queued.future.done():
-                    queued.future.set_result(None)
-                current = None
-        except (ConnectionError, OSError) as exc:
-            self._fail_all(current, exc)
-        except asyncio.CancelledError:
-            self._fail_all(current, ConnectionResetError("connection closed while sending"))
-            raise
-        finally:
-            self.task = None
-
-    def _fail_all(self, current: _Queued | None, exc: BaseException) -> None:
-        items = ([current] if current is not None else []) + list(self._queue)
-        self._queue.clear()
-        for queued in items:
-            if queued.future is not None and not queued.future.done():
-                queued.future.set_exception(exc)
-
-    def _write_now(self, meta: TensorMeta, array: np.ndarray) -> None:
-        if not self._conn.is_open:
-            raise ConnectionResetError("connection closed while sending")
-        transport = self._conn.transport
-        assert transport is not None
-        payload = byte_view(array)
-        if not self._checksum:
-            head = encode_data_head(meta, array.nbytes)
-            if array.nbytes <= _COALESCE_BYTES:
-                transport.write(head + payload)  # one syscall; the bytes are copied
-            else:
-                transport.write(head)
-                transport.write(payload)
-            return
-        head, digest = encode_sealed_head(meta, array.nbytes)
-        digest.update(payload)
-        if array.nbytes <= _COALESCE_BYTES:
-            transport.write(head + payload + digest.digest())
-        else:
-            transport.write(head)
-            transport.write(payload)
-            transport.write(digest.digest())
-
-    async def _stream(self, meta: TensorMeta, array: np.ndarray) -> None:
-        if not self._conn.is_open:
-            raise ConnectionResetError("connection closed while sending")
-        transport = self._conn.transport
-        assert transport is not None
-        payload = byte_view(array)
-        head, digest = encode_sealed_head(meta, array.nbytes)
-        self.streaming = True
-        try:
-            transport.write(head)
-            for start in range(0, len(payload), _SLICE_BYTES):
-                piece = payload[start : start + _SLICE_BYTES]
-                digest.update(piece)
-                transport.write(piece)
-                if self._buffered():
-                    await self._conn.wait_flushed()
-            transport.write(digest.digest())
-        finally:
-            self.streaming = False
 
 
 class PeerOwner(Protocol):
@@ -232,6 +60,7 @@ class PeerOwner(Protocol):
     config: MeshConfig
     mailbox: Mailbox
     stages: StagePool  # staging buffers shared by the connections
+    idle: IdleCloser  # releases connections nothing moved on
 
     @property
     def has_place(self) -> bool: ...
@@ -272,6 +101,9 @@ class PeerConnection(FramedProtocol):
         self.peer = peer
         self.said_goodbye = False
         self.failure: Failure | None = None
+        self.moves = 0  # data frames in and out (idle detection)
+        self.releasing = False  # this rank proposed closing it for idleness
+        self.retiring = False  # released: hang up once the queued frames are out
         self._inbound: deque[Inbound] = deque()
         self._deferred: TensorMeta | None = None
         self.outbox = Outbox(self, checksum=mesh.config.checksum)
@@ -339,6 +171,7 @@ class PeerConnection(FramedProtocol):
         return super().get_buffer(sizehint)
 
     def _on_data(self, frame: Frame) -> None:
+        self.moves += 1
         if len(frame.payload):
             inbound = self._inbound.popleft()
         elif self.authenticated and self.shm.on_frame(frame.meta):
@@ -372,10 +205,19 @@ class PeerConnection(FramedProtocol):
         if isinstance(msg, ShmAnswer):
             self.shm.on_answer(msg)
             return
+        if isinstance(msg, Release | ReleaseAnswer):
+            self.mesh.idle.on_message(self, msg)
+            return
         raise ProtocolError(f"unexpected {msg.kind!r} on a peer connection")
 
     def write_message(self, msg: Message) -> None:
         self.outbox.write(message_bytes(msg))
+
+    def retire(self) -> None:
+        """Hang up once the frames queued now are out (the connection was released)."""
+        self.retiring = True
+        if self.outbox.task is None:
+            self.hang_up()
 
     def hang_up(self, last: bytes = b"", *, grace: float = HANG_UP_GRACE) -> None:
         """Stop sending and hang up (see :meth:`FramedProtocol.hang_up`); ``last`` goes
