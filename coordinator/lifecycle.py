@@ -49,6 +49,7 @@ class Lifecycle:
     _beats: dict[ConnId, None] = field(default_factory=dict)  # oldest heartbeat first
     _members: list[Member] = field(default_factory=list)  # the formed generation's, by rank
     _by_rank: dict[int, Worker] = field(default_factory=dict)  # its workers, by rank
+    _left: int = 0  # its workers that left cleanly
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None

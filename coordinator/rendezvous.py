@@ -147,6 +147,7 @@ class Rendezvous(Lifecycle):
         shape = self._generation_shape()
         lws = shape.local_world_size
         node_ranks = assign_node_ranks(shape, [w.join for w in self._workers.values()])
+        self._left = 0
         for w in self._workers.values():
             w.rank = node_ranks[w.join.node_id] * lws + w.join.local_rank
             w.state = RankState.RUNNING
@@ -260,10 +261,9 @@ class Rendezvous(Lifecycle):
         if worker is None or worker.state is not RankState.RUNNING:
             return []
         worker.state = RankState.LEFT
+        self._left += 1  # counted, not scanned: a thousand leaves stay linear
         self._event(f"rank {worker.rank} finished")
-        if self.state is JobState.RUNNING and all(
-            w.state is RankState.LEFT for w in self._workers.values()
-        ):
+        if self.state is JobState.RUNNING and self._left == len(self._workers):
             self.state = JobState.FINISHED
             self.gens.end("finished", self._now)
             self._event("job finished")

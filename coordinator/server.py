@@ -67,7 +67,9 @@ class ServerConfig:
     handshake_timeout: float = 10.0
     tick_interval: float = 0.2
     idle_timeout: float = 60.0
-    max_unauthenticated: int = 512  # connections still in their handshake, at most
+    # connections still in their handshake, at most (each holds a 4 KiB buffer): as many
+    # as the accept queue, so a burst of joiners is served, not told to come back
+    max_unauthenticated: int = 4096
     tls: ssl.SSLContext | None = None  # mutual TLS on the listener, or plain TCP
 
 
