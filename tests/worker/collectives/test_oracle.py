@@ -147,24 +147,26 @@ async def test_reduce_to_every_root(kind: str, n: int) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
+async def gather_and_scatter(groups, parts: list[np.ndarray], root: int, sizes: list[int]):
+    """Gather ``parts`` (rank r's rows, ``sizes[r]`` of them) to ``root`` and scatter them
+    back from it, each against the oracle."""
+    outs = await on_all(groups, lambda g: g.gather(parts[g.rank], root=root, sizes=sizes))
+    check(outs[root], np.concatenate(parts), f"gather root={root} sizes={sizes}")
+    assert all(got is None for r, got in enumerate(outs) if r != root)
+    full = np.concatenate(parts)
+    outs = await on_all(
+        groups, lambda g: g.scatter(full if g.rank == root else None, root=root, sizes=sizes)
+    )
+    for r, got in enumerate(outs):
+        check(got, parts[r], f"scatter root={root} sizes={sizes} rank {r}")
+
+
 async def test_gather_and_scatter(kind: str, n: int) -> None:
     async with group_world(kind, n) as groups:
         sizes = [r + 1 for r in range(n)]
         inputs = [data(r, sizes[r], "uint8", 7, (2,)) for r in range(n)]
         for root in range(n):
-            outs = await on_all(groups, lambda g: g.gather(inputs[g.rank], root=root, sizes=sizes))
-            for r, got in enumerate(outs):
-                if r == root:
-                    check(got, np.concatenate(inputs), f"gather root={root}")
-                else:
-                    assert got is None
-            full = np.concatenate(inputs)
-            outs = await on_all(
-                groups,
-                lambda g: g.scatter(full if g.rank == root else None, root=root, sizes=sizes),
-            )
-            for r, got in enumerate(outs):
-                check(got, inputs[r], f"scatter root={root} rank {r}")
+            await gather_and_scatter(groups, inputs, root, sizes)
 
 
 @pytest.mark.parametrize("kind", KINDS)

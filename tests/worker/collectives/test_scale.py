@@ -10,7 +10,7 @@ from shardwire.worker.collectives import Group, ReduceOp
 from shardwire.worker.collectives.plan import choose
 from shardwire.worker.transport import MemoryHub
 
-from .test_oracle import check, data, oracle, valid_ops
+from .test_oracle import check, data, gather_and_scatter, oracle, valid_ops
 from .worlds import group_world, on_all
 
 # 150,000 float32 (586 KiB): above the small all_reduce, below a ring's 64 KiB hops at
@@ -52,18 +52,7 @@ async def test_tree_gather_and_scatter_match_the_oracle(kind: str, n: int) -> No
         for root in (0, n // 2, n - 1):
             for sizes in ([2] * n, [r % 3 for r in range(n)]):
                 parts = [data(r, sizes[r], "float64", root, (3,)) for r in range(n)]
-                outs = await on_all(
-                    groups, lambda g: g.gather(parts[g.rank], root=root, sizes=sizes)
-                )
-                check(outs[root], np.concatenate(parts), f"{kind} gather {root} {sizes}")
-                assert all(o is None for r, o in enumerate(outs) if r != root)
-                whole = np.concatenate(parts)
-                outs = await on_all(
-                    groups,
-                    lambda g: g.scatter(whole if g.rank == root else None, root=root, sizes=sizes),
-                )
-                for r, got in enumerate(outs):
-                    check(got, parts[r], f"{kind} scatter {root} {sizes} rank {r}")
+                await gather_and_scatter(groups, parts, root, sizes)
 
 
 N = 1024
