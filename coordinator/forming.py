@@ -1,4 +1,4 @@
-"""Forming a generation: node assignments, rosters and the agents' agreement (pure)."""
+"""Forming a generation: node assignments, placements and the agents' agreement (pure)."""
 
 from __future__ import annotations
 

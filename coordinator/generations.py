@@ -1,7 +1,7 @@
 """A job's generations: the number, the restart budget and the history
 (pure: times are the inputs' clock).
 
-A generation is one formed world: its members, their ranks, one roster. It ends when
+A generation is one formed world: its members and their ranks. It ends when
 every rank finishes, when a rank fails, or when the membership changes. A failure opens
 the next generation while restarts remain (``max_restarts``); a membership change within
 ``--nnodes MIN:MAX`` always does and uses no restart.

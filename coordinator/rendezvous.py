@@ -9,7 +9,7 @@ Inputs are (connection id, message) pairs plus ``tick(now)``; outputs are
   is checked at once (run id and generation are checked at the handshake), so a bad
   joiner hears why within one round trip. Agents are answered with their node rank once
   the generation's nodes are in: all of them, or for ``--nnodes MIN:MAX`` at least MIN
-  and a last-call window later (at once at MAX). Workers get the roster once the
+  and a last-call window later (at once at MAX). Workers get their placement once the
   generation's world has joined.
 * Ranks are contiguous per node: node k owns ranks k*L ... k*L+L-1 (L = processes per
   node), so node-local groups exist for hybrid sharding. Requested ranks fix their node's

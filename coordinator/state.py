@@ -15,7 +15,7 @@ class JobState(enum.Enum):
     """Where the job is."""
 
     WAITING = "waiting"  # accepting joins
-    RUNNING = "running"  # roster sent; watching liveness
+    RUNNING = "running"  # placements sent; watching liveness
     FAILING = "failing"  # a collective timed out; asking every rank what it is doing
     RESTARTING = "restarting"  # a generation ended; waiting until its processes are gone
     FAILED = "failed"  # a worker failed; abort broadcast
@@ -26,7 +26,7 @@ class RankState(enum.Enum):
     """Where one worker is."""
 
     JOINED = "joined"  # waiting for the world to complete
-    RUNNING = "running"  # has the roster, heartbeating
+    RUNNING = "running"  # has its placement, heartbeating
     LEFT = "left"  # finished cleanly
     FAILED = "failed"  # died, hung or raised
 

@@ -11,7 +11,7 @@ from shardwire.protocol.fields import Msg, Rank, Size, Str
 
 
 class Member(Msg):
-    """One roster entry."""
+    """One worker of a formed generation, as a ``PeerPage`` lists it."""
 
     rank: Rank
     node_id: Str

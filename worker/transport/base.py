@@ -146,7 +146,7 @@ class Transport(abc.ABC):
         # The node of every rank, by rank (None: one node, as far as known).
         self.nodes: Sequence[Hashable] | None = None
         self.poll = BusyPoll()  # waiting receives keep the loop polling this long
-        # This node runs more ranks than it has CPUs (from the roster): algorithms that
+        # This node runs more ranks than it has CPUs (from the placement): algorithms that
         # need every rank running at once lose there.
         self.crowded = False
         # Groups whose ranks share this node run their collectives through a node arena

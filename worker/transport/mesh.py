@@ -89,7 +89,7 @@ class MeshConfig:
     # TLS (mutual): the listener's context and the dialer's, or None for plain TCP.
     tls_server: ssl.SSLContext | None = None
     tls_client: ssl.SSLContext | None = None
-    # Peers on the same node (roster node id) move payloads of 128 KiB and more through a
+    # Peers on the same node (by placement) move payloads of 128 KiB and more through a
     # shared-memory segment per direction of shm_slots x shm_slot_bytes, if it attaches;
     # it is offered with the first such payload (collectives on one node use the arena).
     shm: bool = False
