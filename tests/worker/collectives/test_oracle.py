@@ -145,8 +145,6 @@ async def test_reduce_to_every_root(kind: str, n: int) -> None:
                         np.testing.assert_array_equal(copies[r], inputs[r])  # untouched
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
 async def gather_and_scatter(groups, parts: list[np.ndarray], root: int, sizes: list[int]):
     """Gather ``parts`` (rank r's rows, ``sizes[r]`` of them) to ``root`` and scatter them
     back from it, each against the oracle."""
@@ -161,6 +159,8 @@ async def gather_and_scatter(groups, parts: list[np.ndarray], root: int, sizes: 
         check(got, parts[r], f"scatter root={root} sizes={sizes} rank {r}")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 async def test_gather_and_scatter(kind: str, n: int) -> None:
     async with group_world(kind, n) as groups:
         sizes = [r + 1 for r in range(n)]
