@@ -66,9 +66,6 @@ class Links:
         self._tasks: set[asyncio.Task[None]] = set()
         self.dials = 0  # handshakes this rank started
 
-    def making(self) -> list[int]:
-        return sorted(self._links)
-
     def refuses(self, peer: int) -> bool:
         """Whether a hello from ``peer`` loses to this rank's own dial (the higher rank's
         dial wins)."""
@@ -109,10 +106,14 @@ class Links:
 
     # ---- link life ---------------------------------------------------------------------
 
-    def _want(self, peer: int) -> _Link:
+    def _link(self, peer: int) -> _Link:
         link = self._links.get(peer)
         if link is None:
             link = self._links[peer] = _Link(peer, asyncio.get_running_loop().create_future())
+        return link
+
+    def _want(self, peer: int) -> _Link:
+        link = self._link(peer)
         if link.task is None and link.inbound == 0:
             link.dialing = True
             link.task = asyncio.create_task(self._dial(link), name=f"dial-{peer}")
@@ -122,10 +123,7 @@ class Links:
 
     def expect(self, peer: int) -> None:
         """A hello from ``peer`` was accepted: its handshake makes the link."""
-        link = self._links.get(peer)
-        if link is None:
-            link = self._links[peer] = _Link(peer, asyncio.get_running_loop().create_future())
-        link.inbound += 1
+        self._link(peer).inbound += 1
 
     def inbound_failed(self, peer: int) -> None:
         """An accepted handshake from ``peer`` failed: dial if someone still waits."""
