@@ -29,22 +29,6 @@ if TYPE_CHECKING:
     from shardwire.worker.transport.peer import PeerConnection
 
 
-def quiet(conn: PeerConnection) -> bool:
-    """Nothing is moving on ``conn`` or about to (frames, payloads, shared memory)."""
-    transport = conn.transport
-    return (
-        conn.is_open
-        and conn.outbox.task is None
-        and transport is not None
-        and not transport.get_write_buffer_size()
-        and not conn._inbound
-        and conn._deferred is None
-        and conn.shm.out is None
-        and conn.shm.inbox is None
-        and conn.shm._offered is None
-    )
-
-
 class IdleCloser:
     """One mesh's sweeps and release handshakes (the sweep task is owned here)."""
 
@@ -70,7 +54,7 @@ class IdleCloser:
         for conn in list(self._mesh._conns.values()):
             moved = conn.moves != seen.get(conn, -1)
             self._seen[conn] = conn.moves
-            if moved or not quiet(conn) or conn.releasing:
+            if moved or not conn.quiet() or conn.releasing:
                 continue
             conn.releasing = True
             conn.write_message(Release())
@@ -84,7 +68,7 @@ class IdleCloser:
                 self.retired.add(conn)
                 return
             both = conn.releasing and mesh.rank > conn.peer  # the higher rank's stands
-            ok = not both and quiet(conn)
+            ok = not both and conn.quiet()
             conn.write_message(ReleaseAnswer(ok=ok))
             if ok:
                 self._forget(conn)  # nothing more is sent on it; reading goes on

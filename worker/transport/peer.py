@@ -213,6 +213,20 @@ class PeerConnection(FramedProtocol):
     def write_message(self, msg: Message) -> None:
         self.outbox.write(message_bytes(msg))
 
+    def quiet(self) -> bool:
+        """Nothing is moving on this connection or about to (frames, payloads, shared
+        memory): it may be released for idleness."""
+        transport = self.transport
+        return (
+            self.is_open
+            and self.outbox.task is None
+            and transport is not None
+            and not transport.get_write_buffer_size()
+            and not self._inbound
+            and self._deferred is None
+            and not self.shm.in_use
+        )
+
     def retire(self) -> None:
         """Hang up once the frames queued now are out (the connection was released)."""
         self.retiring = True

@@ -57,6 +57,11 @@ class ShmLink:
         self._terms: tuple[str, int, int] | None = None
         self._answer: asyncio.Future[None] | None = None  # the offer's answer, once offered
 
+    @property
+    def in_use(self) -> bool:
+        """A segment is offered or attached in either direction."""
+        return self.out is not None or self.inbox is not None or self._offered is not None
+
     # ---- negotiation ---------------------------------------------------------------
 
     def allow(self, run_id: str, slots: int, slot_bytes: int) -> None:
