@@ -9,15 +9,22 @@ NPROC ?= 4
 PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test lint validate bench sync clean
+.PHONY: run test lint validate bench sync torch clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
 
 # Non-editable on purpose: tests run against the installed package layout (the wheel's).
+# Inexact: a torch installed by `make torch` stays.
 sync: $(UV)
-	$(UV) sync --locked --no-editable --compile-bytecode --extra examples --reinstall-package shardwire --python $(PYTHON) --quiet
+	$(UV) sync --locked --inexact --no-editable --compile-bytecode --extra examples --reinstall-package shardwire --python $(PYTHON) --quiet
+
+# torch for the torch backend (the `torch` extra) and its tests, which skip without it.
+# pip, not uv: pip's configuration can point at a local CPU build, which uv would not see.
+TORCH_SPEC ?= torch==2.13.0
+torch: sync
+	$(TOOLS)/bin/pip --python $(RUN)/python install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 
 run: sync
 	$(RUN)/shardwire launch --standalone --nproc-per-node $(NPROC) examples/digits.py
@@ -28,7 +35,7 @@ test: sync
 lint: sync
 	$(RUN)/ruff check .
 	$(RUN)/ruff format --check .
-	$(RUN)/mypy -p shardwire.protocol -p shardwire.coordinator -p shardwire.worker
+	$(RUN)/mypy -p shardwire.protocol -p shardwire.coordinator -p shardwire.worker -p shardwire.torch
 
 # Dockerfile and compose file, checked without a Docker engine.
 validate:

@@ -7,7 +7,7 @@ import os
 import traceback
 from types import TracebackType
 
-from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed
+from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed, Token
 from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
@@ -23,6 +23,28 @@ from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
 # asks every rank what it was doing) before it closes its connections: closing them
 # first would make the others blame it.
 _VERDICT_WAIT = 10.0
+
+
+def mesh_config(cfg: WorkerConfig, *, run_id: str, token: Token) -> MeshConfig:
+    """The peer mesh's settings from a worker's (``run_id`` names its shared memory;
+    ``token`` authenticates its connections)."""
+    tls = cfg.tls
+    return MeshConfig(
+        run_id=run_id,
+        token=token,
+        bind_host=cfg.bind_host,
+        connect_timeout=cfg.connect_timeout,
+        idle_close=cfg.idle_close,
+        checksum=cfg.checksum,
+        shm=cfg.transport == "auto",
+        shm_slots=cfg.shm_slots,
+        shm_slot_bytes=cfg.shm_slot_bytes,
+        busy_poll_us=cfg.busy_poll_us,
+        arena=cfg.transport == "auto",
+        arena_slot_bytes=cfg.arena_slot_bytes,
+        tls_server=tls.server_context() if tls else None,
+        tls_client=tls.client_context() if tls else None,
+    )
 
 
 class Session:
@@ -52,29 +74,14 @@ class Session:
         check_bind(cfg.bind_host, cfg.token, insecure=cfg.insecure, what="peer listener")
         # a connection (and at times a shared-memory segment) per peer, plus room
         ensure_nofile(2 * cfg.world_size + 64, f"a worker of a {cfg.world_size}-rank job")
-        tls = cfg.tls
         mesh = self._mesh = TcpMesh(
-            MeshConfig(
-                run_id=cfg.run_id,
-                token=cfg.token,
-                bind_host=cfg.bind_host,
-                connect_timeout=cfg.connect_timeout,
-                idle_close=cfg.idle_close,
-                checksum=cfg.checksum,
-                shm=cfg.transport == "auto",
-                shm_slots=cfg.shm_slots,
-                shm_slot_bytes=cfg.shm_slot_bytes,
-                busy_poll_us=cfg.busy_poll_us,
-                arena=cfg.transport == "auto",
-                arena_slot_bytes=cfg.arena_slot_bytes,
-                tls_server=tls.server_context() if tls else None,
-                tls_client=tls.client_context() if tls else None,
-            ),
+            mesh_config(cfg, run_id=cfg.run_id, token=cfg.token),
             timeout=cfg.timeout,
             on_peer_failed=self._peer_failed,
         )
         port = await mesh.listen()
         recorder = FlightRecorder()
+        tls = cfg.tls
         control = self._control = ControlThread(
             token=cfg.token,
             run_id=cfg.run_id,

@@ -1,0 +1,147 @@
+"""The bridge's parts in one process: tensor staging, reduce ops, Work and the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (`make torch` installs its CPU build)"
+)
+
+import numpy as np  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from shardwire.protocol import CollectiveTimeout  # noqa: E402
+from shardwire.torch import UnsupportedTensor  # noqa: E402
+from shardwire.torch.engine import Engine  # noqa: E402
+from shardwire.torch.tensors import Staged, joined, reduction, scaled  # noqa: E402
+from shardwire.torch.work import BridgeWork  # noqa: E402
+from shardwire.worker.collectives import ReduceOp  # noqa: E402
+
+
+@pytest.fixture
+def engine():
+    e = Engine()
+    e.start()
+    yield e
+    e.close()
+
+
+def test_a_contiguous_tensor_is_shared_not_copied():
+    t = torch.arange(6, dtype=torch.float32)
+    s = Staged(t, "op", reduce=True)
+    s.array[0] = 42
+    assert not s.staged and t[0] == 42
+
+
+def test_a_transposed_tensor_is_staged_and_written_back():
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
+    s = Staged(t, "op", reduce=True)
+    assert s.staged
+    s.array += 1
+    assert t[0, 1] == 3  # untouched until finish
+    s.finish()
+    np.testing.assert_array_equal(t.numpy(), np.arange(6).reshape(2, 3).T + 1)
+
+
+def test_bfloat16_reduces_in_float32_and_moves_as_bytes():
+    t = torch.tensor([1.5, 2.25], dtype=torch.bfloat16)
+    r = Staged(t, "op", reduce=True)
+    assert r.array.dtype == np.float32
+    r.array *= 2
+    r.finish()
+    assert t.tolist() == [3.0, 4.5]
+    m = Staged(t, "op", reduce=False)
+    assert m.array.dtype == np.int16 and not m.staged
+    np.testing.assert_array_equal(m.array, t.view(torch.int16).numpy())
+
+
+def test_a_tensor_on_another_device_is_refused_naming_the_op():
+    with pytest.raises(UnsupportedTensor, match="all_gather.*meta"):
+        Staged(torch.empty(3, device="meta"), "all_gather", reduce=False)
+
+
+def test_every_torch_reduce_op_maps():
+    assert reduction(dist.ReduceOp.SUM, "x").op is ReduceOp.SUM
+    assert reduction(dist.ReduceOp.AVG, "x").op is ReduceOp.AVG
+    assert reduction(dist.ReduceOp.BXOR, "x").op is ReduceOp.BXOR
+    premul = reduction(dist._make_nccl_premul_sum(0.125), "x")
+    assert premul.op is ReduceOp.SUM and premul.scale == 0.125
+    a = np.ones(3, np.float32)
+    assert scaled(a, premul) is not a and a[0] == 1  # a copy: the caller's input stays
+    assert scaled(a, premul, own=True) is a and a[0] == 0.125
+
+
+def test_joined_lays_tensors_end_to_end():
+    flat, sizes = joined([torch.ones(2), torch.zeros(3)], "x", reduce=False)
+    assert sizes == [2, 3] and flat.tolist() == [1, 1, 0, 0, 0]
+
+
+def test_wait_honours_its_timeout_and_the_call_goes_on(engine):
+    gate = threading.Event()
+
+    async def slow() -> None:
+        await asyncio.to_thread(gate.wait, 30)
+
+    work = BridgeWork(engine, engine.submit(slow()), [], op="all_reduce #3", limit=60)
+    with pytest.raises(CollectiveTimeout, match=r"all_reduce #3.*wait\(timeout=0.05 s\)"):
+        work.wait(timedelta(milliseconds=50))
+    assert not work.is_completed()
+    gate.set()
+    assert work.wait() is True
+    assert work.is_success()
+
+
+def test_the_future_completes_off_the_loop_with_the_result(engine):
+    t = torch.ones(2)
+
+    async def nothing() -> None:
+        return None
+
+    work = BridgeWork(engine, engine.submit(nothing()), [t], op="x", limit=5)
+    seen = []
+    chained = work.get_future().then(
+        lambda f: seen.append((threading.current_thread().name, f.value()))
+    )
+    chained.wait()
+    name, value = seen[0]
+    assert name.startswith("shardwire-torch-done") and value[0] is t
+
+
+def test_an_error_reaches_wait_and_the_future(engine):
+    async def fail() -> None:
+        raise CollectiveTimeout("rank 3 silent in all_gather #9")
+
+    work = BridgeWork(engine, engine.submit(fail()), [], op="x", limit=5)
+    with pytest.raises(CollectiveTimeout, match="rank 3"):
+        work.wait()
+    with pytest.raises(Exception, match="rank 3"):
+        work.get_future().wait()
+    assert not work.is_success()
+
+
+def test_the_engine_starts_calls_in_submission_order(engine):
+    seen: list[int] = []
+
+    async def note(i: int) -> None:
+        seen.append(i)
+
+    futures = [engine.submit(note(i)) for i in range(50)]
+    concurrent.futures.wait(futures, 10)
+    assert seen == list(range(50))
+
+
+def test_a_blocking_call_on_the_loop_thread_is_refused(engine):
+    async def inner() -> None:
+        return None
+
+    async def outer() -> None:
+        engine.run(inner(), 1)
+
+    with pytest.raises(RuntimeError, match="own loop"):
+        engine.run(outer(), 5)

@@ -1,0 +1,27 @@
+"""A dead rank ends a torch job with the rank named, never a hang."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+
+from .spawn import PROGS, launch, run_ranks  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+def test_a_killed_rank_is_named_by_the_launcher(tmp_path):
+    done = launch("--nproc-per-node", "2", "--max-restarts", "0", str(PROGS / "die.py"))
+    text = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "first failure on this node: rank 1" in text, text[-3000:]
+    assert "SIGKILL" in text
+
+
+def test_a_killed_rank_fails_the_others_wait_with_its_rank(tmp_path):
+    ranks = run_ranks(3, "die.py", tmp=tmp_path)
+    assert ranks.codes[1] == -9
+    for r in (0, 2):
+        assert ranks.codes[r] == 1
+        assert "PeerFailed: rank 1 failed" in ranks.errs[r], ranks.errs[r][-2000:]

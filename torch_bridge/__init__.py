@@ -1,0 +1,66 @@
+"""shardwire as a ``torch.distributed`` backend (``pip install shardwire[torch]``).
+
+Importing this package registers the backend ``"shardwire"`` for CPU tensors::
+
+    import shardwire.torch  # noqa: F401
+    import torch.distributed as dist
+
+    dist.init_process_group("shardwire")     # or "cpu:shardwire"
+
+Under ``shardwire launch`` / ``shardwire worker`` this joins the job through shardwire's
+coordinator with no other argument. Elsewhere (torchrun, ``env://``, ``tcp://``,
+``file://``, a store passed in) the ranks meet through torch's store. Every collective
+torch calls on a CPU group then runs on shardwire: its loop on a thread of its own, its
+node arena between ranks of one host, its TCP mesh between hosts; a failed peer raises
+``PeerFailed`` naming the rank from ``Work.wait()`` on every rank.
+
+Inside a shardwire job, ``env://`` rendezvous goes through the coordinator (torch's
+``MASTER_ADDR``/``MASTER_PORT`` name it there); the package installs that handler for
+``env://`` and hands every other case to torch's own.
+"""
+
+from __future__ import annotations
+
+import os
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as exc:  # pragma: no cover - exercised where torch is absent
+    raise ImportError(
+        "shardwire's torch backend needs torch: pip install 'shardwire[torch]'"
+    ) from exc
+
+from shardwire.torch.bridge import Bridge, rendezvous_handlers
+from shardwire.torch.group import ShardwireProcessGroup
+from shardwire.torch.store import JobStore, StoreUnavailable
+from shardwire.torch.tensors import UnsupportedTensor
+from shardwire.torch.work import BridgeWork
+
+MIN_TORCH = (2, 7)
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = text.split("+", maxsplit=1)[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+if _version(torch.__version__) < MIN_TORCH:
+    raise ImportError(
+        f"shardwire's torch backend needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, "
+        f"found {torch.__version__}"
+    )
+
+bridge = Bridge(os.environ)
+if "shardwire" not in dist.Backend.backend_list:
+    dist.Backend.register_backend("shardwire", bridge.create, extended_api=True, devices=["cpu"])
+    rendezvous_handlers()["env"] = bridge.env_rendezvous
+
+__all__ = [
+    "BridgeWork",
+    "JobStore",
+    "ShardwireProcessGroup",
+    "StoreUnavailable",
+    "UnsupportedTensor",
+    "bridge",
+]

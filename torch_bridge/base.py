@@ -1,0 +1,120 @@
+"""What every method of the torch process group shares: identity, and handing a call to
+shardwire's loop.
+
+A method stages its tensors (zero-copy where numpy can view them, see ``tensors``) and
+gives :meth:`BridgeBase._submit` a function that makes its shardwire calls. That function
+runs on the loop and makes every call before the first ``await``; the loop starts
+submissions in order; so every rank places its calls in the order torch made them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardwire.torch.engine import Engine
+from shardwire.torch.tensors import Staged
+from shardwire.torch.work import BridgeWork
+from shardwire.worker.collectives import Group
+
+Calls = Callable[[], Sequence[Awaitable[Any]]]
+
+
+class BridgeBase(dist.ProcessGroup):
+    """A torch process group over one shardwire group (the world or a subgroup)."""
+
+    def __init__(
+        self, engine: Engine, group: Group, *, timeout: float, on_shutdown: Callable[[], None]
+    ):
+        super().__init__(group.rank, group.size)
+        self._engine = engine
+        self._group = group
+        self._timeout = timeout
+        self._on_shutdown = on_shutdown
+        self._name = ""
+        self._desc = ""
+
+    # torch keeps neither name nor description for a group written in Python; DeviceMesh
+    # and FSDP2 read them back ("ProcessGroup name not set" otherwise).
+
+    def getBackendName(self) -> str:
+        return "shardwire"
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    @property
+    def shardwire_group(self) -> Group:
+        """The shardwire group this torch group runs on."""
+        return self._group
+
+    def __repr__(self) -> str:
+        g = self._group
+        return f"ShardwireProcessGroup(rank={g.rank}, size={g.size}, name={self._name!r})"
+
+    def shutdown(self) -> None:
+        """``destroy_process_group``: close the shardwire group (the default group's
+        shutdown leaves the job and stops shardwire's loop)."""
+        self._on_shutdown()
+
+    def abort(self) -> None:
+        self._on_shutdown()
+
+    def _limit(self, opts: Any) -> float:
+        """The call's time limit: its options' timeout where set, else the group's."""
+        timeout: timedelta | None = getattr(opts, "timeout", None)
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        return seconds if seconds > 0 else self._timeout
+
+    def _submit(
+        self,
+        op: str,
+        calls: Calls,
+        result: list[torch.Tensor],
+        *,
+        timeout: float,
+        after: Sequence[Staged] = (),
+        finish: Callable[[], None] | None = None,
+    ) -> BridgeWork:
+        """Make ``calls`` on the loop, await them in order, then write staged outputs
+        back (``after``, then ``finish``); torch gets ``result`` from the Work's future."""
+
+        async def run() -> None:
+            pending = calls()
+            for call in pending:
+                await call
+            for staged in after:
+                staged.finish()
+            if finish is not None:
+                finish()
+
+        future = self._engine.submit(run())
+        where = f"{op} on group {self._name or '?'} (rank {self._group.rank})"
+        return BridgeWork(self._engine, future, result, op=where, limit=timeout)

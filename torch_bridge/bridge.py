@@ -1,0 +1,173 @@
+"""The process's shardwire backend, as torch's registries reach it.
+
+torch keeps its backends and rendezvous handlers in process-wide registries and calls
+them back from ``init_process_group`` and ``new_group``; :class:`Bridge` is the one
+object those callbacks reach (the package creates it on import). It owns the engine
+(shardwire's loop thread) and the mesh the process joined, and leaves the job when the
+default group is destroyed or the process exits: cleanly, or naming the exception the
+process died of, so the launcher's summary names this rank and its error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import torch.distributed as dist
+
+from shardwire.protocol import ShardwireError
+from shardwire.torch.engine import Engine
+from shardwire.torch.group import ShardwireProcessGroup
+from shardwire.torch.join import Joined, through_coordinator, through_store
+from shardwire.torch.store import JobStore
+from shardwire.worker.collectives import Group
+from shardwire.worker.settings import WorkerConfig
+
+# Variables only shardwire's launcher (or a user joining a shardwire job) sets.
+_JOB_MARKERS = ("SHARDWIRE_RUN_ID", "SHARDWIRE_TOKEN", "SHARDWIRE_TOKEN_FILE")
+_CLOSE_TIMEOUT = 60.0
+
+
+def rendezvous_handlers() -> dict[str, Any]:
+    """torch's table of rendezvous handlers by scheme (the module, not the function
+    ``torch.distributed.rendezvous`` that shadows its name)."""
+    module = importlib.import_module("torch.distributed.rendezvous")
+    handlers: dict[str, Any] = module._rendezvous_handlers
+    return handlers
+
+
+class Bridge:
+    """Creates torch process groups over shardwire and owns what they run on."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self._environ = environ
+        self._lock = threading.RLock()
+        self._engine: Engine | None = None
+        self._joined: Joined | None = None
+        self._failure: BaseException | None = None
+        self._torch_env = rendezvous_handlers()["env"]
+
+    @property
+    def in_job(self) -> bool:
+        """Whether this process was started as a worker of a shardwire job."""
+        return any(self._environ.get(k) for k in _JOB_MARKERS)
+
+    def _config(self) -> WorkerConfig:
+        return WorkerConfig.from_env(self._environ)
+
+    # ---- torch's callbacks -------------------------------------------------------------
+
+    def env_rendezvous(
+        self, url: str, timeout: timedelta | None = None, **kwargs: Any
+    ) -> Iterator[tuple[dist.Store, int, int]]:
+        """``env://``: inside a shardwire job, join it through the coordinator (torch's
+        variables there name the coordinator, not a TCPStore); elsewhere torch's own."""
+        if not self.in_job:
+            yield from self._torch_env(url, **({"timeout": timeout} if timeout else {}), **kwargs)
+            return
+        joined = self._join_job()
+        yield JobStore(), joined.world.rank, joined.world.size
+        raise RuntimeError("the shardwire backend cannot re-rendezvous through env://")
+
+    def create(self, opts: Any, _backend_options: Any = None) -> ShardwireProcessGroup:
+        """torch's backend creator (``extended_api``): a group over the joined mesh."""
+        with self._lock:
+            ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+            if self._joined is None:
+                if self.in_job:
+                    self._join_job()
+                else:
+                    self._join_store(opts, ranks)
+            joined = self._joined
+            assert joined is not None and self._engine is not None
+            group = self._group_for(joined, ranks, str(opts.group_id))
+            limit = self._config().timeout
+            if group is joined.world:
+                return ShardwireProcessGroup(
+                    self._engine, group, timeout=limit, on_shutdown=self.close
+                )
+            engine = self._engine
+
+            def close_group() -> None:
+                if self._engine is engine:  # after the world's shutdown there is nothing left
+                    engine.run(group.aclose(), _CLOSE_TIMEOUT)
+
+            return ShardwireProcessGroup(engine, group, timeout=limit, on_shutdown=close_group)
+
+    # ---- joining -----------------------------------------------------------------------
+
+    def _start_engine(self) -> Engine:
+        if self._engine is None:
+            engine = Engine()
+            engine.start()
+            self._engine = engine
+            # before the interpreter stops its executors (leaving uses one), not at atexit
+            threading._register_atexit(self.close)  # type: ignore[attr-defined]
+            previous = sys.excepthook
+
+            def excepthook(
+                kind: type[BaseException], error: BaseException, tb: TracebackType | None
+            ) -> None:
+                self._failure = error
+                previous(kind, error, tb)
+
+            sys.excepthook = excepthook
+        return self._engine
+
+    def _join_job(self) -> Joined:
+        with self._lock:
+            if self._joined is None:
+                config = self._config()
+                engine = self._start_engine()
+                self._joined = engine.run(through_coordinator(config), config.join_timeout + 60)
+            return self._joined
+
+    def _join_store(self, opts: Any, ranks: list[int]) -> Joined:
+        config = self._config()
+        engine = self._start_engine()
+        coro = through_store(
+            opts.store, rank=opts.group_rank, size=opts.group_size, ranks=ranks, config=config
+        )
+        self._joined = engine.run(coro, opts.timeout.total_seconds() + 60)
+        return self._joined
+
+    def _group_for(self, joined: Joined, ranks: list[int], name: str) -> Group:
+        if ranks == joined.ranks:
+            return joined.world
+        where = {g: i for i, g in enumerate(joined.ranks)}
+        missing = [g for g in ranks if g not in where]
+        if missing:
+            raise ShardwireError(
+                f"ranks {missing} of group {name!r} are not in the shardwire job this "
+                f"process joined ({len(joined.ranks)} ranks); create the default group with "
+                "backend 'shardwire' first"
+            )
+        world = joined.world
+        members = [where[g] for g in ranks]
+
+        async def make() -> Group:
+            return world.new_group(members, name=name)
+
+        assert self._engine is not None
+        return self._engine.run(make(), 60.0)
+
+    # ---- leaving -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leave the job (reporting the exception the process dies of, if any) and stop
+        the engine. Runs at exit; safe to call more than once."""
+        with self._lock:
+            engine, joined = self._engine, self._joined
+            self._engine = self._joined = None
+        if engine is None:
+            return
+        try:
+            if joined is not None:
+                engine.run(joined.close(self._failure), _CLOSE_TIMEOUT)
+        finally:
+            engine.close()

@@ -1,0 +1,89 @@
+"""The ``Work`` a shardwire collective returns to torch."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardwire.protocol import CollectiveTimeout
+from shardwire.torch.engine import Engine
+
+# A wait with no timeout of its own is still bounded: by the call's own limit (after
+# which shardwire fails it with a typed error) plus this much for the error to arrive.
+_MARGIN = 30.0
+
+
+class BridgeWork(dist.Work):
+    """A call running on shardwire's loop, as torch's ``Work``.
+
+    ``wait(timeout)`` honours ``timeout`` (a ``CollectiveTimeout`` naming the op when it
+    passes; the call itself goes on, so the group stays in step). The future from
+    :meth:`get_future` completes with ``result`` once the call has finished and its
+    outputs are in place.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        future: concurrent.futures.Future[Any],
+        result: list[torch.Tensor],
+        *,
+        op: str,
+        limit: float,
+    ):
+        super().__init__()
+        self._future = future
+        self._result = result
+        self._op = op
+        self._limit = limit + _MARGIN
+        self._torch: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        future.add_done_callback(lambda f: engine.later(self._settle, f))
+
+    def _settle(self, future: concurrent.futures.Future[Any]) -> None:
+        error = _error(future)
+        if error is None:
+            self._torch.set_result(self._result)
+        else:
+            self._torch.set_exception(error)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        seconds = timeout.total_seconds()
+        bound = seconds if seconds > 0 else self._limit
+        # wait first: the call's own error may be a TimeoutError (CollectiveTimeout) too
+        concurrent.futures.wait([self._future], bound)
+        if not self._future.done():
+            if seconds > 0:
+                raise CollectiveTimeout(
+                    f"{self._op} did not complete within wait(timeout={seconds:g} s)"
+                )
+            raise CollectiveTimeout(f"{self._op}: shardwire's loop gave no answer in {bound:g} s")
+        self._future.result()
+        return True
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self._torch
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and _error(self._future) is None
+
+    def exception(self) -> BaseException | None:
+        return _error(self._future) if self._future.done() else None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def _error(future: concurrent.futures.Future[Any]) -> BaseException | None:
+    if future.cancelled():
+        return concurrent.futures.CancelledError(f"{future} was cancelled")
+    return future.exception()
