@@ -1,52 +1,67 @@
-"""End to end: tokens/s of the charlm example (FULL_SHARD with prefetch) against the same
-model shape trained with PyTorch FSDP2 over gloo, at 1, 2 and 4 ranks, in one run.
+"""End to end: tokens/s of the charlm model shape, trained three ways in one run, at 1, 2
+and 4 ranks:
+
+- ``examples/charlm.py``: shardwire's own numpy layers, FULL_SHARD with prefetch;
+- ``examples/torch_charlm.py``: PyTorch with FSDP2 (``fully_shard``) over the shardwire
+  backend, under ``shardwire launch``;
+- the same torch script over gloo, started the way torchrun starts it.
 
     python benchmarks/charlm.py [--world 1 2 4] [--steps 40] [--repeats 2] [--json out.json]
 
-The two alternate world size by world size and repeat by repeat (shardwire first on
-even turns, torch first on odd ones), so a machine that slows down during the run
-hurts both alike. torch runs from an interpreter that has it (``--torch-python``, else
-this one, else ``~/.cache/gloo-venv/bin/python``: ``pip install torch`` there, the CPU
-build). Both count tokens/s over the whole loop, every step, one thread per rank.
+The systems alternate world size by world size and repeat by repeat (the order turns
+around every repeat), so a machine that slows down during the run hurts all alike. All
+count tokens/s over the whole loop, every step, one thread per rank. The torch runs need
+torch in this environment (``make torch``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from shardwire.worker.bench import fsdp2
-from shardwire.worker.bench.collectives import side_python
+from shardwire.worker.bench.torchrun import clean_env, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
+SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 MODEL = {"batch": 32, "context": 64, "dim": 128, "heads": 4, "layers": 4, "lr": 3e-3, "seed": 0}
+SYSTEMS = {
+    "numpy": "shardwire (numpy layers)",
+    "torch_shardwire": "torch FSDP2 on shardwire",
+    "torch_gloo": "torch FSDP2 on gloo",
+}
 
 
-def shardwire_run(n: int, steps: int, tmp: str) -> float:
-    run_dir = Path(tmp) / f"sw-{n}-{len(os.listdir(tmp))}"
-    cmd = [
-        str(Path(sys.executable).parent / "shardwire"), "launch", "--standalone",
-        "--nproc-per-node", str(n), str(ROOT / "examples" / "charlm.py"),
-        "--steps", str(steps), "--log-every", str(10 * steps), "--sample", "0",
-        "--run-dir", str(run_dir),
-        *(f"--{k}={v}" for k, v in MODEL.items()),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL, env=env)
-    return float(json.loads((run_dir / "summary.json").read_text())["tokens_per_s"])
+def _model_args() -> list[str]:
+    return [f"--{k}={v}" for k, v in MODEL.items()]
 
 
-def torch_run(n: int, steps: int, python: str, tmp: str) -> float:
-    out = Path(tmp) / f"fsdp2-{n}.json"
-    config = {**MODEL, "n": n, "steps": steps}
-    cmd = [python, fsdp2.__file__, str(out), json.dumps(config)]
-    subprocess.run(cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL)
+def _launch(n: int, args: list[str]) -> None:
+    import subprocess
+
+    cmd = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", str(n), *args]
+    subprocess.run(cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL, env=clean_env())
+
+
+def run(system: str, n: int, steps: int, tmp: Path) -> float:
+    tag = f"{system}-{n}-{len(list(tmp.iterdir()))}"
+    out = tmp / f"{tag}.json"
+    if system == "numpy":
+        run_dir = tmp / tag
+        _launch(n, [str(ROOT / "examples" / "charlm.py"), "--steps", str(steps),
+                    "--log-every", str(10 * steps), "--sample", "0", "--run-dir", str(run_dir),
+                    *_model_args()])  # fmt: skip
+        return float(json.loads((run_dir / "summary.json").read_text())["tokens_per_s"])
+    script = [str(ROOT / "examples" / "torch_charlm.py"), "--steps", str(steps),
+              "--json", str(out), *_model_args()]  # fmt: skip
+    if system == "torch_shardwire":
+        _launch(n, script)
+    else:
+        argv = [sys.executable, *script, "--backend", "gloo"]
+        run_ranks(n, argv, logs=tmp / f"{tag}-logs", timeout=1800).check()
     return float(json.loads(out.read_text())["tokens_per_s"])
 
 
@@ -55,43 +70,49 @@ def main() -> int:
     p.add_argument("--world", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--torch-python", help="interpreter with torch")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args()
-    python = side_python(args.torch_python, "gloo-venv", "import torch.distributed.fsdp")
-    if python is None:
-        print("no interpreter with torch (pip install torch)", file=sys.stderr)
-        return 2
+    try:
+        import shardwire.torch  # noqa: F401
+    except ImportError:
+        if any(s.startswith("torch") for s in args.systems):
+            print("torch is not installed in this environment (make torch)", file=sys.stderr)
+            return 2
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as directory:
+        tmp = Path(directory)
         turn = 0
         for n in args.world:
-            ours: list[float] = []
-            theirs: list[float] = []
+            got: dict[str, list[float]] = {s: [] for s in args.systems}
             for _ in range(args.repeats):
-                for system in ("shardwire", "torch")[:: 1 if turn % 2 == 0 else -1]:
-                    if system == "shardwire":
-                        ours.append(shardwire_run(n, args.steps, tmp))
-                    else:
-                        theirs.append(torch_run(n, args.steps, python, tmp))
+                for system in args.systems[:: 1 if turn % 2 == 0 else -1]:
+                    got[system].append(run(system, n, args.steps, tmp))
                 turn += 1
-            rows.append(
-                {
-                    "ranks": n,
-                    "shardwire_tokens_per_s": ours,
-                    "fsdp2_gloo_tokens_per_s": theirs,
-                    "ratio_of_medians": statistics.median(ours) / statistics.median(theirs),
-                }
-            )
-    print("| ranks | shardwire tokens/s | FSDP2 + gloo tokens/s | shardwire / FSDP2 |")
-    print("|---|---|---|---|")
-    for r in rows:
-        ours_text = ", ".join(f"{v:,.0f}" for v in r["shardwire_tokens_per_s"])
-        theirs_text = ", ".join(f"{v:,.0f}" for v in r["fsdp2_gloo_tokens_per_s"])
-        print(f"| {r['ranks']} | {ours_text} | {theirs_text} | {r['ratio_of_medians']:.2f}x |")
+            rows.append({"ranks": n, **{f"{s}_tokens_per_s": v for s, v in got.items()}})
+    _print(rows, args.systems)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def _print(rows: list[dict], systems: list[str]) -> None:
+    head = "| ranks | " + " | ".join(f"{SYSTEMS[s]} tokens/s" for s in systems) + " |"
+    ratios = [(a, b) for a, b in (("torch_shardwire", "torch_gloo"), ("numpy", "torch_gloo"))
+              if a in systems and b in systems]  # fmt: skip
+    head += "".join(f" {SYSTEMS[a]} / {SYSTEMS[b]} |" for a, b in ratios)
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in rows:
+        cells = [", ".join(f"{v:,.0f}" for v in r[f"{s}_tokens_per_s"]) for s in systems]
+        line = f"| {r['ranks']} | " + " | ".join(cells) + " |"
+        for a, b in ratios:
+            ratio = statistics.median(r[f"{a}_tokens_per_s"]) / statistics.median(
+                r[f"{b}_tokens_per_s"]
+            )
+            r[f"{a}_over_{b}"] = ratio
+            line += f" {ratio:.2f}x |"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,11 @@ def reduction(op: dist.ReduceOp | dist.ReduceOp.RedOpType, what: str) -> Reducti
         if isinstance(factor, torch.Tensor):
             factor = float(factor.item())
         if factor is None:
-            raise ValueError(f"{what}: ReduceOp.PREMUL_SUM carries no factor")
+            raise ValueError(
+                f"{what}: this torch ({torch.__version__}) does not show a Python backend "
+                "the factor of ReduceOp.PREMUL_SUM (torch 2.13 does); scale the tensor and "
+                "use SUM"
+            )
         return Reduction(ReduceOp.SUM, float(factor))
     for theirs, ours in _OPS.items():
         if op == theirs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -36,14 +37,16 @@ class BridgeWork(dist.Work):
         limit: float,
     ):
         super().__init__()
+        self._engine = engine
         self._future = future
         self._result = result
         self._op = op
         self._limit = limit + _MARGIN
-        self._torch: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        future.add_done_callback(lambda f: engine.later(self._settle, f))
+        self._lock = threading.Lock()
+        self._torch: torch.futures.Future[list[torch.Tensor]] | None = None
 
     def _settle(self, future: concurrent.futures.Future[Any]) -> None:
+        assert self._torch is not None
         error = _error(future)
         if error is None:
             self._torch.set_result(self._result)
@@ -65,7 +68,17 @@ class BridgeWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
-        return self._torch
+        # Made on first request: a call torch only waits for (most are) then never wakes
+        # the completion thread, whose hand-offs cost more than a small collective.
+        with self._lock:
+            if self._torch is None:
+                self._torch = torch.futures.Future()
+                if self._future.done():
+                    self._settle(self._future)
+                else:
+                    engine = self._engine
+                    self._future.add_done_callback(lambda f: engine.later(self._settle, f))
+            return self._torch
 
     def is_completed(self) -> bool:
         return self._future.done()

@@ -2,8 +2,9 @@
 on N local processes, next to baselines measured in the same invocation, size by size
 (every system at one size, then every system at the next): shardwire with
 shared memory off (``--compare-tcp``), Open MPI through mpi4py with its shared-memory
-transport and again with ``--mca btl tcp,self`` (``--compare-mpi``), and torch's gloo
-(``--compare-gloo``).
+transport and again with ``--mca btl tcp,self`` (``--compare-mpi``), torch's gloo
+(``--compare-gloo``), and torch.distributed over the shardwire backend
+(``--compare-torch``: what a torch user of shardwire gets, against gloo).
 
 Prints median latency, algorithm and bus bandwidth per cell as a table, and writes JSON.
 """
@@ -20,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from shardwire.worker.bench import gloo as gloo_module
+from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.rawsocket import two_way_throughput
@@ -51,9 +52,9 @@ def _summarized(path: str) -> list[dict]:
     return cells
 
 
-def _gloo_cells(n: int, config: dict, python: str, tmp: str) -> list[dict]:
-    out = os.path.join(tmp, f"gloo-{n}.json")
-    cmd = [python, gloo_module.__file__, out, json.dumps({**config, "n": n})]
+def _c10d_cells(n: int, config: dict, python: str, tmp: str, backend: str) -> list[dict]:
+    out = os.path.join(tmp, f"{backend}-{n}.json")
+    cmd = [python, c10d_module.__file__, out, json.dumps({**config, "n": n, "backend": backend})]
     subprocess.run(
         cmd,
         check=True,
@@ -105,6 +106,7 @@ BASELINES = {
     "mpi": "Open MPI",
     "mpi_tcp": "Open MPI tcp",
     "gloo": "gloo",
+    "torch": "c10d on shardwire",
 }
 
 
@@ -120,6 +122,9 @@ def _row(cell: dict, baselines: dict[str, dict]) -> dict:
         "busbw_GBps": nbytes / cell["median_s"] / 1e9 * factor,
         "iters": cell["iters"],
     }
+    theirs, torch = baselines.get("gloo", {}), baselines.get("torch", {})
+    if "median_s" in theirs and "median_s" in torch:  # a torch user's choice of backend
+        row["torch_vs_gloo"] = theirs["median_s"] / torch["median_s"]
     for name, other in baselines.items():
         if "median_s" in other:
             row.update(
@@ -154,6 +159,15 @@ def _print_table(rows: list[dict], raw_two_way: float | None) -> None:
                 line += " - | - | - |"
         print(line)
     print("\nvs X: X's median time over shardwire's (above 1: shardwire is faster)")
+    torch_rows = [r for r in rows if "torch_vs_gloo" in r]
+    if torch_rows:
+        print("\n| op | n | size | c10d on shardwire (us) | c10d on gloo (us) | gloo / shardwire |")
+        print("|---|---|---|---|---|---|")
+        for r in torch_rows:
+            print(
+                f"| {r['op']} | {r['n']} | {human(r['bytes'])} | {r['torch_median_us']:.1f} | "
+                f"{r['gloo_median_us']:.1f} | {r['torch_vs_gloo']:.2f}x |"
+            )
     if raw_two_way is not None:
         print(
             f"raw loopback socket, both directions at once, 64 MiB: "
@@ -183,7 +197,10 @@ def _one_size(
         systems.append(("mpi_tcp", lambda: _mpi_cells(n, config, mpi, tmp, tcp_only=True)))
     if pythons.get("gloo"):
         gloo = pythons["gloo"]
-        systems.append(("gloo", lambda: _gloo_cells(n, config, gloo, tmp)))
+        systems.append(("gloo", lambda: _c10d_cells(n, config, gloo, tmp, "gloo")))
+    if pythons.get("torch"):
+        torch = pythons["torch"]
+        systems.append(("torch", lambda: _c10d_cells(n, config, torch, tmp, "shardwire")))
     runs = {name: measure() for name, measure in (systems if turn % 2 == 0 else systems[::-1])}
     ours = runs.pop("ours")
     keyed = {name: {(c["op"], c["bytes"]): c for c in cells} for name, cells in runs.items()}
@@ -204,6 +221,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gloo-python",
         help="interpreter with torch (default: this one, or ~/.cache/gloo-venv/bin/python)",
+    )
+    p.add_argument(
+        "--compare-torch",
+        action="store_true",
+        help="also time torch.distributed over the shardwire backend (this interpreter "
+        "needs torch: make torch)",
     )
     p.add_argument(
         "--compare-tcp",
@@ -253,7 +276,13 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-    pythons = {"gloo": gloo_python, "mpi": mpi_python}
+    torch_python = None
+    if args.compare_torch:
+        torch_python = side_python(sys.executable, "", "import shardwire.torch")
+        if torch_python is None:
+            print("--compare-torch: torch is not installed here (make torch)", file=sys.stderr)
+            return 2
+    pythons = {"gloo": gloo_python, "mpi": mpi_python, "torch": torch_python}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.world:

@@ -1,9 +1,11 @@
-"""The gloo baseline: the same cells timed with torch.distributed's gloo backend.
+"""The same cells timed through ``torch.distributed``: over gloo (the baseline) or over
+the shardwire backend (what a torch user of shardwire gets).
 
-Run with an interpreter that has torch (``pip install torch``); this file imports
-nothing from shardwire so it can run outside shardwire's environment:
+Run with an interpreter that has torch; for gloo this file imports nothing from shardwire,
+so it runs outside shardwire's environment too:
 
-    python gloo.py OUT.json '{"n": 2, "ops": [...], "sizes": [...], "target_s": 1.0}'
+    python c10d.py OUT.json '{"n": 2, "ops": [...], "sizes": [...], "target_s": 1.0,
+                              "backend": "gloo"}'
 
 It writes per-cell times (the slowest rank's, per iteration) as JSON.
 """
@@ -83,8 +85,11 @@ def _worker(rank: int, n: int, port: int, config: dict, out_path: str) -> None:
     import torch
     import torch.distributed as dist
 
+    backend = config.get("backend", "gloo")
+    if backend == "shardwire":
+        import shardwire.torch  # noqa: F401  (registers the backend)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
     records = [
         _cell(dist, torch, op, nbytes, n=n, target_s=config["target_s"])
         for op in config["ops"]
@@ -103,7 +108,7 @@ def main() -> None:
     out_path, config = sys.argv[1], json.loads(sys.argv[2])
     n = config["n"]
     with tempfile.TemporaryDirectory() as tmp:
-        partial = os.path.join(tmp, "gloo.json")
+        partial = os.path.join(tmp, "cells.json")
         mp.spawn(_worker, args=(n, _free_port(), config, partial), nprocs=n, join=True)
         os.replace(partial, out_path)
 
