@@ -25,3 +25,10 @@ def test_a_killed_rank_fails_the_others_wait_with_its_rank(tmp_path):
     for r in (0, 2):
         assert ranks.codes[r] == 1
         assert "PeerFailed: rank 1 failed" in ranks.errs[r], ranks.errs[r][-2000:]
+
+
+def test_a_mismatched_collective_is_caught_on_every_rank(tmp_path):
+    ranks = run_ranks(2, "mismatch.py", tmp=tmp_path)
+    assert ranks.codes == [3, 3], ranks.errs
+    for out in ranks.outs:
+        assert "mismatch:" in out and "all_reduce" in out, out
