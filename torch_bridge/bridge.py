@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from shardwire.protocol import ShardwireError
 from shardwire.torch.engine import Engine
@@ -86,7 +87,7 @@ class Bridge:
             joined = self._joined
             assert joined is not None and self._engine is not None
             group = self._group_for(joined, ranks, str(opts.group_id))
-            limit = self._config().timeout
+            limit = self._limit(opts.timeout)
             if group is joined.world:
                 return ShardwireProcessGroup(
                     self._engine, group, timeout=limit, on_shutdown=self.close
@@ -98,6 +99,14 @@ class Bridge:
                     engine.run(group.aclose(), _CLOSE_TIMEOUT)
 
             return ShardwireProcessGroup(engine, group, timeout=limit, on_shutdown=close_group)
+
+    def _limit(self, timeout: timedelta | None) -> float:
+        """A group's time limit per collective: the ``timeout`` given to
+        ``init_process_group``/``new_group`` when it is not torch's default (30 minutes,
+        too long to wait for a dead peer's verdict), else ``SHARDWIRE_TIMEOUT``."""
+        if timeout is None or timeout == default_pg_timeout or timeout.total_seconds() <= 0:
+            return self._config().timeout
+        return timeout.total_seconds()
 
     # ---- joining -----------------------------------------------------------------------
 

@@ -56,15 +56,18 @@ class BridgeWork(dist.Work):
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         seconds = timeout.total_seconds()
         bound = seconds if seconds > 0 else self._limit
-        # wait first: the call's own error may be a TimeoutError (CollectiveTimeout) too
-        concurrent.futures.wait([self._future], bound)
-        if not self._future.done():
+        try:
+            self._future.result(bound)
+        except TimeoutError:
+            if self._future.done():  # the call's own error (CollectiveTimeout is one)
+                raise
             if seconds > 0:
                 raise CollectiveTimeout(
                     f"{self._op} did not complete within wait(timeout={seconds:g} s)"
-                )
-            raise CollectiveTimeout(f"{self._op}: shardwire's loop gave no answer in {bound:g} s")
-        self._future.result()
+                ) from None
+            raise CollectiveTimeout(
+                f"{self._op}: shardwire's loop gave no answer in {bound:g} s"
+            ) from None
         return True
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:

@@ -32,3 +32,12 @@ def test_a_mismatched_collective_is_caught_on_every_rank(tmp_path):
     assert ranks.codes == [3, 3], ranks.errs
     for out in ranks.outs:
         assert "mismatch:" in out and "all_reduce" in out, out
+
+
+def test_the_timeout_given_to_init_process_group_bounds_a_collective(tmp_path):
+    ranks = run_ranks(2, "timeout.py", "4", tmp=tmp_path)
+    assert ranks.codes[0] == 3, ranks.errs[0][-2000:]
+    out = ranks.outs[0]
+    seconds = float(out.split("timed out after ")[1].split(" s")[0])
+    assert 3.5 <= seconds < 12, out  # the 4 s limit, not SHARDWIRE_TIMEOUT's 300 s
+    assert "not heard from ranks [1]" in out, out  # the late rank is named

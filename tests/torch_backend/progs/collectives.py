@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -249,14 +250,22 @@ def asynchronous(r: int, n: int) -> None:
     want = sum(data(k, 3, torch.float32).numpy() for k in range(n))
     same(doubled.wait(), 2 * want, "future.then")
     assert work.is_completed()
+    # a started call moves while the caller computes (here: sleeps, holding no GIL), as
+    # DDP's bucket all-reduces must during backward: it completes before any wait()
+    big = torch.ones(1 << 20)
+    work = dist.all_reduce(big, async_op=True)
+    for _ in range(600):
+        if work.is_completed():
+            break
+        time.sleep(0.05)
+    assert work.is_completed(), "a started all_reduce made no progress without wait()"
+    same(big[:4], np.full(4, float(n)), "progress without wait")
     dist.barrier()
     # torch lets only gloo through dist.monitored_barrier; the group's method is there
     dist.distributed_c10d._get_default_group().monitored_barrier(timedelta(seconds=60))
     # wait(timeout) is honoured: rank 0 gives up early, then the call completes anyway
     late = torch.ones(2)
     if r != 0:
-        import time
-
         time.sleep(2.0)
     work = dist.all_reduce(late, async_op=True)
     if r == 0:
