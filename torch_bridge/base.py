@@ -50,25 +50,16 @@ class BridgeBase(dist.ProcessGroup):
     def getGroupName(self) -> str:
         return self._name
 
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def group_name(self) -> str:
-        return self._name
-
     def setGroupDesc(self, desc: str) -> None:
         self._desc = desc
 
     def getGroupDesc(self) -> str:
         return self._desc
 
-    def _set_group_desc(self, desc: str) -> None:
-        self._desc = desc
-
-    @property
-    def group_desc(self) -> str:
-        return self._desc
+    _set_group_name = setGroupName
+    _set_group_desc = setGroupDesc
+    group_name = property(getGroupName)
+    group_desc = property(getGroupDesc)
 
     @property
     def shardwire_group(self) -> Group:

@@ -44,10 +44,7 @@ class ShardwireProcessGroup(Reductions):
     ) -> BridgeWork:
         return self.all_gather_single_coalesced([output], [input], opts)
 
-    def _allgather_base(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> BridgeWork:
-        return self.all_gather_single_coalesced([output], [input], opts)
+    _allgather_base = all_gather_single  # torch up to 2.12
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -68,10 +65,7 @@ class ShardwireProcessGroup(Reductions):
 
         return self._submit("all_gather", calls, outputs, timeout=limit, after=outs)
 
-    def allgather_into_tensor_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> BridgeWork:
-        return self.all_gather_single_coalesced(outputs, inputs, opts)
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch up to 2.12
 
     def allgather(
         self,
@@ -103,13 +97,7 @@ class ShardwireProcessGroup(Reductions):
         flat_outs = [t for lst in output_lists for t in lst]
         return self._submit("allgather", calls, flat_outs, timeout=limit, finish=finish)
 
-    def allgather_coalesced(
-        self,
-        output_lists: list[list[torch.Tensor]],
-        inputs: list[torch.Tensor],
-        opts: Any = None,
-    ) -> BridgeWork:
-        return self.allgather(output_lists, inputs, opts)
+    allgather_coalesced = allgather
 
     # ---- all-to-all, gather, scatter ---------------------------------------------------
 
@@ -146,15 +134,7 @@ class ShardwireProcessGroup(Reductions):
 
         return self._submit("all_to_all", calls, [output], timeout=limit, finish=finish)
 
-    def alltoall_base(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_splits: list[int],
-        input_splits: list[int],
-        opts: Any = None,
-    ) -> BridgeWork:
-        return self.all_to_all_single(output, input, output_splits, input_splits, opts)
+    alltoall_base = all_to_all_single  # torch up to 2.12
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None

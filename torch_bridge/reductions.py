@@ -56,10 +56,7 @@ class Reductions(BridgeBase):
     ) -> BridgeWork:
         return self.reduce_scatter_single_coalesced([output], [input], opts)
 
-    def _reduce_scatter_base(
-        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
-    ) -> BridgeWork:
-        return self.reduce_scatter_single_coalesced([output], [input], opts)
+    _reduce_scatter_base = reduce_scatter_single  # torch up to 2.12
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -81,10 +78,7 @@ class Reductions(BridgeBase):
 
         return self._submit("reduce_scatter", calls, outputs, timeout=limit, after=outs)
 
-    def reduce_scatter_tensor_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> BridgeWork:
-        return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch up to 2.12
 
     def reduce_scatter(
         self,
