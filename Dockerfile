@@ -14,6 +14,7 @@ COPY pyproject.toml uv.lock README.md ./
 COPY protocol protocol
 COPY coordinator coordinator
 COPY worker worker
+COPY torch_bridge torch_bridge
 RUN /opt/uv/bin/uv sync --locked --no-editable --no-dev --extra examples --compile-bytecode
 
 FROM ${BASE_IMAGE} AS runtime

@@ -65,3 +65,12 @@ def test_workers_restart_and_resume_from_a_shared_checkpoint_volume() -> None:
     assert ckpt.split("=", 1)[1].startswith("/checkpoints/") and "checkpoints" in COMPOSE["volumes"]
     # the volume's mount point belongs to the image's non-root user
     assert "chown 10001:10001 /checkpoints" in DOCKERFILE
+
+
+def test_the_image_copies_every_package_directory() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    copied = set(re.findall(r"^COPY (\S+) \1$", DOCKERFILE, re.MULTILINE))
+    assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
