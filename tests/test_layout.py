@@ -13,6 +13,7 @@ TOP = {
     "protocol": "shardwire.protocol",
     "coordinator": "shardwire.coordinator",
     "worker": "shardwire.worker",
+    "torch_bridge": "shardwire.torch",
 }
 
 # (folder, banned module prefixes)
@@ -23,6 +24,7 @@ RULES = [
     ),
     ("coordinator", ["shardwire.worker"]),
     ("worker", ["shardwire.coordinator"]),
+    ("torch_bridge", ["shardwire.coordinator"]),
     (
         "worker/collectives",
         [
