@@ -124,11 +124,9 @@ def _shared_secret(store: dist.Store, rank: int) -> tuple[str, str]:
 
 def _exchange(store: dist.Store, rank: int, size: int, mine: str) -> list[str]:
     store.set(f"{_KEY}peer/{rank}", mine)
-    keys = [f"{_KEY}peer/{r}" for r in range(size)]
-    try:
-        values = store.multi_get(keys)
-    except (AttributeError, NotImplementedError, RuntimeError):  # stores without multi_get
-        values = [store.get(k) for k in keys]
+    # one round trip; every store of torch >= 2.7 has it (a timeout here is the store's,
+    # and is not retried key by key)
+    values = store.multi_get([f"{_KEY}peer/{r}" for r in range(size)])
     return [bytes(v).decode() for v in values]
 
 
