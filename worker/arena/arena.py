@@ -53,21 +53,43 @@ class NodeArena:
         self._stamps: dict[str, int] = {}
         self._counted = (0, 0)
         self.engine = Engine(
-            self.board, spin=settings.spin, yield_cpu=settings.yield_cpu, name=f"arena-{ranks[me]}"
+            self.board,
+            spin=settings.spin,
+            yield_cpu=settings.yield_cpu,
+            nap=settings.nap,
+            name=f"arena-{ranks[me]}",
         )
 
     def submit(
         self, build: Callable[[Context], Program], seq: int, signature: str, deadline: float
     ) -> Job:
         """Queue a call's program (call order)."""
+        self.board.enter(seq)
+        return self.engine.submit(self._program(build, seq, signature), deadline)
+
+    def express(
+        self, build: Callable[[Context], Program], seq: int, signature: str, deadline: float
+    ) -> Job | None:
+        """Run a call's program at once if the engine is idle (see ``Engine.express``);
+        None if it is not, and nothing was done."""
+        if self.engine.driver is not None:
+            return None
+        self.board.enter(seq)
+        # The engine is idle, so this program runs first: sign it now, not when driven.
+        self.context.signature = self._stamp(seq, signature)
+        return self.engine.express(build(self.context), deadline)
+
+    def _program(self, build: Callable[[Context], Program], seq: int, signature: str) -> Program:
+        return _deferred(build, self.context, self._stamp(seq, signature))
+
+    def _stamp(self, seq: int, signature: str) -> int:
+        """The call's signature word: its sequence number and a CRC of its signature."""
         crc = self._stamps.get(signature)
         if crc is None:
             if len(self._stamps) > 4096:
                 self._stamps.clear()
             crc = self._stamps[signature] = zlib.crc32(signature.encode())
-        stamp = ((seq & 0xFFFFFFFF) << 32) | crc
-        self.board.enter(seq)
-        return self.engine.submit(_deferred(build, self.context, stamp), deadline)
+        return ((seq & 0xFFFFFFFF) << 32) | crc
 
     def count(self, stats: Any) -> None:
         """Add the bytes moved through the arena since the last count to ``stats`` (a

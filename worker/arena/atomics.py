@@ -94,6 +94,18 @@ class Words:
         self._store8 = getattr(lib, "__atomic_store_8")
         self._store8.restype = None
         self._store8.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
+        # The same exchange without argument conversion, for the publish path: it takes a
+        # prebuilt pointer and a value below 2**31 (0.6 us a call here, against 1.1).
+        self._swap = getattr(ctypes.CDLL(lib._name), "__atomic_exchange_4")
+
+    def pointer(self, offset: int) -> ctypes.c_void_p:
+        """A prebuilt pointer to the word at ``offset``, for :meth:`swap`."""
+        return ctypes.c_void_p(self.base + offset)
+
+    def swap(self, pointer: ctypes.c_void_p, value: int) -> None:
+        """Sequentially consistent exchange (a full fence) of the u32 at ``pointer`` with
+        ``value`` (at most 2**31 - 1)."""
+        self._swap(pointer, value, _SEQ_CST)
 
     # ---- 64-bit sequence words --------------------------------------------------------
 

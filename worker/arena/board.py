@@ -22,6 +22,7 @@ the abort word and the deadline between slices.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ BELL, SLEEPERS, READY, DONE, SIG, POISONED, CAUSE_LEN, ENTERED, CAUSE = (
 )
 CAUSE_BYTES = ROW_BYTES - CAUSE
 _MASK = (1 << 64) - 1
+_BELL_MASK = (1 << 31) - 1
 _HALF = 1 << 63
 _SLICE = 0.25  # a sleeper re-checks abort and deadline at least this often
 
@@ -81,6 +83,7 @@ class Board:
         self.rows = [g.row(r) for r in range(self.k)]
         self.mine = self.rows[me]
         self.others = [r for r in range(self.k) if r != me]
+        self._bell = self.words.pointer(self.mine + BELL)
 
     # ---- publishing ---------------------------------------------------------------------
 
@@ -88,7 +91,7 @@ class Board:
         """Store ``value`` into this rank's ``word`` (READY or DONE) and ring the bell."""
         w, row = self.words, self.mine
         w.store(row + word, value & _MASK)
-        w.exchange32(row + BELL, w.load32(row + BELL) + 1)
+        w.swap(self._bell, (w.load32(row + BELL) + 1) & _BELL_MASK)  # any change wakes
         if w.load32(row + SLEEPERS):
             w.exchange32(row + SLEEPERS, 0)
             w.wake(row + BELL)
@@ -152,9 +155,12 @@ class Board:
         target: int,
         deadline: float,
         stop: Callable[[], bool] = lambda: False,
+        *,
+        until: float = math.inf,
     ) -> bool:
         """Block until every rank's ``word`` reached ``target`` (True), or until ``stop()``
-        (False, checked after every sleep); raises Poisoned or Stalled."""
+        (False, checked after every sleep) or the monotonic time ``until`` (False);
+        raises Poisoned, or Stalled at ``deadline``."""
         w = self.words
         while True:
             r = self.lagging(word, ranks, target)
@@ -162,18 +168,21 @@ class Board:
                 return True
             if stop():
                 return False
+            now = time.monotonic()
+            if now >= until:
+                return False
             row = self.rows[r]
             w.exchange32(row + SLEEPERS, 1)
             bell = w.load32(row + BELL)
             if reached(w.load(row + word), target):
                 continue
             self.check_abort()
-            remaining = deadline - time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 raise Stalled(
                     [q for q in ranks if not reached(w.load(self.rows[q] + word), target)]
                 )
-            w.sleep(row + BELL, bell, min(remaining, _SLICE))
+            w.sleep(row + BELL, bell, min(remaining, until - now, _SLICE))
 
     # ---- poisoning ----------------------------------------------------------------------
 

@@ -14,6 +14,12 @@ call is awaited first. Whoever finds the engine idle drives the queue from its h
 * the engine's thread at once, for a call started in the background (``hurry``): a
   prefetch then moves its data while the loop computes, not when the loop next awaits.
 
+A small call made while the engine is idle runs as soon as it is made (``express``):
+no queue, no future, no task. Its waits spin for the budget and may then sleep on the
+futex on the loop's own thread for ``nap`` seconds (a node with more ranks than CPUs,
+where spinning steals the time slices of the ranks it waits for); a call still waiting
+after that heads the queue and the thread drives it like any other.
+
 numpy copies and reductions release the GIL for arrays of any size that matters, and
 the thread's spin yields the CPU between polls, so a thread waiting for peers does not
 hold up the loop's compute. The thread is owned by the engine: :meth:`Engine.close`
@@ -27,6 +33,7 @@ import asyncio
 import collections
 import contextlib
 import threading
+import time
 
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
 from shardwire.worker.arena.programs import Mismatch, Need, Program
@@ -70,15 +77,19 @@ class Job:
 class Engine:
     """The queue of one arena's programs and the two ways of driving it."""
 
-    def __init__(self, board: Board, *, spin: float, yield_cpu: bool, name: str) -> None:
+    def __init__(
+        self, board: Board, *, spin: float, yield_cpu: bool, name: str, nap: float = 0.0
+    ) -> None:
         self.board = board
         self.spin = spin  # inline polling budget, seconds (0 on a crowded node)
         self.yield_cpu = yield_cpu
+        self.nap = nap  # an express call's wait may then sleep this long on the loop
         self.inline_runs = 0  # programs finished on the loop, for tests and stats
         self.thread_runs = 0  # programs finished on the thread
         self._name = name
         self._queue: collections.deque[Job] = collections.deque()
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken alone where nobody is notified (cheaper)
+        self._cv = threading.Condition(self._lock)
         self._driver: str | None = None  # None (idle), "loop" or "thread"
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -96,6 +107,28 @@ class Engine:
             if self._closed:
                 raise RuntimeError("the arena engine is closed")
             self._queue.append(job)
+        return job
+
+    def express(self, program: Program, deadline: float) -> Job | None:
+        """Run ``program`` at once on the loop if the engine is idle (None if it is not:
+        queue it with :meth:`submit`). The job comes back finished when every wait was met
+        within the spin budget; otherwise it heads the queue and the thread drives it,
+        and :meth:`run` waits for it like any other."""
+        with self._lock:
+            if self._driver is not None or self._queue or self._closed:
+                return None
+            self._driver = "loop"
+        job = Job(program, deadline)
+        if self._advance(job, blocking=False, nap=self.nap):
+            job.finished = True
+            self.inline_runs += 1
+            self._driver = None  # only the loop sets a driver on an idle engine
+            return job
+        with self._cv:
+            self._queue.append(job)
+            self._driver = "thread"
+            self._start_thread()
+            self._cv.notify()
         return job
 
     def hurry(self) -> None:
@@ -187,7 +220,7 @@ class Engine:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self._loop.call_soon_threadsafe(self._settle, job)
 
-    def _advance(self, job: Job, *, blocking: bool) -> bool:
+    def _advance(self, job: Job, *, blocking: bool, nap: float = 0.0) -> bool:
         """Run ``job`` until it ends (True) or, not ``blocking``, until a wait is not met
         within the spin budget (False)."""
         board = self.board
@@ -199,7 +232,16 @@ class Engine:
                     if not board.spin(
                         need.word, need.ranks, need.target, spin, self.yield_cpu or blocking
                     ):
-                        if not blocking:
+                        if not blocking and not (
+                            nap > 0
+                            and board.wait(
+                                need.word,
+                                need.ranks,
+                                need.target,
+                                job.deadline,
+                                until=time.monotonic() + nap,
+                            )
+                        ):
                             return False
                         stop = lambda: job.abandoned or self._closed  # noqa: E731
                         if not board.wait(need.word, need.ranks, need.target, job.deadline, stop):

@@ -80,6 +80,29 @@ class Gate:
                 self._opening = self._spawn(self._open(call))
         return ticket
 
+    def express(
+        self, seq: int, signature: str, build: Callable[[Context], Program], limit: float
+    ) -> Ticket | bool:
+        """Run call ``seq`` at once, on the loop, if the arena is open and idle. True: a
+        small call whose peers were there ran to its end before this returned, with no
+        task, future or thread hop. A ticket: it started, and ``run`` waits for the rest
+        (or raises its error). False if the arena is not open or busy: nothing was done,
+        and the call takes its place with :meth:`enqueue`."""
+        arena = self.arena
+        if self.state is not GateState.OPEN or arena is None:
+            return False
+        deadline = time.monotonic() + limit + _BACKSTOP if limit != math.inf else math.inf
+        job = arena.express(build, seq, signature, deadline)
+        if job is None:
+            return False
+        if job.finished:
+            arena.count(self._stats)
+            if job.error is None:
+                return True
+        ticket = Ticket(build, seq, signature, limit)
+        ticket.job = job
+        return ticket
+
     def hurry(self, ticket: Ticket) -> None:
         """The call was started in the background: the arena's thread runs it now (or as
         soon as the arena is open), overlapping the loop's compute."""

@@ -24,7 +24,7 @@ from shardwire.protocol import (
     ShardwireError,
     TransportClosed,
 )
-from shardwire.worker.arena.gate import Gate
+from shardwire.worker.arena.gate import Gate, Ticket
 from shardwire.worker.arena.programs import Context, Program
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.deadlines import Deadlines
@@ -35,6 +35,9 @@ from shardwire.worker.transport.base import Transport, TransportTimeout
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 300.0
+# Arena calls of at most this many bytes run when they are made, if the arena is idle
+# (``Gate.express``); larger ones run when awaited, or on the arena's thread once started.
+EXPRESS_BYTES = 64 * 1024
 # An arena-capable call: the program to run on the node arena, and the call's result then.
 ArenaPlan = tuple[Callable[[Context], Program], Any]
 
@@ -54,7 +57,7 @@ class Work(Generic[T]):
     are mid-exchange and cannot agree on where they stopped).
     """
 
-    def __init__(self, task: asyncio.Task[T]):
+    def __init__(self, task: asyncio.Future[T]):
         self._task = task
 
     async def wait(self) -> T:
@@ -75,34 +78,49 @@ class Pending(Generic[T]):
     get a :class:`Work`; one or the other, once.
     """
 
-    __slots__ = ("_coro", "_group", "_on_start", "_taken")
+    __slots__ = ("_coro", "_group", "_on_start", "_taken", "_value")
 
     def __init__(
         self,
         group: GroupCore,
-        coro: Coroutine[Any, Any, T],
+        coro: Coroutine[Any, Any, T] | None,
         on_start: Callable[[], None] | None = None,
+        value: Any = None,
     ):
         self._group = group
-        self._coro = coro
+        self._coro = coro  # None: the call already ended, with ``value``
+        self._value = value
         self._taken = False
         self._on_start = on_start  # the arena runs a started call on its thread at once
 
-    def _take(self) -> Coroutine[Any, Any, T]:
+    def _take(self) -> Coroutine[Any, Any, T] | None:
         if self._taken:
             raise RuntimeError("this collective call was already awaited or started")
         self._taken = True
         return self._coro
 
     def __await__(self) -> Generator[Any, None, T]:
-        return self._take().__await__()
+        coro = self._take()
+        if coro is None:
+            return _ended(self._value)
+        return coro.__await__()
 
     def start(self) -> Work[T]:
         """Run the call in the background; the group owns it (and cancels it on close)."""
-        work = self._group._spawn(self._take())
+        coro = self._take()
+        if coro is None:
+            ended: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+            ended.set_result(self._value)
+            return Work(ended)
+        work = self._group._spawn(coro)
         if self._on_start is not None:
             self._on_start()
         return work
+
+
+def _ended(value: T) -> Generator[Any, None, T]:
+    return value
+    yield  # a generator that returns at once: awaiting an ended call never suspends
 
 
 class GroupCore:
@@ -206,15 +224,25 @@ class GroupCore:
     ) -> Pending[T]:
         self._check()
         self._seq += 1
+        limit = self.timeout if timeout is None else timeout
+        gate = self.gate if arena is not None else None
+        ticket: Ticket | bool = False
+        if gate is not None and arena is not None and nbytes <= EXPRESS_BYTES:
+            ticket = gate.express(self._seq, signature, arena[0], limit)
+            if ticket is True:
+                op = signature[: signature.find(":")]
+                self.recorder.ended(
+                    group=self.group_id, ranks=self.ranks, op=op, seq=self._seq, nbytes=nbytes
+                )
+                return Pending(self, None, value=arena[1])
         call = Call(
             self.transport, self.ranks, self.rank, self.group_id, self._seq, signature, self._pool
         )
-        limit = self.timeout if timeout is None else timeout
-        gate = self.gate if arena is not None else None
         if gate is None or arena is None:
             return Pending(self, self._run(call, algorithm, limit, nbytes))
         build, result = arena  # queued now: the arena runs calls in order
-        ticket = gate.enqueue(call, build, limit)
+        if not isinstance(ticket, Ticket):
+            ticket = gate.enqueue(call, build, limit)
         tcp = algorithm
 
         async def on_arena(c: Call) -> T:

@@ -83,7 +83,7 @@ class Group(Movement):
         timeout: float | None = None,
     ) -> Pending[np.ndarray]:
         """Reduce ``x`` over the group; in place unless ``out`` is given. Returns it."""
-        op = ReduceOp(op)
+        op = op if type(op) is ReduceOp else ReduceOp(op)
         check_op(op, x.dtype)
         target = x if out is None else out_array(out, x.shape, x.dtype)
         buf = flat(target, "x" if out is None else "out")
@@ -122,7 +122,7 @@ class Group(Movement):
 
         Chunks are equal (``len(x)`` divisible by the group size) or ``sizes``.
         """
-        op = ReduceOp(op)
+        op = op if type(op) is ReduceOp else ReduceOp(op)
         check_op(op, x.dtype)
         sizes = self._split(len(x) if x.ndim else 0, sizes, "reduce_scatter input")
         row = math.prod(x.shape[1:])
@@ -182,7 +182,7 @@ class Group(Movement):
     ) -> Pending[np.ndarray | None]:
         """Reduce ``x`` onto ``root``: root returns the result (in ``x`` unless ``out``);
         the others return None and keep ``x`` unchanged."""
-        op = ReduceOp(op)
+        op = op if type(op) is ReduceOp else ReduceOp(op)
         check_op(op, x.dtype)
         self._check_root(root)
         src = flat(x, "x")

@@ -41,7 +41,7 @@ from shardwire.protocol.decoder import StagePool
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import Error, Failure, Hello, Leave
 from shardwire.protocol.placement import Placement
-from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES, ArenaSettings
+from shardwire.worker.arena.settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
 from shardwire.worker.transport.base import NodeMap, Place, Transport
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.framing import HANG_UP_GRACE, open_connection
@@ -217,6 +217,7 @@ class TcpMesh(Transport):
                 self.config.arena_slot_bytes,
                 spin=self.poll.budget,
                 yield_cpu=self.crowded,
+                nap=CROWDED_NAP if self.crowded else 0.0,
             )
         for conn in list(self._pending):
             conn.release_held()

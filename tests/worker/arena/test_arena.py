@@ -19,6 +19,7 @@ from shardwire.worker.arena.board import Board
 from shardwire.worker.arena.gate import GateState
 from shardwire.worker.arena.region import Geometry, Region, run_prefix, segment_names
 from shardwire.worker.collectives import Group, ReduceOp
+from shardwire.worker.collectives.core import EXPRESS_BYTES
 from tests.worker.collectives.worlds import groups_over, on_all
 from tests.worker.transport.fabric import tcp_world
 
@@ -194,11 +195,13 @@ async def test_a_started_call_runs_on_the_arena_thread_while_the_loop_computes()
         await on_all(groups, lambda g: g.barrier())  # the arena is open
         engines = [g.gate.arena.engine for g in groups]
         before = [e.thread_runs for e in engines]
-        works = [g.all_gather(np.full(1000, g.rank + 1.0)).start() for g in groups]
+        # larger than an express call: a started call that size overlaps the loop's compute
+        count = EXPRESS_BYTES // 8 + 1000
+        works = [g.all_gather(np.full(count, g.rank + 1.0)).start() for g in groups]
         deadline = time.monotonic() + 30
         while [e.thread_runs for e in engines] != [b + 1 for b in before]:  # the loop is busy
             assert time.monotonic() < deadline, "the started calls did not run meanwhile"
             time.sleep(0.005)  # noqa: ASYNC251 (compute that holds the loop)
         for work in works:
             out = await work.wait()
-            np.testing.assert_array_equal(out, np.repeat([1.0, 2.0], 1000))
+            np.testing.assert_array_equal(out, np.repeat([1.0, 2.0], count))

@@ -1,0 +1,129 @@
+"""Express calls: a small arena call runs when it is made if the arena is idle, ends
+before it is awaited when its peers are there, and otherwise hands over to the engine
+without changing its result, its order or its errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shardwire.protocol import CollectiveMismatch
+from shardwire.worker.arena.board import DONE, READY, Board
+from shardwire.worker.arena.engine import Engine
+from shardwire.worker.arena.programs import Need
+from shardwire.worker.arena.region import Geometry, Region
+from shardwire.worker.arena.settings import CROWDED_NAP
+from shardwire.worker.collectives import Group
+from shardwire.worker.collectives.core import EXPRESS_BYTES
+from shardwire.worker.transport import mesh as mesh_module
+from tests.worker.arena.test_arena import arena_groups
+from tests.worker.collectives.worlds import on_all
+
+
+async def _opened(groups: list[Group]) -> None:
+    await on_all(groups, lambda g: g.barrier())
+
+
+async def test_a_small_call_whose_peers_are_there_ends_before_it_is_awaited() -> None:
+    async with arena_groups(2) as groups:
+        await _opened(groups)
+        engines = [g.gate.arena.engine for g in groups]
+        xs = [np.full(256, g.rank + 1.0) for g in groups]
+        # rank 0 is first: its peer has not made the call, so the engine's thread takes it
+        first = groups[0].all_reduce(xs[0])
+        # rank 1 finds rank 0's part published and reduces it at once, in place
+        before = engines[1].inline_runs
+        second = groups[1].all_reduce(xs[1])
+        assert xs[1].tolist() == [3.0] * 256, "the call did not run when it was made"
+        assert engines[1].inline_runs == before + 1
+        assert (await second) is xs[1]
+        assert (await first).tolist() == [3.0] * 256
+        for g in groups:  # the flight recorder has the call, ended
+            last = g.recorder.snapshot(live=True)[-1]
+            assert (last.op, last.outcome, last.seq) == ("all_reduce", "ok", 2)
+
+
+async def test_an_ended_call_can_still_be_started_and_awaited_once() -> None:
+    async with arena_groups(2) as groups:
+        await _opened(groups)
+        first = groups[0].broadcast(np.arange(4.0), root=0)
+        second = groups[1].broadcast(np.zeros(4), root=0)
+        work = second.start()
+        assert work.done()
+        assert (await work.wait()).tolist() == [0.0, 1.0, 2.0, 3.0]
+        with pytest.raises(RuntimeError, match="already"):
+            await second
+        await first
+
+
+async def test_express_and_queued_calls_keep_call_order_whatever_the_await_order() -> None:
+    big = EXPRESS_BYTES // 8 + 100  # queued: it runs when awaited or driven
+    async with arena_groups(3) as groups:
+        await _opened(groups)
+
+        async def run(g: Group) -> tuple[float, list[float], float]:
+            large = g.all_reduce(np.full(big, g.rank + 1.0))
+            small = g.all_gather(np.array([g.rank * 10.0]))  # the engine is busy: queued
+            tiny = g.all_reduce(np.array([1.0]))
+            last = (await tiny)[0]
+            gathered = (await small).tolist()
+            return (await large)[big - 1], gathered, last
+
+        assert await on_all(groups, run) == [(6.0, [0.0, 10.0, 20.0], 3.0)] * 3
+
+
+async def test_a_different_call_found_at_once_is_a_mismatch_everywhere() -> None:
+    async with arena_groups(2) as groups:
+        await _opened(groups)
+        first = groups[0].all_reduce(np.ones(8))
+        second = groups[1].all_reduce(np.ones(9))  # runs at once and reads rank 0's half
+        for call in (second, first):
+            with pytest.raises(CollectiveMismatch):
+                await asyncio.wait_for(call, 60)
+
+
+@pytest.mark.parametrize("cpus", [1, 64])
+async def test_only_a_crowded_node_lets_express_calls_nap(cpus: int, monkeypatch) -> None:
+    monkeypatch.setattr(mesh_module, "usable_cpus", lambda: cpus)
+    async with arena_groups(2) as groups:
+        await _opened(groups)
+        for g in groups:
+            assert g.transport.arena.nap == (CROWDED_NAP if cpus == 1 else 0.0)
+            assert g.gate.arena.engine.nap == g.transport.arena.nap
+
+
+@pytest.mark.parametrize("nap", [0.0, 30.0])
+async def test_an_express_wait_naps_on_the_loop_only_if_allowed(tmp_path, nap: float) -> None:
+    """Rank 1 publishes 50 ms late from another thread: with a nap the call ends on the
+    loop (woken through the futex); without one the engine's thread takes it over."""
+    region, _ = Region.create("test", Geometry(2, 8192), tmp_path)
+    boards = [Board(region, 0), Board(region, 1)]
+    engine = Engine(boards[0], spin=0.0, yield_cpu=False, nap=nap, name="express-test")
+    late = threading.Timer(0.05, boards[1].publish, (READY, 1))
+
+    def program():
+        boards[0].publish(READY, 1)
+        yield Need(READY, [1], 1)
+        boards[0].publish(DONE, 1)
+
+    try:
+        late.start()
+        started = time.monotonic()
+        job = engine.express(program(), time.monotonic() + 60)
+        assert job is not None
+        if nap:
+            assert job.finished and job.error is None and engine.inline_runs == 1
+            assert time.monotonic() - started < nap / 2  # woken, not timed out
+        else:
+            assert not job.finished and engine.driver == "thread"
+            await asyncio.wait_for(engine.run(job), 60)
+            assert engine.thread_runs == 1
+    finally:  # nothing may touch the region once it is unmapped
+        late.join()
+        assert engine.close()
+        region.unlink()
+        region.close()
