@@ -93,19 +93,21 @@ class BridgeBase(dist.ProcessGroup):
         timeout: float,
         after: Sequence[Staged] = (),
         finish: Callable[[], None] | None = None,
+        source: Callable[[list[Any]], int] | None = None,
     ) -> BridgeWork:
         """Make ``calls`` on the loop, await them in order, then write staged outputs
-        back (``after``, then ``finish``); torch gets ``result`` from the Work's future."""
+        back (``after``, then ``finish``); torch gets ``result`` from the Work's future.
+        ``source``: the sending rank, from the calls' results (receives only)."""
 
-        async def run() -> None:
+        async def run() -> list[Any]:
             pending = calls()
-            for call in pending:
-                await call
+            results = [await call for call in pending]
             for staged in after:
                 staged.finish()
             if finish is not None:
                 finish()
+            return results
 
         future = self._engine.submit(run())
         where = f"{op} on group {self._name or '?'} (rank {self._group.rank})"
-        return BridgeWork(self._engine, future, result, op=where, limit=timeout)
+        return BridgeWork(self._engine, future, result, op=where, limit=timeout, source=source)

@@ -238,11 +238,19 @@ class ShardwireProcessGroup(Reductions):
             tensors,
             timeout=g.timeout,
             after=[s],
+            source=lambda _results: src,
         )
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> BridgeWork:
-        raise ValueError(
-            "the shardwire backend receives from a named rank only: pass src to recv/irecv"
+        (s,) = stage_all(tensors, "recv", reduce=False, load=False)
+        g = self._group
+        return self._submit(
+            "recv_anysource",
+            lambda: [g.recv_any(tag=tag, out=s.array)],
+            tensors,
+            timeout=g.timeout,
+            after=[s],
+            source=lambda results: results[0][0],
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -35,8 +36,10 @@ class BridgeWork(dist.Work):
         *,
         op: str,
         limit: float,
+        source: Callable[[Any], int] | None = None,
     ):
         super().__init__()
+        self._source = source  # a receive's sending rank, from the call's result
         self._engine = engine
         self._future = future
         self._result = result
@@ -97,6 +100,13 @@ class BridgeWork(dist.Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+    def _source_rank(self) -> int:
+        """The group rank a finished receive came from (torch's ``recv(src=None)``)."""
+        if self._source is None:
+            raise ValueError(f"{self._op} is not a receive: it has no source rank")
+        self.wait()
+        return self._source(self._future.result())
 
 
 def _error(future: concurrent.futures.Future[Any]) -> BaseException | None:

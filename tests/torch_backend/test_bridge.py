@@ -161,3 +161,16 @@ def test_a_blocking_call_on_the_loop_thread_is_refused(engine):
 
     with pytest.raises(RuntimeError, match="own loop"):
         engine.run(outer(), 5)
+
+
+def test_only_a_receive_has_a_source_rank(engine):
+    async def received() -> list:
+        return [(3, None)]
+
+    work = BridgeWork(
+        engine, engine.submit(received()), [], op="recv", limit=5, source=lambda r: r[0][0]
+    )
+    assert work._source_rank() == 3
+    other = BridgeWork(engine, engine.submit(received()), [], op="all_reduce #1", limit=5)
+    with pytest.raises(ValueError, match="all_reduce #1 is not a receive"):
+        other._source_rank()

@@ -209,6 +209,17 @@ class Movement(GroupCore):
             self.ranks[src], tag=self._p2p(tag), op="p2p", out=out, timeout=self.timeout
         )
 
+    async def recv_any(
+        self, *, tag: int = 0, out: np.ndarray | None = None
+    ) -> tuple[int, np.ndarray]:
+        """Point-to-point receive of the next message with ``tag`` from any rank of the
+        group: (its group rank, the array). A receive naming its source is served first."""
+        self._check()
+        src, array = await self.transport.recv_any(
+            tag=self._p2p(tag), op="p2p", out=out, timeout=self.timeout
+        )
+        return self.ranks.index(src), array
+
     # ---- helpers -----------------------------------------------------------------------
 
     def _p2p(self, tag: int) -> Tag:

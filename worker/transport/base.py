@@ -21,6 +21,7 @@ import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
 from shardwire.worker.transport.mailbox import Fold, Mailbox
+from shardwire.worker.transport.place import Place
 from shardwire.worker.transport.poll import POLL_MAX_BYTES, BusyPoll
 from shardwire.worker.transport.relay import Relay
 
@@ -90,33 +91,6 @@ class Receive:
         if not self.future.done():
             self._transport.mailbox.withdraw(self.src, self.tag, self.future)
             self.future.cancel()
-
-
-class NodeMap(Sequence[int]):
-    """The node of each rank where ranks are contiguous per node (as the coordinator
-    places them): ``per_node`` ranks on each, computed, not listed."""
-
-    __slots__ = ("per_node", "world_size")
-
-    def __init__(self, per_node: int, world_size: int):
-        self.per_node, self.world_size = per_node, world_size
-
-    def __getitem__(self, rank):
-        if isinstance(rank, slice) or not 0 <= rank < self.world_size:
-            raise IndexError(f"rank {rank} is not in a world of {self.world_size}")
-        return rank // self.per_node
-
-    def __len__(self) -> int:
-        return self.world_size
-
-
-@dataclass(frozen=True, slots=True)
-class Place:
-    """Where a process sits in the job, as its placement says."""
-
-    rank: int
-    world_size: int
-    generation: int = 0
 
 
 class Transport(abc.ABC):
@@ -265,6 +239,39 @@ class Transport(abc.ABC):
         limit = self.timeout if timeout is None else timeout
         nbytes = 0 if out is None else out.nbytes
         return Receive(self, src, tag, op, future, limit=limit, nbytes=nbytes)
+
+    async def recv_any(
+        self,
+        *,
+        tag: Tag,
+        op: str = "p2p",
+        out: np.ndarray | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, np.ndarray]:
+        """Receive the next message with ``tag`` from any rank: (its rank, the array)."""
+        self._check_usable()
+        if out is not None:
+            check_dtype(out.dtype)
+            if not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError("recv_any(out=...) needs a writeable C-contiguous array")
+        future = self.mailbox.post_any(tag, op, out)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            async with asyncio.timeout(None if limit == math.inf else limit):
+                src, array = await future
+        except TimeoutError:
+            self.mailbox.withdraw_any(tag, future)
+            self._check_usable()
+            raise TransportTimeout(
+                f"rank {self.rank}: receive of {op} #{tag.seq} from any rank timed out "
+                f"after {limit:g} s"
+            ) from None
+        except asyncio.CancelledError:
+            self.mailbox.withdraw_any(tag, future)
+            raise
+        self.stats.bytes_received += array.nbytes
+        self.stats.messages_received += 1
+        return src, array
 
     def poison_group(self, group: int, error: BaseException, members: Sequence[int]) -> None:
         """Fail every receive of ``group`` here, and tell its other ``members`` (all its

@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-Messages are matched by (source rank, tag), first in first out for equal keys. When a
+Messages are matched by (source rank, tag), first in first out for equal keys; a
+receive from any source (``post_any``) takes the first message of its tag that no
+receive naming its source waits for. When a
 frame header arrives, :meth:`Mailbox.begin` picks where its payload goes: straight into
 the ``out`` array of a receive that is already posted (zero copy), or into a fresh array
 that is held until the receive comes (an *early arrival*, bounded by ``max_early_bytes``:
@@ -43,9 +45,13 @@ POISON_OP = "__poison__"
 class _Posted:
     op: str
     out: np.ndarray | None
-    future: asyncio.Future[np.ndarray]
+    future: asyncio.Future
     filling: bool = False
     fold: Fold | None = None
+    wild: bool = False  # from any source: completes with (source rank, array)
+
+    def resolve(self, meta: TensorMeta, array: np.ndarray) -> None:
+        self.future.set_result((meta.src, array) if self.wild else array)
 
 
 @dataclass(slots=True)
@@ -122,6 +128,7 @@ class Mailbox:
         self._on_drain = on_drain
         self._on_notice = on_notice  # a poison notice arrived (after failing the group)
         self._posted: dict[Key, deque[_Posted]] = {}
+        self._wild: dict[Tag, deque[_Posted]] = {}  # receives from any source
         self._early: dict[Key, deque[tuple[TensorMeta, np.ndarray]]] = {}
         self._calls: dict[Call, list] = {}  # our posted calls: [op, receives listed]
         self._early_calls: dict[Call, list] = {}  # held frames: [src, op, count]
@@ -164,6 +171,36 @@ class Mailbox:
             entry[1] += 1
         return future
 
+    def post_any(self, tag: Tag, op: str, out: np.ndarray | None) -> asyncio.Future:
+        """Register a receive of ``tag`` from any source; its future completes with
+        (source rank, array). A message already here is taken at once."""
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        group_error = self._group_errors.get(tag.group)
+        if group_error is not None:
+            _fail(future, group_error)
+            return future
+        posted = _Posted(op, out, future, wild=True)
+        key = next((k for k in self._early if k[1] == tag), None)  # held: bounded bytes
+        if key is not None:
+            early = self._early[key]
+            meta, array = early.popleft()
+            if not early:
+                del self._early[key]
+            self._release(meta, array.nbytes)
+            self._complete(posted, meta, array)
+        else:
+            self._wild.setdefault(tag, deque()).append(posted)
+        return future
+
+    def withdraw_any(self, tag: Tag, future: asyncio.Future) -> None:
+        """Forget a receive from any source whose waiter gave up."""
+        queue = self._wild.get(tag)
+        if queue:
+            for posted in [p for p in queue if p.future is future and not p.filling]:
+                queue.remove(posted)
+        if not queue:
+            self._wild.pop(tag, None)
+
     def _unlisted(self, tag: Tag) -> None:
         """A posted receive of ``tag``'s call left the posted queues."""
         call = (tag.group, tag.seq)
@@ -185,11 +222,13 @@ class Mailbox:
             array = posted.out
         if posted.fold is not None:
             posted.fold(array.reshape(-1), 0)
-        posted.future.set_result(array)
+        posted.resolve(meta, array)
 
     def has_posted(self, meta: TensorMeta) -> bool:
         """True if a receive is waiting for this message."""
-        return any(not p.future.done() for p in self._posted.get((meta.src, meta.tag), ()))
+        return any(not p.future.done() for p in self._posted.get((meta.src, meta.tag), ())) or any(
+            not p.future.done() for p in self._wild.get(meta.tag, ())
+        )
 
     def withdraw(self, src: int, tag: Tag, future: asyncio.Future) -> None:
         """Forget a receive whose waiter gave up (cancelled or timed out)."""
@@ -214,7 +253,7 @@ class Mailbox:
         if ours is not None and ours[0] != meta.op:
             self._fail_call(call, _mismatch(self.rank, meta.src, meta.tag.seq, ours[0], meta.op))
             return Inbound(meta, _scratch(meta), None, drop=True)
-        posted = self._take_posted((meta.src, meta.tag))
+        posted = self._take_posted((meta.src, meta.tag)) or self._take_wild(meta.tag)
         if posted is None:
             self._hold(meta)
             return Inbound(meta, _scratch(meta), None)
@@ -242,7 +281,7 @@ class Mailbox:
         if posted is None:
             # The receive may have been posted while this payload was still arriving.
             key = (meta.src, meta.tag)
-            late = self._take_posted(key)
+            late = self._take_posted(key) or self._take_wild(meta.tag)
             if late is None:
                 self._early.setdefault(key, deque()).append((meta, inbound.array))
             else:
@@ -256,7 +295,7 @@ class Mailbox:
             return
         if posted.fold is not None and not inbound.folded:
             posted.fold(inbound.array.reshape(-1), 0)
-        posted.future.set_result(inbound.array)
+        posted.resolve(meta, inbound.array)
 
     def abandon(self, inbound: Inbound, exc: BaseException) -> None:
         """The payload of ``inbound`` will never complete (its connection is gone or it
@@ -282,16 +321,27 @@ class Mailbox:
     # ---- failures ----------------------------------------------------------------------
 
     def fail(self, exc: BaseException, *, src: int | None = None) -> None:
-        """Fail pending receives (all, or only those from ``src``)."""
+        """Fail pending receives (all, or only those from ``src``: a receive from any
+        source may still be served by another)."""
         for key in list(self._posted):
             if src is None or key[0] == src:
                 self._fail_queue(key, exc)
+        if src is None:
+            for queue in self._wild.values():
+                for posted in queue:
+                    if not posted.future.done():
+                        _fail(posted.future, exc)
+            self._wild.clear()
 
     def poison_group(self, group: int, exc: BaseException) -> None:
         """Fail every pending and later receive of ``group`` with ``exc``."""
         self._group_errors.setdefault(group, exc)
         for key in [k for k in self._posted if k[1].group == group]:
             self._fail_queue(key, self._group_errors[group])
+        for tag in [t for t in self._wild if t.group == group]:
+            for posted in self._wild.pop(tag):
+                if not posted.future.done():
+                    _fail(posted.future, self._group_errors[group])
 
     def group_error(self, group: int) -> BaseException | None:
         return self._group_errors.get(group)
@@ -318,6 +368,17 @@ class Mailbox:
                 posted = candidate
         if queue is not None and not queue:
             del self._posted[key]
+        return posted
+
+    def _take_wild(self, tag: Tag) -> _Posted | None:
+        queue = self._wild.get(tag)
+        posted = None
+        while queue and posted is None:
+            candidate = queue.popleft()
+            if not candidate.future.done():
+                posted = candidate
+        if queue is not None and not queue:
+            del self._wild[tag]
         return posted
 
     def _hold(self, meta: TensorMeta) -> None:

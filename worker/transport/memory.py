@@ -8,7 +8,8 @@ from collections.abc import Awaitable
 import numpy as np
 
 from shardwire.protocol import PeerFailed, TensorMeta
-from shardwire.worker.transport.base import DEFAULT_TIMEOUT, Place, Transport
+from shardwire.worker.transport.base import DEFAULT_TIMEOUT, Transport
+from shardwire.worker.transport.place import Place
 
 
 class MemoryHub:

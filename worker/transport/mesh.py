@@ -42,12 +42,13 @@ from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import Error, Failure, Hello, Leave
 from shardwire.protocol.placement import Placement
 from shardwire.worker.arena.settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
-from shardwire.worker.transport.base import NodeMap, Place, Transport
+from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.framing import HANG_UP_GRACE, open_connection
 from shardwire.worker.transport.idle import IdleCloser
 from shardwire.worker.transport.links import CROSSED, Links
 from shardwire.worker.transport.peer import PeerConnection
+from shardwire.worker.transport.place import NodeMap, Place
 from shardwire.worker.transport.poll import default_budget, usable_cpus
 
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted

@@ -235,11 +235,26 @@ def point_to_point(r: int, n: int) -> None:
     for w in works:
         w.wait()
     same(out, data(left + 7, 4, torch.float32).numpy(), "isend/irecv")
-    try:
-        dist.recv(torch.empty(1))
-    except ValueError as exc:
-        assert "named rank" in str(exc), exc
-        same(torch.ones(1), np.ones(1), "recv from any source refused")
+    # receives from any source: rank 0 hears every other rank once, each one named
+    if r == 0:
+        heard = []
+        for _ in range(n - 1):
+            buf = torch.empty(4)
+            src = dist.recv(buf, tag=9)
+            same(buf, data(src + 20, 4, torch.float32).numpy(), "recv from any source")
+            heard.append(src)
+        assert sorted(heard) == list(range(1, n)), heard
+    else:
+        dist.send(data(r + 20, 4, torch.float32), 0, tag=9)
+    # ... and in a subgroup, where torch turns the group rank it gets into a global one
+    sub = dist.new_group(list(range(1, n)))
+    if n > 2 and r == n - 1:
+        buf = torch.empty(2)
+        src = dist.recv(buf, group=sub, tag=4)
+        assert src == 1, src
+        same(buf, data(1, 2, torch.float32).numpy(), "recv from any source in a subgroup")
+    elif n > 2 and r == 1:
+        dist.send(data(1, 2, torch.float32), n - 1, group=sub, tag=4)
 
 
 def asynchronous(r: int, n: int) -> None:
