@@ -172,8 +172,8 @@ class GroupCore:
 
     @property
     def layout(self) -> list[list[int]] | None:
-        """This group's ranks (group ranks) by node, when the tiered algorithms
-        apply (several nodes, the same number of ranks on each); else None."""
+        """This group's ranks (group ranks) by node, when the hierarchical algorithms
+        apply (several nodes, one of them with two ranks or more); else None."""
         if not self._layout_known:
             nodes = self.transport.nodes
             self._layout = node_layout([nodes[r] for r in self.ranks]) if nodes else None

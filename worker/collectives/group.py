@@ -20,6 +20,7 @@ from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import Pending, group_id_for
 from shardwire.worker.collectives.layout import bounds, offsets
+from shardwire.worker.collectives.leaders import Leaders
 from shardwire.worker.collectives.movement import Movement
 from shardwire.worker.collectives.ops import ReduceOp, check_op, combine, finish
 from shardwire.worker.collectives.plan import GATHER_STEP, choose
@@ -58,14 +59,17 @@ class Group(Movement):
         return group
 
     @property
-    def tiers(self) -> Tiers | None:
-        """The node and lane subgroups of a group laid out over several nodes (see
-        ``collectives.tiers``); None for a group on one node or an uneven layout."""
-        if self._tiers is None and self.layout is not None:
-            self._tiers = Tiers(self, self.layout)
+    def tiers(self) -> Tiers | Leaders | None:
+        """The subgroups of a group laid out over several nodes: lanes when every node
+        holds the same number of ranks (``collectives.tiers``), else node leaders
+        (``collectives.leaders``); None for a group on one node."""
+        layout = self.layout
+        if self._tiers is None and layout is not None:
+            even = len({len(ranks) for ranks in layout}) == 1
+            self._tiers = Tiers(self, layout) if even else Leaders(self, layout)
         return self._tiers
 
-    def _tiered(self, timeout: float | None) -> tuple[Tiers | None, Runner | None, float]:
+    def _tiered(self, timeout: float | None) -> tuple[Tiers | Leaders | None, Runner | None, float]:
         """(tiers, their runner for a call made now, its time limit), tiers None when the
         group is flat."""
         tiers = self.tiers

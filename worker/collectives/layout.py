@@ -44,13 +44,12 @@ def largest_power_of_two(n: int) -> int:
 
 def node_layout(nodes: Sequence[Hashable]) -> list[list[int]] | None:
     """Group ranks (indices into ``nodes``, each rank's node id) by node, nodes in order of
-    their lowest rank; None unless there are several nodes holding the same number (two
-    or more) of ranks each, the shape the tiered algorithms need."""
+    their lowest rank; None unless there are several nodes and one of them holds two or
+    more ranks (else nothing moves inside a node and the flat algorithms apply)."""
     by_node: dict[Hashable, list[int]] = {}
     for rank, node in enumerate(nodes):
         by_node.setdefault(node, []).append(rank)
     layout = list(by_node.values())
-    local = len(layout[0]) if layout else 0
-    if len(layout) < 2 or local < 2 or any(len(ranks) != local for ranks in layout):
+    if len(layout) < 2 or max(len(ranks) for ranks in layout) < 2:
         return None
     return layout

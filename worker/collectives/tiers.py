@@ -1,7 +1,8 @@
 """Hierarchical collectives for a group laid out over several nodes: each node's ranks
 work through their node arena, and only the *lanes* cross between nodes.
 
-With L ranks on each of k nodes (see :func:`~.layout.node_layout`), the lane of a rank
+With L ranks on each of k nodes (see :func:`~.layout.node_layout`; nodes of different
+sizes go through their leaders instead, see ``collectives.leaders``), the lane of a rank
 is its index j among its node's ranks; the ranks of lane j, one per node, form a
 cross-node subgroup. Every byte crosses between nodes once per phase, on all L lanes
 at once; the rest happens inside the nodes, where the node subgroup runs its calls on
@@ -43,18 +44,19 @@ Segments = list[tuple[int, int]]
 Runner = Callable[[Call, Callable[[], Awaitable[None]]], Awaitable[None]]
 
 
-class Tiers:
-    """The node and lane subgroups of one group, and the order of its hierarchical calls."""
+class Phases:
+    """The subgroups of a group laid out over nodes, and the order of its hierarchical
+    calls: the node's group (``local``) and the group this rank crosses nodes in
+    (``across``; None for a rank that does not cross)."""
 
     def __init__(self, group: Group, layout: list[list[int]]) -> None:
         self.group = group
         self.layout = layout
-        self.node, self.lane = next(
+        self.node, self.index = next(
             (n, ranks.index(group.rank)) for n, ranks in enumerate(layout) if group.rank in ranks
         )
         self.local = group.new_group(layout[self.node], name=f"~node:{group.group_id}")
-        lane = [ranks[self.lane] for ranks in layout]
-        self.across = group.new_group(lane, name=f"~lane{self.lane}:{group.group_id}")
+        self.across: Group | None = None
         self._tail: asyncio.Future[None] | None = None
 
     def reserve(self) -> Runner:
@@ -69,10 +71,11 @@ class Tiers:
                     await asyncio.shield(before)
                 await phases()
             except asyncio.CancelledError:  # the call's deadline: name the ranks inside
-                c.stalled.extend(self.local.silent_now() + self.across.silent_now())
+                for group in self._groups():
+                    c.stalled.extend(group.silent_now())
                 raise
             except (ShardwireError, OSError) as exc:  # tell the node and the whole group
-                for group in (self.local, self.across, self.group):
+                for group in (*self._groups(), self.group):
                     group.fail(exc)
                 raise
             finally:
@@ -80,6 +83,20 @@ class Tiers:
                     mine.set_result(None)
 
         return run
+
+    def _groups(self) -> list[Group]:
+        return [self.local] if self.across is None else [self.local, self.across]
+
+
+class Tiers(Phases):
+    """Every node holds the same number of ranks: each lane crosses between nodes."""
+
+    def __init__(self, group: Group, layout: list[list[int]]) -> None:
+        super().__init__(group, layout)
+        self.lane = self.index
+        lane = [ranks[self.lane] for ranks in layout]
+        self.lanes = group.new_group(lane, name=f"~lane{self.lane}:{group.group_id}")
+        self.across = self.lanes
 
     # ---- the four collectives --------------------------------------------------------
 
@@ -89,7 +106,7 @@ class Tiers:
         sizes = [b - a for a, b in segs]
         part = c.scratch(sizes[self.lane], buf.dtype)
         await self.local.reduce_scatter(buf, inner, sizes=sizes, out=part, timeout=limit)
-        await self.across.all_reduce(part, inner, timeout=limit)
+        await self.lanes.all_reduce(part, inner, timeout=limit)
         await self.local.all_gather(part, sizes=sizes, out=buf, timeout=limit)
         finish(op, buf, c.size)
 
@@ -120,7 +137,7 @@ class Tiers:
         await self.local.reduce_scatter(
             staged, inner, sizes=[sum(s) for s in lane_sizes], out=mine, timeout=limit
         )
-        await self.across.reduce_scatter(
+        await self.lanes.reduce_scatter(
             mine, inner, sizes=lane_sizes[self.lane], out=out, timeout=limit
         )
         finish(op, out, c.size)
@@ -133,7 +150,7 @@ class Tiers:
         ]
         a, b = segs[c.rank]
         mine = c.scratch(sum(lane_sizes[self.lane]), buf.dtype)
-        await self.across.all_gather(buf[a:b], sizes=lane_sizes[self.lane], out=mine, timeout=limit)
+        await self.lanes.all_gather(buf[a:b], sizes=lane_sizes[self.lane], out=mine, timeout=limit)
         packed = c.scratch(buf.size, buf.dtype)
         await self.local.all_gather(
             mine, sizes=[sum(s) for s in lane_sizes], out=packed, timeout=limit
@@ -150,5 +167,5 @@ class Tiers:
             (n, ranks.index(root)) for n, ranks in enumerate(self.layout) if root in ranks
         )
         if self.lane == lane:
-            await self.across.broadcast(buf, root=node, timeout=limit)
+            await self.lanes.broadcast(buf, root=node, timeout=limit)
         await self.local.broadcast(buf, root=lane, timeout=limit)

@@ -55,12 +55,12 @@ def across(nodes: list[int], sent: list[list], rank: int) -> int:
     return sum(b for dst, b in sent[rank] if nodes[dst] != nodes[rank])
 
 
-def test_layout_needs_several_nodes_of_equal_size() -> None:
+def test_layout_needs_several_nodes_and_one_with_company() -> None:
     assert node_layout(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
     assert node_layout(["a", "b", "a", "b"]) == [[0, 2], [1, 3]]
     assert node_layout(["a", "a", "a"]) is None  # one node
     assert node_layout(["a", "b", "c"]) is None  # one rank per node
-    assert node_layout(["a", "a", "b"]) is None  # uneven
+    assert node_layout(["a", "a", "b"]) == [[0, 1], [2]]  # uneven: through the leaders
     for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
         assert choose(op, 4, 4, nodes=True) == "tiers"
         assert choose(op, 1 << 30, 4, nodes=True) == "tiers"

@@ -1,0 +1,132 @@
+"""Collectives over nodes of different sizes: node leaders cross between nodes, the rest
+goes through each node's arena. Results against numpy, nothing but the leaders crossing
+nodes, nothing moved by message inside a node, and call order under concurrency.
+
+Nodes are simulated by roster node ids (a node arena inside each node, TCP across).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardwire.worker.collectives import Group, ReduceOp
+from shardwire.worker.collectives.leaders import Leaders
+
+from .test_nodes import across, node_world
+from .test_oracle import check, data, oracle
+from .worlds import on_all
+
+# node of each rank: 3+1, 1+2, interleaved 2+3, and three nodes of 3, 2 and 1
+LAYOUTS = {
+    "3+1": [0, 0, 0, 1],
+    "1+2": [0, 1, 1],
+    "2+3": [0, 1, 0, 1, 1],
+    "3+2+1": [0, 0, 1, 0, 1, 2],
+}
+COUNT = 200_003
+
+
+def leaders(nodes: list[int]) -> set[int]:
+    return {nodes.index(n) for n in set(nodes)}
+
+
+def crossed_only_by_leaders(nodes: list[int], sent: list[list]) -> None:
+    for r in range(len(nodes)):
+        inside = [dst for dst, _ in sent[r] if nodes[dst] == nodes[r]]
+        assert inside == [], f"rank {r} sent by message inside its node"
+        if r not in leaders(nodes):
+            assert across(nodes, sent, r) == 0, f"rank {r} is no leader but crossed nodes"
+
+
+async def _open(groups: list[Group]) -> None:
+    """One call to open every node's arena (its opening exchange goes by message)."""
+    await on_all(groups, lambda g: g.barrier())
+    await on_all(groups, lambda g: g.all_reduce(np.ones(4)))
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+async def test_all_reduce_goes_through_the_leaders(name: str) -> None:
+    nodes = LAYOUTS[name]
+    n = len(nodes)
+    async with node_world(nodes) as (groups, sent):
+        assert all(isinstance(g.tiers, Leaders) for g in groups)
+        await _open(groups)
+        for salt, (dtype, op) in enumerate(
+            [("float32", ReduceOp.SUM), ("float64", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
+        ):
+            for log in sent:
+                log.clear()
+            inputs = [data(r, COUNT, dtype, salt) for r in range(n)]
+            outs = await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy(), op))
+            want = oracle(inputs, op)
+            for r, got in enumerate(outs):
+                check(got, want, f"{name} {dtype} {op} rank {r}")
+            assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+            crossed_only_by_leaders(nodes, sent)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+async def test_reduce_scatter_and_all_gather_through_the_leaders(name: str) -> None:
+    nodes = LAYOUTS[name]
+    n = len(nodes)
+    sizes = [COUNT // n + 5 * r for r in range(n)]  # uneven parts
+    async with node_world(nodes) as (groups, sent):
+        await _open(groups)
+        for log in sent:
+            log.clear()
+        inputs = [data(r, sum(sizes), "float32", 7) for r in range(n)]
+        outs = await on_all(
+            groups, lambda g: g.reduce_scatter(inputs[g.rank], ReduceOp.AVG, sizes=sizes)
+        )
+        want = oracle(inputs, ReduceOp.AVG)
+        cut = np.cumsum([0, *sizes])
+        for r, got in enumerate(outs):
+            check(got, want[cut[r] : cut[r + 1]], f"{name} reduce_scatter rank {r}")
+        parts = [data(r, sizes[r], "int32", 9) for r in range(n)]
+        outs = await on_all(groups, lambda g: g.all_gather(parts[g.rank], sizes=sizes))
+        for r, got in enumerate(outs):
+            check(got, np.concatenate(parts), f"{name} all_gather rank {r}")
+        crossed_only_by_leaders(nodes, sent)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+async def test_broadcast_from_every_rank(name: str) -> None:
+    nodes = LAYOUTS[name]
+    n = len(nodes)
+    async with node_world(nodes) as (groups, sent):
+        await _open(groups)
+        for root in range(n):
+            for log in sent:
+                log.clear()
+            x = data(root, 50_000, "float32", 11 + root)
+            bufs = [x.copy() if r == root else np.zeros_like(x) for r in range(n)]
+            outs = await on_all(groups, lambda g: g.broadcast(bufs[g.rank], root=root))
+            for r, got in enumerate(outs):
+                check(got, x, f"{name} broadcast root {root} rank {r}")
+            crossed_only_by_leaders(nodes, sent)
+
+
+async def test_concurrent_calls_awaited_out_of_order_keep_call_order() -> None:
+    nodes = LAYOUTS["3+2+1"]
+    n = len(nodes)
+    async with node_world(nodes) as (groups, _sent):
+        xs = [data(r, 5000, "float64", 5) for r in range(n)]
+        parts = [data(r, 700, "int32", 6) for r in range(n)]
+        root = data(4, 3000, "float32", 8)
+
+        async def run(g: Group) -> list:
+            works = [
+                g.all_reduce(xs[g.rank].copy()).start(),
+                g.all_gather(parts[g.rank]).start(),
+                g.broadcast(root.copy() if g.rank == 4 else np.zeros_like(root), root=4).start(),
+                g.reduce_scatter(np.tile(xs[g.rank], n)).start(),
+            ]
+            return [await w.wait() for w in reversed(works)]
+
+        outs = await on_all(groups, run)
+        for r, (rs, bc, ag, ar) in enumerate(outs):
+            check(ar, oracle(xs, ReduceOp.SUM), f"all_reduce rank {r}")
+            check(ag, np.concatenate(parts), f"all_gather rank {r}")
+            check(bc, root, f"broadcast rank {r}")
+            check(rs, oracle(xs, ReduceOp.SUM), f"reduce_scatter rank {r}")
