@@ -100,9 +100,9 @@ class NodeArena:
         stats.bytes_received += received - self._counted[1]
         self._counted = (sent, received)
 
-    async def run(self, job: Job, silent: list[int], seq: int) -> None:
-        """Wait for ``job`` (call ``seq``); arena errors become the group's (``silent``
-        gets the global ranks not heard from when it times out)."""
+    async def run(self, job: Job, silent: list[int], seq: int, signature: str) -> None:
+        """Wait for ``job`` (call ``seq``, ``signature``); arena errors become the group's
+        (``silent`` gets the global ranks not heard from when it times out)."""
         try:
             await self.engine.run(job)
         except asyncio.CancelledError:  # the call's deadline (or its caller): say who is late
@@ -118,7 +118,8 @@ class NodeArena:
             raise ArenaTimeout(str(exc)) from None
         except Mismatch as exc:
             raise MessageMismatch(
-                f"rank {self.ranks[exc.rank]} wrote a different call into the node arena"
+                f"rank {self.ranks[exc.rank]} wrote a different call into the node arena "
+                f"than {signature}"
             ) from None
         except Abandoned as exc:
             raise JobAborted(f"the node arena was closed: {exc}") from None

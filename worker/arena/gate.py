@@ -103,6 +103,15 @@ class Gate:
         ticket.job = job
         return ticket
 
+    def waiting(self, ticket: Ticket) -> list[int]:
+        """The global ranks the call of ``ticket`` waits for in the arena now (and those
+        that have not made it yet); empty once it ended."""
+        arena, job = self.arena, ticket.job
+        if arena is None or job is None or job.finished:
+            return []
+        late = set(arena.engine.lagging(job)) | set(arena.board.absent(ticket.seq))
+        return [arena.ranks[r] for r in sorted(late)]
+
     def hurry(self, ticket: Ticket) -> None:
         """The call was started in the background: the arena's thread runs it now (or as
         soon as the arena is open), overlapping the loop's compute."""
@@ -120,7 +129,7 @@ class Gate:
             return False
         assert self.arena is not None
         try:
-            await self.arena.run(ticket.job, silent, ticket.seq)
+            await self.arena.run(ticket.job, silent, ticket.seq, ticket.signature)
         finally:
             if self.arena is not None:
                 self.arena.count(self._stats)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +35,8 @@ class Call:
     taken: list[np.ndarray] = field(default_factory=list)  # scratch to give back
     step_base: int = 0  # added to every step: keeps a sub-call's messages apart
     stalled: list[int] = field(default_factory=list)  # ranks a node-arena wait gave up on
+    # who a wait outside the receives (the node arena) waits for now, asked on the loop
+    probes: list[Callable[[], list[int]]] = field(default_factory=list)
 
     def sub(self, members: Sequence[int], step_base: int = 0) -> Call:
         """The same call seen by a subset of its ranks (group ranks ``members``, in that
@@ -86,7 +88,10 @@ class Call:
 
     def silent_ranks(self) -> list[int]:
         """Global ranks this call is still waiting for."""
-        return sorted({r.src for r in self.receives if not r.received} | set(self.stalled))
+        silent = {r.src for r in self.receives if not r.received} | set(self.stalled)
+        for probe in self.probes:
+            silent.update(probe())
+        return sorted(silent)
 
     def recv(
         self, peer: int, step: int, out: np.ndarray | None = None

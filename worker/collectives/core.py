@@ -165,6 +165,9 @@ class GroupCore:
         self._gate_known = False
         self._live: dict[int, Call] = {}  # calls under way, by sequence number
         self._tiers: Any = None  # a Group's node and lane subgroups (collectives.tiers)
+        # the call of the parent group that this subgroup's calls are phases of, if any:
+        # part of their signatures, so a mismatch names the calls the user made
+        self.within = ""
         # Recent calls of this group and its subgroups, for hang diagnosis.
         self.recorder = recorder or FlightRecorder()
         transport.groups[group_id] = self  # unique per transport while the group lives
@@ -224,6 +227,8 @@ class GroupCore:
     ) -> Pending[T]:
         self._check()
         self._seq += 1
+        if self.within:
+            signature = f"{signature} in {self.within}"
         limit = self.timeout if timeout is None else timeout
         gate = self.gate if arena is not None else None
         ticket: Ticket | bool = False
@@ -246,6 +251,7 @@ class GroupCore:
         tcp = algorithm
 
         async def on_arena(c: Call) -> T:
+            c.probes.append(lambda: gate.waiting(ticket))
             if await gate.run(ticket, c.stalled):
                 return result
             return await tcp(c)
@@ -279,7 +285,9 @@ class GroupCore:
             pending=call.silent_ranks,
         )
         outcome, expired = "error", False
-        self._deadlines.watch(call.seq, limit)
+        # at the deadline, before the cancellation unwinds the calls of subgroups: who
+        # they wait for
+        self._deadlines.watch(call.seq, limit, lambda: call.stalled.extend(self._silent_inside()))
         self._live[call.seq] = call
         try:
             try:
@@ -320,6 +328,11 @@ class GroupCore:
                 self._gate.poison(self._error)  # wakes the ranks of this node at once
         assert self._error is not None
         raise self._error
+
+    def _silent_inside(self) -> list[int]:
+        """Global ranks the calls of this group's hierarchical subgroups wait for."""
+        tiers = self._tiers
+        return [] if tiers is None else [r for g in tiers.subgroups() for r in g.silent_now()]
 
     def silent_now(self) -> list[int]:
         """Global ranks the calls under way are waiting for."""

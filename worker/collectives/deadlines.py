@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 
 # libuv timers have millisecond resolution: a timer may fire this much before its time.
 _SLACK = 1e-3
@@ -27,14 +28,18 @@ class Deadlines:
 
     def __init__(self) -> None:
         self._running: dict[int, tuple[float, asyncio.Task, int]] = {}
+        self._on_expire: dict[int, Callable[[], None]] = {}
         self._expired: set[int] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
 
-    def watch(self, seq: int, limit: float) -> None:
-        """Call ``seq``, running in the current task, must end within ``limit`` seconds."""
+    def watch(self, seq: int, limit: float, on_expire: Callable[[], None] | None = None) -> None:
+        """Call ``seq``, running in the current task, must end within ``limit`` seconds;
+        ``on_expire`` runs when it does not, just before its task is cancelled."""
         if limit == math.inf:
             return
+        if on_expire is not None:
+            self._on_expire[seq] = on_expire
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
@@ -47,6 +52,7 @@ class Deadlines:
         """Call ``seq`` ended; True if it was cancelled because its deadline passed (and
         nobody else cancelled its task meanwhile)."""
         entry = self._running.pop(seq, None)
+        self._on_expire.pop(seq, None)
         if seq not in self._expired:
             return False
         self._expired.discard(seq)
@@ -74,6 +80,9 @@ class Deadlines:
                 continue
             if at <= now:
                 self._expired.add(seq)
+                hook = self._on_expire.pop(seq, None)
+                if hook is not None:
+                    hook()
                 task.cancel()
             else:
                 following = min(following, at)

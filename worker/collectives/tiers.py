@@ -69,13 +69,11 @@ class Phases:
             try:
                 if before is not None:
                     await asyncio.shield(before)
+                for group in self.subgroups():
+                    group.within = c.signature
                 await phases()
-            except asyncio.CancelledError:  # the call's deadline: name the ranks inside
-                for group in self._groups():
-                    c.stalled.extend(group.silent_now())
-                raise
             except (ShardwireError, OSError) as exc:  # tell the node and the whole group
-                for group in (*self._groups(), self.group):
+                for group in (*self.subgroups(), self.group):
                     group.fail(exc)
                 raise
             finally:
@@ -84,7 +82,9 @@ class Phases:
 
         return run
 
-    def _groups(self) -> list[Group]:
+    def subgroups(self) -> list[Group]:
+        """The subgroups this rank's phases run in (the group's deadline asks them who
+        its phases wait for)."""
         return [self.local] if self.across is None else [self.local, self.across]
 
 

@@ -18,9 +18,10 @@ pytestmark = pytest.mark.parametrize("kind", KINDS)
 
 
 def _messages(kind: str) -> str:
-    """The same world with its groups moving data by messages: on one node with the arena
-    on, groups run their collectives on the arena, without scratch or algorithm choice."""
-    return "pairs" if kind == "shm" else kind
+    """The same world with its groups moving data by messages: with the arena on, groups
+    on one node run their collectives on it, and groups over nodes in node phases,
+    without scratch or algorithm choice."""
+    return "pairs" if kind in ("shm", "mixed") else kind
 
 
 async def test_scratch_buffers_are_reused_across_calls(kind: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardwire.protocol import CollectiveMismatch, CollectiveTimeout
 from shardwire.worker.collectives import Group, ReduceOp
 from shardwire.worker.collectives.leaders import Leaders
 
@@ -130,3 +131,34 @@ async def test_concurrent_calls_awaited_out_of_order_keep_call_order() -> None:
             check(ag, np.concatenate(parts), f"all_gather rank {r}")
             check(bc, root, f"broadcast rank {r}")
             check(rs, oracle(xs, ReduceOp.SUM), f"reduce_scatter rank {r}")
+
+
+@pytest.mark.parametrize("nodes", [[0, 0, 1, 1], [0, 0, 0, 1, 1]], ids=["lanes", "leaders"])
+async def test_phases_name_the_silent_rank_and_the_calls_the_user_made(nodes) -> None:
+    silent = len(nodes) - 1  # a rank of the last node never makes the call
+    async with node_world(nodes) as (groups, _sent):
+        await _open(groups)
+
+        async def call(g: Group):
+            if g.rank == silent:
+                return None
+            with pytest.raises(CollectiveTimeout) as info:
+                await g.all_reduce(np.ones(10), timeout=1.0)
+            return str(info.value)
+
+        texts = await on_all(groups, call)
+        for r, text in enumerate(texts[:silent]):
+            assert "not heard from ranks [" in text, (r, text)
+        assert f"not heard from ranks [{silent}]" in texts[silent - 1]  # its node peer
+
+    async with node_world(nodes) as (groups, _sent):
+        await _open(groups)
+
+        async def differ(g: Group):
+            pending = g.all_gather(np.ones(10)) if g.rank == silent else g.all_reduce(np.ones(10))
+            with pytest.raises(CollectiveMismatch) as info:
+                await pending
+            return str(info.value)
+
+        text = " ".join(await on_all(groups, differ))
+        assert "all_reduce:float64:10:sum" in text and "all_gather:float64" in text
