@@ -29,6 +29,10 @@ def parser() -> argparse.ArgumentParser:
         prog="shardwire coordinator",
         description="Rendezvous, rank assignment and liveness for one job. "
         "Every flag can also be set as SHARDWIRE_<FLAG>.",
+        epilog="examples:\n"
+        "  shardwire coordinator --world-size 8 --token-file token\n"
+        "  shardwire coordinator --host 0.0.0.0 --nnodes 2:4 --token-file token",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to bind, 0 for any (default 29400)")

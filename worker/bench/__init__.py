@@ -1,1 +1,40 @@
 """Benchmarks shipped with the package (``shardwire bench ...``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# name -> (module, purpose); each parses its own arguments
+BENCHES = {
+    "collectives": (
+        "shardwire.worker.bench.collectives",
+        "time every collective on N local ranks, beside gloo, Open MPI or TCP only",
+    ),
+    "rendezvous": (
+        "shardwire.worker.bench.rendezvous",
+        "form a job of many simulated workers against a real coordinator",
+    ),
+}
+_EXAMPLES = """examples:
+  shardwire bench collectives --world 2 4 --sizes 4096 1048576 --compare-mpi
+  shardwire bench collectives --compare-gloo --compare-torch --json out.json
+  shardwire bench rendezvous --workers 1000
+Each benchmark has its own --help."""
+
+
+def main(argv: list[str]) -> int:
+    """``shardwire bench NAME ...``."""
+    if argv[:1] and argv[0] in BENCHES:
+        return int(importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:]))
+    p = argparse.ArgumentParser(
+        prog="shardwire bench",
+        description="Benchmarks measured side by side with their baselines, in one run.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name, (_module, purpose) in BENCHES.items():
+        sub.add_parser(name, add_help=False, help=purpose)
+    p.parse_args(argv)  # only reached for --help or an unknown name: prints and exits
+    return 2

@@ -212,7 +212,14 @@ def _one_size(
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardwire bench collectives", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="shardwire bench collectives",
+        description=__doc__,
+        epilog="examples:\n"
+        "  shardwire bench collectives --world 2 4 --sizes 4096 1048576 --compare-mpi\n"
+        "  shardwire bench collectives --ops all_reduce --compare-gloo --json out.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--sizes", nargs="+", default=SIZES)
     p.add_argument("--ops", nargs="+", default=OPS, choices=OPS)

@@ -183,7 +183,12 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="shardwire bench rendezvous", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="shardwire bench rendezvous",
+        description=__doc__,
+        epilog="example:\n  shardwire bench rendezvous --workers 1000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--workers", type=int, nargs="+", default=[1000])
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--per-node", type=int, default=8, help="simulated workers per node")

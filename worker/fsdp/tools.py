@@ -92,7 +92,15 @@ def consolidate(path: Path, manifest: dict[str, Any], out: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="shardwire checkpoint", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="shardwire checkpoint",
+        description=__doc__.splitlines()[0],
+        epilog="examples:\n"
+        "  shardwire checkpoint inspect runs/ckpt\n"
+        "  shardwire checkpoint verify runs/ckpt --step 200\n"
+        "  shardwire checkpoint consolidate runs/ckpt model.safetensors",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (
         ("inspect", "step, world size, strategy and a table of tensors"),

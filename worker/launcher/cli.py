@@ -1,8 +1,10 @@
-"""The ``shardwire`` command: ``coordinator``, ``worker`` and ``launch``."""
+"""The ``shardwire`` command. ``worker`` and ``launch`` are parsed here; every other
+command is served by its own module, which has its own ``--help`` (``TOOLS``)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -14,6 +16,28 @@ from shardwire.worker.launcher.settings import LaunchSettings
 from shardwire.worker.runtime import run
 
 _EPILOG = "Every flag can also be given as SHARDWIRE_<FLAG> (e.g. SHARDWIRE_NPROC_PER_NODE=4)."
+
+# Commands served by their own modules: name -> (module, purpose). Each parses its own
+# arguments; ``shardwire NAME --help`` shows them.
+TOOLS: dict[str, tuple[str, str]] = {
+    "coordinator": ("shardwire.coordinator", "run the rendezvous and liveness service"),
+    "status": ("shardwire.worker.launcher.status", "show a running job's ranks and history"),
+    "checkpoint": (
+        "shardwire.worker.fsdp.tools",
+        "inspect, verify or consolidate a checkpoint without a job",
+    ),
+    "bench": ("shardwire.worker.bench", "time collectives or rendezvous, beside baselines"),
+    "plot": ("shardwire.worker.launcher.plot", "draw a run directory's loss and throughput"),
+    "health": ("shardwire.worker.launcher.health", "exit 0 if a coordinator is healthy"),
+}
+_EXAMPLES = """examples:
+  shardwire launch --standalone --nproc-per-node 4 train.py   one host, four ranks
+  shardwire coordinator --world-size 8                        the service for a job
+  shardwire worker --coordinator 10.0.0.1:29400 --nnodes 2 --nproc-per-node 4 train.py
+  shardwire status --coordinator 10.0.0.1:29400               what the job is doing
+  shardwire checkpoint verify runs/ckpt                       every digest checked
+  shardwire bench collectives --world 2 4 --compare-mpi       against Open MPI
+Every command has its own --help."""
 
 
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
@@ -51,21 +75,30 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardwire", description="Distributed training runtime.")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser(
-        "coordinator",
-        add_help=False,
-        help="run the rendezvous service (see: shardwire coordinator --help)",
+    p = argparse.ArgumentParser(
+        prog="shardwire",
+        description="Distributed training runtime.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     w = sub.add_parser(
-        "worker", epilog=_EPILOG, help="join a coordinator and run N processes of a script"
+        "worker",
+        epilog="example:\n  shardwire worker --coordinator 10.0.0.1:29400 --nnodes 2 "
+        "--nproc-per-node 4 train.py\n" + _EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="join a coordinator and run N processes of a script",
     )
     w.add_argument("--coordinator", help="HOST:PORT of the coordinator (127.0.0.1:29400)")
     w.add_argument("--nnodes", help="nodes in the job: N, or MIN:MAX for an elastic job (1)")
     _add_node_flags(w)
     la = sub.add_parser(
-        "launch", epilog=_EPILOG, help="like worker; --standalone also starts a local coordinator"
+        "launch",
+        epilog="examples:\n  shardwire launch --standalone --nproc-per-node 4 train.py\n"
+        "  shardwire launch --standalone --nproc-per-node 2 -m mypackage.train --lr 3e-4\n"
+        + _EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="like worker; --standalone also starts a local coordinator",
     )
     la.add_argument(
         "--standalone",
@@ -82,6 +115,8 @@ def parser() -> argparse.ArgumentParser:
         help="with --standalone: silence that marks a worker dead (5)",
     )
     _add_node_flags(la)
+    for name, (_module, purpose) in TOOLS.items():
+        sub.add_parser(name, add_help=False, help=purpose)
     return p
 
 
@@ -97,47 +132,23 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-u", args.script, *args.args]
 
 
-def _bench(argv: list[str]) -> int:
-    if argv[:1] == ["rendezvous"]:
-        from shardwire.worker.bench.rendezvous import main as rendezvous_main
-
-        return rendezvous_main(argv[1:])
-    if argv[:1] != ["collectives"]:
-        print("usage: shardwire bench {collectives,rendezvous} [--help]", file=sys.stderr)
-        return 2
-    from shardwire.worker.bench.collectives import main as bench_main
-
-    return bench_main(argv[1:])
+def _tool(name: str, argv: list[str]) -> int:
+    if name == "coordinator":
+        # Hand over to the coordinator package in a fresh interpreter: the worker side
+        # never imports it (layering), and the process is the coordinator from here on.
+        os.execv(sys.executable, [sys.executable, "-m", "shardwire.coordinator", *argv])
+    tool = importlib.import_module(TOOLS[name][0])
+    try:
+        return int(tool.main(argv))
+    except ShardwireError as exc:
+        print(f"shardwire {name}: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["coordinator"]:
-        # Hand over to the coordinator package in a fresh interpreter: the worker side
-        # never imports it (layering), and the process is the coordinator from here on.
-        os.execv(sys.executable, [sys.executable, "-m", "shardwire.coordinator", *argv[1:]])
-    if argv[:1] == ["bench"]:
-        return _bench(argv[1:])
-    if argv[:1] == ["health"]:
-        from shardwire.worker.launcher.health import main as health_main
-
-        return health_main(argv[1:])
-    if argv[:1] == ["checkpoint"]:
-        from shardwire.worker.fsdp.tools import main as checkpoint_main
-
-        return checkpoint_main(argv[1:])
-    if argv[:1] == ["plot"]:
-        from shardwire.worker.launcher.plot import main as plot_main
-
-        return plot_main(argv[1:])
-    if argv[:1] == ["status"]:
-        from shardwire.worker.launcher.status import main as status_main
-
-        try:
-            return status_main(argv[1:])
-        except ShardwireError as exc:
-            print(f"shardwire status: {exc}", file=sys.stderr)
-            return 1
+    if argv[:1] and argv[0] in TOOLS:
+        return _tool(argv[0], argv[1:])
     args = parser().parse_args(argv)
     try:
         settings = _settings(args)

@@ -10,7 +10,12 @@ import urllib.request
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="shardwire health", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="shardwire health",
+        description=__doc__,
+        epilog="example:\n  shardwire health --url http://127.0.0.1:29480/healthz && echo up",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--url", default="http://127.0.0.1:29480/healthz")
     p.add_argument("--timeout", type=float, default=3.0)
     args = p.parse_args(argv)

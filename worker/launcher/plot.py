@@ -51,7 +51,12 @@ def plot(run_dir: Path, out: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="shardwire plot", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="shardwire plot",
+        description=__doc__,
+        epilog="example:\n  shardwire plot runs/digits --out loss.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run_dir", type=Path)
     p.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/metrics.png)")
     args = p.parse_args(argv)

@@ -18,8 +18,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shardwire status",
         description=__doc__,
-        epilog="Every flag can also be given as SHARDWIRE_<FLAG> (SHARDWIRE_TOKEN for the "
+        epilog="examples:\n"
+        "  shardwire status --coordinator 10.0.0.1:29400 --token-file token\n"
+        "  shardwire status --json | jq .ranks\n"
+        "Every flag can also be given as SHARDWIRE_<FLAG> (SHARDWIRE_TOKEN for the\n"
         "token; SHARDWIRE_STATUS_TIMEOUT for --timeout).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--coordinator", help="HOST:PORT (127.0.0.1:29400)")
     p.add_argument("--run-id", help="job identifier (shardwire)")
