@@ -157,13 +157,8 @@ class Mailbox:
             _fail(future, _mismatch(self.rank, held[0], tag.seq, op, held[1]))
             return future
         key = (src, tag)
-        early = self._early.get(key)
-        if early:
-            meta, array = early.popleft()
-            if not early:
-                del self._early[key]
-            self._release(meta, array.nbytes)
-            self._complete(posted, meta, array)
+        if self._early.get(key):
+            self._serve_early(key, posted)
         else:
             self._posted.setdefault(key, deque()).append(posted)
             entry = self._calls.setdefault(call, [op, 0])
@@ -182,12 +177,7 @@ class Mailbox:
         posted = _Posted(op, out, future, wild=True)
         key = next((k for k in self._early if k[1] == tag), None)  # held: bounded bytes
         if key is not None:
-            early = self._early[key]
-            meta, array = early.popleft()
-            if not early:
-                del self._early[key]
-            self._release(meta, array.nbytes)
-            self._complete(posted, meta, array)
+            self._serve_early(key, posted)
         else:
             self._wild.setdefault(tag, deque()).append(posted)
         return future
@@ -200,6 +190,15 @@ class Mailbox:
                 queue.remove(posted)
         if not queue:
             self._wild.pop(tag, None)
+
+    def _serve_early(self, key: Key, posted: _Posted) -> None:
+        """Complete ``posted`` with the oldest message held under ``key``."""
+        early = self._early[key]
+        meta, array = early.popleft()
+        if not early:
+            del self._early[key]
+        self._release(meta, array.nbytes)
+        self._complete(posted, meta, array)
 
     def _unlisted(self, tag: Tag) -> None:
         """A posted receive of ``tag``'s call left the posted queues."""

@@ -108,31 +108,6 @@ async def test_broadcast_from_every_rank(name: str) -> None:
             crossed_only_by_leaders(nodes, sent)
 
 
-async def test_concurrent_calls_awaited_out_of_order_keep_call_order() -> None:
-    nodes = LAYOUTS["3+2+1"]
-    n = len(nodes)
-    async with node_world(nodes) as (groups, _sent):
-        xs = [data(r, 5000, "float64", 5) for r in range(n)]
-        parts = [data(r, 700, "int32", 6) for r in range(n)]
-        root = data(4, 3000, "float32", 8)
-
-        async def run(g: Group) -> list:
-            works = [
-                g.all_reduce(xs[g.rank].copy()).start(),
-                g.all_gather(parts[g.rank]).start(),
-                g.broadcast(root.copy() if g.rank == 4 else np.zeros_like(root), root=4).start(),
-                g.reduce_scatter(np.tile(xs[g.rank], n)).start(),
-            ]
-            return [await w.wait() for w in reversed(works)]
-
-        outs = await on_all(groups, run)
-        for r, (rs, bc, ag, ar) in enumerate(outs):
-            check(ar, oracle(xs, ReduceOp.SUM), f"all_reduce rank {r}")
-            check(ag, np.concatenate(parts), f"all_gather rank {r}")
-            check(bc, root, f"broadcast rank {r}")
-            check(rs, oracle(xs, ReduceOp.SUM), f"reduce_scatter rank {r}")
-
-
 @pytest.mark.parametrize("nodes", [[0, 0, 1, 1], [0, 0, 0, 1, 1]], ids=["lanes", "leaders"])
 async def test_phases_name_the_silent_rank_and_the_calls_the_user_made(nodes) -> None:
     silent = len(nodes) - 1  # a rank of the last node never makes the call

@@ -151,8 +151,8 @@ async def test_each_node_moves_its_share_through_its_arena() -> None:
             assert all(nodes[dst] != nodes[r] for dst, _ in sent[r])
 
 
-async def test_concurrent_calls_awaited_out_of_order_keep_call_order() -> None:
-    nodes = LAYOUTS["3x2"]
+@pytest.mark.parametrize("nodes", [LAYOUTS["3x2"], [0, 0, 1, 0, 1, 2]], ids=["lanes", "leaders"])
+async def test_concurrent_calls_awaited_out_of_order_keep_call_order(nodes) -> None:
     n = len(nodes)
     async with node_world(nodes) as (groups, _sent):
         xs = [data(r, 5000, "float64", 5) for r in range(n)]
