@@ -75,9 +75,13 @@ class NodeArena:
         if self.engine.driver is not None:
             return None
         self.board.enter(seq)
-        # The engine is idle, so this program runs first: sign it now, not when driven.
-        self.context.signature = self._stamp(seq, signature)
-        return self.engine.express(build(self.context), deadline)
+        stamp, context = self._stamp(seq, signature), self.context
+
+        def start() -> Program:  # called only if the engine is idle: this program runs first
+            context.signature = stamp
+            return build(context)
+
+        return self.engine.express(start, deadline)
 
     def _program(self, build: Callable[[Context], Program], seq: int, signature: str) -> Program:
         return _deferred(build, self.context, self._stamp(seq, signature))

@@ -34,6 +34,7 @@ import collections
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
 from shardwire.worker.arena.programs import Mismatch, Need, Program
@@ -109,16 +110,17 @@ class Engine:
             self._queue.append(job)
         return job
 
-    def express(self, program: Program, deadline: float) -> Job | None:
-        """Run ``program`` at once on the loop if the engine is idle (None if it is not:
-        queue it with :meth:`submit`). The job comes back finished when every wait was met
-        within the spin budget; otherwise it heads the queue and the thread drives it,
+    def express(self, start: Callable[[], Program], deadline: float) -> Job | None:
+        """Run the program ``start()`` makes at once on the loop if the engine is idle
+        (None if it is not, and ``start`` is not called: queue the call with
+        :meth:`submit`). The job comes back finished when every wait was met within the
+        spin budget (or the nap); otherwise it heads the queue and the thread drives it,
         and :meth:`run` waits for it like any other."""
         with self._lock:
             if self._driver is not None or self._queue or self._closed:
                 return None
             self._driver = "loop"
-        job = Job(program, deadline)
+        job = Job(start(), deadline)
         if self._advance(job, blocking=False, nap=self.nap):
             job.finished = True
             self.inline_runs += 1

@@ -113,7 +113,7 @@ async def test_an_express_wait_naps_on_the_loop_only_if_allowed(tmp_path, nap: f
     try:
         late.start()
         started = time.monotonic()
-        job = engine.express(program(), time.monotonic() + 60)
+        job = engine.express(program, time.monotonic() + 60)
         assert job is not None
         if nap:
             assert job.finished and job.error is None and engine.inline_runs == 1
