@@ -29,7 +29,7 @@ def _free_port() -> int:
 def _call(dist, torch, op: str, nbytes: int, n: int):
     numel = nbytes // 4
     if op == "all_reduce":
-        x = torch.ones(numel, dtype=torch.float32)
+        x = torch.zeros(numel, dtype=torch.float32)  # repeated in-place sums stay finite
         return lambda: dist.all_reduce(x)
     if op == "broadcast":
         x = torch.ones(numel, dtype=torch.float32)
