@@ -25,6 +25,11 @@ from shardwire.worker.arena.programs import Context, Program
 _BACKSTOP = 1.0
 
 
+def _deadline(limit: float) -> float:
+    """The engine's deadline for a call of time limit ``limit`` (monotonic seconds)."""
+    return time.monotonic() + limit + _BACKSTOP if limit != math.inf else math.inf
+
+
 class GateState(enum.Enum):
     CLOSED = "closed"  # no call has asked for the arena yet
     OPENING = "opening"  # the first call's exchange is under way
@@ -42,7 +47,7 @@ class Ticket:
         self.build = build
         self.seq = seq
         self.signature = signature
-        self.deadline = time.monotonic() + limit + _BACKSTOP if limit != math.inf else math.inf
+        self.deadline = _deadline(limit)
         self.job: Job | None = None
         self.background = False  # started, not awaited: the engine's thread runs it
 
@@ -91,8 +96,7 @@ class Gate:
         arena = self.arena
         if self.state is not GateState.OPEN or arena is None:
             return False
-        deadline = time.monotonic() + limit + _BACKSTOP if limit != math.inf else math.inf
-        job = arena.express(build, seq, signature, deadline)
+        job = arena.express(build, seq, signature, _deadline(limit))
         if job is None:
             return False
         if job.finished:
