@@ -14,8 +14,9 @@ from shardwire.protocol.placement import Member, Placement
 def assignments(
     agents: Collection[Agent], shape: Shape, gens: Generations, now: float
 ) -> tuple[int, list[Action]]:
-    """Node ranks in node id order: (the generation's world size, one message per agent)."""
-    ordered = sorted(agents, key=lambda a: a.join.node_id)
+    """Node ranks in the scheduler's node order (then node id order, for agents that do not
+    say theirs): (the generation's world size, one message per agent)."""
+    ordered = sorted(agents, key=_node_order)
     world = len(ordered) * shape.local_world_size
     history = gens.info(now, upto=gens.current)
     actions: list[Action] = []
@@ -32,6 +33,11 @@ def assignments(
         )
         actions.append(Send(agent.conn, msg))
     return world, actions
+
+
+def _node_order(agent: Agent) -> tuple[bool, int, str]:
+    index = agent.join.node_index
+    return index is None, index or 0, agent.join.node_id
 
 
 def placements(

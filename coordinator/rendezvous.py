@@ -107,6 +107,17 @@ class Rendezvous(Lifecycle):
             return refusal
         if any(a.join.node_id == msg.node_id for a in self._agents.values()):
             return refuse(conn, "duplicate_rank", f"node {msg.node_id!r} already has an agent")
+        if msg.node_index is not None and (
+            twin := next(
+                (a for a in self._agents.values() if a.join.node_index == msg.node_index), None
+            )
+        ):
+            return refuse(
+                conn,
+                "duplicate_rank",
+                f"node index {msg.node_index} is already node {twin.join.node_id!r}'s "
+                f"(this is node {msg.node_id!r})",
+            )
         assert self._shape is not None
         if len(self._agents) >= self._shape.nnodes:
             return refuse(conn, "world_size", f"all {self._shape.nnodes} nodes already joined")

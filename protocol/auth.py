@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import os
 import secrets
+import stat
 
 from shardwire.protocol.errors import ShardwireError
 
@@ -76,9 +78,31 @@ def load_token(secret: str | None, path: str | None) -> Token:
     if secret:
         return Token(secret)
     if path:
-        with open(path, encoding="utf-8") as fh:
-            return Token(fh.readline().strip())
+        return Token(read_token_file(path))
     return Token(None)
+
+
+def read_token_file(path: str) -> str:
+    """The first line of a token file, refused when it is empty, when others may change
+    it, or when it is yours and every user may read it (``chmod 600`` is the fix). A file
+    of another owner (a secret the container runtime mounted) is taken as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ShardwireError(f"cannot read the token file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) or (
+            info.st_uid == os.getuid() and mode & stat.S_IROTH
+        ):
+            raise ShardwireError(
+                f"the token file {path} is open to other users (mode {mode:04o}): chmod 600 {path}"
+            )
+        token = fh.readline().strip()
+    if not token:
+        raise ShardwireError(f"the token file {path} is empty")
+    return token
 
 
 def check_bind(host: str, token: Token, *, insecure: bool, what: str) -> None:

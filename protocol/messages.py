@@ -79,6 +79,8 @@ class NodeJoin(_Msg):
     generation are gone. ``world_size`` is the largest job (``MAX`` nodes); ``min_nodes``
     is 0 for a fixed node count, else the ``MIN`` of ``--nnodes MIN:MAX``.
     ``max_restarts`` is the agent's restart budget (None: the coordinator's).
+    ``node_index`` is the node's place as its scheduler numbers it (Slurm's node id, an
+    Indexed Job's completion index): node ranks follow it; None: the node id's order.
     """
 
     kind: Literal["node_join"] = "node_join"
@@ -87,6 +89,7 @@ class NodeJoin(_Msg):
     local_world_size: Size
     min_nodes: Annotated[int, Field(ge=0, lt=1 << 20)] = 0
     max_restarts: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
+    node_index: Annotated[int, Field(ge=0, lt=1 << 24)] | None = None
 
 
 class GenerationInfo(_Msg):

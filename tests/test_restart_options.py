@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from shardwire.coordinator.__main__ import rendezvous_config, settings_from
 from shardwire.worker.launcher.cli import _settings, parser
+from shardwire.worker.launcher.hosted import coordinator_command
 from shardwire.worker.launcher.settings import LaunchSettings
-from shardwire.worker.launcher.standalone import coordinator_command
 
 
 def test_coordinator_flags_configure_the_rendezvous() -> None:

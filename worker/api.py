@@ -92,7 +92,7 @@ class Session:
             tls=tls.client_context() if tls else None,
             generation=cfg.generation,
         )
-        await control.connect(*cfg.coordinator, timeout=min(cfg.join_timeout, 60.0))
+        await control.connect(*cfg.coordinator, timeout=cfg.join_timeout)
         place = await control.join(
             Join(
                 world_size=cfg.world_size,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import random
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -51,6 +53,19 @@ async def _no_diagnosis() -> Diagnosis:
     return Diagnosis()
 
 
+# Failures of one attempt that a coordinator still starting explains: retried.
+_NOT_YET = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
+
+
+def _not_yet(exc: OSError) -> str | None:
+    """Why an attempt failed, if trying again later may succeed; None if not."""
+    if isinstance(exc, socket.gaierror):
+        return f"the name did not resolve ({exc.strerror})"
+    if exc.errno in _NOT_YET:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
 class ControlClient:
     """Handshake, join, heartbeats and abort notifications over one connection.
 
@@ -91,25 +106,32 @@ class ControlClient:
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
 
     async def connect(self, host: str, port: int, *, timeout: float) -> None:
-        """Connect and authenticate; retries refused connections (the coordinator may
-        still be starting) and "busy" refusals (a burst of joiners) until ``timeout``."""
+        """Connect and authenticate; until ``timeout``, retries a name that does not
+        resolve yet and refused or unroutable connections (the coordinator, or its
+        host's DNS record, may still be starting: a scheduler starts every task at
+        once) and "busy" refusals (a burst of joiners), with jittered backoff."""
         delay = 0.05
+        last = "nothing answered"
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     try:
                         await self._dial(host, port)
                         break
-                    except ConnectionRefusedError:
-                        pass
                     except RendezvousError as exc:
                         if exc.code != "busy":
                             raise
+                        last = "the coordinator was busy"
+                    except OSError as exc:
+                        if (why := _not_yet(exc)) is None:
+                            raise
+                        last = why
                     await asyncio.sleep(delay * (0.5 + random.random()))  # spread the retries
                     delay = min(delay * 2, 1.0)
         except TimeoutError:
             raise CoordinatorUnreachable(
-                f"no coordinator answered at {host}:{port} within {timeout:g} s"
+                f"no coordinator answered at {host}:{port} within {timeout:g} s "
+                f"(last attempt: {last})"
             ) from None
         except ssl.SSLError as exc:
             raise CoordinatorUnreachable(

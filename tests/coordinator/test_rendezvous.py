@@ -236,6 +236,27 @@ def test_node_agents_get_node_ranks_in_node_id_order() -> None:
     }
 
 
+def test_the_schedulers_node_index_orders_node_ranks_before_names() -> None:
+    r = rdzv(6)
+
+    def agent(name: str, index: int | None) -> NodeJoin:
+        return NodeJoin(world_size=6, node_id=name, local_world_size=2, node_index=index)
+
+    assert r.node_join(1, agent("alpha", 7), 0) == []
+    assert r.node_join(2, agent("beta", None), 0) == []
+    actions = r.node_join(3, agent("zeta", 2), 0)
+    assert {a.conn: a.msg.node_rank for a in actions} == {3: 0, 1: 1, 2: 2}
+
+
+def test_a_node_index_taken_by_another_node_is_refused() -> None:
+    r = rdzv(4)
+    r.node_join(1, NodeJoin(world_size=4, node_id="a", local_world_size=2, node_index=0), 0)
+    clash = NodeJoin(world_size=4, node_id="b", local_world_size=2, node_index=0)
+    err = error_of(r.node_join(2, clash, 0))
+    assert err.code == "duplicate_rank"
+    assert "node index 0 is already node 'a'" in err.message and "'b'" in err.message
+
+
 def test_duplicate_node_agent_is_refused() -> None:
     r = rdzv(4)
     r.node_join(1, NodeJoin(world_size=4, node_id="a", local_world_size=2), 0)

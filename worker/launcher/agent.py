@@ -22,12 +22,13 @@ import signal
 import socket
 import sys
 
-from shardwire.protocol.auth import load_token
+from shardwire.protocol.auth import load_token, read_token_file
 from shardwire.protocol.messages import NodeAssignment, NodeJoin
 from shardwire.worker.control import ControlClient
+from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.generations import JobWatch
-from shardwire.worker.launcher.settings import LaunchSettings
-from shardwire.worker.launcher.standalone import standalone_coordinator
+from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
+from shardwire.worker.launcher.settings import LaunchSettings, with_scheduler
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
 from shardwire.worker.tls import TlsFiles
 from shardwire.worker.transport import shm
@@ -37,17 +38,19 @@ from shardwire.worker.transport import shm
 _VERDICT_TIMEOUT = 60.0
 
 
-def _token_env(settings: LaunchSettings) -> dict[str, str]:
+def token_env(settings: LaunchSettings) -> dict[str, str]:
     token = settings.token.get_secret_value() if settings.token else None
     if not token and settings.token_file:
-        with open(settings.token_file, encoding="utf-8") as fh:
-            token = fh.readline().strip()
+        token = read_token_file(settings.token_file)
     return {"SHARDWIRE_TOKEN": token} if token else {}
 
 
 async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     """Join as this node's agent, run the processes, and report how they ended."""
-    env = _token_env(settings)
+    serve = False
+    if not settings.standalone:  # under a scheduler: what it says, where the user did not
+        settings, serve = with_scheduler(settings, node_place(os.environ), os.environ)
+    env = token_env(settings)
     tls = settings.tls_files()
     if tls is not None:  # the coordinator and the workers read the files from there
         env.update(tls.env())
@@ -56,12 +59,16 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
         # read a job that has none. It reaches the coordinator and the workers through
         # their environment, never a command line.
         env.setdefault("SHARDWIRE_TOKEN", secrets.token_hex(32))
-        async with standalone_coordinator(settings, env) as address:
+        async with own_coordinator(coordinator_command(settings), env) as address:
             return await _agent(settings, argv, address, env)
-    return await _agent(settings, argv, settings.coordinator_address(), env)
+    address = settings.coordinator_address()
+    if serve:  # the job's coordinator, on this first node; everyone dials it by name
+        async with own_coordinator(coordinator_command(settings, serve=True), env):
+            return await _agent(settings, argv, address, env)
+    return await _agent(settings, argv, address, env)
 
 
-def _child_env(
+def worker_env(
     settings: LaunchSettings, address: tuple[str, int], env: dict[str, str]
 ) -> dict[str, str]:
     child_env = {
@@ -107,11 +114,12 @@ async def _agent(
         local_world_size=nproc,
         min_nodes=low if low < high else 0,
         max_restarts=settings.max_restarts,
+        node_index=settings.node_rank,
     )
-    child_env = _child_env(settings, address, env)
+    child_env = worker_env(settings, address, env)
     code = 1
     try:
-        await control.connect(*address, timeout=min(settings.join_timeout, 60.0))
+        await control.connect(*address, timeout=settings.join_timeout)
         control.start_heartbeats(1.0)
         while True:
             assignment = await control.node_join(join, timeout=settings.join_timeout)

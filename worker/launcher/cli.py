@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from shardwire.protocol import ShardwireError
 from shardwire.worker.launcher.agent import run_node
+from shardwire.worker.launcher.direct import run_rank
 from shardwire.worker.launcher.settings import LaunchSettings
 from shardwire.worker.runtime import run
 
@@ -34,16 +35,37 @@ _EXAMPLES = """examples:
   shardwire launch --standalone --nproc-per-node 4 train.py   one host, four ranks
   shardwire coordinator --world-size 8                        the service for a job
   shardwire worker --coordinator 10.0.0.1:29400 --nnodes 2 --nproc-per-node 4 train.py
+  srun --ntasks-per-node 1 shardwire worker --nproc-per-node 4 train.py   Slurm, per node
+  srun -n 8 shardwire run train.py                            Slurm, one task per rank
   shardwire status --coordinator 10.0.0.1:29400               what the job is doing
   shardwire checkpoint verify runs/ckpt                       every digest checked
   shardwire bench collectives --world 2 4 --compare-mpi       against Open MPI
 Every command has its own --help."""
 
 
+def _add_coordinator_port(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--coordinator-port",
+        type=int,
+        help="port of the coordinator a scheduler's first node starts (under Slurm: "
+        "20000 + job id mod 10000)",
+    )
+
+
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=int, help="worker processes on this node (1)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        help="restart the job's processes from the latest checkpoint after this many "
+        "failures at most (0)",
+    )
+    _add_rank_flags(p)
+
+
+def _add_rank_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-id", help="this node's name (default: host name)")
-    p.add_argument("--run-id", help="job identifier (shardwire)")
+    p.add_argument("--run-id", help="job identifier (shardwire; under Slurm slurm-JOB.STEP)")
     p.add_argument("--token-file", help="file with the shared token (or SHARDWIRE_TOKEN)")
     p.add_argument(
         "--insecure",
@@ -55,12 +77,6 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise-host", help="address peers should dial (default: as seen)")
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--term-timeout", type=float, help="grace after SIGTERM before SIGKILL (5)")
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        help="restart the job's processes from the latest checkpoint after this many "
-        "failures at most (0)",
-    )
     p.add_argument(
         "--stall-warn",
         type=float,
@@ -89,9 +105,30 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="join a coordinator and run N processes of a script",
     )
-    w.add_argument("--coordinator", help="HOST:PORT of the coordinator (127.0.0.1:29400)")
+    w.add_argument(
+        "--coordinator",
+        help="HOST:PORT of the coordinator (127.0.0.1:29400; under Slurm or Kubeflow: "
+        "started by the first node, on its address)",
+    )
     w.add_argument("--nnodes", help="nodes in the job: N, or MIN:MAX for an elastic job (1)")
+    w.add_argument(
+        "--node-rank",
+        type=int,
+        help="this node's index, which orders the node ranks (the scheduler's: "
+        "SLURM_NODEID's place, JOB_COMPLETION_INDEX, PET_NODE_RANK; else host names)",
+    )
+    _add_coordinator_port(w)
     _add_node_flags(w)
+    r = sub.add_parser(
+        "run",
+        epilog="examples:\n  srun -N 2 --ntasks-per-node 4 shardwire run train.py --lr 3e-4\n"
+        "  srun -n 8 shardwire run --token-file ~/.shardwire-token -m mypackage.train\n" + _EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run one rank of a script per scheduler task (Slurm's srun -n N), no agent",
+    )
+    r.add_argument("--coordinator", help="HOST:PORT of a coordinator (default: rank 0 starts one)")
+    _add_coordinator_port(r)
+    _add_rank_flags(r)
     la = sub.add_parser(
         "launch",
         epilog="examples:\n  shardwire launch --standalone --nproc-per-node 4 train.py\n"
@@ -152,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         settings = _settings(args)
+        if args.command == "run":
+            return run(run_rank(settings, _child_argv(args)))
         return run(run_node(settings, _child_argv(args)))
     except (ValidationError, ValueError) as exc:
         print(f"shardwire {args.command}: invalid option: {exc}", file=sys.stderr)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shardwire.protocol.history import parse_nnodes
+from shardwire.worker.launcher.cluster import NodePlace
+from shardwire.worker.launcher.secret import job_token
 from shardwire.worker.tls import TlsFiles
 
 
@@ -48,6 +52,8 @@ class LaunchSettings(_Client):
     nnodes: str = "1"  # N, or MIN:MAX for an elastic job
     max_restarts: int = Field(default=0, ge=0, le=1 << 20)
     node_id: str | None = None
+    node_rank: int | None = Field(default=None, ge=0, lt=1 << 24)  # the scheduler's node index
+    coordinator_port: int | None = Field(default=None, ge=1, le=65535)  # where ours is served
     insecure: bool = False
     bind_host: str | None = None
     advertise_host: str | None = None
@@ -67,3 +73,28 @@ class LaunchSettings(_Client):
     def node_range(self) -> tuple[int, int]:
         """(MIN, MAX) nodes; equal for a fixed-size job."""
         return parse_nnodes(self.nnodes)
+
+
+def with_scheduler(
+    settings: LaunchSettings, place: NodePlace | None, environ: Mapping[str, str]
+) -> tuple[LaunchSettings, bool]:
+    """The settings with what the scheduler says filled in where the user said nothing,
+    and whether this node starts the job's coordinator (node rank 0, where the scheduler
+    names the coordinator's place and no --coordinator was given)."""
+    if place is None or settings.standalone:
+        return settings, False
+    given = settings.model_fields_set
+    update: dict[str, object] = {}
+    for name in ("nproc_per_node", "run_id", "node_id", "node_rank"):
+        if name not in given and getattr(place, name) is not None:
+            update[name] = getattr(place, name)
+    if "nnodes" not in given and place.nnodes is not None:
+        update["nnodes"] = str(place.nnodes)
+    serve = False
+    if "coordinator" not in given and place.coordinator is not None:
+        host, port = place.coordinator
+        update["coordinator"] = f"{host}:{settings.coordinator_port or port}"
+        serve = update.get("node_rank", settings.node_rank) == 0
+    if not (settings.token or settings.token_file) and place.scheduler == "slurm" and place.job_id:
+        update["token"] = SecretStr(job_token(place.scheduler, place.job_id, environ))
+    return settings.model_copy(update=update), serve

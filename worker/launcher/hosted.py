@@ -1,4 +1,6 @@
-"""``shardwire launch --standalone``: a coordinator subprocess on 127.0.0.1."""
+"""The coordinator a node starts itself: ``shardwire launch --standalone`` (127.0.0.1, any
+port, one node) and the first node of a scheduler's job (every address, the port the
+scheduler's place says, the whole job)."""
 
 from __future__ import annotations
 
@@ -14,18 +16,27 @@ from shardwire.worker.launcher.settings import LaunchSettings
 _COORDINATOR_START_TIMEOUT = 30.0
 
 
-def coordinator_command(settings: LaunchSettings) -> list[str]:
-    """The standalone coordinator's command line: one node of ``--nproc-per-node``."""
+def coordinator_command(settings: LaunchSettings, *, serve: bool = False) -> list[str]:
+    """The command line of the coordinator this node starts: with ``serve``, the job's
+    (every address, ``--coordinator``'s port, every node); else the standalone one."""
+    if serve:
+        low, high = settings.node_range
+        _, port = settings.coordinator_address()
+        where = ["--host", "0.0.0.0", "--port", str(port)]
+        size = (
+            ["--world-size", str(high * settings.nproc_per_node)]
+            if low == high
+            else ["--nnodes", settings.nnodes]
+        )
+    else:
+        where = ["--host", "127.0.0.1", "--port", "0"]
+        size = ["--world-size", str(settings.nproc_per_node)]
     return [
         sys.executable,
         "-m",
         "shardwire.coordinator",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--world-size",
-        str(settings.nproc_per_node),
+        *where,
+        *size,
         "--run-id",
         settings.run_id,
         "--join-timeout",
@@ -40,12 +51,13 @@ def coordinator_command(settings: LaunchSettings) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def standalone_coordinator(
-    settings: LaunchSettings, env: dict[str, str]
+async def own_coordinator(
+    command: list[str], env: dict[str, str], *, linger: float = 5.0
 ) -> AsyncIterator[tuple[str, int]]:
-    """Run ``python -m shardwire.coordinator`` on 127.0.0.1 with an ephemeral port."""
+    """Run ``command`` (a coordinator) until the block ends, then give it ``linger``
+    seconds to end by itself before stopping it; yields where it listens."""
     proc = await asyncio.create_subprocess_exec(
-        *coordinator_command(settings),
+        *command,
         env={**os.environ, **env},
         stdin=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
@@ -62,7 +74,7 @@ async def standalone_coordinator(
         pump = asyncio.create_task(_echo(proc.stderr, "[coordinator]: "))
         yield host, int(port)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):
+            async with asyncio.timeout(linger):
                 await proc.wait()
     finally:
         if proc.returncode is None:
