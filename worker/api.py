@@ -16,6 +16,7 @@ from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.liveness import ControlThread
 from shardwire.worker.settings import WorkerConfig
+from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
 
@@ -154,6 +155,11 @@ class Session:
             elif not isinstance(exc, JobAborted):  # a survivor is not the root cause
                 await self._report(exc, "".join(traceback.format_exception(exc_type, exc, tb)))
         await self._release()
+        if exc is not None:
+            # The job is over (a failure stops every rank). A rank killed while it offered
+            # a shared-memory region to this node's others left its name behind; no node
+            # agent may be there to remove it (ranks a scheduler started directly).
+            shm.sweep(self.config.run_id)
 
     async def _report(self, exc: BaseException, text: str) -> None:
         assert self._control is not None

@@ -4,6 +4,7 @@ fit a 256 MiB /dev/shm (their node arena grows with the ranks, not their pairs).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -46,6 +47,22 @@ async def test_sigkill_during_a_large_shared_memory_all_reduce() -> None:
             assert w.exited_at is not None and w.exited_at - struck < 3.0
     failure = j.server.rendezvous.failure
     assert failure is not None and failure.rank == 1
+    assert shm.segment_names("faults") == []
+
+
+@pytest.mark.timeout(300)
+async def test_a_creator_killed_before_the_others_attach_leaves_no_name_without_an_agent():
+    # Rank 1 blocks its event loop before the first collective, so the region rank 0
+    # offers for the world group waits, named, for its attach; rank 0 dies right then.
+    # No node agent runs here: the survivors remove the name as the job ends.
+    async with job(2, STALL_RANK="1", STALL_AT="0", STALL_SECONDS="8") as j:
+        await j.workers[1].line("^stalling", timeout=120)
+        async with asyncio.timeout(60):
+            while not shm.segment_names("faults"):
+                await asyncio.sleep(0.02)
+        j.workers[0].signal(signal.SIGKILL)
+        await j.wait(timeout=120)
+    assert [w.proc.returncode for w in j.workers] == [-signal.SIGKILL, 1]
     assert shm.segment_names("faults") == []
 
 
