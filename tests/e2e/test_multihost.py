@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from .cli import SHARDWIRE, env
+from .cli import SHARDWIRE, env, run_records, shardwire
 from .netns import SUBNET, inside
 
 pytestmark = pytest.mark.e2e
@@ -71,6 +71,75 @@ def test_coordinator_and_two_worker_hosts_train_digits(hosts, tmp_path) -> None:
     assert summary["held_out_accuracy"] >= 0.95
     # every rank, including the two on the other host, moved bytes over the bridge
     assert len(summary["comm_MiB_per_rank"]) == 4 and min(summary["comm_MiB_per_rank"]) > 0
+
+
+def _two_hosts(hosts, tmp_path, steps: int, node_ranks: tuple[int, int]) -> str:
+    """digits on two hosts of 2 ranks each, saving to and resuming from one directory
+    both hosts see (as a cluster's shared filesystem), logging into one run directory."""
+    coordinator_ns, *nodes = hosts
+    token = {"SHARDWIRE_TOKEN": "multi-host-token"}
+    coordinator = inside(
+        coordinator_ns, SHARDWIRE, "coordinator", "--host", f"{SUBNET}.1", "--port", "29400",
+        "--world-size", "4", "--run-id", "ck", "--http-port", "-1", env=env(**token),
+    )  # fmt: skip
+    procs = [coordinator]
+    try:
+        for ns, node, index in zip(nodes, ("node-a", "node-b"), node_ranks, strict=True):
+            procs.append(
+                inside(
+                    ns,
+                    SHARDWIRE,
+                    "worker",
+                    "--coordinator",
+                    f"{SUBNET}.1:29400",
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--node-id",
+                    node,
+                    "--node-rank",
+                    str(index),
+                    "--run-id",
+                    "ck",
+                    "examples/digits.py",
+                    "--steps",
+                    str(steps),
+                    "--save-every",
+                    "50",
+                    "--log-every",
+                    "25",
+                    "--checkpoint-dir",
+                    str(tmp_path / "ckpt"),
+                    "--run-dir",
+                    str(tmp_path / "run"),
+                    env=env(**token),
+                )  # fmt: skip
+            )
+        outputs = [p.communicate(timeout=240) for p in procs[1:]]
+        assert [p.returncode for p in procs[1:]] == [0, 0], [e[-2000:] for _, e in outputs]
+        assert coordinator.wait(timeout=30) == 0
+        return "".join(out for out, _ in outputs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_checkpoint_on_a_shared_directory_resumes_with_the_hosts_swapped(hosts, tmp_path) -> None:
+    _two_hosts(hosts, tmp_path, 100, (0, 1))
+    first, _ = run_records(tmp_path / "run")
+    # node-a's ranks were 0 and 1; now node-b's are, and each rank reads shards the
+    # other host wrote
+    out = _two_hosts(hosts, tmp_path, 150, (1, 0))
+    assert "step 125/150" in out and "step 25/150" not in out  # resumed at 100
+    records, summary = run_records(tmp_path / "run")
+    assert max(first) == 100 and max(records) == 150
+    assert {s: records[s] for s in first} == first  # run 1's records, kept as they were
+    assert summary["workers"] == 4 and summary["held_out_accuracy"] >= 0.9
+    verify = shardwire("checkpoint", "verify", str(tmp_path / "ckpt"))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
 def test_coordinator_refuses_a_public_bind_without_a_token(hosts) -> None:
