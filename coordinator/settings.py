@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shardwire.protocol.ports import port_value
 
 
 class CoordinatorSettings(BaseSettings):
@@ -31,3 +33,8 @@ class CoordinatorSettings(BaseSettings):
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+
+    @field_validator("port", "http_port", mode="before")
+    @classmethod
+    def _port(cls, value: object, info: object) -> object:
+        return port_value(value, f"SHARDWIRE_{getattr(info, 'field_name', 'port').upper()}")

@@ -1,6 +1,8 @@
 """Hosts for real on one machine: Linux network namespaces joined by a bridge, each with
-a private address (10.77.0.N). The ``hosts`` fixture (in conftest) makes and removes
-them; tests skip with the reason where namespaces cannot be made."""
+a private address (10.77.0.N by default). The ``hosts`` fixture (in conftest) makes and
+removes them; tests skip with the reason where namespaces cannot be made. Other helpers
+(the Slurm cluster) pass their own ``subnet`` and ``prefix`` so their namespaces never
+share a name or an address with these."""
 
 from __future__ import annotations
 
@@ -19,11 +21,16 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
-def make_hosts(count: int):
+def make_hosts(count: int, *, subnet: str = SUBNET, prefix: str = "sw"):
+    """Yield the names of ``count`` namespaces with addresses ``{subnet}.1`` onwards.
+
+    ``prefix`` (two letters) starts every namespace and interface name, so helpers with
+    different prefixes can hold namespaces at the same time.
+    """
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("network namespaces need root and iproute2's ip")
     tag = f"{os.getpid() % 100000}"
-    hub, names = f"swhub{tag}", [f"swh{i}x{tag}" for i in range(count)]
+    hub, names = f"{prefix}hub{tag}", [f"{prefix}h{i}x{tag}" for i in range(count)]
     try:
         _ip("netns", "add", hub)
     except subprocess.CalledProcessError as exc:
@@ -35,7 +42,7 @@ def make_hosts(count: int):
         for i, name in enumerate(names):
             _ip("netns", "add", name)
             made.append(name)
-            inner, outer = f"sw{i}i{tag}"[:15], f"sw{i}o{tag}"[:15]
+            inner, outer = f"{prefix}{i}i{tag}"[:15], f"{prefix}{i}o{tag}"[:15]
             _ip(
                 "link",
                 "add",
@@ -52,7 +59,7 @@ def make_hosts(count: int):
             )
             _ip("-n", hub, "link", "set", outer, "master", "br0")
             _ip("-n", hub, "link", "set", outer, "up")
-            _ip("-n", name, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", inner)
+            _ip("-n", name, "addr", "add", f"{subnet}.{i + 1}/24", "dev", inner)
             _ip("-n", name, "link", "set", inner, "up")
             _ip("-n", name, "link", "set", "lo", "up")
         yield names

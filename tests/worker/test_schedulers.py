@@ -89,8 +89,12 @@ def test_slurm_one_task_per_rank() -> None:
 
 
 def test_slurm_cyclic_distribution_is_refused_with_the_fix() -> None:
-    with pytest.raises(SchedulerError, match="--distribution=block"):
+    with pytest.raises(SchedulerError, match="are 1, not 2, 3.*--distribution=block"):
         rank_place(ranks("n2", 1, 0))  # cyclic: task 1 is the second node's first
+    # task 0 is in its block place, but its node holds tasks 0 and 2: refused as well
+    with pytest.raises(SchedulerError, match="are 0, 2, not 0, 1"):
+        rank_place({**ranks("n1", 0, 0), "SLURM_GTIDS": "0,2"})
+    assert rank_place({**ranks("n1", 0, 0), "SLURM_GTIDS": "0,1"}).rank == 0
 
 
 def test_slurm_uneven_tasks_per_node_are_refused() -> None:
@@ -233,3 +237,19 @@ def test_a_token_file_of_another_owner_is_taken_as_mounted(tmp_path: Path) -> No
     path.chmod(0o644)
     os.chown(path, 12345, 12345)
     assert read_token_file(str(path)) == "mounted"
+
+
+def test_a_kubernetes_service_link_in_a_port_setting_is_named(monkeypatch) -> None:
+    from pydantic import ValidationError
+
+    from shardwire.coordinator.settings import CoordinatorSettings
+
+    link = "tcp://10.96.0.7:29400"
+    monkeypatch.setenv("SHARDWIRE_COORDINATOR_PORT", link)
+    with pytest.raises(ValidationError, match="Kubernetes service link.*enableServiceLinks"):
+        LaunchSettings()
+    monkeypatch.setenv("SHARDWIRE_PORT", link)
+    with pytest.raises(ValidationError, match="SHARDWIRE_PORT=.*service link"):
+        CoordinatorSettings()
+    monkeypatch.setenv("SHARDWIRE_PORT", "29500")
+    assert CoordinatorSettings().port == 29500

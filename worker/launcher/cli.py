@@ -30,6 +30,10 @@ TOOLS: dict[str, tuple[str, str]] = {
     "bench": ("shardwire.worker.bench", "time collectives or rendezvous, beside baselines"),
     "plot": ("shardwire.worker.launcher.plot", "draw a run directory's loss and throughput"),
     "health": ("shardwire.worker.launcher.health", "exit 0 if a coordinator is healthy"),
+    "kubernetes": (
+        "shardwire.worker.launcher.kubernetes",
+        "render Kubernetes manifests for a job of N nodes",
+    ),
 }
 _EXAMPLES = """examples:
   shardwire launch --standalone --nproc-per-node 4 train.py   one host, four ranks
@@ -37,6 +41,7 @@ _EXAMPLES = """examples:
   shardwire worker --coordinator 10.0.0.1:29400 --nnodes 2 --nproc-per-node 4 train.py
   srun --ntasks-per-node 1 shardwire worker --nproc-per-node 4 train.py   Slurm, per node
   srun -n 8 shardwire run train.py                            Slurm, one task per rank
+  shardwire kubernetes --name job --nodes 4 train.py | kubectl apply -f -   Indexed Job
   shardwire status --coordinator 10.0.0.1:29400               what the job is doing
   shardwire checkpoint verify runs/ckpt                       every digest checked
   shardwire bench collectives --world 2 4 --compare-mpi       against Open MPI

@@ -96,10 +96,15 @@ def rank_place(environ: Mapping[str, str]) -> RankPlace:
             f"{_show(per_node)} (ask for --ntasks-per-node)"
         )
     rank, local_rank = _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID")
-    if rank != index * local + local_rank:
+    # Every task of a node checks the node's whole list (SLURM_GTIDS), so all of them
+    # refuse a layout that is not node by node, not only those it misplaces.
+    block = list(range(index * local, index * local + local))
+    here = [int(t) for t in environ.get("SLURM_GTIDS", "").split(",") if t.strip().isdigit()]
+    if rank != block[local_rank] or (here and here != block):
         raise SchedulerError(
-            f"task {rank} is local task {local_rank} of node {index} ({nodes[index]}): "
-            "shardwire numbers ranks node by node; run srun with --distribution=block"
+            f"the tasks of node {index} ({nodes[index]}) are {_show(here or [rank])}, not "
+            f"{_show(block)}: shardwire numbers ranks node by node; run srun with "
+            "--distribution=block"
         )
     return RankPlace(
         "slurm",

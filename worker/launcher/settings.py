@@ -8,6 +8,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shardwire.protocol.history import parse_nnodes
+from shardwire.protocol.ports import port_value
 from shardwire.worker.launcher.cluster import NodePlace
 from shardwire.worker.launcher.secret import job_token
 from shardwire.worker.tls import TlsFiles
@@ -61,6 +62,11 @@ class LaunchSettings(_Client):
     heartbeat_timeout: float = Field(default=5.0, gt=0)
     stall_warn: float = Field(default=10.0, gt=0)
     term_timeout: float = Field(default=5.0, gt=0)
+
+    @field_validator("coordinator_port", mode="before")
+    @classmethod
+    def _port(cls, value: object) -> object:
+        return port_value(value, "SHARDWIRE_COORDINATOR_PORT")
 
     @field_validator("nnodes", mode="before")
     @classmethod
