@@ -42,6 +42,31 @@ def status_json(
     }
 
 
+def _lateness(rdzv: Rendezvous) -> Iterator:
+    """Who arrives last into collectives (the ranks that ever were, at most METRICS_RANKS
+    of them, most often last first)."""
+    last = GaugeMetricFamily(
+        "shardwire_rank_last_share",
+        "Share of its recent collectives the rank was the last to enter",
+        labels=["rank"],
+    )
+    late = GaugeMetricFamily(
+        "shardwire_rank_late_seconds",
+        "How late the rank was, on average, into the collectives it entered last",
+        labels=["rank"],
+    )
+    for row in rdzv.stragglers.ranks()[:METRICS_RANKS]:
+        last.add_metric([str(row.rank)], row.share)
+        late.add_metric([str(row.rank)], row.late_s)
+    top = rdzv.stragglers.straggler()
+    yield from (last, late)
+    yield GaugeMetricFamily(
+        "shardwire_straggler_rank",
+        "The rank that holds the others up (-1: none does)",
+        value=-1 if top is None else top.rank,
+    )
+
+
 class _Metrics(Collector):
     """Prometheus view, computed at scrape time (base units, ``shardwire_`` prefix)."""
 
@@ -100,6 +125,7 @@ class _Metrics(Collector):
             sent.add_metric(label, r.bytes_sent)
             received.add_metric(label, r.bytes_received)
         yield from (step, rate, age, loss, sent, received)
+        yield from _lateness(self._rdzv)
         failures = CounterMetricFamily("shardwire_failures", "Worker failures seen")
         failures.add_metric([], reply.restarts + (1.0 if reply.state == "failed" else 0.0))
         yield failures

@@ -28,6 +28,7 @@ from shardwire.coordinator.state import (
     Send,
     Worker,
 )
+from shardwire.coordinator.stragglers import Stragglers
 from shardwire.protocol.messages import Abort, Restart
 from shardwire.protocol.placement import Member
 
@@ -58,6 +59,7 @@ class Lifecycle:
     _last_call: float | None = None  # when waiting for more nodes ends
     events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
     losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_LOSSES))
+    stragglers: Stragglers = field(default_factory=Stragglers)  # the running generation's
 
     _now: float = 0.0  # the latest time an input carried (events are stamped with it)
 

@@ -1,5 +1,6 @@
 """The status page: static HTML whose script polls /api/status every two seconds and
-draws the rank table, rank 0's loss curve (SVG) and the event log."""
+draws the rank table, the straggler (the rank the others wait for, if one is), rank 0's
+loss curve (SVG) and the event log."""
 
 STATUS_PAGE = """<!doctype html>
 <html lang="en">
@@ -23,6 +24,7 @@ STATUS_PAGE = """<!doctype html>
 <body>
 <h1>shardwire</h1>
 <div id="summary">loading...</div>
+<div id="straggler" class="failed"></div>
 <table id="ranks">
   <thead><tr><th>rank</th><th>host</th><th>node</th><th>state</th><th>step</th>
   <th>heartbeat (s)</th><th>samples/s</th><th>loss</th><th>sent MiB</th>
@@ -81,6 +83,8 @@ async function refresh() {
       `run ${s.run_id}: ${s.state}, world size ${s.world_size}, generation ${s.generation}` +
       (s.max_restarts ? `, restarts ${s.restarts} of ${s.max_restarts}` : "") +
       (s.failure ? ` - failure: ${s.failure}` : "");
+    document.getElementById("straggler").textContent =
+      s.straggler ? `straggler: ${s.straggler}` : "";
     const gens = document.querySelector("#generations tbody");
     gens.innerHTML = "";
     for (const g of s.generations) {

@@ -55,6 +55,7 @@ from shardwire.coordinator.state import (
     Worker,
     refuse,
 )
+from shardwire.coordinator.stragglers import Stragglers
 from shardwire.coordinator.views import status_reply
 from shardwire.protocol.messages import (
     DiagnoseReply,
@@ -169,6 +170,7 @@ class Rendezvous(Lifecycle):
         self._deadline = None
         nodes = sum(1 for a in self._agents.values() if a.node_rank is not None)
         self.gens.begin(shape.world_size, nodes, now)
+        self.stragglers = Stragglers()  # sequences start again with the generation
         self._event(
             f"all {shape.world_size} workers joined; job running (generation {self.generation})",
             now,
@@ -202,6 +204,9 @@ class Rendezvous(Lifecycle):
         self._beats[conn] = None  # now the newest
         if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
             self.losses.append((msg.step, msg.loss))
+        if msg.timings:
+            self.stragglers.add(worker.rank, msg.timings)
+            msg = msg.model_copy(update={"timings": []})
         before, worker.progress = worker.progress, msg
         return self._stall_notice(worker, before)
 

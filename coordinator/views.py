@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shardwire.coordinator.state import JobState
+from shardwire.coordinator.state import JobState, Worker
+from shardwire.coordinator.stragglers import describe
 from shardwire.protocol.messages import RankStatus, StatusReply
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def status_reply(
         failure=f"rank {failure.rank}: {failure.reason}"[:4096] if failure else "",
         ranks=[
             RankStatus(
-                **w.progress.model_dump(exclude={"kind"}),
+                **w.progress.model_dump(exclude={"kind", "timings"}),
                 rank=w.rank,
                 node_id=w.join.node_id,
                 host=w.host,
@@ -44,4 +45,13 @@ def status_reply(
         restarts=rdzv.gens.restarts,
         max_restarts=rdzv.gens.max_restarts,
         generations=rdzv.gens.info(now),
+        straggler=_straggler(rdzv, workers),
     )
+
+
+def _straggler(rdzv: Rendezvous, workers: list[Worker]) -> str:
+    row = rdzv.stragglers.straggler()
+    if row is None:
+        return ""
+    host = next((w.host for w in workers if w.rank == row.rank), "?")
+    return describe(row, host, rdzv.stragglers.matched())

@@ -161,9 +161,12 @@ class _Progress(_Msg):
 
 
 class Heartbeat(_Progress):
-    """Liveness signal, with the worker's progress for status reporting."""
+    """Liveness signal, with the worker's progress for status reporting, and the
+    collectives it ended since its last heartbeat: (group id, group size, sequence,
+    microseconds from its start to its end), for straggler attribution."""
 
     kind: Literal["heartbeat"] = "heartbeat"
+    timings: Annotated[list[tuple[int, int, int, int]], Field(max_length=512)] = []
 
 
 STATUS_PAGE = 200  # rank rows per status reply (about 40 KB: inside a control frame)
@@ -203,6 +206,7 @@ class StatusReply(_Msg):
     restarts: int = 0
     max_restarts: int = 0
     generations: _History = []
+    straggler: Reason = ""  # the rank that holds the others up, if one does
 
 
 class CollectiveRecord(_Msg):

@@ -10,6 +10,12 @@ nanoseconds per collective, next to tens of microseconds for the smallest one).
 
 Which ranks a running call still waits for is asked of the call itself, and only on the
 event loop (``snapshot(live=True)``); from another thread only the stored fields are read.
+
+Timings: each collective that ends ``ok`` also leaves (group, size, seq, microseconds
+from its start to its end) for the next heartbeat (:meth:`FlightRecorder.drain`), at most
+TIMINGS of them. Every member of a collective ends it at about the same moment, so the
+rank that spent the least time in it arrived last; the coordinator compares them
+(``coordinator/stragglers.py``) and no clocks need aligning.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from shardwire.protocol.ranks import to_runs
 CAPACITY = 32  # recent collectives kept per rank
 SHOWN = 16  # the newest ones a diagnosis carries
 _LISTED = 128  # groups larger than this are sent by size only (control frames are small)
+TIMINGS = 512  # collectives' timings kept for the next heartbeat (the oldest are dropped)
+
+Timing = tuple[int, int, int, int]  # group id, group size, sequence, microseconds
 
 Pending = Callable[[], list[int]]
 
@@ -49,6 +58,7 @@ class FlightRecorder:
 
     def __init__(self, capacity: int = CAPACITY, *, clock: Callable[[], float] = time.monotonic):
         self._ring: deque[_Entry] = deque(maxlen=capacity)
+        self._done: deque[Timing] = deque(maxlen=TIMINGS)
         self._lock = threading.Lock()
         self._clock = clock
 
@@ -68,21 +78,37 @@ class FlightRecorder:
             self._ring.append(entry)
         return entry
 
-    def ended(self, *, group: int, ranks: Sequence[int], op: str, seq: int, nbytes: int) -> None:
-        """Record a collective that started and ended ``ok`` just now (one entry, one lock:
-        the cost of a call that finished without waiting)."""
+    def clock(self) -> float:
+        return self._clock()
+
+    def ended(
+        self, *, group: int, ranks: Sequence[int], op: str, seq: int, nbytes: int, start: float
+    ) -> None:
+        """Record a collective that started at ``start`` and ended ``ok`` just now (one
+        entry, one lock: the cost of a call that ran to its end at once)."""
         now = self._clock()
-        entry = _Entry(group, tuple(ranks), op, seq, nbytes, now, None, now, "ok")
+        entry = _Entry(group, tuple(ranks), op, seq, nbytes, start, None, now, "ok")
         with self._lock:
             self._ring.append(entry)
+            self._done.append((group, len(ranks), seq, round((now - start) * 1e6)))
 
     def end(self, entry: _Entry, outcome: str = "ok", *, silent: Sequence[int] = ()) -> None:
         """Record how a collective ended (``silent``: ranks never heard from)."""
         with self._lock:
-            entry.end = self._clock()
+            entry.end = end = self._clock()
             entry.outcome = outcome[:200]
             entry.silent = tuple(silent)
             entry.pending = None
+            if outcome == "ok":
+                micros = round((end - entry.start) * 1e6)
+                self._done.append((entry.group, len(entry.ranks), entry.seq, micros))
+
+    def drain(self) -> list[Timing]:
+        """The timings of the collectives ended since the last drain (any thread)."""
+        with self._lock:
+            done = list(self._done)
+            self._done.clear()
+        return done
 
     def snapshot(self, *, live: bool, limit: int = SHOWN) -> list[CollectiveRecord]:
         """The newest entries, oldest first. ``live=True`` only on the loop that writes them."""

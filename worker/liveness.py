@@ -216,19 +216,23 @@ class ControlThread:
         )
         self._client = client
         await client.connect(host, port, timeout=timeout)
-        client.start_heartbeats(self._interval, compose=self._with_stall)
+        client.start_heartbeats(self._interval, compose=self._compose)
 
     async def _shutdown(self) -> None:
         if self._client is not None:
             await self._client.aclose()
 
-    def _with_stall(self, progress: Heartbeat) -> Heartbeat:
+    def _compose(self, progress: Heartbeat) -> Heartbeat:
+        """The heartbeat: progress, the timings of the collectives ended since the last
+        one (for straggler attribution), and where the event loop is if it is busy."""
+        timings = self._recorder.drain()
         busy = time.monotonic() - self._seen
         if busy < self._stall_warn:
-            return progress
+            return progress.model_copy(update={"timings": timings}) if timings else progress
         stack = stacks.thread_stack(self._user_thread)
         return progress.model_copy(
             update={
+                "timings": timings,
                 "busy_s": round(busy, 1),
                 "busy_at": stacks.place(stack)[:256],
                 "busy_stack": stacks.render([("event loop thread", stack)]),

@@ -5,6 +5,11 @@ plain periodic lines otherwise, so container logs stay readable) and writes the 
 directory: ``metrics.jsonl`` (one JSON object per logged step) and ``summary.json``.
 Every rank's bytes sent and received are gathered into each record.
 
+Progress reaches the coordinator (``shardwire status``, the status page, ``/metrics``)
+at every logged step and, between them, at most once a second from every rank's
+:meth:`RunLog.step`: step, samples/s over the last report, loss and bytes move while the
+job runs, whatever ``every`` is.
+
 A directory that already holds ``metrics.jsonl`` is never truncated: it is refused with
 :class:`RunDirInUse`, or, with ``next_free=True`` (for default directory names), the run
 goes to the first free ``NAME-2``, ``NAME-3``, … beside it. A run resumed from a
@@ -27,6 +32,7 @@ from shardwire.protocol import ShardwireError
 from shardwire.worker.group import ProcessGroup
 
 _MAX_SIBLINGS = 10_000
+PROGRESS_EVERY_S = 1.0  # live progress between logged steps, at most this often
 
 
 class RunDirInUse(ShardwireError, FileExistsError):
@@ -66,10 +72,12 @@ class RunLog:
     started: float = field(default_factory=time.perf_counter)
     _bar: Any = None
     _file: Any = None
-    _last: tuple[float, int] = (0.0, 0)
+    _last: tuple[float, int] = (0.0, 0)  # (time, step) of the last record
+    _told: tuple[float, int] = (0.0, 0)  # (time, step) of the last progress report
 
     def __post_init__(self) -> None:
-        self._last = (self.started, 0)
+        first = self.resume_from or 0
+        self._last = self._told = (self.started, first)
         if self.pg.rank != 0:
             return
         if self.resume_from is not None and _holds_metrics(self.run_dir):
@@ -112,6 +120,7 @@ class RunLog:
             self._bar.update(1)
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items()})
         if step % self.every and step != self.total_steps:
+            self._tell(step, samples, metrics.get("loss"))
             return
         stats = self.pg.transport.stats
         # only rank 0 writes the record: the others send theirs, nobody gathers everything
@@ -122,6 +131,7 @@ class RunLog:
         rate = samples * (step - last_step) / max(now - last_time, 1e-9)
         loss = metrics.get("loss")
         self.pg.report_progress(step, rate, None if loss is None else float(loss))
+        self._told = (now, step)
         if traffic is None:  # not rank 0
             return
         record = {
@@ -141,6 +151,17 @@ class RunLog:
                 file=self.out,
                 flush=True,
             )
+
+    def _tell(self, step: int, samples: int, loss: float | None) -> None:
+        """Live progress between records, at most every PROGRESS_EVERY_S (no collective:
+        each rank tells the coordinator its own)."""
+        now = time.perf_counter()
+        told_time, told_step = self._told
+        if now - told_time < PROGRESS_EVERY_S:
+            return
+        self._told = (now, step)
+        rate = samples * (step - told_step) / (now - told_time)
+        self.pg.report_progress(step, rate, None if loss is None else float(loss))
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Write ``summary.json`` and print the final table (rank 0)."""

@@ -233,11 +233,17 @@ class GroupCore:
         gate = self.gate if arena is not None else None
         ticket: Ticket | bool = False
         if gate is not None and arena is not None and nbytes <= EXPRESS_BYTES:
+            start = self.recorder.clock()
             ticket = gate.express(self._seq, signature, arena[0], limit)
             if ticket is True:
                 op = signature[: signature.find(":")]
                 self.recorder.ended(
-                    group=self.group_id, ranks=self.ranks, op=op, seq=self._seq, nbytes=nbytes
+                    group=self.group_id,
+                    ranks=self.ranks,
+                    op=op,
+                    seq=self._seq,
+                    nbytes=nbytes,
+                    start=start,
                 )
                 return Pending(self, None, value=arena[1])
         call = Call(

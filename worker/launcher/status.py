@@ -69,6 +69,8 @@ def render(reply: StatusReply) -> str:
         lines[0] += f", restarts {reply.restarts} of {reply.max_restarts}"
     if reply.failure:
         lines.append(f"failure: {reply.failure}")
+    if reply.straggler:
+        lines.append(f"straggler: {reply.straggler}")
     if len(reply.generations) > 1 or reply.max_restarts:
         lines += [f"  {line}" for line in describe(reply.generations)]
     lines.append(

@@ -5,6 +5,8 @@ Faults, chosen by environment variables:
       event loop before step STALL_AT (in ``nap`` or ``crunch``);
   SKIP_RANK, SKIP_AT: that rank skips the all_reduce of step SKIP_AT and waits in
       ``dawdle`` instead.
+SLOW_RANK, SLOW_SECONDS: that rank does SLOW_SECONDS of other work (asleep) before every
+    all_reduce, so the others wait for it each time.
 SIZE: elements of each all_reduce (default 1; the first one carries the step value).
 Every rank first prints ``listening PORT pid PID`` (its peer listener); at the end
 ``done TOTAL`` (the sum of all its all_reduce results).
@@ -46,6 +48,7 @@ async def main() -> None:
     skip_rank, skip_at = _int("SKIP_RANK"), _int("SKIP_AT")
     seconds = float(os.environ.get("STALL_SECONDS", "0"))
     size = _int("SIZE", 1)
+    slow_rank, slow = _int("SLOW_RANK"), float(os.environ.get("SLOW_SECONDS", "0"))
     total = 0.0
     async with sw.init() as pg:
         print(f"listening {pg.transport.listen_port} pid {os.getpid()}", flush=True)
@@ -56,6 +59,8 @@ async def main() -> None:
             if pg.rank == skip_rank and step == skip_at:
                 print("skipping", flush=True)
                 await dawdle(120)
+            if pg.rank == slow_rank:
+                await asyncio.sleep(slow)
             x = await pg.all_reduce(np.full(size, float(step + pg.rank)))
             total += float(x[0])
             print(f"step {step} {x[0]:g}", flush=True)
