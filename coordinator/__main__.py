@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -15,6 +16,7 @@ from shardwire.coordinator.server import CoordinatorServer, ServerConfig
 from shardwire.coordinator.settings import CoordinatorSettings
 from shardwire.coordinator.state import JobState, RendezvousConfig
 from shardwire.coordinator.tls import server_context
+from shardwire.coordinator.views import status_reply
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import check_bind, load_token
 from shardwire.protocol.history import parse_nnodes
@@ -134,6 +136,9 @@ async def serve(settings: CoordinatorSettings) -> int:
     finally:
         await http.aclose()
         await server.aclose()
+    straggler = status_reply(server.rendezvous, time.monotonic(), limit=0).straggler
+    if straggler:  # who the others waited for, over the job's last collectives
+        print(f"straggler: {straggler}", file=sys.stderr, flush=True)
     failure = server.rendezvous.failure
     if failure is not None and server.rendezvous.state is JobState.FAILED:
         print(f"job failed: rank {failure.rank}: {failure.reason}", file=sys.stderr)

@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from .cli import SCRIPTS, shardwire
 from .faults import job
 
 pytestmark = pytest.mark.e2e
@@ -42,3 +43,17 @@ async def test_a_slowed_rank_is_named_the_straggler() -> None:
         assert re.search(r"^shardwire_straggler_rank 1\.0$", metrics, re.M), metrics
         share = re.search(r'^shardwire_rank_last_share\{rank="1"\} (\S+)$', metrics, re.M)
         assert share and float(share.group(1)) >= 0.9
+
+
+def test_the_job_ends_with_the_straggler_line() -> None:
+    done = shardwire(
+        "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "steps.py"),
+        timeout=240, STEPS="150", SLOW_RANK="0", SLOW_SECONDS="0.02",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(
+        r"^\[coordinator\]: straggler: rank 0 \(127\.0\.0\.1\) was last into \d+% of its "
+        r"collectives \(of the last \d+\), \d+ ms late on average$",
+        done.stderr,
+        re.M,
+    ), done.stderr[-3000:]
