@@ -38,6 +38,7 @@ from shardwire.protocol import (
     frame_message,
     message_bytes,
 )
+from shardwire.protocol.clock import ClockQuery, ClockReply
 from shardwire.protocol.messages import (
     DiagnoseReply,
     Error,
@@ -307,6 +308,8 @@ class CoordinatorServer:
                 return rdzv.leave(conn_id, msg)
             case PeerQuery():
                 return rdzv.peer_page(conn_id, msg)
+            case ClockQuery(sent=sent):
+                return [Send(conn_id, ClockReply(sent=sent, now=now))]
             case StatusRequest(offset=offset, limit=limit):
                 return [Send(conn_id, rdzv.status(now, offset, limit))]
         return [

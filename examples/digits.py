@@ -104,7 +104,8 @@ async def main(args: argparse.Namespace) -> None:
         mine = np.array_split(np.arange(args.batch), pg.world_size)[pg.rank]
         start = time.perf_counter()
         for step in range(first, args.steps):
-            batch = draw.choice(len(x_train), args.batch, replace=False)[mine]
+            with sw.span("data"):  # on the rank's timeline when traced (--trace)
+                batch = draw.choice(len(x_train), args.batch, replace=False)[mine]
             lr = warmup_cosine(step, base_lr=args.lr, warmup=args.steps // 10, total=args.steps)
             fsdp.zero_grad()
             logits = await fsdp.forward(x_train[batch])

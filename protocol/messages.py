@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
 
+from shardwire.protocol.clock import ClockQuery, ClockReply
 from shardwire.protocol.errors import ProtocolError
 from shardwire.protocol.fields import Cause, Hex, Rank, Reason, Size, Str, Text, Trace
 from shardwire.protocol.fields import Msg as _Msg
@@ -344,6 +345,8 @@ Message = Annotated[
     | Placement
     | PeerQuery
     | PeerPage
+    | ClockQuery
+    | ClockReply
     | Heartbeat
     | StatusRequest
     | StatusReply

@@ -30,6 +30,7 @@ from shardwire.worker.collectives import Group, ReduceOp, Work
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.runtime import run
 from shardwire.worker.settings import WorkerConfig
+from shardwire.worker.trace import span
 
 __all__ = [
     "AuthFailed",
@@ -52,4 +53,5 @@ __all__ = [
     "WorkerConfig",
     "init",
     "run",
+    "span",
 ]

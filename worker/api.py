@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import traceback
+from pathlib import Path
 from types import TracebackType
 
 from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed, Token
@@ -12,6 +13,7 @@ from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
 from shardwire.protocol.placement import Member
+from shardwire.worker import trace
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.liveness import ControlThread
@@ -107,6 +109,9 @@ class Session:
             timeout=cfg.join_timeout,
         )
         self._rank = place.rank
+        if cfg.trace:  # every rank's events on the coordinator's clock
+            offset, error = await control.clock_offset()
+            trace.install(trace.Tracer(place.rank, Path(cfg.trace), offset=offset, error=error))
         lookup_timeout = cfg.connect_timeout
 
         async def lookup(ranks: list[int]) -> list[Member]:
@@ -149,6 +154,14 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        tracer = trace.current()
+        if tracer is not None:
+            trace.install(None)
+            await asyncio.to_thread(tracer.write)
+            if exc is None and self.group is not None:
+                await self.group.barrier()  # every rank's file is written
+                if self.group.rank == 0:
+                    await asyncio.to_thread(trace.merge, tracer.directory)
         if self._control is not None:
             if exc is None:
                 self._control.leave()

@@ -8,6 +8,7 @@ import errno
 import random
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,8 @@ from shardwire.protocol import (
     ShardwireError,
     Token,
 )
+from shardwire.protocol.clock import ClockQuery, ClockReply
+from shardwire.protocol.clock import offset as estimate_offset
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import (
     STATUS_PAGE,
@@ -190,7 +193,10 @@ class ControlClient:
             self._on_abort(None)
 
     async def _request(
-        self, msg: Join | NodeJoin | StatusRequest | PeerQuery, expect: type, timeout: float
+        self,
+        msg: Join | NodeJoin | StatusRequest | PeerQuery | ClockQuery,
+        expect: type,
+        timeout: float,
     ):
         async with self._asking:
             return await self._ask(msg, expect, timeout)
@@ -246,6 +252,16 @@ class ControlClient:
                 )
             members += page.members
         return members
+
+    async def clock_offset(self, *, probes: int, timeout: float) -> tuple[float, float]:
+        """What to add to this process's ``time.monotonic()`` to read the coordinator's
+        clock, and the error bound (see ``protocol/clock.py``); each probe bounded."""
+        seen = []
+        for _ in range(probes):
+            sent = time.monotonic()
+            reply = await self._request(ClockQuery(sent=sent), ClockReply, timeout)
+            seen.append((sent, reply.now, time.monotonic()))
+        return estimate_offset(seen)
 
     async def node_join(self, msg: NodeJoin, *, timeout: float) -> NodeAssignment:
         """Join as a node agent and wait for the node rank."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from shardwire.protocol.messages import CollectiveRecord
 from shardwire.protocol.ranks import to_runs
+from shardwire.worker import trace
 
 CAPACITY = 32  # recent collectives kept per rank
 SHOWN = 16  # the newest ones a diagnosis carries
@@ -48,6 +49,7 @@ class _Entry:
     nbytes: int
     start: float
     pending: Pending | None  # asked on the event loop only
+    path: str = ""  # "arena" or "links" (peer connections and pair segments)
     end: float | None = None
     outcome: str = "running"
     silent: tuple[int, ...] = ()  # not heard from, as of the end
@@ -71,9 +73,10 @@ class FlightRecorder:
         seq: int,
         nbytes: int,
         pending: Pending | None = None,
+        path: str = "",
     ) -> _Entry:
         """Record that a collective started; returns the entry to :meth:`end`."""
-        entry = _Entry(group, tuple(ranks), op, seq, nbytes, self._clock(), pending)
+        entry = _Entry(group, tuple(ranks), op, seq, nbytes, self._clock(), pending, path)
         with self._lock:
             self._ring.append(entry)
         return entry
@@ -87,10 +90,11 @@ class FlightRecorder:
         """Record a collective that started at ``start`` and ended ``ok`` just now (one
         entry, one lock: the cost of a call that ran to its end at once)."""
         now = self._clock()
-        entry = _Entry(group, tuple(ranks), op, seq, nbytes, start, None, now, "ok")
+        entry = _Entry(group, tuple(ranks), op, seq, nbytes, start, None, "arena", now, "ok")
         with self._lock:
             self._ring.append(entry)
             self._done.append((group, len(ranks), seq, round((now - start) * 1e6)))
+        _traced(entry)
 
     def end(self, entry: _Entry, outcome: str = "ok", *, silent: Sequence[int] = ()) -> None:
         """Record how a collective ended (``silent``: ranks never heard from)."""
@@ -102,6 +106,7 @@ class FlightRecorder:
             if outcome == "ok":
                 micros = round((end - entry.start) * 1e6)
                 self._done.append((entry.group, len(entry.ranks), entry.seq, micros))
+        _traced(entry)
 
     def drain(self) -> list[Timing]:
         """The timings of the collectives ended since the last drain (any thread)."""
@@ -140,3 +145,20 @@ class FlightRecorder:
                 )
             )
         return records
+
+
+def _traced(entry: _Entry) -> None:
+    """Put an ended collective on the rank's timeline, when the job is traced."""
+    tracer = trace.current()
+    if tracer is None or entry.end is None:
+        return
+    args = {
+        "group": entry.group,
+        "size": len(entry.ranks),
+        "seq": entry.seq,
+        "bytes": entry.nbytes,
+        "path": entry.path,
+        "outcome": entry.outcome,
+    }
+    key = f"{entry.group}:{entry.seq}"
+    tracer.add(entry.op, "collective", entry.start, entry.end, args, key=key)

@@ -128,6 +128,12 @@ class ControlThread:
         assert client is not None
         return await self._call(client.peers(ranks, timeout=timeout))
 
+    async def clock_offset(self, *, probes: int = 5, timeout: float = 10.0) -> tuple[float, float]:
+        """The coordinator's clock minus this process's monotonic clock, and its error."""
+        client = self._client
+        assert client is not None
+        return await self._call(client.clock_offset(probes=probes, timeout=timeout))
+
     def set_progress(self, progress: Heartbeat) -> None:
         """Report progress now and in every later heartbeat."""
         if self._client is not None:

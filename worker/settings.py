@@ -70,6 +70,7 @@ class WorkerEnv(BaseModel):
         le=1 << 30,
         validation_alias=_alias("SHARDWIRE_ARENA_SLOT_BYTES"),
     )
+    trace: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TRACE"))
     tls_cert: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CERT"))
     tls_key: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_KEY"))
     tls_ca: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CA"))
@@ -115,6 +116,9 @@ class WorkerConfig:
             (mutual authentication), or None for plain TCP.
         generation: the generation the node agent started this process for; the
             coordinator refuses it once that generation is over (0: whichever forms).
+        trace: a directory for this rank's timeline (``rank-R.json``, Chrome's
+            trace-event format) and, from rank 0, the merged ``job.json``; None: no
+            timeline (see ``shardwire.worker.trace``).
     """
 
     coordinator: tuple[str, int]
@@ -143,6 +147,7 @@ class WorkerConfig:
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     tls: TlsFiles | None = None
     generation: int = 0
+    trace: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:

@@ -253,3 +253,16 @@ def test_a_kubernetes_service_link_in_a_port_setting_is_named(monkeypatch) -> No
         CoordinatorSettings()
     monkeypatch.setenv("SHARDWIRE_PORT", "29500")
     assert CoordinatorSettings().port == 29500
+
+
+def test_trace_reaches_the_workers_environment(tmp_path, monkeypatch) -> None:
+    from shardwire.worker.launcher.agent import worker_env
+
+    monkeypatch.chdir(tmp_path)
+    address = ("127.0.0.1", 29400)
+    off = worker_env(LaunchSettings(run_id="r1"), address, {})
+    assert "SHARDWIRE_TRACE" not in off
+    default = worker_env(LaunchSettings(run_id="r1", trace=True), address, {})
+    assert default["SHARDWIRE_TRACE"] == str(tmp_path / "traces" / "r1")
+    chosen = worker_env(LaunchSettings(trace=True, trace_dir="t"), address, {})
+    assert chosen["SHARDWIRE_TRACE"] == str(tmp_path / "t")

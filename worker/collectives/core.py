@@ -250,7 +250,7 @@ class GroupCore:
             self.transport, self.ranks, self.rank, self.group_id, self._seq, signature, self._pool
         )
         if gate is None or arena is None:
-            return Pending(self, self._run(call, algorithm, limit, nbytes))
+            return Pending(self, self._run(call, algorithm, limit, nbytes, "links"))
         build, result = arena  # queued now: the arena runs calls in order
         if not isinstance(ticket, Ticket):
             ticket = gate.enqueue(call, build, limit)
@@ -262,7 +262,8 @@ class GroupCore:
                 return result
             return await tcp(c)
 
-        return Pending(self, self._run(call, on_arena, limit, nbytes), lambda: gate.hurry(ticket))
+        work = self._run(call, on_arena, limit, nbytes, "arena")
+        return Pending(self, work, lambda: gate.hurry(ticket))
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
         """Run ``coro`` (a sequence of this group's calls) in the background, owned by
@@ -277,7 +278,12 @@ class GroupCore:
         return work
 
     async def _run(
-        self, call: Call, algorithm: Callable[[Call], Awaitable[T]], limit: float, nbytes: int
+        self,
+        call: Call,
+        algorithm: Callable[[Call], Awaitable[T]],
+        limit: float,
+        nbytes: int,
+        path: str,
     ) -> T:
         op = call.signature.split(":", 1)[0]
         what = f"{op} #{call.seq}"
@@ -289,6 +295,7 @@ class GroupCore:
             seq=call.seq,
             nbytes=nbytes,
             pending=call.silent_ranks,
+            path=path,
         )
         outcome, expired = "error", False
         # at the deadline, before the cancellation unwinds the calls of subgroups: who

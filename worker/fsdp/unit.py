@@ -28,6 +28,7 @@ from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp.flat import FlatLayout
 from shardwire.worker.fsdp.offload import Offload, UnitSpill
 from shardwire.worker.fsdp.strategy import Strategy
+from shardwire.worker.trace import span
 
 _IN_MEMORY = Offload(params=False, grads=False, optimizer=False)
 
@@ -130,7 +131,8 @@ class Unit:
         self.start_gather()
         if self.state is UnitState.GATHERING:
             assert self._gathering is not None
-            full = await self._gathering.wait()
+            with span(f"all-gather wait {self.name or 'root'}", "fsdp"):
+                full = await self._gathering.wait()
             self._gathering = None
             self._bind_full(full)
             self.page_out()

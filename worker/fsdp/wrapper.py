@@ -45,6 +45,7 @@ from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.fsdp.unit import Unit, UnitState
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import Optimizer
+from shardwire.worker.trace import span
 
 
 class FSDPError(RuntimeError):
@@ -195,12 +196,13 @@ class FSDP:
 
     async def forward(self, x: np.ndarray) -> np.ndarray:
         """Run the model forward on this rank's batch."""
-        await self.root.gather()
-        if not self._prefetched:
-            self._prefetch_after(list(range(len(self.units))))
-        self._prefetched = False
-        y = await asyncio.to_thread(self.model.forward, x)
-        self._bridge.raise_pending()
+        with span("forward", "fsdp"):
+            await self.root.gather()
+            if not self._prefetched:
+                self._prefetch_after(list(range(len(self.units))))
+            self._prefetched = False
+            y = await asyncio.to_thread(self.model.forward, x)
+            self._bridge.raise_pending()
         return y
 
     def prefetch(self) -> None:
@@ -218,20 +220,22 @@ class FSDP:
     async def backward(self, dy: np.ndarray) -> np.ndarray:
         """Backward from the loss gradient; returns once gradients are reduced (or, in
         ``no_sync``, accumulated locally)."""
-        await self.root.gather()
-        self.root.begin_backward()
-        try:
-            dx = await asyncio.to_thread(self.model.backward, dy)
-            self._bridge.raise_pending()
-            if self._sync:
-                await self._settle()
-                self._reducer.add(self.root)
-                await self._reducer.finish()
-        except BaseException:
-            self._reducer.cancel()
-            raise
-        finally:
-            self.root.free()
+        with span("backward", "fsdp"):
+            await self.root.gather()
+            self.root.begin_backward()
+            try:
+                dx = await asyncio.to_thread(self.model.backward, dy)
+                self._bridge.raise_pending()
+                if self._sync:
+                    with span("reduce-scatter wait", "fsdp"):
+                        await self._settle()
+                        self._reducer.add(self.root)
+                        await self._reducer.finish()
+            except BaseException:
+                self._reducer.cancel()
+                raise
+            finally:
+                self.root.free()
         return dx
 
     async def sync_gradients(self, grads: dict[str, np.ndarray]) -> None:
@@ -292,12 +296,13 @@ class FSDP:
             if i + 1 < len(units):
                 units[i + 1].page_in()
 
-        units[0].page_in()
-        shards, grads = [u.shard for u in units], [u.grad_shard for u in units]
-        self.optimizer.step(shards, grads, lr=lr, after=done)
-        if self.strategy is Strategy.SHARD_GRAD_OP:
-            for unit in units:
-                await unit.resync()
+        with span("optimizer", "fsdp"):
+            units[0].page_in()
+            shards, grads = [u.shard for u in units], [u.grad_shard for u in units]
+            self.optimizer.step(shards, grads, lr=lr, after=done)
+            if self.strategy is Strategy.SHARD_GRAD_OP:
+                for unit in units:
+                    await unit.resync()
         if self.offload is not None:
             return_free_memory()  # the step's gathered parameters and full gradients
 

@@ -21,6 +21,7 @@ import secrets
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from shardwire.protocol.auth import load_token, read_token_file
 from shardwire.protocol.messages import NodeAssignment, NodeJoin
@@ -88,6 +89,9 @@ def worker_env(
         child_env["SHARDWIRE_ADVERTISE_HOST"] = settings.advertise_host
     if settings.insecure:
         child_env["SHARDWIRE_INSECURE"] = "1"
+    if settings.trace:
+        where = Path(settings.trace_dir or Path("traces") / settings.run_id)
+        child_env["SHARDWIRE_TRACE"] = str(where.absolute())
     return child_env
 
 

@@ -30,6 +30,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "bench": ("shardwire.worker.bench", "time collectives or rendezvous, beside baselines"),
     "plot": ("shardwire.worker.launcher.plot", "draw a run directory's loss and throughput"),
     "health": ("shardwire.worker.launcher.health", "exit 0 if a coordinator is healthy"),
+    "trace": ("shardwire.worker.trace", "merge a traced job's timelines into one file"),
     "kubernetes": (
         "shardwire.worker.launcher.kubernetes",
         "render Kubernetes manifests for a job of N nodes",
@@ -87,6 +88,14 @@ def _add_rank_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds a worker's event loop may be busy before it is reported busy (10)",
     )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        default=None,
+        help="record every rank's timeline (collectives, FSDP phases, sw.span) into "
+        "--trace-dir: rank-R.json and the merged job.json, for Perfetto",
+    )
+    p.add_argument("--trace-dir", help="where --trace writes (traces/RUN_ID)")
     p.add_argument("--tls-cert", help="PEM certificate: TLS on every connection (mutual)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", help="PEM CA that signs every member's certificate")

@@ -61,6 +61,8 @@ class LaunchSettings(_Client):
     join_timeout: float = Field(default=300.0, gt=0)
     heartbeat_timeout: float = Field(default=5.0, gt=0)
     stall_warn: float = Field(default=10.0, gt=0)
+    trace: bool = False
+    trace_dir: str | None = None  # None: traces/RUN_ID under the current directory
     term_timeout: float = Field(default=5.0, gt=0)
 
     @field_validator("coordinator_port", mode="before")
