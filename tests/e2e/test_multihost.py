@@ -15,72 +15,14 @@ from .netns import SUBNET, inside
 pytestmark = pytest.mark.e2e
 
 
-def test_coordinator_and_two_worker_hosts_train_digits(hosts, tmp_path) -> None:
-    coordinator_ns, node_a, node_b = hosts
-    token = {"SHARDWIRE_TOKEN": "multi-host-token"}
-    coordinator = inside(
-        coordinator_ns,
-        SHARDWIRE,
-        "coordinator",
-        "--host",
-        f"{SUBNET}.1",
-        "--port",
-        "29400",
-        "--world-size",
-        "4",
-        "--run-id",
-        "mh",
-        env=env(**token),
-    )
-    nodes = []
-    try:
-        for ns, node in ((node_a, "node-a"), (node_b, "node-b")):
-            nodes.append(
-                inside(
-                    ns,
-                    SHARDWIRE,
-                    "worker",
-                    "--coordinator",
-                    f"{SUBNET}.1:29400",
-                    "--nnodes",
-                    "2",
-                    "--nproc-per-node",
-                    "2",
-                    "--node-id",
-                    node,
-                    "--run-id",
-                    "mh",
-                    "examples/digits.py",
-                    "--steps",
-                    "150",
-                    "--run-dir",
-                    str(tmp_path / node),
-                    env=env(**token),
-                )
-            )
-        outputs = [n.communicate(timeout=240) for n in nodes]
-        assert [n.returncode for n in nodes] == [0, 0], [e[-2000:] for _, e in outputs]
-        assert coordinator.wait(timeout=30) == 0
-    finally:
-        for proc in (coordinator, *nodes):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    summary = json.loads((tmp_path / "node-a" / "summary.json").read_text())
-    assert summary["workers"] == 4
-    assert summary["held_out_accuracy"] >= 0.95
-    # every rank, including the two on the other host, moved bytes over the bridge
-    assert len(summary["comm_MiB_per_rank"]) == 4 and min(summary["comm_MiB_per_rank"]) > 0
-
-
-def _two_hosts(hosts, tmp_path, steps: int, node_ranks: tuple[int, int]) -> str:
-    """digits on two hosts of 2 ranks each, saving to and resuming from one directory
-    both hosts see (as a cluster's shared filesystem), logging into one run directory."""
+def _two_hosts(hosts, *script: str, node_ranks: tuple[int, int] = (0, 1)) -> str:
+    """A coordinator host and two worker hosts of 2 ranks each running digits with
+    ``script``'s arguments; returns the workers' output."""
     coordinator_ns, *nodes = hosts
     token = {"SHARDWIRE_TOKEN": "multi-host-token"}
     coordinator = inside(
         coordinator_ns, SHARDWIRE, "coordinator", "--host", f"{SUBNET}.1", "--port", "29400",
-        "--world-size", "4", "--run-id", "ck", "--http-port", "-1", env=env(**token),
+        "--world-size", "4", "--run-id", "mh", "--http-port", "-1", env=env(**token),
     )  # fmt: skip
     procs = [coordinator]
     try:
@@ -101,18 +43,9 @@ def _two_hosts(hosts, tmp_path, steps: int, node_ranks: tuple[int, int]) -> str:
                     "--node-rank",
                     str(index),
                     "--run-id",
-                    "ck",
+                    "mh",
                     "examples/digits.py",
-                    "--steps",
-                    str(steps),
-                    "--save-every",
-                    "50",
-                    "--log-every",
-                    "25",
-                    "--checkpoint-dir",
-                    str(tmp_path / "ckpt"),
-                    "--run-dir",
-                    str(tmp_path / "run"),
+                    *script,
                     env=env(**token),
                 )  # fmt: skip
             )
@@ -127,12 +60,31 @@ def _two_hosts(hosts, tmp_path, steps: int, node_ranks: tuple[int, int]) -> str:
                 proc.wait()
 
 
+def test_coordinator_and_two_worker_hosts_train_digits(hosts, tmp_path) -> None:
+    _two_hosts(hosts, "--steps", "150", "--run-dir", str(tmp_path / "run"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["workers"] == 4
+    assert summary["held_out_accuracy"] >= 0.95
+    # every rank, including the two on the other host, moved bytes over the bridge
+    assert len(summary["comm_MiB_per_rank"]) == 4 and min(summary["comm_MiB_per_rank"]) > 0
+
+
+def _resumable(hosts, tmp_path, steps: int, node_ranks: tuple[int, int]) -> str:
+    """digits saving to and resuming from one directory both hosts see (as a cluster's
+    shared filesystem), logging into one run directory."""
+    return _two_hosts(
+        hosts, "--steps", str(steps), "--save-every", "50", "--log-every", "25",
+        "--checkpoint-dir", str(tmp_path / "ckpt"), "--run-dir", str(tmp_path / "run"),
+        node_ranks=node_ranks,
+    )  # fmt: skip
+
+
 def test_a_checkpoint_on_a_shared_directory_resumes_with_the_hosts_swapped(hosts, tmp_path) -> None:
-    _two_hosts(hosts, tmp_path, 100, (0, 1))
+    _resumable(hosts, tmp_path, 100, (0, 1))
     first, _ = run_records(tmp_path / "run")
     # node-a's ranks were 0 and 1; now node-b's are, and each rank reads shards the
     # other host wrote
-    out = _two_hosts(hosts, tmp_path, 150, (1, 0))
+    out = _resumable(hosts, tmp_path, 150, (1, 0))
     assert "step 125/150" in out and "step 25/150" not in out  # resumed at 100
     records, summary = run_records(tmp_path / "run")
     assert max(first) == 100 and max(records) == 150

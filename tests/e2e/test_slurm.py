@@ -17,6 +17,12 @@ from .cli import ROOT, SCRIPTS, SHARDWIRE
 pytestmark = pytest.mark.e2e
 
 WHOAMI = str(SCRIPTS / "whoami.py")
+FOUR_RANKS = [  # two nodes of two ranks, in Slurm's node order
+    "rank 0 of 4 local 0 of 2 node 0 id swnode1 ok",
+    "rank 1 of 4 local 1 of 2 node 0 id swnode1 ok",
+    "rank 2 of 4 local 0 of 2 node 1 id swnode2 ok",
+    "rank 3 of 4 local 1 of 2 node 1 id swnode2 ok",
+]
 
 
 def _private_secret(tmp_path: Path) -> dict[str, str]:
@@ -38,12 +44,7 @@ def test_one_task_per_node_needs_only_the_script(slurm, tmp_path) -> None:
         WHOAMI, env=_private_secret(tmp_path), timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + slurm.log_tail()
-    assert _ranks(done.stdout) == [
-        "rank 0 of 4 local 0 of 2 node 0 id swnode1 ok",
-        "rank 1 of 4 local 1 of 2 node 0 id swnode1 ok",
-        "rank 2 of 4 local 0 of 2 node 1 id swnode2 ok",
-        "rank 3 of 4 local 1 of 2 node 1 id swnode2 ok",
-    ]
+    assert _ranks(done.stdout) == FOUR_RANKS
     # the first node started the coordinator, at the job's port, on every address
     (port,) = re.findall(r"\[coordinator\]: listening on 0\.0\.0\.0:(\d+)", done.stderr)
     assert 20000 <= int(port) < 30000
@@ -59,12 +60,7 @@ def test_one_task_per_rank_needs_only_the_script(slurm, tmp_path) -> None:
         WHOAMI, env=_private_secret(tmp_path), timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + slurm.log_tail()
-    assert _ranks(done.stdout) == [
-        "rank 0 of 4 local 0 of 2 node 0 id swnode1 ok",
-        "rank 1 of 4 local 1 of 2 node 0 id swnode1 ok",
-        "rank 2 of 4 local 0 of 2 node 1 id swnode2 ok",
-        "rank 3 of 4 local 1 of 2 node 1 id swnode2 ok",
-    ]
+    assert _ranks(done.stdout) == FOUR_RANKS
 
 
 @pytest.mark.timeout(400)
