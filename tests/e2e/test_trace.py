@@ -85,7 +85,7 @@ def test_a_traced_job_leaves_every_ranks_timeline_and_the_merged_one(tmp_path) -
         if e["ph"] == "e":
             ends[e["id"]][e["pid"]] = e["ts"]
     skew = [abs(t[0] - t[1]) for t in ends.values() if len(t) == 2]
-    assert len(skew) >= 100 and statistics.median(skew) < 5_000, statistics.median(skew)
+    assert len(skew) >= 100 and statistics.median(skew) < 20_000, statistics.median(skew)
     for rank in (0, 1):
         other = json.loads((where / f"rank-{rank}.json").read_text())["otherData"]
         assert other["rank"] == rank and other["dropped_events"] == 0
