@@ -3,7 +3,10 @@
 Rank 0 prints progress (a tqdm bar when stdout is a terminal and tqdm is installed,
 plain periodic lines otherwise, so container logs stay readable) and writes the run
 directory: ``metrics.jsonl`` (one JSON object per logged step) and ``summary.json``.
-Every rank's bytes sent and received are gathered into each record.
+Every rank's bytes sent and received are gathered into each record, with the time per
+step it spent waiting for collectives (``comm_s``: communication the step did not hide)
+and the rest of the step (``compute_s``); ``summary.json`` gains each rank's share of
+time spent waiting (``comm_share_per_rank``), which ``shardwire plot`` draws per rank.
 
 Progress reaches the coordinator (``shardwire status``, the status page, ``/metrics``)
 at every logged step and, between them, at most once a second from every rank's
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shardwire.protocol import ShardwireError
+from shardwire.worker.collectives.waits import WAITS
 from shardwire.worker.group import ProcessGroup
 
 _MAX_SIBLINGS = 10_000
@@ -74,10 +78,13 @@ class RunLog:
     _file: Any = None
     _last: tuple[float, int] = (0.0, 0)  # (time, step) of the last record
     _told: tuple[float, int] = (0.0, 0)  # (time, step) of the last progress report
+    _waited: float = 0.0  # WAITS.seconds() at the last record
+    _split_sum: list[tuple[float, float]] = field(default_factory=list)  # rank 0: per rank
 
     def __post_init__(self) -> None:
         first = self.resume_from or 0
         self._last = self._told = (self.started, first)
+        self._waited = WAITS.seconds()
         if self.pg.rank != 0:
             return
         if self.resume_from is not None and _holds_metrics(self.run_dir):
@@ -123,11 +130,18 @@ class RunLog:
             self._tell(step, samples, metrics.get("loss"))
             return
         stats = self.pg.transport.stats
-        # only rank 0 writes the record: the others send theirs, nobody gathers everything
-        traffic = await self.pg.gather_object([stats.bytes_sent, stats.bytes_received])
         now = time.perf_counter()
         last_time, last_step = self._last
         self._last = (now, step)
+        # per step since the last record: the time spent waiting for collectives, and
+        # the rest (measured before this record's own gather)
+        steps = max(1, step - last_step)
+        waited, self._waited = WAITS.seconds() - self._waited, WAITS.seconds()
+        comm = waited / steps
+        compute = max(0.0, (now - last_time) / steps - comm)
+        # only rank 0 writes the record: the others send theirs, nobody gathers everything
+        mine = [stats.bytes_sent, stats.bytes_received, comm, compute]
+        traffic = await self.pg.gather_object(mine)
         rate = samples * (step - last_step) / max(now - last_time, 1e-9)
         loss = metrics.get("loss")
         self.pg.report_progress(step, rate, None if loss is None else float(loss))
@@ -141,7 +155,13 @@ class RunLog:
             "samples_per_s": rate,
             "bytes_sent": [t[0] for t in traffic],
             "bytes_received": [t[1] for t in traffic],
+            "comm_s": [round(t[2], 6) for t in traffic],
+            "compute_s": [round(t[3], 6) for t in traffic],
         }
+        sums = self._split_sum or [(0.0, 0.0)] * len(traffic)
+        self._split_sum = [
+            (c + t[2] * steps, p + t[3] * steps) for (c, p), t in zip(sums, traffic, strict=True)
+        ]
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._bar is None:
@@ -171,6 +191,13 @@ class RunLog:
             self._bar.close()
         if self._file is not None:
             self._file.close()
+        if self._split_sum:  # over the logged steps: the share of time spent waiting
+            summary = {
+                **summary,
+                "comm_share_per_rank": [
+                    round(c / (c + p), 3) if c + p else 0.0 for c, p in self._split_sum
+                ],
+            }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         width = max(len(k) for k in summary)
         print("-" * (width + 24), file=self.out)

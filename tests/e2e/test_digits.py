@@ -14,7 +14,10 @@ from .cli import ROOT, SHARDWIRE, env, run_records, shardwire
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {"step", "time_s", "loss", "lr", "accuracy", "samples_per_s", "bytes_sent", "bytes_received"}
+KEYS = {
+    "step", "time_s", "loss", "lr", "accuracy", "samples_per_s", "bytes_sent",
+    "bytes_received", "comm_s", "compute_s",
+}  # fmt: skip
 
 
 def _run(run_dir) -> tuple[list[dict], dict]:
@@ -46,6 +49,11 @@ def test_digits_trains_to_accuracy_and_repeats_exactly(tmp_path) -> None:
     for record in first:
         assert set(record) == KEYS
         assert len(record["bytes_sent"]) == 2 and min(record["bytes_sent"]) > 0
+        # per rank and step: waiting for collectives, and the rest (both real)
+        assert len(record["comm_s"]) == 2 and min(record["comm_s"]) > 0
+        assert len(record["compute_s"]) == 2 and min(record["compute_s"]) > 0
+    shares = summary["comm_share_per_rank"]
+    assert len(shares) == 2 and all(0 < s < 1 for s in shares)
     assert [(r["loss"], r["lr"]) for r in first] == [(r["loss"], r["lr"]) for r in second]
     assert first[-1]["loss"] < first[0]["loss"]
 

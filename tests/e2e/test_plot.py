@@ -11,7 +11,8 @@ from .cli import shardwire
 pytestmark = pytest.mark.e2e
 
 
-def test_plot_writes_a_decodable_png_of_the_expected_size(tmp_path) -> None:
+@pytest.mark.parametrize("split", [False, True], ids=["curves", "with-breakdown"])
+def test_plot_writes_a_decodable_png_of_the_expected_size(tmp_path, split: bool) -> None:
     import matplotlib.image
 
     run = tmp_path / "run"
@@ -26,6 +27,7 @@ def test_plot_writes_a_decodable_png_of_the_expected_size(tmp_path) -> None:
             "samples_per_s": 1000.0 + s,
             "bytes_sent": [1, 2],
             "bytes_received": [2, 1],
+            **({"comm_s": [0.01, 0.03], "compute_s": [0.04, 0.02]} if split else {}),
         }
         for s in range(50, 350, 50)
     ]
@@ -35,6 +37,8 @@ def test_plot_writes_a_decodable_png_of_the_expected_size(tmp_path) -> None:
     image = matplotlib.image.imread(run / "metrics.png")
     assert image.shape[:2] == (400, 1000)
     assert image[..., :3].std() > 0.05  # not a blank canvas
+    red = (image[..., 0] > 0.75) & (image[..., 1] < 0.3) & (image[..., 2] < 0.3)
+    assert bool(red.sum() > 100) == split  # the "waiting for comm" bars, only with the split
 
 
 def test_plot_explains_a_missing_run_directory(tmp_path) -> None:

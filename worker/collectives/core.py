@@ -30,6 +30,7 @@ from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.deadlines import Deadlines
 from shardwire.worker.collectives.layout import node_layout
 from shardwire.worker.collectives.scratch import ScratchPool
+from shardwire.worker.collectives.waits import WAITS, waited
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport, TransportTimeout
 
@@ -62,7 +63,10 @@ class Work(Generic[T]):
 
     async def wait(self) -> T:
         # shield: a waiter that gives up does not abort the collective; cancel() does.
-        return await asyncio.shield(self._task)
+        if self._task.done():
+            return self._task.result()
+        with WAITS:
+            return await asyncio.shield(self._task)
 
     def done(self) -> bool:
         return self._task.done()
@@ -103,7 +107,7 @@ class Pending(Generic[T]):
         coro = self._take()
         if coro is None:
             return _ended(self._value)
-        return coro.__await__()
+        return waited(coro)
 
     def start(self) -> Work[T]:
         """Run the call in the background; the group owns it (and cancels it on close)."""
@@ -234,7 +238,8 @@ class GroupCore:
         ticket: Ticket | bool = False
         if gate is not None and arena is not None and nbytes <= EXPRESS_BYTES:
             start = self.recorder.clock()
-            ticket = gate.express(self._seq, signature, arena[0], limit)
+            with WAITS:  # it runs here, to its end when the engine is idle
+                ticket = gate.express(self._seq, signature, arena[0], limit)
             if ticket is True:
                 op = signature[: signature.find(":")]
                 self.recorder.ended(

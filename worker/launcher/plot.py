@@ -1,5 +1,7 @@
 """``shardwire plot RUN_DIR``: loss (and accuracy, when logged) and throughput curves from
-a run directory's metrics.jsonl, as a PNG. Needs matplotlib (the ``examples`` extra)."""
+a run directory's metrics.jsonl, and, where the records carry them, each rank's time per
+step split into computing and waiting for communication (stacked bars), as a PNG. Needs
+matplotlib (the ``examples`` extra)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ def plot(run_dir: Path, out: Path) -> Path:
         ) from None
     records = load(run_dir)
     steps = [r["step"] for r in records]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    split = [r for r in records if "comm_s" in r and "compute_s" in r]
+    fig, axes = plt.subplots(1, 3 if split else 2, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    left, right = axes[0], axes[1]
     left.plot(steps, [r["loss"] for r in records], label="loss", color="tab:blue")
     left.set_xlabel("step")
     left.set_ylabel("loss")
@@ -43,11 +47,27 @@ def plot(run_dir: Path, out: Path) -> Path:
     right.set_xlabel("step")
     right.set_ylabel("samples / s")
     right.set_title("throughput")
+    if split:
+        _breakdown(axes[2], split)
     fig.suptitle(run_dir.name)
     fig.tight_layout()
     fig.savefig(out, dpi=DPI)
     plt.close(fig)
     return out
+
+
+def _breakdown(ax, records: list[dict]) -> None:
+    """Mean seconds per step by rank: computing (below) and waiting for collectives."""
+    ranks = range(len(records[0]["comm_s"]))
+    compute = [sum(r["compute_s"][i] for r in records) / len(records) for i in ranks]
+    comm = [sum(r["comm_s"][i] for r in records) / len(records) for i in ranks]
+    ax.bar(ranks, compute, color="tab:blue", label="compute")
+    ax.bar(ranks, comm, bottom=compute, color="tab:red", label="waiting for comm")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("s / step")
+    ax.set_xticks(list(ranks))
+    ax.set_title("time per step")
+    ax.legend(fontsize="small")
 
 
 def main(argv: list[str]) -> int:
