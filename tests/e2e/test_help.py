@@ -12,7 +12,7 @@ from shardwire.worker.launcher.cli import TOOLS
 
 from .cli import shardwire
 
-COMMANDS = ["launch", "worker", *TOOLS]
+COMMANDS = ["launch", "worker", "run", *TOOLS]
 
 
 def test_the_top_help_lists_every_command_with_its_purpose() -> None:
