@@ -136,9 +136,11 @@ async def serve(settings: CoordinatorSettings) -> int:
     finally:
         await http.aclose()
         await server.aclose()
-    straggler = status_reply(server.rendezvous, time.monotonic(), limit=0).straggler
-    if straggler:  # who the others waited for, over the job's last collectives
-        print(f"straggler: {straggler}", file=sys.stderr, flush=True)
+    last = status_reply(server.rendezvous, time.monotonic(), limit=0)
+    if last.straggler:  # who the others waited for, over the job's last collectives
+        print(f"straggler: {last.straggler}", file=sys.stderr, flush=True)
+    if last.slow_link:  # the link far slower than the others
+        print(f"slow link: {last.slow_link}", file=sys.stderr, flush=True)
     failure = server.rendezvous.failure
     if failure is not None and server.rendezvous.state is JobState.FAILED:
         print(f"job failed: rank {failure.rank}: {failure.reason}", file=sys.stderr)

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from shardwire.coordinator.page import STATUS_PAGE
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import JobState
+from shardwire.coordinator.views import API_LINKS, links_json
 
 Clock = Callable[[], float]
 _SHUTDOWN_GRACE = 2.0  # seconds in-flight requests get when the coordinator stops
@@ -24,6 +25,7 @@ _SHUTDOWN_GRACE = 2.0  # seconds in-flight requests get when the coordinator sto
 
 API_PAGE = 1000  # rank rows per /api/status response (``?offset=&limit=`` pages on)
 METRICS_RANKS = 1024  # ranks with series of their own in /metrics (then aggregates only)
+METRICS_LINKS = 256  # links with series of their own in /metrics: the busiest ones
 
 
 def status_json(
@@ -65,6 +67,48 @@ def _lateness(rdzv: Rendezvous) -> Iterator:
         "The rank that holds the others up (-1: none does)",
         value=-1 if top is None else top.rank,
     )
+
+
+def _links(rdzv: Rendezvous) -> Iterator:
+    """The busiest METRICS_LINKS directed links, and the slow one if a link is."""
+    labels = ["src", "dst", "path"]
+    sent = CounterMetricFamily(
+        "shardwire_link_sent_bytes", "Payload bytes sent over the link", labels=labels
+    )
+    messages = CounterMetricFamily(
+        "shardwire_link_messages", "Messages sent over the link", labels=labels
+    )
+    rate = GaugeMetricFamily(
+        "shardwire_link_bandwidth_bytes_per_second",
+        "Achieved bandwidth of the link's large payloads, as the receiver timed them",
+        labels=labels,
+    )
+    rtt = GaugeMetricFamily(
+        "shardwire_link_rtt_seconds", "Smoothed TCP round-trip time of the pair", labels=labels
+    )
+    found = rdzv.links.links()
+    for link in found[:METRICS_LINKS]:
+        label = [str(link.src), str(link.dst), link.path]
+        sent.add_metric(label, link.bytes)
+        messages.add_metric(label, link.messages)
+        if link.bandwidth is not None:
+            rate.add_metric(label, link.bandwidth)
+        if link.rtt_s is not None and link.path == "tcp":
+            rtt.add_metric(label, link.rtt_s)
+    yield from (sent, messages, rate, rtt)
+    yield GaugeMetricFamily(
+        "shardwire_links", "Directed peer links that carried bytes", value=len(found)
+    )
+    slow = GaugeMetricFamily(
+        "shardwire_slow_link",
+        "1 for the link far slower than the others (what: bandwidth or round trip)",
+        labels=[*labels, "what"],
+    )
+    worst = rdzv.links.slow()
+    if worst is not None:
+        k = worst.link
+        slow.add_metric([str(k.src), str(k.dst), k.path, worst.what], 1.0)
+    yield slow
 
 
 class _Metrics(Collector):
@@ -126,6 +170,7 @@ class _Metrics(Collector):
             received.add_metric(label, r.bytes_received)
         yield from (step, rate, age, loss, sent, received)
         yield from _lateness(self._rdzv)
+        yield from _links(self._rdzv)
         failures = CounterMetricFamily("shardwire_failures", "Worker failures seen")
         failures.add_metric([], reply.restarts + (1.0 if reply.state == "failed" else 0.0))
         yield failures
@@ -180,6 +225,7 @@ class StatusHTTP:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/api/status", self._status)
+        app.router.add_get("/api/links", self._links)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/", self._page)
         return app
@@ -227,6 +273,13 @@ class StatusHTTP:
             raise web.HTTPBadRequest(text="offset and limit are whole numbers\n") from None
         body = status_json(self._rdzv, self._clock(), time.time(), offset, limit)
         return web.json_response(body)
+
+    async def _links(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", str(API_LINKS)))
+        except ValueError:
+            raise web.HTTPBadRequest(text="limit is a whole number\n") from None
+        return web.json_response(links_json(self._rdzv, limit))
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self._registry)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.forming import assignments
 from shardwire.coordinator.generations import Generations
+from shardwire.coordinator.links import LinkTable
 from shardwire.coordinator.membership import JoinIndex, Shape
 from shardwire.coordinator.state import (
     Action,
@@ -60,6 +61,7 @@ class Lifecycle:
     events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
     losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_LOSSES))
     stragglers: Stragglers = field(default_factory=Stragglers)  # the running generation's
+    links: LinkTable = field(default_factory=LinkTable)  # its peer links, as ranks report them
 
     _now: float = 0.0  # the latest time an input carried (events are stamped with it)
 
@@ -75,6 +77,10 @@ class Lifecycle:
     def shape(self) -> Shape | None:
         """The forming or running generation's shape (None before anyone joined)."""
         return self._generation_shape() if self._shape else None
+
+    def worker_of(self, rank: int) -> Worker | None:
+        """The running generation's worker of ``rank``, if there is one."""
+        return self._by_rank.get(rank)
 
     @property
     def workers(self) -> list[Worker]:

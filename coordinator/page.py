@@ -1,6 +1,10 @@
-"""The status page: static HTML whose script polls /api/status every two seconds and
-draws the rank table, the straggler (the rank the others wait for, if one is), rank 0's
-loss curve (SVG) and the event log."""
+"""The status page: static HTML whose script polls /api/status and /api/links every two
+seconds and draws the rank table, the straggler (the rank the others wait for, if one
+is), the slow link and a rank x rank heat map of the peer links (up to HEATMAP_RANKS
+ranks; the busiest links as a table at any size), rank 0's loss curve (SVG) and the
+event log."""
+
+HEATMAP_RANKS = 64  # above this many ranks the page lists the busiest links only
 
 STATUS_PAGE = """<!doctype html>
 <html lang="en">
@@ -19,6 +23,8 @@ STATUS_PAGE = """<!doctype html>
   #events { font-family: monospace; white-space: pre-wrap; background: #fafafa;
             border: 1px solid #ddd; padding: .5em; max-height: 15em; overflow: auto; }
   svg { border: 1px solid #ddd; background: #fff; }
+  #heatmap rect.slow { stroke: #b00; stroke-width: 2; }
+  .note { color: #666; max-width: 46em; }
 </style>
 </head>
 <body>
@@ -31,6 +37,22 @@ STATUS_PAGE = """<!doctype html>
   <th>received MiB</th><th>busy</th></tr></thead>
   <tbody></tbody>
 </table>
+<h2>links</h2>
+<div id="slowlink" class="failed"></div>
+<label>colour by <select id="figure">
+  <option value="bytes">bytes sent</option>
+  <option value="bandwidth">bandwidth</option>
+  <option value="rtt_s">round trip</option>
+</select></label>
+<div><svg id="heatmap" width="360" height="360" role="img" aria-label="links heat map"></svg></div>
+<table id="links">
+  <thead><tr><th>from</th><th>to</th><th>path</th><th>sent MiB</th><th>messages</th>
+  <th>MB/s</th><th>round trip (ms)</th></tr></thead>
+  <tbody></tbody>
+</table>
+<p class="note">A row is the sender, a column the receiver; darker means more bytes, less
+bandwidth or a longer round trip. Ranks of one node move their collectives through the
+node's shared-memory arena, which is not a link: that traffic is in the rank table.</p>
 <h2>generations</h2>
 <table id="generations">
   <thead><tr><th>generation</th><th>ranks</th><th>nodes</th><th>started</th>
@@ -76,6 +98,76 @@ function drawLoss(points) {
     svg.appendChild(label);
   }
 }
+const HEATMAP_RANKS = __HEATMAP_RANKS__;
+function shade(link, figure, lo, hi) {
+  const v = link[figure];
+  if (v === null || v === undefined) return "#eee";
+  let t = figure === "bytes" ? Math.log(v + 1) : v;
+  const a = figure === "bytes" ? Math.log(lo + 1) : lo, b = figure === "bytes" ? Math.log(hi + 1) : hi;
+  t = b > a ? (t - a) / (b - a) : 1;
+  if (figure === "bandwidth") t = 1 - t;  // slow links dark
+  const light = Math.round(92 - 62 * t);
+  return `hsl(210, 70%, ${light}%)`;
+}
+function drawLinks(l) {
+  const figure = document.getElementById("figure").value;
+  document.getElementById("slowlink").textContent = l.slow ? `slow link: ${l.slow.text}` : "";
+  const svg = document.getElementById("heatmap");
+  svg.innerHTML = "";
+  const n = l.world_size, ns = "http://www.w3.org/2000/svg";
+  const values = l.links.map(k => k[figure]).filter(v => v !== null && v !== undefined);
+  const lo = Math.min(...values), hi = Math.max(...values);
+  svg.style.display = n > 0 && n <= HEATMAP_RANKS ? "" : "none";
+  if (n > 0 && n <= HEATMAP_RANKS) {
+    const size = 360, pad = 24, cell = (size - pad) / n;
+    const cells = new Map();
+    for (const k of l.links) {
+      const key = `${k.src}-${k.dst}`;
+      const had = cells.get(key);  // tcp and shm of one pair: the busier one colours it
+      if (!had || k.bytes > had.bytes) cells.set(key, k);
+    }
+    for (const [key, k] of cells) {
+      const r = document.createElementNS(ns, "rect");
+      r.setAttribute("id", "link-" + key);
+      r.setAttribute("x", pad + k.dst * cell); r.setAttribute("y", pad + k.src * cell);
+      r.setAttribute("width", cell); r.setAttribute("height", cell);
+      r.setAttribute("fill", shade(k, figure, lo, hi));
+      if (l.slow && l.slow.src === k.src && l.slow.dst === k.dst) r.setAttribute("class", "slow");
+      const title = document.createElementNS(ns, "title");
+      title.textContent = `rank ${k.src} -> rank ${k.dst} (${k.path}): ` +
+        `${(k.bytes / MiB).toFixed(1)} MiB` +
+        (k.bandwidth === null ? "" : `, ${(k.bandwidth / 1e6).toFixed(1)} MB/s`) +
+        (k.rtt_s === null ? "" : `, round trip ${(k.rtt_s * 1e3).toFixed(2)} ms`);
+      r.appendChild(title);
+      svg.appendChild(r);
+    }
+    const step = Math.max(1, Math.ceil(n / 16));
+    for (let i = 0; i < n; i += step) {
+      for (const [x, y] of [[pad + (i + 0.3) * cell, 14], [2, pad + (i + 0.7) * cell]]) {
+        const label = document.createElementNS(ns, "text");
+        label.setAttribute("x", x); label.setAttribute("y", y);
+        label.setAttribute("font-size", "10"); label.textContent = i;
+        svg.appendChild(label);
+      }
+    }
+  }
+  const body = document.querySelector("#links tbody");
+  body.innerHTML = "";
+  for (const k of l.links.slice(0, 20)) {
+    const tr = document.createElement("tr");
+    tr.append(cell(k.src), cell(k.dst), cell(k.path, "text"), cell((k.bytes / MiB).toFixed(1)),
+              cell(k.messages), cell(k.bandwidth === null ? "" : (k.bandwidth / 1e6).toFixed(1)),
+              cell(k.rtt_s === null ? "" : (k.rtt_s * 1e3).toFixed(2)));
+    body.appendChild(tr);
+  }
+  if (l.total > 20) {
+    const tr = document.createElement("tr");
+    tr.append(cell(`${l.total - 20} quieter links not listed (/api/links)`, "text"));
+    body.appendChild(tr);
+  }
+}
+let lastLinks = null;
+document.getElementById("figure").addEventListener("change", () => lastLinks && drawLinks(lastLinks));
 async function refresh() {
   try {
     const s = await (await fetch("/api/status")).json();
@@ -115,6 +207,8 @@ async function refresh() {
       body.appendChild(tr);
     }
     drawLoss(s.losses);
+    lastLinks = await (await fetch("/api/links")).json();
+    drawLinks(lastLinks);
     document.getElementById("events").textContent = s.events.map(
       e => new Date(e.time * 1000).toLocaleTimeString() + "  " + e.text).join("\\n");
   } catch (err) {
@@ -127,3 +221,4 @@ setInterval(refresh, 2000);
 </body>
 </html>
 """
+STATUS_PAGE = STATUS_PAGE.replace("__HEATMAP_RANKS__", str(HEATMAP_RANKS))

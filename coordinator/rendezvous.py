@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.forming import agreement_problem, placements, stall_text
 from shardwire.coordinator.lifecycle import Lifecycle
+from shardwire.coordinator.links import LinkTable
 from shardwire.coordinator.membership import (
     JoinIndex,
     Shape,
@@ -171,6 +172,7 @@ class Rendezvous(Lifecycle):
         nodes = sum(1 for a in self._agents.values() if a.node_rank is not None)
         self.gens.begin(shape.world_size, nodes, now)
         self.stragglers = Stragglers()  # sequences start again with the generation
+        self.links = LinkTable()  # so do connections and their totals
         self._event(
             f"all {shape.world_size} workers joined; job running (generation {self.generation})",
             now,
@@ -204,9 +206,10 @@ class Rendezvous(Lifecycle):
         self._beats[conn] = None  # now the newest
         if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
             self.losses.append((msg.step, msg.loss))
-        if msg.timings:
+        if msg.timings or msg.links:
             self.stragglers.add(worker.rank, msg.timings)
-            msg = msg.model_copy(update={"timings": []})
+            self.links.add(worker.rank, msg.links)
+            msg = msg.model_copy(update={"timings": [], "links": []})
         before, worker.progress = worker.progress, msg
         return self._stall_notice(worker, before)
 

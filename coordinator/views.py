@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shardwire.coordinator import links
 from shardwire.coordinator.state import JobState, Worker
 from shardwire.coordinator.stragglers import describe
 from shardwire.protocol.messages import RankStatus, StatusReply
@@ -31,7 +32,7 @@ def status_reply(
         failure=f"rank {failure.rank}: {failure.reason}"[:4096] if failure else "",
         ranks=[
             RankStatus(
-                **w.progress.model_dump(exclude={"kind", "timings"}),
+                **w.progress.model_dump(exclude={"kind", "timings", "links"}),
                 rank=w.rank,
                 node_id=w.join.node_id,
                 host=w.host,
@@ -46,6 +47,7 @@ def status_reply(
         max_restarts=rdzv.gens.max_restarts,
         generations=rdzv.gens.info(now),
         straggler=_straggler(rdzv, workers),
+        slow_link=_slow_link(rdzv),
     )
 
 
@@ -55,3 +57,53 @@ def _straggler(rdzv: Rendezvous, workers: list[Worker]) -> str:
         return ""
     host = next((w.host for w in workers if w.rank == row.rank), "?")
     return describe(row, host, rdzv.stragglers.matched())
+
+
+def _slow_link(rdzv: Rendezvous) -> str:
+    slow = rdzv.links.slow()
+    return "" if slow is None else links.describe(slow, lambda rank: host_of(rdzv, rank))
+
+
+def host_of(rdzv: Rendezvous, rank: int) -> str:
+    """The host of a rank of the running generation ("?" if it is not known)."""
+    worker = rdzv.worker_of(rank)
+    return "?" if worker is None else worker.host
+
+
+API_LINKS = 4096  # directed links per /api/links response, most bytes first
+
+
+def links_json(rdzv: Rendezvous, limit: int = API_LINKS) -> dict:
+    """The job's peer links for machines and the page's heat map: the busiest ``limit``
+    directed links (of ``total``), the world size, and the slow link if one is."""
+    table = rdzv.links
+    found = table.links()
+    slow = table.slow()
+    shape = rdzv.shape
+    return {
+        "world_size": shape.world_size if shape else 0,
+        "total": len(found),
+        "links": [
+            {
+                "src": k.src,
+                "dst": k.dst,
+                "path": k.path,
+                "bytes": k.bytes,
+                "messages": k.messages,
+                "bandwidth": k.bandwidth,
+                "rtt_s": k.rtt_s,
+            }
+            for k in found[: max(0, min(limit, API_LINKS))]
+        ],
+        "slow": None
+        if slow is None
+        else {
+            "src": slow.link.src,
+            "dst": slow.link.dst,
+            "path": slow.link.path,
+            "what": slow.what,
+            "value": slow.value,
+            "median": slow.median,
+            "text": links.describe(slow, lambda rank: host_of(rdzv, rank)),
+        },
+    }

@@ -161,13 +161,37 @@ class _Progress(_Msg):
     busy_stack: Text = ""
 
 
+_Total = Annotated[int, Field(ge=0, lt=1 << 63)]
+LINKS_PER_BEAT = 64  # link reports a heartbeat carries at most (the busiest changed ones)
+
+
+class LinkReport(_Msg):
+    """One of a worker's peer links by one path, as counted since the job's generation
+    began (totals, so a lost heartbeat loses nothing): payload bytes and messages each
+    way, the bytes of received payloads large enough to time and the microseconds they
+    took from their header to their last byte (the link's achieved bandwidth), and the
+    kernel's smoothed round-trip time of the connection (0: not measured)."""
+
+    peer: Rank
+    path: Literal["tcp", "shm"]
+    bytes_sent: _Total = 0
+    bytes_received: _Total = 0
+    messages_sent: _Total = 0
+    messages_received: _Total = 0
+    timed_bytes: _Total = 0
+    timed_us: _Total = 0
+    rtt_us: _Total = 0
+
+
 class Heartbeat(_Progress):
-    """Liveness signal, with the worker's progress for status reporting, and the
+    """Liveness signal, with the worker's progress for status reporting, the
     collectives it ended since its last heartbeat: (group id, group size, sequence,
-    microseconds from its start to its end), for straggler attribution."""
+    microseconds from its start to its end), for straggler attribution, and its peer
+    links that moved since then."""
 
     kind: Literal["heartbeat"] = "heartbeat"
     timings: Annotated[list[tuple[int, int, int, int]], Field(max_length=512)] = []
+    links: Annotated[list[LinkReport], Field(max_length=LINKS_PER_BEAT)] = []
 
 
 STATUS_PAGE = 200  # rank rows per status reply (about 40 KB: inside a control frame)
@@ -208,6 +232,7 @@ class StatusReply(_Msg):
     max_restarts: int = 0
     generations: _History = []
     straggler: Reason = ""  # the rank that holds the others up, if one does
+    slow_link: Reason = ""  # the peer link far slower than the others, if one is
 
 
 class CollectiveRecord(_Msg):

@@ -94,6 +94,7 @@ class Session:
             on_abort=self._aborted,
             tls=tls.client_context() if tls else None,
             generation=cfg.generation,
+            links=mesh.traffic.report,
         )
         await control.connect(*cfg.coordinator, timeout=cfg.join_timeout)
         place = await control.join(

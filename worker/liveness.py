@@ -32,7 +32,14 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from shardwire.protocol import Token
-from shardwire.protocol.messages import Abort, Diagnosis, Heartbeat, Join
+from shardwire.protocol.messages import (
+    LINKS_PER_BEAT,
+    Abort,
+    Diagnosis,
+    Heartbeat,
+    Join,
+    LinkReport,
+)
 from shardwire.protocol.placement import Member, Placement
 from shardwire.worker import stacks
 from shardwire.worker.control import ControlClient
@@ -64,6 +71,7 @@ class ControlThread:
         on_abort: Callable[[Abort | None], None],
         tls: ssl.SSLContext | None = None,
         generation: int = 0,
+        links: Callable[[], list[LinkReport]] | None = None,
     ):
         self._token = token
         self._generation = generation
@@ -81,6 +89,11 @@ class ControlThread:
         self._seen = time.monotonic()  # written by the user's loop only
         self._ticker: asyncio.TimerHandle | None = None
         self._verdict: asyncio.Future[Abort | None] | None = None
+        # the peer links that moved: read on the user's loop once per heartbeat interval,
+        # kept on the control loop until a heartbeat carries them
+        self._links = links
+        self._links_due = 0.0
+        self._moved: dict[tuple[int, str], LinkReport] = {}
 
     # ---- the thread ---------------------------------------------------------------------
 
@@ -200,6 +213,11 @@ class ControlThread:
         self._seen = now  # before the beat below is composed on the other thread
         if stalled and self._client is not None:
             self._post(self._client.beat)  # say at once that the stall is over
+        if self._links is not None and now >= self._links_due:
+            self._links_due = now + self._interval
+            moved = self._links()
+            if moved:
+                self._post(self._keep_links, moved)
         assert self._user_loop is not None
         self._ticker = self._user_loop.call_later(_TICK, self._tick)
 
@@ -228,17 +246,28 @@ class ControlThread:
         if self._client is not None:
             await self._client.aclose()
 
+    def _keep_links(self, moved: list[LinkReport]) -> None:
+        for report in moved:  # a link's newest totals replace the older ones
+            self._moved[(report.peer, report.path)] = report
+
     def _compose(self, progress: Heartbeat) -> Heartbeat:
         """The heartbeat: progress, the timings of the collectives ended since the last
-        one (for straggler attribution), and where the event loop is if it is busy."""
+        one (for straggler attribution), the peer links that moved, and where the event
+        loop is if it is busy."""
         timings = self._recorder.drain()
+        links = []
+        for key in list(self._moved)[:LINKS_PER_BEAT]:
+            links.append(self._moved.pop(key))
         busy = time.monotonic() - self._seen
         if busy < self._stall_warn:
-            return progress.model_copy(update={"timings": timings}) if timings else progress
+            if timings or links:
+                return progress.model_copy(update={"timings": timings, "links": links})
+            return progress
         stack = stacks.thread_stack(self._user_thread)
         return progress.model_copy(
             update={
                 "timings": timings,
+                "links": links,
                 "busy_s": round(busy, 1),
                 "busy_at": stacks.place(stack)[:256],
                 "busy_stack": stacks.render([("event loop thread", stack)]),

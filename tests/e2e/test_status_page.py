@@ -1,5 +1,5 @@
-"""Headless Chromium loads the status page of a live two-worker job: the rank table and
-the loss curve render. The screenshot is kept in test-artifacts/."""
+"""Headless Chromium loads the status page of a live two-worker job: the rank table, the
+links' heat map and the loss curve render. The screenshot is kept in test-artifacts/."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ async def test_status_page_renders_the_rank_table_and_loss_curve() -> None:
         seen = asyncio.Event()
 
         async def worker(i: int):
-            async with init(worker_config(server, 2, i)) as pg:
+            cfg = worker_config(server, 2, i, transport="tcp", heartbeat_interval=0.2)
+            async with init(cfg) as pg:
                 for step in range(1, 21):
                     await pg.all_reduce(np.ones(100))
                     pg.report_progress(step, 100.0, loss=2.0 / step)
@@ -76,7 +77,7 @@ async def test_status_page_renders_the_rank_table_and_loss_curve() -> None:
         try:
             await asyncio.wait_for(seen.wait(), 20)
             for _ in range(500):  # heartbeats travel on their own connections: bounded wait
-                if len(server.rendezvous.losses) == 20:
+                if len(server.rendezvous.losses) == 20 and len(server.rendezvous.links) == 2:
                     break
                 await asyncio.sleep(0.02)
             ARTIFACTS.mkdir(exist_ok=True)
@@ -94,4 +95,7 @@ async def test_status_page_renders_the_rank_table_and_loss_curve() -> None:
     path = re.search(r'<path d="(M[^"]+)"[^>]*id="loss-line"', dom)
     assert path is not None and path.group(1).count("L") == 19  # 20 points
     assert "job running" in dom  # the event log
+    cells = re.findall(r'<rect id="link-(\d)-(\d)"[^>]*fill="hsl', dom)
+    assert sorted(cells) == [("0", "1"), ("1", "0")], dom[:4000]  # one cell per direction
+    assert re.search(r"<tr><td>0</td><td>1</td><td class=\"text\">tcp</td>", dom)
     assert shot.stat().st_size > 10_000

@@ -78,6 +78,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._flushed = asyncio.Event()
         self._flushed.set()
         self.peer_host = ""
+        self.socket: socket.socket | None = None  # the TCP socket, once connected
         self.violation: BaseException | None = None  # why this side closed, if it did
         self._hanging_up: asyncio.TimerHandle | None = None  # see hang_up()
         self._discard = bytearray(SMALL_STAGE)
@@ -93,6 +94,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.socket = sock
         peer = transport.get_extra_info("peername") or ("", 0)
         self.peer_host = str(peer[0])
         self.transport.set_write_buffer_limits(high=0)

@@ -50,6 +50,7 @@ from shardwire.worker.transport.links import CROSSED, Links
 from shardwire.worker.transport.peer import PeerConnection
 from shardwire.worker.transport.place import NodeMap, Place
 from shardwire.worker.transport.poll import default_budget, usable_cpus
+from shardwire.worker.transport.traffic import Traffic
 
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
 
@@ -121,6 +122,7 @@ class TcpMesh(Transport):
         self._server: asyncio.Server | None = None
         self._conns: dict[int, PeerConnection] = {}
         self.stages = StagePool()  # a stage per connection reading now, not per peer
+        self.traffic = Traffic()  # what each peer link carried
         self._pending: list[PeerConnection] = []
         self._paused: set[PeerConnection] = set()
         self.links = Links(self)

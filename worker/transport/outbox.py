@@ -132,6 +132,7 @@ class Outbox:
                         assert self._conn.transport is not None
                         self._conn.transport.write(item)
                 elif meta is not None and queued.shm and await self._conn.shm.ready():
+                    self._conn.count_sent("shm", item.nbytes)
                     await self._conn.shm.send(meta, item)
                 elif meta is not None and self._checksum and item.nbytes > _STREAM_BYTES:
                     await self._stream(meta, item)
@@ -164,6 +165,7 @@ class Outbox:
             raise ConnectionResetError("connection closed while sending")
         transport = self._conn.transport
         assert transport is not None
+        self._conn.count_sent("tcp", array.nbytes)
         payload = byte_view(array)
         if not self._checksum:
             head = encode_data_head(meta, array.nbytes)
@@ -187,6 +189,7 @@ class Outbox:
             raise ConnectionResetError("connection closed while sending")
         transport = self._conn.transport
         assert transport is not None
+        self._conn.count_sent("tcp", array.nbytes)
         payload = byte_view(array)
         head, digest = encode_sealed_head(meta, array.nbytes)
         self.streaming = True

@@ -14,6 +14,7 @@ Sending is the outbox's (``transport.outbox``); closing an idle connection is
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,6 +44,7 @@ from shardwire.worker.transport.framing import HANG_UP_GRACE, FramedProtocol
 from shardwire.worker.transport.mailbox import Inbound, Mailbox, byte_view
 from shardwire.worker.transport.outbox import Outbox
 from shardwire.worker.transport.shmlink import ShmLink
+from shardwire.worker.transport.traffic import RTT_EVERY, TIMED_BYTES, Path, Traffic, kernel_rtt_us
 
 if TYPE_CHECKING:
     from shardwire.worker.transport.idle import IdleCloser
@@ -60,6 +62,7 @@ class PeerOwner(Protocol):
     config: MeshConfig
     mailbox: Mailbox
     stages: StagePool  # staging buffers shared by the connections
+    traffic: Traffic  # what each peer link carried
     idle: IdleCloser  # releases connections nothing moved on
 
     @property
@@ -105,6 +108,8 @@ class PeerConnection(FramedProtocol):
         self.releasing = False  # this rank proposed closing it for idleness
         self.retiring = False  # released: hang up once the queued frames are out
         self._inbound: deque[Inbound] = deque()
+        self._began: deque[float] = deque()  # when each of _inbound's payloads began (0: untimed)
+        self._rtt_due = 0.0  # when the connection's round-trip time is sampled next
         self._deferred: TensorMeta | None = None
         self.outbox = Outbox(self, checksum=mesh.config.checksum)
         self.shm = ShmLink(self)
@@ -148,6 +153,7 @@ class PeerConnection(FramedProtocol):
         # destinations queue up in arrival order.
         inbound = self.mesh.mailbox.begin(meta)
         self._inbound.append(inbound)
+        self._began.append(time.monotonic() if meta.nbytes >= TIMED_BYTES else 0.0)
         return byte_view(inbound.array)
 
     def settle(self) -> None:
@@ -172,8 +178,10 @@ class PeerConnection(FramedProtocol):
 
     def _on_data(self, frame: Frame) -> None:
         self.moves += 1
+        began = 0.0
         if len(frame.payload):
             inbound = self._inbound.popleft()
+            began = self._began.popleft()
         elif self.authenticated and self.shm.on_frame(frame.meta):
             return
         else:  # zero-byte payloads skip the allocator
@@ -183,10 +191,12 @@ class PeerConnection(FramedProtocol):
             error = integrity_error(inbound.meta, rank=self.mesh.rank, missing=missing)
             self.mesh.mailbox.reject(inbound, error)
             return
-        self.finish_inbound(inbound)
+        self.finish_inbound(inbound, "tcp", time.monotonic() - began if began else None)
 
-    def finish_inbound(self, inbound: Inbound) -> None:
-        """A message is complete: hand it over; stop reading while over budget."""
+    def finish_inbound(self, inbound: Inbound, path: Path, seconds: float | None = None) -> None:
+        """A message is complete (through ``path``; its payload took ``seconds``, if
+        timed): count it, hand it over, stop reading while over budget."""
+        self.mesh.traffic.received(self.peer, path, inbound.meta.nbytes, seconds)
         self.mesh.mailbox.finish(inbound)
         if self.mesh.mailbox.over_budget and self.transport is not None:
             self.transport.pause_reading()
@@ -209,6 +219,16 @@ class PeerConnection(FramedProtocol):
             self.mesh.idle.on_message(self, msg)
             return
         raise ProtocolError(f"unexpected {msg.kind!r} on a peer connection")
+
+    def count_sent(self, path: Path, nbytes: int) -> None:
+        """A payload went out through ``path``; the connection's round-trip time is
+        read from the kernel at most every RTT_EVERY seconds of sending."""
+        traffic = self.mesh.traffic
+        traffic.sent(self.peer, path, nbytes)
+        now = time.monotonic()
+        if now >= self._rtt_due:
+            self._rtt_due = now + RTT_EVERY
+            traffic.round_trip(self.peer, kernel_rtt_us(self.socket))
 
     def write_message(self, msg: Message) -> None:
         self.outbox.write(message_bytes(msg))
@@ -251,6 +271,7 @@ class PeerConnection(FramedProtocol):
         why = self.mesh.error or ConnectionResetError(
             f"connection to rank {self.peer} lost in the middle of a message"
         )
+        self._began.clear()
         while self._inbound:
             self.mesh.mailbox.abandon(self._inbound.popleft(), why)
         self.shm.close(why)

@@ -193,7 +193,7 @@ class ShmLink:
         tm = self._conn.tensor_meta(meta, None)
         inbound = self._conn.mesh.mailbox.begin(tm)
         if tm.nbytes == 0:
-            self._conn.finish_inbound(inbound)
+            self._conn.finish_inbound(inbound, "shm")
         else:
             self._current = [inbound, 0]
 
@@ -225,7 +225,7 @@ class ShmLink:
         filled += length
         if filled == len(target):
             self._current = None
-            self._conn.finish_inbound(inbound)
+            self._conn.finish_inbound(inbound, "shm")
         else:
             self._current[1] = filled
 

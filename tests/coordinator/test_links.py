@@ -1,0 +1,163 @@
+"""The job's peer links: the newest totals per rank, directed links joined from both
+ends, the slow link named only when it is far from the others, everything bounded; and
+the same links in /api/links, /metrics and the closing views of a live job."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import numpy as np
+
+from shardwire.coordinator import Rendezvous, RendezvousConfig
+from shardwire.coordinator.http import METRICS_LINKS, StatusHTTP, _Metrics
+from shardwire.coordinator.links import TIMED_MIN, LinkTable, describe
+from shardwire.coordinator.views import links_json, status_reply
+from shardwire.protocol.messages import Heartbeat, Join, LinkReport
+from shardwire.worker import init
+from tests.worker.cluster import coordinator, worker_config
+
+MB = 1_000_000
+
+
+def _mesh(table: LinkTable, n: int, *, rate: float = 500 * MB, rtt_us: int = 80, slow=None):
+    """Every rank of ``n`` sent 8 MiB to every other; the receiver timed them at ``rate``
+    (``slow``: (src, dst, rate) for one link), every connection's round trip ``rtt_us``."""
+    nbytes = 8 << 20
+    for r in range(n):
+        reports = []
+        for p in range(n):
+            if p == r:
+                continue
+            into = rate if slow is None or slow[:2] != (p, r) else slow[2]
+            reports.append(
+                LinkReport(
+                    peer=p,
+                    path="tcp",
+                    bytes_sent=nbytes,
+                    bytes_received=nbytes,
+                    messages_sent=4,
+                    messages_received=4,
+                    timed_bytes=nbytes,
+                    timed_us=round(nbytes / into * 1e6),
+                    rtt_us=rtt_us,
+                )
+            )
+        table.add(r, reports)
+
+
+def test_a_link_far_below_the_others_bandwidth_is_named_by_direction() -> None:
+    table = LinkTable()
+    _mesh(table, 4, slow=(1, 2, 20 * MB))
+    slow = table.slow()
+    assert slow is not None and (slow.link.src, slow.link.dst, slow.what) == (1, 2, "bandwidth")
+    assert abs(slow.value - 20 * MB) < 0.01 * MB and abs(slow.median - 500 * MB) < MB
+    assert slow.links == 12
+    text = describe(slow, lambda rank: f"10.0.0.{rank + 1}")
+    assert text == (
+        "link rank 1 (10.0.0.2) -> rank 2 (10.0.0.3) (tcp) is slow: 20.0 MB/s against "
+        "a median of 500.0 MB/s over 12 links"
+    )
+
+
+def test_a_long_round_trip_is_named_when_bandwidth_says_nothing() -> None:
+    table = LinkTable()
+    _mesh(table, 4)
+    table.add(3, [LinkReport(peer=0, path="tcp", bytes_sent=8 << 20, rtt_us=25_000)])
+    slow = table.slow()
+    assert slow is not None and slow.what == "round trip"
+    assert {slow.link.src, slow.link.dst} == {0, 3} and slow.value == 0.025
+    assert "round trip 25.0 ms against a median of 0.08 ms over 6 links" in describe(
+        slow, lambda rank: "h"
+    )
+
+
+def test_links_within_noise_or_too_few_name_nobody() -> None:
+    table = LinkTable()
+    _mesh(table, 4, slow=(1, 2, 200 * MB))  # 2.5x below the median: noise on a busy host
+    assert table.slow() is None
+    small = LinkTable()
+    _mesh(small, 2, slow=(0, 1, 1 * MB))  # two links: no median to compare with
+    assert small.slow() is None
+    untimed = LinkTable()  # a link that timed too little is not compared
+    untimed.add(0, [LinkReport(peer=1, path="tcp", bytes_sent=10, timed_bytes=TIMED_MIN - 1)])
+    assert untimed.links()[0].bandwidth is None
+
+
+def test_the_newest_totals_count_and_the_table_is_bounded() -> None:
+    table = LinkTable(per_rank=3, limit=5)
+    table.add(0, [LinkReport(peer=1, path="tcp", bytes_sent=10, messages_sent=1)])
+    table.add(0, [LinkReport(peer=1, path="tcp", bytes_sent=30, messages_sent=3)])
+    assert [(k.bytes, k.messages) for k in table.links()] == [(30, 3)]
+    table.add(0, [LinkReport(peer=p, path="shm", bytes_sent=p) for p in range(1, 10)])
+    assert len(table) == 3  # this rank's cap
+    table.add(1, [LinkReport(peer=p, path="tcp", bytes_sent=1) for p in (0, 2, 3)])
+    assert len(table) == 5  # the whole table's cap
+
+
+def _big_job(world: int) -> Rendezvous:
+    r = Rendezvous(RendezvousConfig(run_id="links", world_size=world))
+    for i in range(world):
+        join = Join(world_size=world, node_id=f"n{i:03d}", local_rank=0, local_world_size=1)
+        r.join(i, join, peer_host=f"10.0.{i // 250}.{i % 250 + 1}", now=0.0)
+    return r
+
+
+def test_heartbeats_feed_the_views_and_metrics_stay_bounded() -> None:
+    world = 40
+    r = _big_job(world)
+    for conn in range(world):  # conn i is rank i: one node each, joined in order
+        links = [
+            LinkReport(peer=p, path="tcp", bytes_sent=1000 + conn, rtt_us=100)
+            for p in range(world)
+            if p != conn
+        ]
+        r.heartbeat(conn, Heartbeat(step=1, links=links), now=1.0)
+    body = links_json(r)
+    assert body["total"] == world * (world - 1) and body["world_size"] == world
+    assert (body["links"][0]["src"], body["links"][0]["bytes"]) == (world - 1, 1000 + world - 1)
+    assert len(links_json(r, limit=10)["links"]) == 10
+    families = {f.name: f for f in _Metrics(r, lambda: 1.0).collect()}
+    assert len(families["shardwire_link_sent_bytes"].samples) == METRICS_LINKS
+    assert families["shardwire_links"].samples[0].value == world * (world - 1)
+    assert families["shardwire_slow_link"].samples == []
+    # the rank rows never carry link reports
+    assert "links" not in status_reply(r, 1.0).ranks[0].model_dump()
+
+
+async def test_a_live_job_reports_its_links_on_every_view() -> None:
+    async with coordinator(3) as server:
+        http = StatusHTTP(server.rendezvous)
+        host, port = await http.start("127.0.0.1", 0)
+        done = asyncio.Event()
+
+        async def worker(i: int) -> None:
+            cfg = worker_config(server, 3, i, heartbeat_interval=0.2, transport="tcp")
+            async with init(cfg) as pg:
+                x = np.ones(3 << 18, dtype=np.float32)  # 1 MiB to each: timed on every link
+                for _ in range(3):
+                    await pg.all_to_all(x)
+                await done.wait()
+
+        workers = asyncio.gather(*(worker(i) for i in range(3)))
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
+                body: dict = {}
+                for _ in range(200):  # heartbeats carry the links: poll, bounded
+                    async with web.get(f"http://{host}:{port}/api/links") as response:
+                        body = await response.json()
+                    if body["total"] == 6:
+                        break
+                    await asyncio.sleep(0.05)
+                async with web.get(f"http://{host}:{port}/metrics") as response:
+                    metrics = await response.text()
+        finally:
+            done.set()
+            await workers
+            await http.aclose()
+    pairs = {(k["src"], k["dst"]) for k in body["links"]}
+    assert pairs == {(a, b) for a in range(3) for b in range(3) if a != b}, body
+    assert all(k["bytes"] > 0 and k["path"] == "tcp" for k in body["links"])
+    assert body["slow"] is None
+    assert 'shardwire_link_sent_bytes_total{dst="1",path="tcp",src="0"}' in metrics
+    assert "shardwire_links 6.0" in metrics
