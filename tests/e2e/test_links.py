@@ -1,0 +1,144 @@
+"""Where the time goes on a real network: four hosts (network namespaces on a bridge),
+one rank each; rank 3 is slowed on purpose and the link from rank 1 to rank 2 is shaped
+to 100 Mbit/s with tc. The coordinator's closing lines name both, with figures that
+agree with what was injected. Skipped (with the reason) where namespaces or traffic
+shaping cannot be made."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from .cli import SCRIPTS, SHARDWIRE, env
+from .netns import inside, make_hosts
+
+pytestmark = pytest.mark.e2e
+SUBNET = "10.77.3"
+SHAPED_MBIT = 100
+
+
+@pytest.fixture
+def four_hosts():
+    yield from make_hosts(4, subnet=SUBNET, prefix="lk")
+
+
+def _tc(ns: str, *args: str) -> None:
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", *args], check=True, capture_output=True, timeout=10
+    )
+
+
+def shape(ns: str, dst: str, mbit: int) -> None:
+    """Limit what ``ns`` sends to ``dst`` to ``mbit`` Mbit/s (htb; a u32 filter picks the
+    destination, everything else is unlimited)."""
+    found = subprocess.run(
+        ["ip", "-n", ns, "-o", "link", "show", "type", "veth"],
+        check=True, capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    dev = found.stdout.split(":")[1].strip().split("@")[0]
+    try:
+        _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
+        _tc(
+            ns,
+            "class",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:10",
+            "htb",
+            "rate",
+            "10gbit",
+        )
+        _tc(
+            ns,
+            "class",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:20",
+            "htb",
+            "rate",
+            f"{mbit}mbit",
+        )
+        _tc(
+            ns, "filter", "add", "dev", dev, "protocol", "ip", "parent", "1:", "prio", "1",
+            "u32", "match", "ip", "dst", f"{dst}/32", "flowid", "1:20",
+        )  # fmt: skip
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        why = exc.stderr.decode().strip() if isinstance(exc, subprocess.CalledProcessError) else exc
+        pytest.skip(f"cannot shape a link here (tc htb and u32): {why}")
+
+
+@pytest.mark.timeout(300)
+def test_the_slowed_rank_and_the_shaped_link_are_both_named(four_hosts) -> None:
+    shape(four_hosts[1], f"{SUBNET}.3", SHAPED_MBIT)  # rank 1 -> rank 2
+    token = {"SHARDWIRE_TOKEN": "links-token"}
+    coordinator = inside(
+        four_hosts[0], SHARDWIRE, "coordinator", "--host", f"{SUBNET}.1", "--port", "29410",
+        "--world-size", "4", "--run-id", "links", "--http-port", "-1", env=env(**token),
+    )  # fmt: skip
+    procs = [coordinator]
+    try:
+        for rank, ns in enumerate(four_hosts):
+            procs.append(
+                inside(
+                    ns,
+                    SHARDWIRE,
+                    "worker",
+                    "--coordinator",
+                    f"{SUBNET}.1:29410",
+                    "--nnodes",
+                    "4",
+                    "--nproc-per-node",
+                    "1",
+                    "--node-id",
+                    f"host-{rank}",
+                    "--node-rank",
+                    str(rank),
+                    "--run-id",
+                    "links",
+                    str(SCRIPTS / "steps.py"),
+                    env=env(
+                        **token,
+                        STEPS="40",
+                        SIZE=str(1 << 18),
+                        SLOW_RANK="3",
+                        SLOW_SECONDS="0.15",
+                    ),
+                )  # fmt: skip
+            )
+        outputs = [p.communicate(timeout=240) for p in procs[1:]]
+        assert [p.returncode for p in procs[1:]] == [0] * 4, [e[-2000:] for _, e in outputs]
+        _, closing = coordinator.communicate(timeout=60)
+        assert coordinator.returncode == 0, closing[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    straggler = re.search(
+        r"^straggler: rank 3 \(10\.77\.3\.4\) was last into (\d+)% of its collectives "
+        r"\(of the last \d+\), (\d+) ms late on average$",
+        closing,
+        re.M,
+    )
+    assert straggler, closing[-3000:]
+    assert int(straggler.group(1)) >= 70 and 75 <= int(straggler.group(2)) <= 1000
+    slow = re.search(
+        r"^slow link: link rank 1 \(10\.77\.3\.2\) -> rank 2 \(10\.77\.3\.3\) \(tcp\) is slow: "
+        r"([\d.]+) MB/s against a median of ([\d.]+) MB/s over (\d+) links$",
+        closing,
+        re.M,
+    )
+    assert slow, closing[-3000:]
+    rate, median = float(slow.group(1)), float(slow.group(2))
+    assert rate <= SHAPED_MBIT / 8 * 1.25, closing[-3000:]  # at most the shaped rate, and some
+    assert median >= 4 * rate
