@@ -161,3 +161,17 @@ async def test_a_live_job_reports_its_links_on_every_view() -> None:
     assert body["slow"] is None
     assert 'shardwire_link_sent_bytes_total{dst="1",path="tcp",src="0"}' in metrics
     assert "shardwire_links 6.0" in metrics
+
+
+def test_shardwire_status_prints_the_slow_link() -> None:
+    from shardwire.protocol.messages import StatusReply
+    from shardwire.worker.launcher.status import render
+
+    table = LinkTable()
+    _mesh(table, 4, slow=(2, 0, 5 * MB))
+    slow = table.slow()
+    assert slow is not None
+    line = describe(slow, lambda rank: "10.0.0.9")
+    text = render(StatusReply(run_id="r", state="running", slow_link=line))
+    assert f"\nslow link: {line}\n" in text
+    assert "slow link" not in render(StatusReply(run_id="r", state="running"))

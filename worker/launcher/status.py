@@ -71,6 +71,8 @@ def render(reply: StatusReply) -> str:
         lines.append(f"failure: {reply.failure}")
     if reply.straggler:
         lines.append(f"straggler: {reply.straggler}")
+    if reply.slow_link:
+        lines.append(f"slow link: {reply.slow_link}")
     if len(reply.generations) > 1 or reply.max_restarts:
         lines += [f"  {line}" for line in describe(reply.generations)]
     lines.append(
