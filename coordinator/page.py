@@ -102,8 +102,9 @@ const HEATMAP_RANKS = __HEATMAP_RANKS__;
 function shade(link, figure, lo, hi) {
   const v = link[figure];
   if (v === null || v === undefined) return "#eee";
-  let t = figure === "bytes" ? Math.log(v + 1) : v;
-  const a = figure === "bytes" ? Math.log(lo + 1) : lo, b = figure === "bytes" ? Math.log(hi + 1) : hi;
+  const scale = x => figure === "bytes" ? Math.log(x + 1) : x;  // bytes span decades
+  let t = scale(v);
+  const a = scale(lo), b = scale(hi);
   t = b > a ? (t - a) / (b - a) : 1;
   if (figure === "bandwidth") t = 1 - t;  // slow links dark
   const light = Math.round(92 - 62 * t);
@@ -167,7 +168,8 @@ function drawLinks(l) {
   }
 }
 let lastLinks = null;
-document.getElementById("figure").addEventListener("change", () => lastLinks && drawLinks(lastLinks));
+document.getElementById("figure").addEventListener(
+  "change", () => lastLinks && drawLinks(lastLinks));
 async function refresh() {
   try {
     const s = await (await fetch("/api/status")).json();
