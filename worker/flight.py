@@ -25,10 +25,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardwire.protocol.messages import CollectiveRecord
 from shardwire.protocol.ranks import to_runs
 from shardwire.worker import trace
+
+if TYPE_CHECKING:
+    from shardwire.worker.collectives.split import Split
 
 CAPACITY = 32  # recent collectives kept per rank
 SHOWN = 16  # the newest ones a diagnosis carries
@@ -53,6 +57,7 @@ class _Entry:
     end: float | None = None
     outcome: str = "running"
     silent: tuple[int, ...] = ()  # not heard from, as of the end
+    split: Split | None = None  # where its time went (traced jobs only)
 
 
 class FlightRecorder:
@@ -85,19 +90,37 @@ class FlightRecorder:
         return self._clock()
 
     def ended(
-        self, *, group: int, ranks: Sequence[int], op: str, seq: int, nbytes: int, start: float
+        self,
+        *,
+        group: int,
+        ranks: Sequence[int],
+        op: str,
+        seq: int,
+        nbytes: int,
+        start: float,
+        split: Split | None = None,
     ) -> None:
         """Record a collective that started at ``start`` and ended ``ok`` just now (one
         entry, one lock: the cost of a call that ran to its end at once)."""
         now = self._clock()
         entry = _Entry(group, tuple(ranks), op, seq, nbytes, start, None, "arena", now, "ok")
+        entry.split = split
         with self._lock:
             self._ring.append(entry)
             self._done.append((group, len(ranks), seq, round((now - start) * 1e6)))
         _traced(entry)
 
-    def end(self, entry: _Entry, outcome: str = "ok", *, silent: Sequence[int] = ()) -> None:
-        """Record how a collective ended (``silent``: ranks never heard from)."""
+    def end(
+        self,
+        entry: _Entry,
+        outcome: str = "ok",
+        *,
+        silent: Sequence[int] = (),
+        split: Split | None = None,
+    ) -> None:
+        """Record how a collective ended (``silent``: ranks never heard from; ``split``:
+        where its time went, in a traced job)."""
+        entry.split = split
         with self._lock:
             entry.end = end = self._clock()
             entry.outcome = outcome[:200]
@@ -160,5 +183,24 @@ def _traced(entry: _Entry) -> None:
         "path": entry.path,
         "outcome": entry.outcome,
     }
+    split = entry.split
+    if split is not None:
+        # the arena runs one program per op; a call over nodes runs its subgroups' calls
+        how = "hierarchical" if split.composed else split.algorithm or entry.path
+        args["algorithm"] = how
+        if not split.composed:
+            args.update(split_ms(split, entry.end - entry.start))
     key = f"{entry.group}:{entry.seq}"
     tracer.add(entry.op, "collective", entry.start, entry.end, args, key=key)
+
+
+def split_ms(split: Split, duration: float) -> dict[str, float]:
+    """A call's ``duration`` as milliseconds waiting for peers, reducing and moving
+    bytes (the rest); the three add up to the duration."""
+    wait = min(split.waiting(), duration)
+    reduce = min(split.reduce_s, duration - wait)
+    return {
+        "wait_ms": round(wait * 1e3, 3),
+        "reduce_ms": round(reduce * 1e3, 3),
+        "move_ms": round((duration - wait - reduce) * 1e3, 3),
+    }

@@ -79,6 +79,12 @@ def test_a_traced_job_leaves_every_ranks_timeline_and_the_merged_one(tmp_path) -
     collectives = [e for e in job if e["ph"] == "b"]
     assert {e["args"]["path"] for e in collectives} >= {"arena"}
     assert all(e["args"]["outcome"] == "ok" and e["args"]["seq"] >= 1 for e in collectives)
+    # every collective's time, split into waiting, reducing and moving bytes
+    split = ("wait_ms", "reduce_ms", "move_ms")
+    assert all(min(e["args"][k] for k in split) >= 0 for e in collectives)
+    assert sum(e["args"]["wait_ms"] for e in collectives) > 0
+    reductions = [e for e in collectives if e["name"] in ("all_reduce", "reduce_scatter")]
+    assert reductions and sum(e["args"]["reduce_ms"] for e in reductions) > 0
     # one clock: both ranks end each collective at about the same moment
     ends: dict[str, dict[int, float]] = defaultdict(dict)
     for e in job:

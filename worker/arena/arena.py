@@ -27,6 +27,7 @@ from shardwire.worker.arena.engine import Abandoned, Engine, Job
 from shardwire.worker.arena.programs import Clock, Context, HalfViews, Mismatch, Program
 from shardwire.worker.arena.region import Geometry, Region
 from shardwire.worker.arena.settings import SLOT_SETTING, ArenaSettings
+from shardwire.worker.collectives.split import Split
 
 log = logging.getLogger("shardwire.worker")
 
@@ -61,14 +62,25 @@ class NodeArena:
         )
 
     def submit(
-        self, build: Callable[[Context], Program], seq: int, signature: str, deadline: float
+        self,
+        build: Callable[[Context], Program],
+        seq: int,
+        signature: str,
+        deadline: float,
+        split: Split | None = None,
     ) -> Job:
-        """Queue a call's program (call order)."""
+        """Queue a call's program (call order); its time is split into ``split``."""
         self.board.enter(seq)
-        return self.engine.submit(self._program(build, seq, signature), deadline)
+        program = _deferred(build, self.context, self._stamp(seq, signature), split)
+        return self.engine.submit(program, deadline, split)
 
     def express(
-        self, build: Callable[[Context], Program], seq: int, signature: str, deadline: float
+        self,
+        build: Callable[[Context], Program],
+        seq: int,
+        signature: str,
+        deadline: float,
+        split: Split | None = None,
     ) -> Job | None:
         """Run a call's program at once if the engine is idle (see ``Engine.express``);
         None if it is not, and nothing was done."""
@@ -78,13 +90,10 @@ class NodeArena:
         stamp, context = self._stamp(seq, signature), self.context
 
         def start() -> Program:  # called only if the engine is idle: this program runs first
-            context.signature = stamp
+            context.signature, context.split = stamp, split
             return build(context)
 
-        return self.engine.express(start, deadline)
-
-    def _program(self, build: Callable[[Context], Program], seq: int, signature: str) -> Program:
-        return _deferred(build, self.context, self._stamp(seq, signature))
+        return self.engine.express(start, deadline, split)
 
     def _stamp(self, seq: int, signature: str) -> int:
         """The call's signature word: its sequence number and a CRC of its signature."""
@@ -142,10 +151,13 @@ class NodeArena:
         self.region.close()
 
 
-def _deferred(build: Callable[[Context], Program], context: Context, stamp: int) -> Program:
-    """The program, built when first driven, signing its halves with ``stamp`` (programs
-    run one after another, so they share the context)."""
-    context.signature = stamp
+def _deferred(
+    build: Callable[[Context], Program], context: Context, stamp: int, split: Split | None
+) -> Program:
+    """The program, built when first driven, signing its halves with ``stamp`` and
+    timing its reductions into ``split`` (programs run one after another, so they share
+    the context)."""
+    context.signature, context.split = stamp, split
     yield from build(context)
 
 

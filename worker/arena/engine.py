@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
 from shardwire.worker.arena.programs import Mismatch, Need, Program
+from shardwire.worker.collectives.split import Split
 
 _THREAD_SPIN = 50e-6  # the thread polls this long (yielding the CPU) before it sleeps
 _RELEASE_WAIT = 5.0  # a cancelled call waits this long for the engine to let go of it
@@ -59,14 +60,18 @@ class Job:
         "future",
         "late",
         "need",
+        "need_at",
         "program",
         "released",
+        "split",
     )
 
-    def __init__(self, program: Program, deadline: float):
+    def __init__(self, program: Program, deadline: float, split: Split | None = None):
         self.program = program
         self.deadline = deadline
+        self.split = split  # the call's: its waits are timed into it (traced jobs only)
         self.need: Need | None = None
+        self.need_at = 0.0  # when the program yielded ``need`` (timed jobs only)
         self.error: BaseException | None = None
         self.abandoned = False
         self.finished = False  # set under the engine's lock
@@ -101,16 +106,18 @@ class Engine:
         """Who drives the queue now: None (idle), "loop" or "thread"."""
         return self._driver
 
-    def submit(self, program: Program, deadline: float) -> Job:
+    def submit(self, program: Program, deadline: float, split: Split | None = None) -> Job:
         """Queue ``program`` (call order is queue order)."""
-        job = Job(program, deadline)
+        job = Job(program, deadline, split)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the arena engine is closed")
             self._queue.append(job)
         return job
 
-    def express(self, start: Callable[[], Program], deadline: float) -> Job | None:
+    def express(
+        self, start: Callable[[], Program], deadline: float, split: Split | None = None
+    ) -> Job | None:
         """Run the program ``start()`` makes at once on the loop if the engine is idle
         (None if it is not, and ``start`` is not called: queue the call with
         :meth:`submit`). The job comes back finished when every wait was met within the
@@ -120,7 +127,7 @@ class Engine:
             if self._driver is not None or self._queue or self._closed:
                 return None
             self._driver = "loop"
-        job = Job(start(), deadline)
+        job = Job(start(), deadline, split)
         if self._advance(job, blocking=False, nap=self.nap):
             job.finished = True
             self.inline_runs += 1
@@ -249,9 +256,13 @@ class Engine:
                         if not board.wait(need.word, need.ranks, need.target, job.deadline, stop):
                             raise Abandoned("the call was abandoned")
                     job.need = None
+                    if job.split is not None:
+                        job.split.wait_s += time.monotonic() - job.need_at
                 if job.abandoned or self._closed:
                     raise Abandoned("the call was abandoned")
                 job.need = job.program.send(None)
+                if job.split is not None:
+                    job.need_at = time.monotonic()
         except StopIteration:
             return True
         except (Poisoned, Stalled, Mismatch, Abandoned) as exc:

@@ -19,6 +19,7 @@ from shardwire.protocol import ShardwireError
 from shardwire.worker.arena.arena import ArenaSettings, NodeArena, open_arena
 from shardwire.worker.arena.engine import Job
 from shardwire.worker.arena.programs import Context, Program
+from shardwire.worker.collectives.split import Split
 
 # The engine's own deadline trails the group's, which cancels the call first and names
 # the silent ranks; the engine's only stops a thread nobody waits for any more.
@@ -41,12 +42,20 @@ class GateState(enum.Enum):
 class Ticket:
     """One call's place in the arena's order."""
 
-    __slots__ = ("background", "build", "deadline", "job", "seq", "signature")
+    __slots__ = ("background", "build", "deadline", "job", "seq", "signature", "split")
 
-    def __init__(self, build: Callable[[Context], Program], seq: int, signature: str, limit: float):
+    def __init__(
+        self,
+        build: Callable[[Context], Program],
+        seq: int,
+        signature: str,
+        limit: float,
+        split: Split | None = None,
+    ):
         self.build = build
         self.seq = seq
         self.signature = signature
+        self.split = split
         self.deadline = _deadline(limit)
         self.job: Job | None = None
         self.background = False  # started, not awaited: the engine's thread runs it
@@ -74,10 +83,12 @@ class Gate:
 
     def enqueue(self, call: Any, build: Callable[[Context], Program], limit: float) -> Ticket:
         """Place ``call`` (just made) in the arena's order."""
-        ticket = Ticket(build, call.seq, call.signature, limit)
+        ticket = Ticket(build, call.seq, call.signature, limit, call.split)
         if self.state is GateState.OPEN:
             assert self.arena is not None
-            ticket.job = self.arena.submit(build, ticket.seq, ticket.signature, ticket.deadline)
+            ticket.job = self.arena.submit(
+                build, ticket.seq, ticket.signature, ticket.deadline, ticket.split
+            )
         elif self.state in (GateState.CLOSED, GateState.OPENING):
             self._pending.append(ticket)
             if self.state is GateState.CLOSED:
@@ -86,7 +97,12 @@ class Gate:
         return ticket
 
     def express(
-        self, seq: int, signature: str, build: Callable[[Context], Program], limit: float
+        self,
+        seq: int,
+        signature: str,
+        build: Callable[[Context], Program],
+        limit: float,
+        split: Split | None = None,
     ) -> Ticket | bool:
         """Run call ``seq`` at once, on the loop, if the arena is open and idle. True: a
         small call whose peers were there ran to its end before this returned, with no
@@ -96,14 +112,14 @@ class Gate:
         arena = self.arena
         if self.state is not GateState.OPEN or arena is None:
             return False
-        job = arena.express(build, seq, signature, _deadline(limit))
+        job = arena.express(build, seq, signature, _deadline(limit), split)
         if job is None:
             return False
         if job.finished:
             arena.count(self._stats)
             if job.error is None:
                 return True
-        ticket = Ticket(build, seq, signature, limit)
+        ticket = Ticket(build, seq, signature, limit, split)
         ticket.job = job
         return ticket
 
@@ -155,7 +171,7 @@ class Gate:
         for ticket in self._pending:
             if arena is not None:
                 ticket.job = arena.submit(
-                    ticket.build, ticket.seq, ticket.signature, ticket.deadline
+                    ticket.build, ticket.seq, ticket.signature, ticket.deadline, ticket.split
                 )
         if arena is not None and any(t.background for t in self._pending):
             arena.engine.hurry()

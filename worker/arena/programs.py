@@ -43,7 +43,8 @@ import numpy as np
 
 from shardwire.worker.arena.board import DONE, READY, Board
 from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.collectives.ops import ReduceOp, combine, finish
+from shardwire.worker.collectives.ops import ReduceOp, finish
+from shardwire.worker.collectives.split import Split, reduce_with
 
 # all_reduce payloads up to this size are reduced whole by every rank: one
 # synchronisation instead of two, for k-fold reads of a few KiB.
@@ -89,6 +90,7 @@ class Context:
         self.signature = signature
         self.k, self.me, self.others = board.k, board.me, board.others
         self._scratch: dict[np.dtype, np.ndarray] = {}
+        self.split: Split | None = None  # the running call's, when the job is traced
         self.sent = 0  # bytes this rank wrote for the others (its contributions)
         self.received = 0  # bytes this rank read from the others' halves
 
@@ -158,14 +160,15 @@ class HalfViews:
         self._views.clear()
 
 
-def _reduce(op: ReduceOp, sources: list[np.ndarray], out: np.ndarray) -> None:
+def _reduce(ctx: Context, op: ReduceOp, sources: list[np.ndarray], out: np.ndarray) -> None:
     """``out = sources[0] (op) sources[1] (op) ...``, in that order."""
     if len(sources) == 1:
         np.copyto(out, sources[0])
         return
-    combine(op, sources[0], sources[1], out=out)
+    split = ctx.split
+    reduce_with(split, op, sources[0], sources[1], out)
     for src in sources[2:]:
-        combine(op, out, src, out=out)
+        reduce_with(split, op, out, src, out)
 
 
 def _chunks(longest: int, per: int) -> int:
@@ -228,7 +231,9 @@ def reduce_scatter(
         m = min(b, a + (i + 1) * per) - (a + i * per)
         if m > 0:
             target = out[i * per : i * per + m]
-            _reduce(op, [ctx.half(r, h, dtype)[me * per : me * per + m] for r in range(k)], target)
+            _reduce(
+                ctx, op, [ctx.half(r, h, dtype)[me * per : me * per + m] for r in range(k)], target
+            )
             finish(op, target, count)
             ctx.received += (k - 1) * target.nbytes
         ctx.release(g)
@@ -251,7 +256,7 @@ def all_reduce(ctx: Context, buf: np.ndarray, op: ReduceOp, count: int) -> Progr
         yield Need(READY, ctx.others, tick)
         ctx.check(ctx.others, h)
         if whole:
-            _reduce(op, halves, piece)
+            _reduce(ctx, op, halves, piece)
             finish(op, piece, count)
             ctx.received += (k - 1) * piece.nbytes
         else:
@@ -259,7 +264,7 @@ def all_reduce(ctx: Context, buf: np.ndarray, op: ReduceOp, count: int) -> Progr
             lo, hi = slices[me]
             # Reduced into scratch first: this rank's own input is one of the sources.
             acc = ctx.scratch(dtype, hi - lo)
-            _reduce(op, [x[lo:hi] for x in halves], acc)
+            _reduce(ctx, op, [x[lo:hi] for x in halves], acc)
             finish(op, acc, count)
             halves[me][lo:hi] = acc
             tick = ctx.tick()

@@ -26,7 +26,7 @@ import numpy as np
 
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.collectives.ops import ReduceOp, combine, finish
+from shardwire.worker.collectives.ops import ReduceOp, finish
 
 _AG_STEP = 1 << 20  # all_gather's message steps from here (reduce_scatter's from 0)
 
@@ -89,7 +89,7 @@ async def reduce_scatter(
         await _swap(c, (r + d) % n, outgoing, (r - d) % n, scratch, step=step)
         for (a, b), part in zip(ranges, scratch, strict=True):
             # the part from below first: one fixed expression per block on every run
-            combine(op, part, acc[a:b], out=acc[a:b])
+            c.combine(op, part, acc[a:b], out=acc[a:b])
         held, d, step = d, d >> 1, step + 2
 
 

@@ -10,7 +10,10 @@ from typing import Any
 import numpy as np
 
 from shardwire.protocol import Tag
+from shardwire.worker.collectives.ops import ReduceOp
+from shardwire.worker.collectives.plan import choose
 from shardwire.worker.collectives.scratch import ScratchPool
+from shardwire.worker.collectives.split import Split, reduce_with
 from shardwire.worker.transport.base import Receive, Transport
 from shardwire.worker.transport.mailbox import Fold
 
@@ -37,6 +40,7 @@ class Call:
     stalled: list[int] = field(default_factory=list)  # ranks a node-arena wait gave up on
     # who a wait outside the receives (the node arena) waits for now, asked on the loop
     probes: list[Callable[[], list[int]]] = field(default_factory=list)
+    split: Split | None = None  # where the call's time goes (traced jobs only)
 
     def sub(self, members: Sequence[int], step_base: int = 0) -> Call:
         """The same call seen by a subset of its ranks (group ranks ``members``, in that
@@ -85,6 +89,29 @@ class Call:
         )
         self.receives.append(receive)
         return receive
+
+    def combine(self, op: ReduceOp, first: np.ndarray, second: np.ndarray, *, out: np.ndarray):
+        """``out = first (op) second`` (:func:`~shardwire.worker.collectives.ops.combine`),
+        timed when the job is traced."""
+        reduce_with(self.split, op, first, second, out)
+
+    def choose(self, op: str, nbytes: int, *, crowded: bool = False) -> str:
+        """The algorithm this call uses (:func:`~shardwire.worker.collectives.plan.choose`),
+        noted in its split when the job is traced."""
+        how = choose(op, nbytes, self.size, crowded=crowded)
+        if self.split is not None:
+            self.split.algorithm = how
+        return how
+
+    def waits(self) -> None:
+        """Add the time this call's receives waited for their payloads to its split."""
+        split = self.split
+        if split is None:
+            return
+        for receive in self.receives:
+            began = receive.began
+            if receive.awaited_at and began > receive.awaited_at:
+                split.waited(receive.awaited_at, began)
 
     def silent_ranks(self) -> list[int]:
         """Global ranks this call is still waiting for."""

@@ -24,12 +24,14 @@ from shardwire.protocol import (
     ShardwireError,
     TransportClosed,
 )
+from shardwire.worker import trace
 from shardwire.worker.arena.gate import Gate, Ticket
 from shardwire.worker.arena.programs import Context, Program
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.deadlines import Deadlines
 from shardwire.worker.collectives.layout import node_layout
 from shardwire.worker.collectives.scratch import ScratchPool
+from shardwire.worker.collectives.split import Split
 from shardwire.worker.collectives.waits import WAITS, waited
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport, TransportTimeout
@@ -236,10 +238,11 @@ class GroupCore:
         limit = self.timeout if timeout is None else timeout
         gate = self.gate if arena is not None else None
         ticket: Ticket | bool = False
+        split = Split() if trace.current() is not None else None  # traced: where time goes
         if gate is not None and arena is not None and nbytes <= EXPRESS_BYTES:
             start = self.recorder.clock()
             with WAITS:  # it runs here, to its end when the engine is idle
-                ticket = gate.express(self._seq, signature, arena[0], limit)
+                ticket = gate.express(self._seq, signature, arena[0], limit, split)
             if ticket is True:
                 op = signature[: signature.find(":")]
                 self.recorder.ended(
@@ -249,10 +252,18 @@ class GroupCore:
                     seq=self._seq,
                     nbytes=nbytes,
                     start=start,
+                    split=split,
                 )
                 return Pending(self, None, value=arena[1])
         call = Call(
-            self.transport, self.ranks, self.rank, self.group_id, self._seq, signature, self._pool
+            self.transport,
+            self.ranks,
+            self.rank,
+            self.group_id,
+            self._seq,
+            signature,
+            self._pool,
+            split=split,
         )
         if gate is None or arena is None:
             return Pending(self, self._run(call, algorithm, limit, nbytes, "links"))
@@ -341,7 +352,8 @@ class GroupCore:
             if outcome == "error":
                 outcome = f"error: {type(self._error).__name__}"
             silent = call.silent_ranks() if outcome != "ok" else ()  # the hot path skips it
-            self.recorder.end(entry, outcome, silent=silent)
+            call.waits()
+            self.recorder.end(entry, outcome, silent=silent, split=call.split)
             if outcome != "ok" and self._gate is not None and self._error is not None:
                 self._gate.poison(self._error)  # wakes the ranks of this node at once
         assert self._error is not None

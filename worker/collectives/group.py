@@ -22,8 +22,8 @@ from shardwire.worker.collectives.core import Pending, group_id_for
 from shardwire.worker.collectives.layout import bounds, offsets
 from shardwire.worker.collectives.leaders import Leaders
 from shardwire.worker.collectives.movement import Movement
-from shardwire.worker.collectives.ops import ReduceOp, check_op, combine, finish
-from shardwire.worker.collectives.plan import GATHER_STEP, choose
+from shardwire.worker.collectives.ops import ReduceOp, check_op, finish
+from shardwire.worker.collectives.plan import GATHER_STEP
 from shardwire.worker.collectives.tiers import Runner, Tiers
 
 
@@ -100,7 +100,7 @@ class Group(Movement):
             if tiers is not None and run is not None:
                 await run(c, lambda: tiers.all_reduce(c, buf, op, limit))
                 return target
-            how = choose("all_reduce", buf.nbytes, c.size)
+            how = c.choose("all_reduce", buf.nbytes)
             if how == "doubling":
                 await small.all_reduce_doubling(c, buf, op)
                 finish(op, buf, c.size)
@@ -149,7 +149,7 @@ class Group(Movement):
                 )
                 return result
             a, b = segs[c.rank]
-            how = choose("reduce_scatter", x.nbytes, c.size)
+            how = c.choose("reduce_scatter", x.nbytes)
             if how == "direct":
                 parts = [src[s:e] for s, e in segs]
                 peers = [p for p in range(c.size) if p != c.rank]
@@ -157,7 +157,7 @@ class Group(Movement):
                 acc = result.reshape(-1)
                 np.copyto(acc, got[0] if c.rank else parts[0])
                 for p in range(1, c.size):
-                    combine(op, acc, got[p] if p != c.rank else parts[p], out=acc)
+                    c.combine(op, acc, got[p] if p != c.rank else parts[p], out=acc)
             elif how in ("ring", "bruck"):
                 acc = c.scratch(src.size, src.dtype)
                 scatter = ring.reduce_scatter if how == "ring" else bruck.reduce_scatter
@@ -194,7 +194,7 @@ class Group(Movement):
         signature = f"reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}:{root}"
 
         async def algorithm(c: Call) -> np.ndarray | None:
-            how = choose("reduce", x.nbytes, c.size)
+            how = c.choose("reduce", x.nbytes)
             if how == "tree":
                 work = src.copy()
                 await small.reduce_tree(c, work, op, root)
@@ -254,7 +254,7 @@ class Group(Movement):
             if tiers is not None and run is not None:
                 await run(c, lambda: tiers.all_gather(c, buf, segs, limit))
                 return result
-            how = choose("all_gather", buf.nbytes, c.size)
+            how = c.choose("all_gather", buf.nbytes)
             if how == "direct":
                 mine = buf[a:b]
                 incoming = {p: buf[s:e] for p, (s, e) in enumerate(segs)}
@@ -283,7 +283,7 @@ class Group(Movement):
             if tiers is not None and run is not None:
                 await run(c, lambda: tiers.broadcast(buf, root, limit))
                 return x
-            how = choose("broadcast", x.nbytes, c.size, crowded=self.transport.crowded)
+            how = c.choose("broadcast", x.nbytes, crowded=self.transport.crowded)
             if how == "tree":
                 await small.broadcast_tree(c, buf, root)
             elif how == "chain":

@@ -17,7 +17,7 @@ from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import GroupCore, Pending
 from shardwire.worker.collectives.layout import offsets
-from shardwire.worker.collectives.plan import P2P_BASE, choose
+from shardwire.worker.collectives.plan import P2P_BASE
 
 
 class Movement(GroupCore):
@@ -42,7 +42,7 @@ class Movement(GroupCore):
         result = out_array(out, (sum(sizes), *row_shape), x.dtype) if self.rank == root else None
 
         async def algorithm(c: Call) -> np.ndarray | None:
-            if choose("gather", x.nbytes, c.size) == "tree":
+            if c.choose("gather", x.nbytes) == "tree":
                 row = math.prod(row_shape)
                 gathered = await small.gather_tree(c, src, [k * row for k in sizes], root)
                 if gathered is None:
@@ -83,7 +83,7 @@ class Movement(GroupCore):
         signature = f"scatter:{root}"
 
         async def algorithm(c: Call) -> np.ndarray:
-            if choose("scatter", 0, c.size) == "tree":
+            if c.choose("scatter", 0) == "tree":
                 got = await small.scatter_tree(c, chunks if c.rank == root else None, root)
                 if out is None:
                     return got

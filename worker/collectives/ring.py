@@ -25,7 +25,7 @@ import numpy as np
 
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.layout import bounds, pipeline_depth, sub
-from shardwire.worker.collectives.ops import ReduceOp, combine, finish
+from shardwire.worker.collectives.ops import ReduceOp, finish
 from shardwire.worker.collectives.plan import GATHER_STEP
 from shardwire.worker.transport.base import Receive
 from shardwire.worker.transport.mailbox import Fold
@@ -51,13 +51,13 @@ def _lanes(segs: list[tuple[int, int]], itemsize: int) -> int:
     return pipeline_depth(widest, chunk_bytes=CHUNK_BYTES, max_depth=MAX_LANES)
 
 
-def _folder(op: ReduceOp, mine: np.ndarray, acc: np.ndarray) -> Fold:
+def _folder(c: Call, op: ReduceOp, mine: np.ndarray, acc: np.ndarray) -> Fold:
     """``acc = incoming (op) mine``, piece by piece as the incoming bytes arrive (the
     left neighbour's partial sum comes first, as everywhere: bit-identical results)."""
 
     def fold(piece: np.ndarray, at: int) -> None:
         end = at + piece.size
-        combine(op, piece, mine[at:end], out=acc[at:end])
+        c.combine(op, piece, mine[at:end], out=acc[at:end])
 
     return fold
 
@@ -86,7 +86,7 @@ async def reduce_scatter(
     for s in range(n - 1):
         for j in range(depth):
             ra, rb = sub(segs[(r - s - 2) % n], depth, j)
-            fold = _folder(op, src[ra:rb], acc[ra:rb]) if folding else None
+            fold = _folder(c, op, src[ra:rb], acc[ra:rb]) if folding else None
             step = base_step + s * depth + j
             receives[s, j] = c.irecv(left, step, out=incoming[ra:rb], fold=fold)
 
@@ -97,7 +97,7 @@ async def reduce_scatter(
             await receives[s, j].wait()  # when folding, it is reduced into acc already
             if not folding:
                 ra, rb = sub(segs[(r - s - 2) % n], depth, j)
-                combine(op, incoming[ra:rb], src[ra:rb], out=acc[ra:rb])
+                c.combine(op, incoming[ra:rb], src[ra:rb], out=acc[ra:rb])
 
     await asyncio.gather(*(lane(j) for j in range(depth)))
 

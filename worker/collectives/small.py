@@ -21,7 +21,7 @@ import numpy as np
 
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.layout import largest_power_of_two
-from shardwire.worker.collectives.ops import ReduceOp, combine
+from shardwire.worker.collectives.ops import ReduceOp
 
 _EMPTY = np.zeros(0, np.uint8)
 
@@ -43,7 +43,7 @@ async def all_reduce_doubling(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
             await c.recv(r - 1, last, out=buf)
             return
         await c.recv(r + 1, 0, out=scratch)
-        combine(op, buf, scratch, out=buf)
+        c.combine(op, buf, scratch, out=buf)
         virtual = r // 2
     else:
         virtual = r - rem
@@ -55,9 +55,9 @@ async def all_reduce_doubling(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
         await c.send(partner, buf, step)
         await receive.wait()
         if virtual < partner_v:
-            combine(op, buf, scratch, out=buf)
+            c.combine(op, buf, scratch, out=buf)
         else:
-            combine(op, scratch, buf, out=buf)
+            c.combine(op, scratch, buf, out=buf)
         mask <<= 1
         step += 1
     if r < 2 * rem:
@@ -109,7 +109,7 @@ async def reduce_tree(c: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None
             return
         if v + mask < n:
             await c.recv((r + mask) % n, 0, out=scratch)
-            combine(op, buf, scratch, out=buf)  # own (lower virtual ranks) part first
+            c.combine(op, buf, scratch, out=buf)  # own (lower virtual ranks) part first
         mask <<= 1
 
 

@@ -71,6 +71,8 @@ class Phases:
                     await asyncio.shield(before)
                 for group in self.subgroups():
                     group.within = c.signature
+                if c.split is not None:
+                    c.split.composed = True
                 await phases()
             except (ShardwireError, OSError) as exc:  # tell the node and the whole group
                 for group in (*self.subgroups(), self.group):

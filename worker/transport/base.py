@@ -13,17 +13,18 @@ import abc
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
-from shardwire.worker.transport.mailbox import Fold, Mailbox
+from shardwire.worker.transport.mailbox import Fold, Mailbox, Posted
 from shardwire.worker.transport.place import Place
 from shardwire.worker.transport.poll import POLL_MAX_BYTES, BusyPoll
 from shardwire.worker.transport.relay import Relay
+from shardwire.worker.transport.traffic import TransportStats
 
 log = logging.getLogger("shardwire.worker")
 
@@ -35,20 +36,21 @@ class TransportTimeout(ShardwireError, TimeoutError):
     """A send or receive did not complete within its timeout."""
 
 
-@dataclass(slots=True)
-class TransportStats:
-    """Bytes and messages moved by this rank (payload bytes only)."""
-
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
-
-
 class Receive:
     """A posted receive (from :meth:`Transport.irecv`)."""
 
-    __slots__ = ("_transport", "future", "limit", "nbytes", "op", "received", "src", "tag")
+    __slots__ = (
+        "_posted",
+        "_transport",
+        "awaited_at",
+        "future",
+        "limit",
+        "nbytes",
+        "op",
+        "received",
+        "src",
+        "tag",
+    )
 
     def __init__(
         self,
@@ -56,15 +58,21 @@ class Receive:
         src: int,
         tag: Tag,
         op: str,
-        future: asyncio.Future,
+        posted: Posted,
         *,
         limit: float,
         nbytes: int = 0,
     ):
-        self._transport = transport
-        self.src, self.tag, self.op, self.future, self.limit = src, tag, op, future, limit
+        self._transport, self._posted = transport, posted
+        self.src, self.tag, self.op, self.future, self.limit = src, tag, op, posted.future, limit
         self.nbytes = nbytes  # the size expected (of ``out``), 0 if unknown
         self.received = False  # set once wait() returned the array
+        self.awaited_at = 0.0  # when wait() suspended for it (0: it was here already)
+
+    @property
+    def began(self) -> float:
+        """When the payload began to arrive, if after it was posted (else 0)."""
+        return self._posted.began
 
     def done(self) -> bool:
         return self.future.done()
@@ -75,6 +83,7 @@ class Receive:
         if self.future.done():  # it was already here: no timer, no suspension
             result = self.future.result()
         else:
+            self.awaited_at = time.monotonic()
             if self.nbytes <= POLL_MAX_BYTES:
                 t.poll.hold(self.future)
             if self.limit == math.inf:  # the caller bounds the wait (a collective's deadline)
@@ -228,7 +237,8 @@ class Transport(abc.ABC):
             check_dtype(out.dtype)
             if not out.flags.c_contiguous or not out.flags.writeable:
                 raise ValueError("recv(out=...) needs a writeable C-contiguous array")
-        future = self.mailbox.post(src, tag, op, out, fold)
+        posted = self.mailbox.post(src, tag, op, out, fold)
+        future = posted.future
         if not future.done():
             if src in self._departed:
                 self.mailbox.withdraw(src, tag, future)
@@ -238,7 +248,7 @@ class Transport(abc.ABC):
                 self._posted(src)
         limit = self.timeout if timeout is None else timeout
         nbytes = 0 if out is None else out.nbytes
-        return Receive(self, src, tag, op, future, limit=limit, nbytes=nbytes)
+        return Receive(self, src, tag, op, posted, limit=limit, nbytes=nbytes)
 
     async def recv_any(
         self,

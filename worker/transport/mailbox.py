@@ -25,6 +25,7 @@ fails every pending receive of the group and every later one.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,13 +43,16 @@ POISON_OP = "__poison__"
 
 
 @dataclass(slots=True)
-class _Posted:
+class Posted:
+    """A receive waiting in the mailbox; its future completes with the message."""
+
     op: str
     out: np.ndarray | None
     future: asyncio.Future
     filling: bool = False
     fold: Fold | None = None
     wild: bool = False  # from any source: completes with (source rank, array)
+    began: float = 0.0  # when its payload began to arrive (0: it was here first)
 
     def resolve(self, meta: TensorMeta, array: np.ndarray) -> None:
         self.future.set_result((meta.src, array) if self.wild else array)
@@ -60,7 +64,7 @@ class Inbound:
 
     meta: TensorMeta
     array: np.ndarray
-    posted: _Posted | None
+    posted: Posted | None
     error: MessageMismatch | None = None
     drop: bool = False  # a mismatched frame nobody will receive
     folded: bool = False  # its pieces went to the receive's fold as they arrived
@@ -127,8 +131,8 @@ class Mailbox:
         self.early_bytes = 0
         self._on_drain = on_drain
         self._on_notice = on_notice  # a poison notice arrived (after failing the group)
-        self._posted: dict[Key, deque[_Posted]] = {}
-        self._wild: dict[Tag, deque[_Posted]] = {}  # receives from any source
+        self._posted: dict[Key, deque[Posted]] = {}
+        self._wild: dict[Tag, deque[Posted]] = {}  # receives from any source
         self._early: dict[Key, deque[tuple[TensorMeta, np.ndarray]]] = {}
         self._calls: dict[Call, list] = {}  # our posted calls: [op, receives listed]
         self._early_calls: dict[Call, list] = {}  # held frames: [src, op, count]
@@ -142,20 +146,20 @@ class Mailbox:
 
     def post(
         self, src: int, tag: Tag, op: str, out: np.ndarray | None, fold: Fold | None = None
-    ) -> asyncio.Future:
-        """Register a receive; completes at once if the message is already here.
-        With ``fold``, the message is folded (see :data:`Fold`) before it completes."""
+    ) -> Posted:
+        """Register a receive; its future completes at once if the message is already
+        here. With ``fold``, the message is folded (see :data:`Fold`) before it completes."""
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        posted = Posted(op, out, future, fold=fold)
         group_error = self._group_errors.get(tag.group)
         if group_error is not None:
             _fail(future, group_error)
-            return future
-        posted = _Posted(op, out, future, fold=fold)
+            return posted
         call = (tag.group, tag.seq)
         held = self._early_calls.get(call)
         if held is not None and held[1] != op:
             _fail(future, _mismatch(self.rank, held[0], tag.seq, op, held[1]))
-            return future
+            return posted
         key = (src, tag)
         if self._early.get(key):
             self._serve_early(key, posted)
@@ -164,7 +168,7 @@ class Mailbox:
             entry = self._calls.setdefault(call, [op, 0])
             entry[0] = op
             entry[1] += 1
-        return future
+        return posted
 
     def post_any(self, tag: Tag, op: str, out: np.ndarray | None) -> asyncio.Future:
         """Register a receive of ``tag`` from any source; its future completes with
@@ -174,7 +178,7 @@ class Mailbox:
         if group_error is not None:
             _fail(future, group_error)
             return future
-        posted = _Posted(op, out, future, wild=True)
+        posted = Posted(op, out, future, wild=True)
         key = next((k for k in self._early if k[1] == tag), None)  # held: bounded bytes
         if key is not None:
             self._serve_early(key, posted)
@@ -191,7 +195,7 @@ class Mailbox:
         if not queue:
             self._wild.pop(tag, None)
 
-    def _serve_early(self, key: Key, posted: _Posted) -> None:
+    def _serve_early(self, key: Key, posted: Posted) -> None:
         """Complete ``posted`` with the oldest message held under ``key``."""
         early = self._early[key]
         meta, array = early.popleft()
@@ -209,7 +213,7 @@ class Mailbox:
             if entry[1] <= 0:
                 del self._calls[call]
 
-    def _complete(self, posted: _Posted, meta: TensorMeta, array: np.ndarray) -> None:
+    def _complete(self, posted: Posted, meta: TensorMeta, array: np.ndarray) -> None:
         """Hand a held message to a receive (one copy when it has an ``out`` array)."""
         try:
             check_match(meta, posted.op, posted.out, self.rank)
@@ -261,6 +265,7 @@ class Mailbox:
         except MessageMismatch as exc:
             return Inbound(meta, _scratch(meta), posted, exc)
         posted.filling = True
+        posted.began = time.monotonic()
         target = posted.out if posted.out is not None else _scratch(meta)
         return Inbound(meta, target, posted)
 
@@ -357,7 +362,7 @@ class Mailbox:
 
     # ---- bookkeeping -------------------------------------------------------------------
 
-    def _take_posted(self, key: Key) -> _Posted | None:
+    def _take_posted(self, key: Key) -> Posted | None:
         queue = self._posted.get(key)
         posted = None
         while queue and posted is None:
@@ -369,7 +374,7 @@ class Mailbox:
             del self._posted[key]
         return posted
 
-    def _take_wild(self, tag: Tag) -> _Posted | None:
+    def _take_wild(self, tag: Tag) -> Posted | None:
         queue = self._wild.get(tag)
         posted = None
         while queue and posted is None:

@@ -1,4 +1,5 @@
-"""What each peer link carried (pure): payload bytes and messages each way, by path.
+"""What this rank moved (pure): its totals, and what each peer link carried: payload
+bytes and messages each way, by path.
 
 A link is a peer and a path: ``tcp`` (frames on the connection) or ``shm`` (payloads
 through the pair's shared-memory segment, announced on the connection). Counts are
@@ -29,6 +30,16 @@ TIMED_BYTES = 256 * 1024  # received payloads this large are timed (several read
 RTT_EVERY = 0.5  # seconds between two round-trip samples of one connection
 _TCPI_RTT = 68  # offset of tcpi_rtt (microseconds) in Linux's struct tcp_info
 _TCP_INFO = getattr(socket, "TCP_INFO", None)
+
+
+@dataclass(slots=True)
+class TransportStats:
+    """Bytes and messages moved by this rank, by every path (payload bytes only)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
 
 
 @dataclass(slots=True)

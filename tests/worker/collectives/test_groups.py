@@ -86,15 +86,15 @@ async def test_a_call_is_awaited_or_started_once(kind: str) -> None:
 
 
 async def test_the_algorithm_is_the_one_choose_names(kind: str, monkeypatch) -> None:
-    from shardwire.worker.collectives import group as group_module
+    from shardwire.worker.collectives import call as call_module
 
     asked: list[tuple[str, int, int]] = []
 
-    def forced(op: str, nbytes: int, size: int, *, nodes: bool = False) -> str:
+    def forced(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded=False) -> str:
         asked.append((op, nbytes, size))
         return "ring"  # even for a payload the thresholds call small
 
-    monkeypatch.setattr(group_module, "choose", forced)
+    monkeypatch.setattr(call_module, "choose", forced)
     async with group_world(_messages(kind), 3) as groups:
         out = await on_all(groups, lambda g: g.all_reduce(np.full(10, g.rank + 1.0)))
     assert all(o.tolist() == [6.0] * 10 for o in out)
