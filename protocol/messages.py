@@ -16,6 +16,7 @@ from shardwire.protocol.clock import ClockQuery, ClockReply
 from shardwire.protocol.errors import ProtocolError
 from shardwire.protocol.fields import Cause, Hex, Rank, Reason, Size, Str, Text, Trace
 from shardwire.protocol.fields import Msg as _Msg
+from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
 from shardwire.protocol.placement import PeerPage, PeerQuery, Placement
 
 
@@ -159,28 +160,6 @@ class _Progress(_Msg):
     busy_s: float = 0.0
     busy_at: Str = ""
     busy_stack: Text = ""
-
-
-_Total = Annotated[int, Field(ge=0, lt=1 << 63)]
-LINKS_PER_BEAT = 64  # link reports a heartbeat carries at most (the busiest changed ones)
-
-
-class LinkReport(_Msg):
-    """One of a worker's peer links by one path, as counted since the job's generation
-    began (totals, so a lost heartbeat loses nothing): payload bytes and messages each
-    way, the bytes of received payloads large enough to time and the microseconds they
-    took from their header to their last byte (the link's achieved bandwidth), and the
-    kernel's smoothed round-trip time of the connection (0: not measured)."""
-
-    peer: Rank
-    path: Literal["tcp", "shm"]
-    bytes_sent: _Total = 0
-    bytes_received: _Total = 0
-    messages_sent: _Total = 0
-    messages_received: _Total = 0
-    timed_bytes: _Total = 0
-    timed_us: _Total = 0
-    rtt_us: _Total = 0
 
 
 class Heartbeat(_Progress):

@@ -6,9 +6,10 @@ from shardwire.protocol import (
     CollectiveMismatch,
     CollectiveTimeout,
 )
-from shardwire.worker.collectives.core import DEFAULT_TIMEOUT, Pending, Work, group_id_for
+from shardwire.worker.collectives.core import DEFAULT_TIMEOUT, group_id_for
 from shardwire.worker.collectives.group import Group
 from shardwire.worker.collectives.ops import ReduceOp
+from shardwire.worker.collectives.work import Pending, Work
 
 __all__ = [
     "DEFAULT_TIMEOUT",

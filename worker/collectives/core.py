@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from shardwire.protocol import (
     CollectiveCancelled,
@@ -32,7 +32,8 @@ from shardwire.worker.collectives.deadlines import Deadlines
 from shardwire.worker.collectives.layout import node_layout
 from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.collectives.split import Split
-from shardwire.worker.collectives.waits import WAITS, waited
+from shardwire.worker.collectives.waits import WAITS
+from shardwire.worker.collectives.work import Pending, Work
 from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport, TransportTimeout
 
@@ -49,84 +50,6 @@ def group_id_for(ranks: Sequence[int], name: str = "") -> int:
     """A group id every member derives alike from the member list (0 is the world)."""
     text = f"{name}|{','.join(map(str, ranks))}"
     return (zlib.crc32(text.encode()) & 0x3FFFFFFF) + 1
-
-
-class Work(Generic[T]):
-    """A collective running in the background (``group.all_gather(x).start()``); owned by
-    its group.
-
-    ``await work.wait()`` returns the result (or raises the call's error); ``done()``
-    polls; ``cancel()`` aborts it, which poisons the group on every rank (the ranks
-    are mid-exchange and cannot agree on where they stopped).
-    """
-
-    def __init__(self, task: asyncio.Future[T]):
-        self._task = task
-
-    async def wait(self) -> T:
-        # shield: a waiter that gives up does not abort the collective; cancel() does.
-        if self._task.done():
-            return self._task.result()
-        with WAITS:
-            return await asyncio.shield(self._task)
-
-    def done(self) -> bool:
-        return self._task.done()
-
-    def cancel(self) -> None:
-        self._task.cancel()
-
-
-class Pending(Generic[T]):
-    """A collective call, placed in its group's order when it was made.
-
-    ``await`` it for the result, or call :meth:`start` to run it in the background and
-    get a :class:`Work`; one or the other, once.
-    """
-
-    __slots__ = ("_coro", "_group", "_on_start", "_taken", "_value")
-
-    def __init__(
-        self,
-        group: GroupCore,
-        coro: Coroutine[Any, Any, T] | None,
-        on_start: Callable[[], None] | None = None,
-        value: Any = None,
-    ):
-        self._group = group
-        self._coro = coro  # None: the call already ended, with ``value``
-        self._value = value
-        self._taken = False
-        self._on_start = on_start  # the arena runs a started call on its thread at once
-
-    def _take(self) -> Coroutine[Any, Any, T] | None:
-        if self._taken:
-            raise RuntimeError("this collective call was already awaited or started")
-        self._taken = True
-        return self._coro
-
-    def __await__(self) -> Generator[Any, None, T]:
-        coro = self._take()
-        if coro is None:
-            return _ended(self._value)
-        return waited(coro)
-
-    def start(self) -> Work[T]:
-        """Run the call in the background; the group owns it (and cancels it on close)."""
-        coro = self._take()
-        if coro is None:
-            ended: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-            ended.set_result(self._value)
-            return Work(ended)
-        work = self._group._spawn(coro)
-        if self._on_start is not None:
-            self._on_start()
-        return work
-
-
-def _ended(value: T) -> Generator[Any, None, T]:
-    return value
-    yield  # a generator that returns at once: awaiting an ended call never suspends
 
 
 class GroupCore:

@@ -18,13 +18,14 @@ from shardwire.worker.arena import programs
 from shardwire.worker.collectives import bruck, ring, small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.core import Pending, group_id_for
+from shardwire.worker.collectives.core import group_id_for
 from shardwire.worker.collectives.layout import bounds, offsets
 from shardwire.worker.collectives.leaders import Leaders
 from shardwire.worker.collectives.movement import Movement
 from shardwire.worker.collectives.ops import ReduceOp, check_op, finish
 from shardwire.worker.collectives.plan import GATHER_STEP
 from shardwire.worker.collectives.tiers import Runner, Tiers
+from shardwire.worker.collectives.work import Pending
 
 
 class Group(Movement):

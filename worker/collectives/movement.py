@@ -15,9 +15,10 @@ from shardwire.worker.arena import programs
 from shardwire.worker.collectives import small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.core import GroupCore, Pending
+from shardwire.worker.collectives.core import GroupCore
 from shardwire.worker.collectives.layout import offsets
 from shardwire.worker.collectives.plan import P2P_BASE
+from shardwire.worker.collectives.work import Pending
 
 
 class Movement(GroupCore):

@@ -4,12 +4,11 @@ Theory of operation
 -------------------
 Messages are matched by (source rank, tag), first in first out for equal keys; a
 receive from any source (``post_any``) takes the first message of its tag that no
-receive naming its source waits for. When a
-frame header arrives, :meth:`Mailbox.begin` picks where its payload goes: straight into
-the ``out`` array of a receive that is already posted (zero copy), or into a fresh array
-that is held until the receive comes (an *early arrival*, bounded by ``max_early_bytes``:
-past the bound the transport stops reading from the wire until a receive drains the
-backlog).
+receive naming its source waits for. When a frame header arrives, :meth:`Mailbox.begin`
+picks where its payload goes: straight into the ``out`` array of a receive that is
+already posted (zero copy), or into a fresh array held until the receive comes (an
+*early arrival*, bounded by ``max_early_bytes``: past the bound the transport stops
+reading from the wire until a receive drains the backlog).
 
 Every frame carries an op *signature* (for collectives: name, dtype, size, reduction),
 and all frames of one call share (group, seq). The mailbox remembers the signature of the
@@ -88,10 +87,11 @@ def byte_view(array: np.ndarray) -> memoryview:
 
 
 def _fail(future: asyncio.Future, exc: BaseException) -> None:
-    """Fail a receive. Its waiter may be gone (a collective stops at its first error),
-    so the exception counts as retrieved instead of being logged at collection."""
-    future.set_exception(exc)
-    future.exception()
+    """Fail a receive unless it already ended. Its waiter may be gone (a collective stops
+    at its first error), so the exception counts as retrieved, never logged."""
+    if not future.done():
+        future.set_exception(exc)
+        future.exception()
 
 
 def _scratch(meta: TensorMeta) -> np.ndarray:
@@ -305,8 +305,7 @@ class Mailbox:
         """The payload of ``inbound`` will never complete (its connection is gone or it
         arrived corrupted): fail its receive, if one was posted, with ``exc``."""
         if inbound.posted is not None:
-            if not inbound.posted.future.done():
-                _fail(inbound.posted.future, exc)
+            _fail(inbound.posted.future, exc)
         elif inbound.meta.op != POISON_OP and not inbound.drop:
             self._release(inbound.meta, inbound.array.nbytes)  # held as an early arrival
 
@@ -333,8 +332,7 @@ class Mailbox:
         if src is None:
             for queue in self._wild.values():
                 for posted in queue:
-                    if not posted.future.done():
-                        _fail(posted.future, exc)
+                    _fail(posted.future, exc)
             self._wild.clear()
 
     def poison_group(self, group: int, exc: BaseException) -> None:
@@ -344,8 +342,7 @@ class Mailbox:
             self._fail_queue(key, self._group_errors[group])
         for tag in [t for t in self._wild if t.group == group]:
             for posted in self._wild.pop(tag):
-                if not posted.future.done():
-                    _fail(posted.future, self._group_errors[group])
+                _fail(posted.future, self._group_errors[group])
 
     def group_error(self, group: int) -> BaseException | None:
         return self._group_errors.get(group)
@@ -357,8 +354,7 @@ class Mailbox:
     def _fail_queue(self, key: Key, exc: BaseException) -> None:
         for posted in self._posted.pop(key, ()):
             self._unlisted(key[1])
-            if not posted.future.done():
-                _fail(posted.future, exc)
+            _fail(posted.future, exc)
 
     # ---- bookkeeping -------------------------------------------------------------------
 
