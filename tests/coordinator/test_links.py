@@ -72,6 +72,16 @@ def test_a_long_round_trip_is_named_when_bandwidth_says_nothing() -> None:
     )
 
 
+def test_round_trips_of_a_busy_host_or_of_quiet_links_name_nobody() -> None:
+    table = LinkTable()
+    _mesh(table, 4, rtt_us=200)
+    table.add(3, [LinkReport(peer=0, path="tcp", bytes_sent=8 << 20, rtt_us=1_700)])
+    assert table.slow() is None  # 8.5x the median, but scheduling noise on a busy host
+    table.add(4, [LinkReport(peer=0, path="tcp", bytes_sent=1000, rtt_us=40_000)])
+    table.add(0, [LinkReport(peer=4, path="tcp", bytes_sent=1000, rtt_us=40_000)])
+    assert table.slow() is None  # a few small messages: the kernel's estimate says little
+
+
 def test_links_within_noise_or_too_few_name_nobody() -> None:
     table = LinkTable()
     _mesh(table, 4, slow=(1, 2, 200 * MB))  # 2.5x below the median: noise on a busy host
