@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from .cli import ROOT
+from .cli import ROOT, SHARDWIRE
 
 SUBNET = "10.77.0"
 
@@ -79,3 +79,34 @@ def inside(ns: str, *cmd: str, **kw) -> subprocess.Popen:
         text=True,
         **kw,
     )
+
+
+def coordinator_inside(
+    ns: str, host: str, port: int, *, world_size: int, run_id: str, env: dict[str, str]
+) -> subprocess.Popen:
+    """A coordinator of ``world_size`` workers listening on ``host:port`` in ``ns`` (no
+    status page)."""
+    return inside(
+        ns, SHARDWIRE, "coordinator", "--host", host, "--port", str(port),
+        "--world-size", str(world_size), "--run-id", run_id, "--http-port", "-1", env=env,
+    )  # fmt: skip
+
+
+def worker_inside(
+    ns: str,
+    coordinator: str,
+    *script: str,
+    nnodes: int,
+    nproc: int,
+    node_id: str,
+    node_rank: int,
+    run_id: str,
+    env: dict[str, str],
+) -> subprocess.Popen:
+    """``shardwire worker`` in ``ns``: node ``node_rank`` of ``nnodes`` with ``nproc``
+    ranks running ``script`` (a path and its arguments)."""
+    return inside(
+        ns, SHARDWIRE, "worker", "--coordinator", coordinator, "--nnodes", str(nnodes),
+        "--nproc-per-node", str(nproc), "--node-id", node_id, "--node-rank", str(node_rank),
+        "--run-id", run_id, *script, env=env,
+    )  # fmt: skip

@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from .cli import SCRIPTS, SHARDWIRE, env
-from .netns import inside, make_hosts
+from .cli import SCRIPTS, env
+from .netns import coordinator_inside, make_hosts, worker_inside
 
 pytestmark = pytest.mark.e2e
 SUBNET = "10.77.3"
@@ -38,40 +38,15 @@ def shape(ns: str, dst: str, mbit: int) -> None:
         check=True, capture_output=True, text=True, timeout=10,
     )  # fmt: skip
     dev = found.stdout.split(":")[1].strip().split("@")[0]
+    rules = [
+        f"qdisc add dev {dev} root handle 1: htb default 10",
+        f"class add dev {dev} parent 1: classid 1:10 htb rate 10gbit",
+        f"class add dev {dev} parent 1: classid 1:20 htb rate {mbit}mbit",
+        f"filter add dev {dev} protocol ip parent 1: prio 1 u32 match ip dst {dst}/32 flowid 1:20",
+    ]
     try:
-        _tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
-        _tc(
-            ns,
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:10",
-            "htb",
-            "rate",
-            "10gbit",
-        )
-        _tc(
-            ns,
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:20",
-            "htb",
-            "rate",
-            f"{mbit}mbit",
-        )
-        _tc(
-            ns, "filter", "add", "dev", dev, "protocol", "ip", "parent", "1:", "prio", "1",
-            "u32", "match", "ip", "dst", f"{dst}/32", "flowid", "1:20",
-        )  # fmt: skip
+        for rule in rules:
+            _tc(ns, *rule.split())
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
         why = exc.stderr.decode().strip() if isinstance(exc, subprocess.CalledProcessError) else exc
         pytest.skip(f"cannot shape a link here (tc htb and u32): {why}")
@@ -81,38 +56,25 @@ def shape(ns: str, dst: str, mbit: int) -> None:
 def test_the_slowed_rank_and_the_shaped_link_are_both_named(four_hosts) -> None:
     shape(four_hosts[1], f"{SUBNET}.3", SHAPED_MBIT)  # rank 1 -> rank 2
     token = {"SHARDWIRE_TOKEN": "links-token"}
-    coordinator = inside(
-        four_hosts[0], SHARDWIRE, "coordinator", "--host", f"{SUBNET}.1", "--port", "29410",
-        "--world-size", "4", "--run-id", "links", "--http-port", "-1", env=env(**token),
-    )  # fmt: skip
+    address = f"{SUBNET}.1"
+    coordinator = coordinator_inside(
+        four_hosts[0], address, 29410, world_size=4, run_id="links", env=env(**token)
+    )
     procs = [coordinator]
+    faults = {"STEPS": "40", "SIZE": str(1 << 18), "SLOW_RANK": "3", "SLOW_SECONDS": "0.15"}
     try:
         for rank, ns in enumerate(four_hosts):
             procs.append(
-                inside(
+                worker_inside(
                     ns,
-                    SHARDWIRE,
-                    "worker",
-                    "--coordinator",
-                    f"{SUBNET}.1:29410",
-                    "--nnodes",
-                    "4",
-                    "--nproc-per-node",
-                    "1",
-                    "--node-id",
-                    f"host-{rank}",
-                    "--node-rank",
-                    str(rank),
-                    "--run-id",
-                    "links",
+                    f"{address}:29410",
                     str(SCRIPTS / "steps.py"),
-                    env=env(
-                        **token,
-                        STEPS="40",
-                        SIZE=str(1 << 18),
-                        SLOW_RANK="3",
-                        SLOW_SECONDS="0.15",
-                    ),
+                    nnodes=4,
+                    nproc=1,
+                    node_id=f"host-{rank}",
+                    node_rank=rank,
+                    run_id="links",
+                    env=env(**token, **faults),
                 )  # fmt: skip
             )
         outputs = [p.communicate(timeout=240) for p in procs[1:]]

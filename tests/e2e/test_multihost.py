@@ -10,7 +10,7 @@ import json
 import pytest
 
 from .cli import SHARDWIRE, env, run_records, shardwire
-from .netns import SUBNET, inside
+from .netns import SUBNET, coordinator_inside, inside, worker_inside
 
 pytestmark = pytest.mark.e2e
 
@@ -20,32 +20,23 @@ def _two_hosts(hosts, *script: str, node_ranks: tuple[int, int] = (0, 1)) -> str
     ``script``'s arguments; returns the workers' output."""
     coordinator_ns, *nodes = hosts
     token = {"SHARDWIRE_TOKEN": "multi-host-token"}
-    coordinator = inside(
-        coordinator_ns, SHARDWIRE, "coordinator", "--host", f"{SUBNET}.1", "--port", "29400",
-        "--world-size", "4", "--run-id", "mh", "--http-port", "-1", env=env(**token),
-    )  # fmt: skip
+    coordinator = coordinator_inside(
+        coordinator_ns, f"{SUBNET}.1", 29400, world_size=4, run_id="mh", env=env(**token)
+    )
     procs = [coordinator]
     try:
         for ns, node, index in zip(nodes, ("node-a", "node-b"), node_ranks, strict=True):
             procs.append(
-                inside(
+                worker_inside(
                     ns,
-                    SHARDWIRE,
-                    "worker",
-                    "--coordinator",
                     f"{SUBNET}.1:29400",
-                    "--nnodes",
-                    "2",
-                    "--nproc-per-node",
-                    "2",
-                    "--node-id",
-                    node,
-                    "--node-rank",
-                    str(index),
-                    "--run-id",
-                    "mh",
                     "examples/digits.py",
                     *script,
+                    nnodes=2,
+                    nproc=2,
+                    node_id=node,
+                    node_rank=index,
+                    run_id="mh",
                     env=env(**token),
                 )  # fmt: skip
             )

@@ -43,18 +43,17 @@ class TransportStats:
 
 
 @dataclass(slots=True)
-class LinkCounters:
+class LinkCounters(TransportStats):
     """One link's totals, and whether they moved since the last report."""
 
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
     timed_bytes: int = 0
     timed_us: int = 0
     rtt_us: int = 0
     reported_bytes: int = 0  # bytes both ways at the last report
     changed: bool = False
+
+
+_REPORTED = tuple(name for name in LinkReport.model_fields if name not in ("peer", "path"))
 
 
 class Traffic:
@@ -100,19 +99,8 @@ class Traffic:
         for (peer, path), link in due[:limit]:
             link.changed = False
             link.reported_bytes = link.bytes_sent + link.bytes_received
-            reports.append(
-                LinkReport(
-                    peer=peer,
-                    path=path,
-                    bytes_sent=link.bytes_sent,
-                    bytes_received=link.bytes_received,
-                    messages_sent=link.messages_sent,
-                    messages_received=link.messages_received,
-                    timed_bytes=link.timed_bytes,
-                    timed_us=link.timed_us,
-                    rtt_us=link.rtt_us,
-                )
-            )
+            totals = {name: getattr(link, name) for name in _REPORTED}
+            reports.append(LinkReport(peer=peer, path=path, **totals))
         return reports
 
     def get(self, peer: int, path: Path = "tcp") -> LinkCounters | None:
