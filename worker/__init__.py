@@ -28,6 +28,7 @@ from shardwire.protocol import (
 from shardwire.worker.api import Session, init
 from shardwire.worker.collectives import Group, ReduceOp, Work
 from shardwire.worker.group import ProcessGroup
+from shardwire.worker.mesh import Mesh, MeshError
 from shardwire.worker.runtime import run
 from shardwire.worker.settings import WorkerConfig
 from shardwire.worker.trace import span
@@ -42,6 +43,8 @@ __all__ = [
     "Group",
     "IntegrityError",
     "JobAborted",
+    "Mesh",
+    "MeshError",
     "PeerFailed",
     "ProcessGroup",
     "ReduceOp",

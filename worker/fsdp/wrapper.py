@@ -33,7 +33,7 @@ import numpy as np
 
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.agree import differing_from_root
-from shardwire.worker.fsdp import checkpoint, memory
+from shardwire.worker.fsdp import checkpoint, memory, norms
 from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
 from shardwire.worker.fsdp.hooks import Bridge, hook_module
@@ -43,6 +43,7 @@ from shardwire.worker.fsdp.persist import Checkpointer, Resumed
 from shardwire.worker.fsdp.reducer import Reducer
 from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.fsdp.unit import Unit, UnitState
+from shardwire.worker.mesh import Mesh
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import Optimizer
 from shardwire.worker.trace import span
@@ -56,10 +57,17 @@ class FSDP:
     """Wrap ``model`` for sharded training on ``group``; build with :meth:`create`."""
 
     def __init__(
-        self, model: Module, group: Group, *, optimizer: Optimizer, config: FSDPConfig
+        self,
+        model: Module,
+        group: Group,
+        *,
+        optimizer: Optimizer,
+        config: FSDPConfig,
+        mesh: Mesh | None = None,
     ) -> None:
         self.model = model
         self.group = group
+        self.mesh = mesh  # the layout this model is part of, if any (shards over its dp)
         self.config = config
         self.strategy = config.strategy
         self.optimizer = optimizer
@@ -93,9 +101,10 @@ class FSDP:
 
     @classmethod
     async def create(
-        cls, model: Module, group: Group, *, optimizer: Optimizer, **options: Any
+        cls, model: Module, group: Group | Mesh, *, optimizer: Optimizer, **options: Any
     ) -> FSDP:
-        """Check that every rank wraps the same model, then shard it.
+        """Check that every rank wraps the same model, then shard it over ``group`` (or a
+        :class:`~shardwire.worker.mesh.Mesh`'s data-parallel group ``dp``).
 
         ``options`` are the fields of :class:`FSDPConfig` (strategy, policy, prefetch,
         prefetch_depth, prefetch_bytes, shard_size, mixed_precision, bucket_bytes,
@@ -104,6 +113,8 @@ class FSDP:
         if "strategy" in options:
             options["strategy"] = Strategy(options["strategy"])
         config = FSDPConfig(**options)
+        mesh = group if isinstance(group, Mesh) else None
+        group = group.dp if isinstance(group, Mesh) else group
         differ, count = await differing_from_root(group, fingerprint(model))
         if count:
             more = f" and {count - len(differ)} more" if count > len(differ) else ""
@@ -111,7 +122,7 @@ class FSDP:
                 f"model on rank(s) {differ}{more} differs from rank 0's (parameter "
                 "names, shapes or dtypes); build the same model everywhere"
             )
-        return cls(model, group, optimizer=optimizer, config=config)
+        return cls(model, group, optimizer=optimizer, config=config, mesh=mesh)
 
     def _groups(self, shard_size: int | None) -> tuple[Group, Group | None]:
         if self.strategy is not Strategy.HYBRID_SHARD:
@@ -311,23 +322,10 @@ class FSDP:
             unit.zero_grad()
 
     async def clip_grad_norm(self, max_norm: float) -> float:
-        """Scale gradients so their global L2 norm is at most ``max_norm``; returns the
-        norm before clipping (the same number single-process training computes)."""
-        local = 0.0
-        for unit in self.all_units():
-            local += float(np.dot(unit.grad_shard, unit.grad_shard))
-            unit.page_out()
-        if self.strategy is Strategy.NO_SHARD:
-            total = local
-        else:  # shards are disjoint within the shard group, replicated across replicas
-            total = float((await self.shard_group.all_reduce(np.array([local])))[0])
-        norm = total**0.5
-        if norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for unit in self.all_units():
-                unit.grad_shard *= scale
-                unit.page_out()
-        return norm
+        """Scale gradients so the model's global L2 norm is at most ``max_norm``; returns
+        the norm before clipping (the same number single-process training computes),
+        counting tensor-parallel slices and, with a mesh, every pipeline stage."""
+        return await norms.clip_grad_norm(self, max_norm)
 
     @contextlib.asynccontextmanager
     async def full_params(self) -> AsyncIterator[Module]:

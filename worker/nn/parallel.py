@@ -38,6 +38,7 @@ from numpy.typing import DTypeLike
 
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.layout import bounds
+from shardwire.worker.mesh import Mesh
 from shardwire.worker.nn.attention import CausalSelfAttention
 from shardwire.worker.nn.layers import (
     GELU,
@@ -96,6 +97,9 @@ def _spans(features: int, unit: int, size: int) -> list[tuple[int, int]]:
 class ColumnParallelLinear(Module):
     """y = x W^T + b with the output features split over ``group`` (see the module).
 
+    ``group`` is the tensor-parallel group, or a :class:`~shardwire.worker.mesh.Mesh`
+    (its ``tp``); the same for the other layers here.
+
     ``gather_output``: return every output feature (all-gather) instead of this rank's.
     ``unit``: split in whole groups of this many features (an attention head's width).
     ``blocks``: the outputs are this many equal blocks (attention's q, k and v), each
@@ -103,12 +107,13 @@ class ColumnParallelLinear(Module):
     """
 
     ACTIVATIONS = ("_x",)
+    PARTITIONED = ("weight", "bias")  # parameters split over the group (each rank a slice)
 
     def __init__(
         self,
         d_in: int,
         d_out: int,
-        group: Group,
+        group: Group | Mesh,
         *,
         rng: np.random.Generator,
         bias: bool = True,
@@ -118,6 +123,7 @@ class ColumnParallelLinear(Module):
         dtype: DTypeLike = np.float64,
     ) -> None:
         super().__init__()
+        group = tensor_group(group)
         if blocks > 1 and gather_output:
             raise ValueError("gather_output needs blocks=1 (the gathered rows would interleave)")
         self._bridge = _Bridge(group)
@@ -157,12 +163,13 @@ class RowParallelLinear(Module):
     """
 
     ACTIVATIONS = ("_x",)
+    PARTITIONED = ("weight",)  # the bias is added once, after the sum: every rank holds it
 
     def __init__(
         self,
         d_in: int,
         d_out: int,
-        group: Group,
+        group: Group | Mesh,
         *,
         rng: np.random.Generator,
         bias: bool = True,
@@ -171,6 +178,7 @@ class RowParallelLinear(Module):
         dtype: DTypeLike = np.float64,
     ) -> None:
         super().__init__()
+        group = tensor_group(group)
         self._bridge = _Bridge(group)
         self.input_is_parallel = input_is_parallel
         spans = _spans(d_in, unit, group.size)
@@ -212,12 +220,13 @@ class ParallelAttention(CausalSelfAttention):
         self,
         dim: int,
         heads: int,
-        group: Group,
+        group: Group | Mesh,
         *,
         rng: np.random.Generator,
         dtype: DTypeLike = np.float64,
     ) -> None:
         Module.__init__(self)
+        group = tensor_group(group)
         if dim % heads:
             raise ValueError(f"dim {dim} is not divisible by {heads} heads")
         width = dim // heads
@@ -245,7 +254,7 @@ class ParallelBlock(Block):
         self,
         dim: int,
         heads: int,
-        group: Group,
+        group: Group | Mesh,
         *,
         rng: np.random.Generator,
         dropout: float = 0.0,
@@ -267,3 +276,26 @@ class ParallelBlock(Block):
                 Dropout(dropout, seed=seed),  # the same mask on every rank of the group
             ),
         )
+
+
+def tensor_group(group: Group | Mesh) -> Group:
+    """The tensor-parallel group of ``group`` (a mesh's ``tp``, or the group itself)."""
+    return group.tp if isinstance(group, Mesh) else group
+
+
+def partitioned(model: Module) -> tuple[frozenset[str], Group | None]:
+    """The dotted names of ``model``'s parameters split over a tensor-parallel group (each
+    rank holds a slice; the others every rank of that group holds alike), and that
+    group (None if no layer is split). One model has one tensor-parallel group."""
+    names: set[str] = set()
+    group: Group | None = None
+    for path, module in model.named_modules():
+        keys = getattr(module, "PARTITIONED", ())
+        if not keys:
+            continue
+        mine = module._bridge.group  # type: ignore[attr-defined]  # a layer with PARTITIONED
+        if group is not None and mine is not group:
+            raise ValueError(f"{path} is split over another tensor-parallel group than the rest")
+        group = mine
+        names.update(f"{path}.{k}" if path else k for k in keys if k in module.params)
+    return frozenset(names), group

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardwire.worker.collectives import Group
+from shardwire.worker.mesh import Mesh, clip_scale, global_norm
 from shardwire.worker.nn.module import Module
+from shardwire.worker.nn.parallel import partitioned
 
 Loss = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
 _SCHEDULES = ("gpipe", "1f1b")
@@ -82,17 +84,23 @@ class PipelineStage:
     one micro-batch; scale it for the whole batch, as for gradient accumulation).
     ``data_parallel``: the ranks running this same stage for other slices of the batch
     (pipeline x data parallel); each step ends by summing the stage's gradients over them.
+    ``group`` may be a :class:`~shardwire.worker.mesh.Mesh`: its ``pp`` holds the stages,
+    its ``dp`` is ``data_parallel``, and clipping counts its tensor-parallel slices.
     """
 
     def __init__(
         self,
         module: Module,
-        group: Group,
+        group: Group | Mesh,
         config: PipelineParallelConfig,
         *,
         loss: Loss | None = None,
         data_parallel: Group | None = None,
     ) -> None:
+        self.mesh = mesh = group if isinstance(group, Mesh) else None
+        if mesh is not None:
+            group, data_parallel = mesh.pp, mesh.dp
+        assert isinstance(group, Group)
         if group.size != config.num_stages:
             raise ValueError(f"{config.num_stages} stages need a group of that size")
         self.module = module
@@ -134,6 +142,24 @@ class PipelineStage:
                 for grad in module.grads.values():
                     await self.data_parallel.all_reduce(grad)
         return total if self.last else None
+
+    async def clip_grad_norm(self, max_norm: float) -> float:
+        """After :meth:`step`: scale the stage's gradients so the whole model's L2 norm
+        (every stage, every tensor-parallel slice) is at most ``max_norm``; returns the
+        norm before clipping, the same on every rank."""
+        split, tp = partitioned(self.module)
+        sums = [0.0, 0.0]  # replicated, partitioned (complete: data parallel holds copies)
+        grads = list(self.module.named_grads())
+        for name, grad in grads:
+            flat = grad.reshape(-1)
+            sums[1 if name in split else 0] += float(np.dot(flat, flat))
+        tp = self.mesh.tp if self.mesh is not None else tp
+        norm = await global_norm(sums[0], sums[1], tp=tp, pp=self.group)
+        scale = clip_scale(norm, max_norm)
+        if scale is not None:
+            for _, grad in grads:
+                np.multiply(grad, scale, out=grad)
+        return norm
 
     def _order(self) -> list[tuple[str, int]]:
         m, p, s = self.config.num_micro_batches, self.config.num_stages, self.stage

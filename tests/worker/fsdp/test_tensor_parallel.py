@@ -13,27 +13,10 @@ from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp import FSDP, Strategy
 from shardwire.worker.fsdp.strategy import by_type
 from shardwire.worker.nn import TransformerLM
-from shardwire.worker.nn.parallel import ColumnParallelLinear, ParallelBlock, RowParallelLinear
+from shardwire.worker.nn.parallel import ParallelBlock
 from tests.worker.transport.fabric import WORLDS
 
-from .training import make_optimizer, reference, train_rank
-
-
-def _expected(model: TransformerLM, full: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The single-process parameters cut the way this rank's tensor-parallel layers are."""
-    out = dict(full)
-    for path, module in model.named_modules():
-        if isinstance(module, ColumnParallelLinear):
-            a, b = module.span
-            blocks = full[f"{path}.weight"].shape[0] // sum(module.splits)
-            per = full[f"{path}.weight"].shape[0] // blocks
-            rows = np.concatenate([np.arange(k * per + a, k * per + b) for k in range(blocks)])
-            for name in ("weight", "bias"):
-                out[f"{path}.{name}"] = full[f"{path}.{name}"][rows]
-        elif isinstance(module, RowParallelLinear):
-            a, b = module.span
-            out[f"{path}.weight"] = full[f"{path}.weight"][:, a:b]
-    return out
+from .training import make_optimizer, reference, tp_slices, train_rank
 
 
 @pytest.mark.parametrize("strategy", [Strategy.FULL_SHARD, Strategy.NO_SHARD])
@@ -70,7 +53,7 @@ async def test_tensor_parallel_times_fsdp_equals_one_process(strategy: Strategy)
                 await w.aclose()
     full = reference("adam")["params"]
     for model, state in zip(models, states, strict=True):
-        expected = _expected(model, full)
+        expected = tp_slices(model, full)
         assert state.keys() == expected.keys()
         for name, value in state.items():
             np.testing.assert_allclose(value, expected[name], rtol=1e-10, atol=1e-10, err_msg=name)

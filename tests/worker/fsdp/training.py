@@ -11,6 +11,8 @@ import numpy as np
 from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp import FSDP, Strategy, by_type
 from shardwire.worker.nn import Block, TransformerLM, softmax_cross_entropy
+from shardwire.worker.nn.module import Module
+from shardwire.worker.nn.parallel import ColumnParallelLinear, RowParallelLinear
 from shardwire.worker.optim import SGD, AdamW
 from tests.worker.transport.fabric import WORLDS
 
@@ -23,6 +25,24 @@ def make_model() -> TransformerLM:
     return TransformerLM(
         vocab=11, dim=8, heads=2, layers=3, context=6, rng=np.random.default_rng(42)
     )
+
+
+def tp_slices(model: Module, full: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Single-process arrays by name, cut the way ``model``'s tensor-parallel layers cut
+    them on this rank (the others as they are)."""
+    out = dict(full)
+    for path, module in model.named_modules():
+        if isinstance(module, ColumnParallelLinear):
+            a, b = module.span
+            blocks = full[f"{path}.weight"].shape[0] // sum(module.splits)
+            per = full[f"{path}.weight"].shape[0] // blocks
+            rows = np.concatenate([np.arange(k * per + a, k * per + b) for k in range(blocks)])
+            for name in ("weight", "bias"):
+                out[f"{path}.{name}"] = full[f"{path}.{name}"][rows]
+        elif isinstance(module, RowParallelLinear):
+            a, b = module.span
+            out[f"{path}.weight"] = full[f"{path}.weight"][:, a:b]
+    return out
 
 
 def make_optimizer(kind: str):
