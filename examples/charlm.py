@@ -1,13 +1,17 @@
 """A character-level transformer language model on the English text that ships with
-every CPython (the ``pydoc_data.topics`` help pages), trained with FULL_SHARD and
-prefetch. Reports held-out loss in nats per character and prints a generated sample.
+every CPython (the ``pydoc_data.topics`` help pages). Reports held-out loss in nats per
+character and prints a generated sample.
 
     shardwire launch --standalone --nproc-per-node 4 examples/charlm.py [--minutes 10]
 
-``--tp N`` splits every block's attention heads and MLP over groups of N ranks (tensor
-parallel) and runs FSDP across those groups (2-D parallelism); gradient clipping is off
-then, since the global norm would need the tensor-parallel shards summed once.
-``--pp N --micro-batches M`` instead runs pipelines of N stages (see lm_pipeline.py).
+The ranks form a mesh of ``--dp`` x ``--pp`` x ``--tp`` (``sw.Mesh``; ``--dp`` defaults
+to what the other two leave). ``--tp N`` splits every block's attention heads and MLP
+over groups of N ranks; ``--pp N --micro-batches M`` runs pipelines of N stages (see
+lm_pipeline.py); the ranks holding the same part of the model shard it with FSDP
+(FULL_SHARD with prefetch; ``--offload`` keeps its shards and optimizer state in
+memory-mapped files) or, in a pipeline, sum their gradients. Every layout starts from
+the same parameters, sees the same batches and clips the gradients at a global norm of
+1.0, so its loss curve is the plain run's, to float rounding.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 import shardwire.worker as sw
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import FSDP, by_type, latest_checkpoint
+from shardwire.worker.fsdp import FSDP, Offload, by_type, latest_checkpoint
 from shardwire.worker.nn import Block, Module, TransformerLM, softmax_cross_entropy
 from shardwire.worker.nn.parallel import ParallelBlock
 from shardwire.worker.optim import AdamW, warmup_cosine
@@ -45,6 +49,11 @@ def windows(data: np.ndarray, starts: np.ndarray, context: int) -> tuple[np.ndar
     return chunk[:, :-1], chunk[:, 1:]
 
 
+def held_out_starts(data: np.ndarray, context: int, count: int = 256) -> np.ndarray:
+    """The held-out windows every evaluation uses, spread over the held-out text."""
+    return np.arange(count) * ((len(data) - context - 1) // count)
+
+
 async def held_out_loss(
     fsdp: FSDP,
     pg: Group,
@@ -55,7 +64,7 @@ async def held_out_loss(
     batch: int = 32,
 ) -> float:
     """Mean nats/char over fixed held-out windows (the same ones every evaluation)."""
-    starts = np.arange(batches * batch) * ((len(data) - context - 1) // (batches * batch))
+    starts = held_out_starts(data, context, batches * batch)
     mine = np.array_split(starts, pg.size)[pg.rank]
     fsdp.model.eval()
     total = 0.0
@@ -84,18 +93,13 @@ async def sample(
     return "".join(chars[i] for i in ids)
 
 
-async def build(args: argparse.Namespace, pg: sw.ProcessGroup, *, vocab: int):
-    """The FSDP-wrapped model and the group that splits the batch (every rank, or with
-    ``--tp`` the ranks holding the same tensor-parallel slice)."""
+def make_model(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> TransformerLM:
+    """The model, drawn from ``--seed`` alike in every layout (a tensor-parallel layer
+    draws the whole weight and keeps its slice)."""
     block: Callable[..., Module] = Block
-    dp: Group = pg  # the ranks that split the batch (FSDP's group)
-    if args.tp > 1:  # tensor parallel inside groups of args.tp ranks, FSDP across them
-        tp = pg.node_group(local_world_size=args.tp)
-        dp = pg.cross_node_group(local_world_size=args.tp)
-        block = functools.partial(ParallelBlock, group=tp)
-        if ckpt := args.checkpoint_dir:  # each tensor-parallel slice saves its own
-            args.checkpoint_dir = str(Path(ckpt) / f"tp-{tp.rank}-of-{tp.size}")
-    model = TransformerLM(
+    if args.tp > 1:
+        block = functools.partial(ParallelBlock, group=mesh)
+    return TransformerLM(
         vocab=vocab,
         dim=args.dim,
         heads=args.heads,
@@ -105,23 +109,29 @@ async def build(args: argparse.Namespace, pg: sw.ProcessGroup, *, vocab: int):
         dtype=np.float32,
         block=block,
     )
-    fsdp = await FSDP.create(
-        model,
-        dp,
+
+
+async def build(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> FSDP:
+    """The model, sharded with FSDP over the mesh's data-parallel ranks."""
+    if args.tp > 1 and (ckpt := args.checkpoint_dir):  # each tensor-parallel slice its own
+        args.checkpoint_dir = str(Path(ckpt) / f"tp-{mesh.coords.shard}-of-{args.tp}")
+    return await FSDP.create(
+        make_model(args, mesh, vocab=vocab),
+        mesh,
         strategy="full_shard",
         prefetch=True,
         optimizer=AdamW(lr=args.lr, weight_decay=0.01),
         policy=by_type(Block),  # ParallelBlock is a Block
+        offload=Offload() if args.offload else None,
     )
-    return fsdp, dp
 
 
-async def _pipelined(args: argparse.Namespace, pg: sw.ProcessGroup, train, vocab: int) -> None:
+async def _pipelined(args: argparse.Namespace, pg: sw.ProcessGroup, mesh: sw.Mesh, data) -> None:
     from lm_pipeline import train_pipeline  # beside this script
 
     run_dir = Path(args.run_dir or f"runs/charlm-pp{args.pp}-seed{args.seed}")
     log = RunLog(pg, run_dir, args.steps, every=args.log_every, next_free=args.run_dir is None)
-    log.finish(await train_pipeline(args, pg, train, vocab, log))
+    log.finish(await train_pipeline(args, pg, mesh, data, log))
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -129,10 +139,12 @@ async def main(args: argparse.Namespace) -> None:
         data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
         cut = int(len(data) * 0.9)
         train, held = data[:cut], data[cut:]
+        mesh = sw.Mesh(pg, dp=args.dp, pp=args.pp, tp=args.tp)
         if args.pp > 1:
-            await _pipelined(args, pg, train, len(chars))
+            await _pipelined(args, pg, mesh, (train, held, len(chars)))
             return
-        fsdp, dp = await build(args, pg, vocab=len(chars))
+        fsdp = await build(args, mesh, vocab=len(chars))
+        dp = mesh.dp
         draw = np.random.default_rng(args.seed + 1)  # the data order
         step, loss, saving = 0, float("nan"), None
         ckpt = args.checkpoint_dir
@@ -160,8 +172,7 @@ async def main(args: argparse.Namespace) -> None:
             logits = await fsdp.forward(ids)
             part, dlogits = softmax_cross_entropy(logits, targets, denom=args.batch * args.context)
             await fsdp.backward(dlogits)
-            if args.tp == 1:
-                await fsdp.clip_grad_norm(1.0)
+            await fsdp.clip_grad_norm(1.0)  # the whole model's norm, in every layout
             await fsdp.step(lr=lr)
             step += 1
             loss = float((await dp.all_reduce(np.array([part])))[0])
@@ -189,6 +200,8 @@ async def main(args: argparse.Namespace) -> None:
             {
                 "steps": step,
                 "workers": pg.world_size,
+                "layout": {"dp": args.dp or dp.size, "pp": args.pp, "tp": args.tp},
+                "offloaded_bytes": sum(fsdp.memory_stats()["offloaded"].values()),
                 "time_s": round(elapsed, 1),
                 "train_loss": round(loss, 4),
                 "held_out_nats_per_char": round(held_loss, 4),
@@ -210,15 +223,22 @@ def parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dp", type=int, help="data-parallel size (default: what --tp, --pp leave)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel group size (1: off)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages per pipeline (1: off)")
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches with --pp")
+    p.add_argument(
+        "--offload", action="store_true", help="FSDP shards and optimizer state in mmap files"
+    )
     p.add_argument("--sample", type=int, default=200, help="characters to generate")
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--run-dir")
     p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
     p.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.pp > 1 and (args.offload or args.checkpoint_dir):
+        p.error("--offload and --checkpoint-dir are FSDP's: not with --pp")
+    return args
 
 
 if __name__ == "__main__":

@@ -123,13 +123,7 @@ class PipelineStage:
     async def step(self, inputs: np.ndarray | None = None, targets: np.ndarray | None = None):
         """Forward and backward of every micro-batch; returns the summed loss on the last
         stage (None elsewhere). Gradients are added to the stage's modules."""
-        m = self.config.num_micro_batches
-        xs = np.array_split(inputs, m) if self.first and inputs is not None else [None] * m
-        ys = np.array_split(targets, m) if self.last and targets is not None else [None] * m
-        if self.first and inputs is None:
-            raise ValueError("the first stage needs the inputs")
-        if self.last and targets is None:
-            raise ValueError("the last stage needs the targets")
+        xs, ys = self._split(inputs, targets)
         total = 0.0
         for kind, micro in self._order():
             if kind == "F":
@@ -142,6 +136,37 @@ class PipelineStage:
                 for grad in module.grads.values():
                     await self.data_parallel.all_reduce(grad)
         return total if self.last else None
+
+    async def evaluate(
+        self,
+        inputs: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
+        *,
+        loss: Loss | None = None,
+    ) -> float | None:
+        """Forward only, micro-batch by micro-batch (no gradients): the summed ``loss``
+        (default: the stage's) on the last stage, None elsewhere."""
+        xs, ys = self._split(inputs, targets)
+        loss = loss or self.loss
+        total = 0.0
+        for micro in range(self.config.num_micro_batches):
+            await self._forward(micro, xs[micro])
+            self._stashed.pop(micro)
+            if self.last:
+                assert loss is not None
+                total += loss(self._outputs.pop(micro), ys[micro])[0]
+        self._steps += 1
+        return total if self.last else None
+
+    def _split(self, inputs: np.ndarray | None, targets: np.ndarray | None) -> tuple[list, list]:
+        m = self.config.num_micro_batches
+        if self.first and inputs is None:
+            raise ValueError("the first stage needs the inputs")
+        if self.last and targets is None:
+            raise ValueError("the last stage needs the targets")
+        xs = np.array_split(inputs, m) if self.first and inputs is not None else [None] * m
+        ys = np.array_split(targets, m) if self.last and targets is not None else [None] * m
+        return xs, ys
 
     async def clip_grad_norm(self, max_norm: float) -> float:
         """After :meth:`step`: scale the stage's gradients so the whole model's L2 norm
