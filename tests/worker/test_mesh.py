@@ -182,3 +182,60 @@ async def test_clipping_fsdp_with_tensor_parallel_equals_one_process(dp: int, tp
         expected = tp_slices(model, want["params"])
         for name, value in state.items():
             np.testing.assert_allclose(value, expected[name], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+async def test_training_on_a_2x2x2_mesh_reaches_the_one_process_parameters() -> None:
+    """Tensor parallel pairs inside pipelines of two stages, two replicas: five clipped
+    AdamW steps end at the single-process parameters."""
+    max_norm = 0.05
+    want = reference("adam", clip=max_norm)
+    config = PipelineParallelConfig(2, 2, "1f1b")
+
+    def loss(logits, targets):
+        return softmax_cross_entropy(logits, targets, denom=GLOBAL_BATCH * targets.shape[1])
+
+    _threads_for(8)
+    async with group_world("memory", 8) as groups:
+        meshes = [Mesh(g, dp=2, pp=2, tp=2) for g in groups]
+        models = [
+            TransformerLM(
+                vocab=11, dim=8, heads=2, layers=3, context=6, rng=np.random.default_rng(42),
+                block=functools.partial(ParallelBlock, group=m),
+            )
+            for m in meshes
+        ]  # fmt: skip
+
+        owned: list[set[int]] = []  # each rank's stage's parameters
+
+        async def train(mesh: Mesh, model: TransformerLM) -> list[float]:
+            layers = model.pipeline_layers()
+            part = split_into_stages([1.0] * len(layers), 2)[mesh.coords.stage]
+            stage = Sequential(*(layers[i] for i in part))
+            pipe = PipelineStage(stage, mesh, config, loss=loss)
+            params = [p for _, p in stage.named_parameters()]
+            owned.append({id(p) for p in params})
+            grads = [g for _, g in stage.named_grads()]
+            optimizer = make_optimizer("adam")
+            rows = np.array_split(np.arange(GLOBAL_BATCH), 2)[mesh.coords.replica]
+            norms = []
+            for step in range(5):
+                ids, targets = batch(step)
+                stage.zero_grad()
+                await pipe.step(ids[rows], targets[rows])
+                norms.append(await pipe.clip_grad_norm(max_norm))
+                optimizer.step(params, grads)
+            return norms
+
+        async with asyncio.timeout(120):
+            norms = await asyncio.gather(
+                *(train(m, x) for m, x in zip(meshes, models, strict=True))
+            )
+    for got in norms:
+        np.testing.assert_allclose(got, want["norms"], rtol=1e-10)
+    assert len(owned) == 8  # in rank order: each coroutine ran to its first await in turn
+    for model, stage_params in zip(models, owned, strict=True):
+        expected = tp_slices(model, want["params"])
+        mine = [(n, v) for n, v in model.named_parameters() if id(v) in stage_params]
+        assert len(mine) == len(stage_params)
+        for name, value in mine:
+            np.testing.assert_allclose(value, expected[name], rtol=1e-9, atol=1e-10, err_msg=name)
