@@ -1,20 +1,19 @@
 """Pipeline parallelism: contiguous stages of a model on successive ranks, micro-batches
-flowing through them, with the GPipe or 1F1B schedule.
+flowing through them, with the GPipe, 1F1B or interleaved 1F1B schedule.
 
 Each rank of the pipeline's group runs one stage (a module: its contiguous share of the
-layers, see :func:`split_into_stages`). A step splits the batch into ``micro_batches``;
-stage s receives each micro-batch's activations from stage s-1, computes, and sends its
-output to stage s+1; the last stage computes the loss and its gradient, and gradients
-travel back the same way. Gradients accumulate in the stage's modules over the
-micro-batches, as in single-process gradient accumulation.
+layers, see :func:`split_into_stages`), or, with the interleaved schedule, ``chunks``
+stages: the model is split into ``p * chunks`` stages and rank r holds stages r, r + p,
+r + 2p, ... (its chunks, in that order). A step splits the batch into
+``micro_batches``; stage g receives each micro-batch's activations from stage g - 1,
+computes, and sends its output to stage g + 1; the last stage computes the loss and its
+gradient, and gradients travel back the same way. Gradients accumulate in the stage's
+modules over the micro-batches, as in single-process gradient accumulation.
 
-Schedules: GPipe runs every forward, then every backward. 1F1B runs ``p - s - 1``
-forwards ahead (warm-up), then alternates one forward and one backward, then drains, so
-at most ``p - s`` micro-batches are in flight on stage s. Either way a stage keeps each
-in-flight micro-batch's activations (``Module.stash``). The numpy work runs in a thread
-and a neighbour's sends land in this rank's mailbox meanwhile, so communication
-overlaps compute; the bubble is (p - 1) / (m + p - 1) of a step for p stages and m
-micro-batches.
+Which pass runs when is the schedule's (``nn.schedules``: the orders, their bubbles and
+a simulated timeline). Either way a stage keeps each in-flight micro-batch's activations
+(``Module.stash``). The numpy work runs in a thread and a neighbour's sends land in this
+rank's mailbox meanwhile, so communication overlaps compute.
 """
 
 from __future__ import annotations
@@ -27,11 +26,11 @@ import numpy as np
 
 from shardwire.worker.collectives import Group
 from shardwire.worker.mesh import Mesh, clip_scale, global_norm
+from shardwire.worker.nn import schedules
 from shardwire.worker.nn.module import Module
 from shardwire.worker.nn.parallel import partitioned
 
 Loss = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
-_SCHEDULES = ("gpipe", "1f1b")
 
 
 def split_into_stages(weights: Sequence[float] | int, num_stages: int) -> list[range]:
@@ -63,17 +62,18 @@ def split_into_stages(weights: Sequence[float] | int, num_stages: int) -> list[r
 
 @dataclass(frozen=True)
 class PipelineParallelConfig:
-    """How many stages, how many micro-batches per step, and the schedule."""
+    """How many stages (ranks), micro-batches per step, the schedule ("gpipe", "1f1b" or
+    "interleaved") and, for the interleaved one, the chunks (stages) each rank holds."""
 
     num_stages: int
     num_micro_batches: int
     schedule: str = "1f1b"
+    chunks: int = 1
 
     def __post_init__(self) -> None:
-        if self.schedule not in _SCHEDULES:
-            raise ValueError(f"schedule must be one of {_SCHEDULES}, got {self.schedule!r}")
-        if self.num_stages < 1 or self.num_micro_batches < 1:
-            raise ValueError("num_stages and num_micro_batches must be at least 1")
+        schedules.check(self.schedule, self.num_stages, self.num_micro_batches, self.chunks)
+        if self.schedule == "interleaved" and self.num_stages < 2:
+            raise ValueError("the interleaved schedule needs at least 2 stages")
 
 
 class PipelineStage:
@@ -90,7 +90,7 @@ class PipelineStage:
 
     def __init__(
         self,
-        module: Module,
+        module: Module | Sequence[Module],
         group: Group | Mesh,
         config: PipelineParallelConfig,
         *,
@@ -103,7 +103,15 @@ class PipelineStage:
         assert isinstance(group, Group)
         if group.size != config.num_stages:
             raise ValueError(f"{config.num_stages} stages need a group of that size")
-        self.module = module
+        self.chunks = list(module) if isinstance(module, Sequence) else [module]
+        if len(self.chunks) != config.chunks:
+            raise ValueError(f"{config.chunks} chunks per rank, got {len(self.chunks)} modules")
+        if len(self.chunks) == 1:
+            self.module = self.chunks[0]
+        else:  # every chunk's parameters, for the data-parallel sum and clipping
+            self.module = Module()
+            for i, chunk in enumerate(self.chunks):
+                self.module.add(str(i), chunk)
         self.group = group
         self.config = config
         self.loss = loss
@@ -114,22 +122,31 @@ class PipelineStage:
         if self.last and loss is None:
             raise ValueError("the last stage needs a loss")
         self._steps = 0
-        self._stashed: dict[int, list[list[object]]] = {}
+        self._stashed: dict[tuple[int, int], list[list[object]]] = {}  # (chunk, micro)
         self._outputs: dict[int, np.ndarray] = {}
+        self._stages = group.size * config.chunks  # in the whole pipeline
 
-    def _tag(self, micro: int, backward: bool) -> int:
-        return (self._steps * self.config.num_micro_batches + micro) * 2 + int(backward)
+    def _tag(self, micro: int, stage: int, backward: bool) -> int:
+        """The tag of the message into ``stage`` (global stage index) for ``micro``."""
+        call = self._steps * self.config.num_micro_batches + micro
+        return (call * self._stages + stage) * 2 + int(backward)
+
+    def _global(self, chunk: int) -> int:
+        return chunk * self.group.size + self.stage
 
     async def step(self, inputs: np.ndarray | None = None, targets: np.ndarray | None = None):
         """Forward and backward of every micro-batch; returns the summed loss on the last
         stage (None elsewhere). Gradients are added to the stage's modules."""
         xs, ys = self._split(inputs, targets)
         total = 0.0
-        for kind, micro in self._order():
+        c = self.config
+        for kind, chunk, micro in schedules.order(
+            c.schedule, c.num_stages, self.stage, c.num_micro_batches, c.chunks
+        ):
             if kind == "F":
-                await self._forward(micro, xs[micro])
+                await self._forward(chunk, micro, xs[micro])
             else:
-                total += await self._backward(micro, ys[micro])
+                total += await self._backward(chunk, micro, ys[micro])
         self._steps += 1
         if self.data_parallel is not None and self.data_parallel.size > 1:
             for _, module in self.module.named_modules():
@@ -150,8 +167,9 @@ class PipelineStage:
         loss = loss or self.loss
         total = 0.0
         for micro in range(self.config.num_micro_batches):
-            await self._forward(micro, xs[micro])
-            self._stashed.pop(micro)
+            for chunk in range(self.config.chunks):
+                await self._forward(chunk, micro, xs[micro])
+                self._stashed.pop((chunk, micro))
             if self.last:
                 assert loss is not None
                 total += loss(self._outputs.pop(micro), ys[micro])[0]
@@ -186,41 +204,32 @@ class PipelineStage:
                 np.multiply(grad, scale, out=grad)
         return norm
 
-    def _order(self) -> list[tuple[str, int]]:
-        m, p, s = self.config.num_micro_batches, self.config.num_stages, self.stage
-        if self.config.schedule == "gpipe":
-            return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-        warm = min(p - s - 1, m)
-        order = [("F", i) for i in range(warm)]
-        for i in range(warm, m):
-            order += [("F", i), ("B", i - warm)]
-        order += [("B", i) for i in range(m - warm, m)]
-        return order
-
-    async def _forward(self, micro: int, x: np.ndarray | None) -> None:
-        if not self.first:
-            x = await self.group.recv(self.stage - 1, tag=self._tag(micro, False))
+    async def _forward(self, chunk: int, micro: int, x: np.ndarray | None) -> None:
+        g, p = self._global(chunk), self.group.size
+        if g > 0:
+            x = await self.group.recv((self.stage - 1) % p, tag=self._tag(micro, g, False))
         assert x is not None
-        y = await asyncio.to_thread(self.module.forward, x)
-        self._stashed[micro] = self.module.stash()
-        if self.last:
+        module = self.chunks[chunk]
+        y = await asyncio.to_thread(module.forward, x)
+        self._stashed[chunk, micro] = module.stash()
+        if g == self._stages - 1:
             self._outputs[micro] = y
         else:
-            await self.group.send(
-                np.ascontiguousarray(y), self.stage + 1, tag=self._tag(micro, False)
-            )
+            out = np.ascontiguousarray(y)
+            await self.group.send(out, (self.stage + 1) % p, tag=self._tag(micro, g + 1, False))
 
-    async def _backward(self, micro: int, target: np.ndarray | None) -> float:
+    async def _backward(self, chunk: int, micro: int, target: np.ndarray | None) -> float:
+        g, p = self._global(chunk), self.group.size
         loss = 0.0
-        if self.last:
+        if g == self._stages - 1:
             assert self.loss is not None and target is not None
             loss, dy = self.loss(self._outputs.pop(micro), target)
         else:
-            dy = await self.group.recv(self.stage + 1, tag=self._tag(micro, True))
-        self.module.unstash(self._stashed.pop(micro))
-        dx = await asyncio.to_thread(self.module.backward, dy)
-        if not self.first:
-            await self.group.send(
-                np.ascontiguousarray(dx), self.stage - 1, tag=self._tag(micro, True)
-            )
+            dy = await self.group.recv((self.stage + 1) % p, tag=self._tag(micro, g, True))
+        module = self.chunks[chunk]
+        module.unstash(self._stashed.pop((chunk, micro)))
+        dx = await asyncio.to_thread(module.backward, dy)
+        if g > 0:
+            out = np.ascontiguousarray(dx)
+            await self.group.send(out, (self.stage - 1) % p, tag=self._tag(micro, g - 1, True))
         return loss

@@ -91,6 +91,53 @@ async def test_a_stage_that_dies_fails_the_others() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("stages, chunks, micro", [(2, 2, 2), (2, 2, 8), (3, 2, 6), (2, 3, 4)])
+async def test_an_interleaved_pipeline_equals_gradient_accumulation(
+    kind, stages, chunks, micro
+) -> None:
+    ref = _model()
+    loss_ref, dy = _loss(ref.forward(X), Y)
+    ref.backward(dy)
+    want = [dict(layer.grads) for layer in ref.children.values()]
+    parts = split_into_stages(len(want), stages * chunks)  # stage g: rank g % p, chunk g // p
+    config = PipelineParallelConfig(stages, micro, "interleaved", chunks=chunks)
+    async with group_world(kind, stages) as groups:
+        pipes, held = [], []
+        for g in groups:
+            layers = list(_model().children.values())
+            mine = [parts[c * stages + g.rank] for c in range(chunks)]
+            held.append(mine)
+            chunk_modules = [Sequential(*(layers[i] for i in part)) for part in mine]
+            pipes.append(PipelineStage(chunk_modules, g, config, loss=_loss))
+        async with asyncio.timeout(60):
+            losses = await asyncio.gather(
+                *(p.step(X if p.first else None, Y if p.last else None) for p in pipes)
+            )
+            evaluated = await asyncio.gather(
+                *(p.evaluate(X if p.first else None, Y if p.last else None) for p in pipes)
+            )
+    assert losses[-1] == pytest.approx(loss_ref, rel=1e-10)
+    assert evaluated[-1] == pytest.approx(loss_ref, rel=1e-10)
+    assert losses[:-1] == evaluated[:-1] == [None] * (stages - 1)
+    for pipe, mine in zip(pipes, held, strict=True):
+        for chunk, part in zip(pipe.chunks, mine, strict=True):
+            for layer, i in zip(chunk.children.values(), part, strict=True):
+                for name, grad in layer.grads.items():
+                    np.testing.assert_allclose(grad, want[i][name], rtol=1e-10, atol=1e-14)
+
+
+def test_schedules_that_cannot_run_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiples of the 2 stages, got 3"):
+        PipelineParallelConfig(2, 3, "interleaved", chunks=2)
+    with pytest.raises(ValueError, match="at least 2 chunks"):
+        PipelineParallelConfig(2, 4, "interleaved")
+    with pytest.raises(ValueError, match="2 chunks per rank need the interleaved schedule"):
+        PipelineParallelConfig(2, 4, "1f1b", chunks=2)
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        PipelineParallelConfig(1, 4, "interleaved", chunks=2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_pipeline_stages_times_data_parallel_replicas(kind: str) -> None:
     ref = _model()
     _, dy = _loss(ref.forward(X), Y)
