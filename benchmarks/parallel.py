@@ -1,12 +1,15 @@
-"""Model parallelism: the pipeline bubble measured next to the theoretical (p-1)/(m+p-1),
-and tensor-parallel step time next to FSDP's on the same model and global batch.
+"""Model parallelism: the pipeline bubble measured next to the theoretical (p-1)/(m+p-1)
+for 1F1B and (p-1)/(vm+p-1) for interleaved 1F1B with v chunks per rank, and
+tensor-parallel step time next to FSDP's on the same model and global batch.
 
     python benchmarks/parallel.py [--world 2 4] [--json out.json]
 
 Each world size runs as one ``shardwire launch --standalone`` job. Pipeline: the world
 is one pipeline of p = world stages, each two 512-wide linear layers with a GELU; the
 bubble of a stage is 1 - (its own compute time) / (the step's wall time), averaged over
-the stages, for m = 1, 2, 4 and 8 micro-batches of a 64-row batch. On a machine with
+the stages, for m = 1, 2, 4 and 8 micro-batches of a 64-row batch. Interleaved: the
+same two layers per rank as two chunks of one layer each (v = 2, the model then has 2p
+stages), for m = 4 and 8 where p divides m. On a machine with
 fewer cores than stages the stages also wait for a core, which the measurement counts
 as bubble. Tensor parallel: a transformer LM whose blocks are split over all ranks,
 against the same LM under FSDP FULL_SHARD over all ranks.
@@ -52,26 +55,40 @@ class _Timed:
         return self._timed(self.module.backward, dy)
 
 
-async def _pipeline(pg, micro: int) -> dict:
+async def _pipeline(pg, micro: int, chunks: int = 1) -> dict:
     from shardwire.worker.nn import GELU, Linear, Sequential, mse
     from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage
 
     rng = np.random.default_rng(pg.rank)
-    stage = _Timed(Sequential(Linear(WIDTH, WIDTH, rng=rng), GELU(), Linear(WIDTH, WIDTH, rng=rng)))
-    config = PipelineParallelConfig(pg.world_size, micro, "1f1b")
+    if chunks == 1:
+        parts = [
+            _Timed(Sequential(Linear(WIDTH, WIDTH, rng=rng), GELU(), Linear(WIDTH, WIDTH, rng=rng)))
+        ]
+    else:  # the same two layers, as chunks of one layer each
+        parts = [_Timed(Sequential(Linear(WIDTH, WIDTH, rng=rng), GELU())) for _ in range(chunks)]
+    schedule = "1f1b" if chunks == 1 else "interleaved"
+    config = PipelineParallelConfig(pg.world_size, micro, schedule, chunks=chunks)
+    stage = parts[0] if chunks == 1 else parts
     pipe = PipelineStage(stage, pg, config, loss=lambda y, t: mse(y, t, denom=ROWS))  # type: ignore[arg-type]
     x = np.random.default_rng(0).standard_normal((ROWS, WIDTH))
     walls, busy = [], []
     for _ in range(STEPS):
         await pg.barrier()
-        stage.seconds = 0.0
+        for part in parts:
+            part.seconds = 0.0
         start = time.perf_counter()
         await pipe.step(x if pipe.first else None, x if pipe.last else None)
         walls.append(time.perf_counter() - start)
-        busy.append(stage.seconds)
+        busy.append(sum(part.seconds for part in parts))
     bubbles = await pg.all_gather_object(1 - statistics.median(busy) / statistics.median(walls))
     p = pg.world_size
-    return {"micro": micro, "bubble": float(np.mean(bubbles)), "theory": (p - 1) / (micro + p - 1)}
+    return {
+        "schedule": schedule,
+        "chunks": chunks,
+        "micro": micro,
+        "bubble": float(np.mean(bubbles)),
+        "theory": (p - 1) / (chunks * micro + p - 1),
+    }
 
 
 async def _lm_step(fsdp, ids, targets) -> float:
@@ -99,6 +116,8 @@ async def worker() -> dict | None:
 
     async with sw.init() as pg:
         pipeline = [await _pipeline(pg, m) for m in (1, 2, 4, 8)]
+        p = pg.world_size
+        pipeline += [await _pipeline(pg, m, 2) for m in (4, 8) if m % p == 0]
         rng = np.random.default_rng(1)
         ids = rng.integers(0, LM["vocab"], (8, LM["context"]))
         targets = np.roll(ids, -1, axis=1)
@@ -123,11 +142,14 @@ async def worker() -> dict | None:
 
 
 def report(rows: list[dict]) -> None:
-    print("| stages p | micro-batches m | bubble measured | (p-1)/(m+p-1) |")
-    print("|---|---|---|---|")
+    print("| stages p | schedule | chunks v | micro-batches m | bubble measured | theory |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         for c in r["pipeline"]:
-            print(f"| {r['n']} | {c['micro']} | {c['bubble']:.0%} | {c['theory']:.0%} |")
+            print(
+                f"| {r['n']} | {c['schedule']} | {c['chunks']} | {c['micro']} | "
+                f"{c['bubble']:.0%} | {c['theory']:.0%} |"
+            )
     print("\n| ranks | FSDP FULL_SHARD step (ms) | tensor parallel step (ms) |")
     print("|---|---|---|")
     for r in rows:
