@@ -9,7 +9,7 @@ NPROC ?= 4
 PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test lint validate bench sync torch clean
+.PHONY: run test lint validate bench sync torch docs docs-serve clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -44,5 +44,14 @@ validate:
 bench: sync
 	$(RUN)/python benchmarks/transport.py
 
+# The documentation site: the generated reference pages must match the code (run
+# `$(RUN)/python scripts/docs_reference.py` to regenerate them), then a strict build.
+docs: sync
+	$(RUN)/python scripts/docs_reference.py --check
+	$(RUN)/mkdocs build --strict --site-dir site
+
+docs-serve: sync
+	$(RUN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) $(TOOLS) build *.egg-info
+	rm -rf $(VENV) $(TOOLS) build *.egg-info site

@@ -17,7 +17,9 @@ class CoordinatorSettings(BaseSettings):
     port: int = Field(default=29400, ge=0, le=65535)
     world_size: int | None = Field(default=None, ge=1)
     run_id: str = "shardwire"
-    token: SecretStr | None = None
+    token: SecretStr | None = Field(
+        default=None, description="The job's shared secret (or a token file)."
+    )
     token_file: str | None = None
     insecure: bool = False
     join_timeout: float = Field(default=300.0, gt=0)

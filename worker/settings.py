@@ -25,55 +25,178 @@ class WorkerEnv(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    rank: int | None = Field(default=None, ge=0, validation_alias=_alias("RANK"))
-    world_size: int = Field(default=1, ge=1, validation_alias=_alias("WORLD_SIZE"))
-    local_rank: int = Field(default=0, ge=0, validation_alias=_alias("LOCAL_RANK"))
-    local_world_size: int | None = Field(default=None, validation_alias=_alias("LOCAL_WORLD_SIZE"))
-    master_addr: str = Field(default="127.0.0.1", validation_alias=_alias("MASTER_ADDR"))
-    master_port: int = Field(default=29400, validation_alias=_alias("MASTER_PORT"))
-    run_id: str = Field(default="shardwire", validation_alias=_alias("SHARDWIRE_RUN_ID"))
+    rank: int | None = Field(
+        default=None,
+        ge=0,
+        validation_alias=_alias("RANK"),
+        description="Requested global rank (unset: the coordinator assigns one).",
+    )
+    world_size: int = Field(
+        default=1,
+        ge=1,
+        validation_alias=_alias("WORLD_SIZE"),
+        description="Worker processes in the job.",
+    )
+    local_rank: int = Field(
+        default=0,
+        ge=0,
+        validation_alias=_alias("LOCAL_RANK"),
+        description="This process's index on its node.",
+    )
+    local_world_size: int | None = Field(
+        default=None,
+        validation_alias=_alias("LOCAL_WORLD_SIZE"),
+        description="Processes per node (unset: the world size).",
+    )
+    master_addr: str = Field(
+        default="127.0.0.1",
+        validation_alias=_alias("MASTER_ADDR"),
+        description="The coordinator's host (torchrun's name for it).",
+    )
+    master_port: int = Field(
+        default=29400, validation_alias=_alias("MASTER_PORT"), description="The coordinator's port."
+    )
+    run_id: str = Field(
+        default="shardwire",
+        validation_alias=_alias("SHARDWIRE_RUN_ID"),
+        description="The job's id: every connection and shared-memory name carries it.",
+    )
     # set by the node agent: the generation this process was started for (0: any)
-    generation: int = Field(default=0, ge=0, validation_alias=_alias("SHARDWIRE_GENERATION"))
-    token: SecretStr | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TOKEN"))
-    token_file: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TOKEN_FILE"))
-    node_id: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_NODE_ID"))
-    bind_host: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_BIND_HOST"))
-    advertise_host: str = Field(default="", validation_alias=_alias("SHARDWIRE_ADVERTISE_HOST"))
-    insecure: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INSECURE"))
+    generation: int = Field(
+        default=0,
+        ge=0,
+        validation_alias=_alias("SHARDWIRE_GENERATION"),
+        description="The generation the node agent started this process for (0: whichever forms).",
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_TOKEN"),
+        description="The job's shared secret; required off loopback.",
+    )
+    token_file: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_TOKEN_FILE"),
+        description="A file holding the shared secret (mode 0600).",
+    )
+    node_id: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_NODE_ID"),
+        description="This node's id (default: the host name); its ranks share memory.",
+    )
+    bind_host: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_BIND_HOST"),
+        description="The peer listener's address (default: loopback; every address with a token).",
+    )
+    advertise_host: str = Field(
+        default="",
+        validation_alias=_alias("SHARDWIRE_ADVERTISE_HOST"),
+        description="The address peers dial (default: the one reaching the coordinator).",
+    )
+    insecure: bool = Field(
+        default=False,
+        validation_alias=_alias("SHARDWIRE_INSECURE"),
+        description="Allow a listener off loopback without a token.",
+    )
     heartbeat_interval: float = Field(
-        default=1.0, gt=0, validation_alias=_alias("SHARDWIRE_HEARTBEAT_INTERVAL")
+        default=1.0,
+        gt=0,
+        validation_alias=_alias("SHARDWIRE_HEARTBEAT_INTERVAL"),
+        description="Seconds between heartbeats (sent from a thread of their own).",
     )
     join_timeout: float = Field(
-        default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT")
+        default=300.0,
+        gt=0,
+        validation_alias=_alias("SHARDWIRE_JOIN_TIMEOUT"),
+        description="Seconds to wait for the coordinator and for the job to form.",
     )
     connect_timeout: float = Field(
-        default=60.0, gt=0, validation_alias=_alias("SHARDWIRE_CONNECT_TIMEOUT")
+        default=60.0,
+        gt=0,
+        validation_alias=_alias("SHARDWIRE_CONNECT_TIMEOUT"),
+        description="Seconds to connect to a peer (on first use), retries included.",
     )
-    idle_close: float = Field(default=120.0, ge=0, validation_alias=_alias("SHARDWIRE_IDLE_CLOSE"))
-    timeout: float = Field(default=300.0, gt=0, validation_alias=_alias("SHARDWIRE_TIMEOUT"))
-    stall_warn: float = Field(default=10.0, gt=0, validation_alias=_alias("SHARDWIRE_STALL_WARN"))
-    interactive: bool = Field(default=False, validation_alias=_alias("SHARDWIRE_INTERACTIVE"))
-    checksum: bool = Field(default=True, validation_alias=_alias("SHARDWIRE_CHECKSUM"))
+    idle_close: float = Field(
+        default=120.0,
+        ge=0,
+        validation_alias=_alias("SHARDWIRE_IDLE_CLOSE"),
+        description="Close a peer connection idle this many seconds (0: never).",
+    )
+    timeout: float = Field(
+        default=300.0,
+        gt=0,
+        validation_alias=_alias("SHARDWIRE_TIMEOUT"),
+        description="Default bound of every collective and transport operation, in seconds.",
+    )
+    stall_warn: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=_alias("SHARDWIRE_STALL_WARN"),
+        description="Seconds without the event loop running before the rank is shown busy.",
+    )
+    interactive: bool = Field(
+        default=False,
+        validation_alias=_alias("SHARDWIRE_INTERACTIVE"),
+        description="A person watches on a terminal (progress bar instead of log lines).",
+    )
+    checksum: bool = Field(
+        default=True,
+        validation_alias=_alias("SHARDWIRE_CHECKSUM"),
+        description="Checksum every data frame (xxh3-64); the same on every rank.",
+    )
     transport: Literal["auto", "tcp"] = Field(
-        default="auto", validation_alias=_alias("SHARDWIRE_TRANSPORT")
+        default="auto",
+        validation_alias=_alias("SHARDWIRE_TRANSPORT"),
+        description="auto: shared memory between ranks of a node; tcp: sockets only.",
     )
-    shm_slots: int = Field(default=4, ge=1, le=1024, validation_alias=_alias("SHARDWIRE_SHM_SLOTS"))
+    shm_slots: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        validation_alias=_alias("SHARDWIRE_SHM_SLOTS"),
+        description="Slots of each per-pair shared-memory segment.",
+    )
     shm_slot_bytes: int = Field(
-        default=1 << 20, ge=4096, le=1 << 30, validation_alias=_alias("SHARDWIRE_SHM_SLOT_BYTES")
+        default=1 << 20,
+        ge=4096,
+        le=1 << 30,
+        validation_alias=_alias("SHARDWIRE_SHM_SLOT_BYTES"),
+        description="Bytes of each slot of a per-pair segment.",
     )
     busy_poll_us: int | None = Field(
-        default=None, ge=0, le=1_000_000, validation_alias=_alias("SHARDWIRE_BUSY_POLL_US")
+        default=None,
+        ge=0,
+        le=1_000_000,
+        validation_alias=_alias("SHARDWIRE_BUSY_POLL_US"),
+        description="Microseconds a small wait polls before it sleeps (unset: by CPUs).",
     )
     arena_slot_bytes: int = Field(
         default=DEFAULT_SLOT_BYTES,
         ge=16384,
         le=1 << 30,
         validation_alias=_alias("SHARDWIRE_ARENA_SLOT_BYTES"),
+        description="Each local rank's slot in a node arena, in bytes.",
     )
-    trace: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TRACE"))
-    tls_cert: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CERT"))
-    tls_key: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_KEY"))
-    tls_ca: str | None = Field(default=None, validation_alias=_alias("SHARDWIRE_TLS_CA"))
+    trace: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_TRACE"),
+        description="Write this rank's timeline into this directory (Chrome trace events).",
+    )
+    tls_cert: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_TLS_CERT"),
+        description="TLS certificate (PEM) for coordinator and peer connections.",
+    )
+    tls_key: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_TLS_KEY"),
+        description="TLS private key (PEM).",
+    )
+    tls_ca: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_TLS_CA"),
+        description="CA bundle (PEM) that peers' certificates must chain to.",
+    )
 
 
 @dataclass(frozen=True)

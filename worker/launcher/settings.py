@@ -22,7 +22,9 @@ class _Client(BaseSettings):
 
     coordinator: str = "127.0.0.1:29400"
     run_id: str = "shardwire"
-    token: SecretStr | None = None
+    token: SecretStr | None = Field(
+        default=None, description="The job's shared secret (or a token file)."
+    )
     token_file: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
