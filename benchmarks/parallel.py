@@ -7,7 +7,7 @@ tensor-parallel step time next to FSDP's on the same model and global batch.
 Each world size runs as one ``shardwire launch --standalone`` job. Pipeline: the world
 is one pipeline of p = world stages, each two 512-wide linear layers with a GELU; the
 bubble of a stage is 1 - (its own compute time) / (the step's wall time), averaged over
-the stages, for m = 1, 2, 4 and 8 micro-batches of a 64-row batch. Interleaved: the
+the stages, for m = 1, 2, 4 and 8 micro-batches of a 1,024-row batch. Interleaved: the
 same two layers per rank as two chunks of one layer each (v = 2, the model then has 2p
 stages), for m = 4 and 8 where p divides m. On a machine with
 fewer cores than stages the stages also wait for a core, which the measurement counts
@@ -28,7 +28,7 @@ import numpy as np
 
 from shardwire.worker.bench.jobs import run_job
 
-WIDTH, ROWS, STEPS = 512, 64, 5
+WIDTH, ROWS, STEPS = 512, 1024, 5
 LM = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
 
 
