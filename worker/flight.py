@@ -188,6 +188,8 @@ def _traced(entry: _Entry) -> None:
         # the arena runs one program per op; a call over nodes runs its subgroups' calls
         how = "hierarchical" if split.composed else split.algorithm or entry.path
         args["algorithm"] = how
+        if split.paths and entry.path != "arena":  # the links it used: tcp, shm or both
+            args["path"] = "+".join(sorted(split.paths))
         if not split.composed:
             args.update(split_ms(split, entry.end - entry.start))
     key = f"{entry.group}:{entry.seq}"

@@ -68,13 +68,20 @@ class Call:
 
     def send(self, peer: int, array: np.ndarray, step: int) -> Coroutine[Any, Any, None]:
         # The transport's coroutine itself, not one wrapping it: one frame less per send.
-        return self.transport.send(
+        sending = self.transport.send(
             self.ranks[peer],
             array,
             tag=Tag(self.group_id, self.seq, self.step_base + step),
             op=self.signature,
             timeout=_UNTIMED,
         )
+        return sending if self.split is None else self._noted(sending, peer, array.nbytes)
+
+    async def _noted(self, sending: Coroutine[Any, Any, None], peer: int, nbytes: int) -> None:
+        """A traced call's send: its path is noted in the split."""
+        await sending
+        assert self.split is not None
+        self.split.paths.add(self.transport.path_to(self.ranks[peer], nbytes))
 
     def irecv(
         self, peer: int, step: int, out: np.ndarray | None = None, fold: Fold | None = None

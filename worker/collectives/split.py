@@ -25,9 +25,10 @@ from shardwire.worker.collectives.ops import ReduceOp, combine
 class Split:
     """One call's waiting intervals and reduction time (see the module docstring)."""
 
-    __slots__ = ("_intervals", "algorithm", "composed", "reduce_s", "wait_s")
+    __slots__ = ("_intervals", "algorithm", "composed", "paths", "reduce_s", "wait_s")
 
     def __init__(self) -> None:
+        self.paths: set[str] = set()  # what its sends went through: tcp, shm, memory
         self.algorithm = ""  # the message algorithm the call ran (ring, bruck, ...), if any
         # a call over several nodes runs as calls of its subgroups, split each on its own
         self.composed = False

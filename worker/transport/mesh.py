@@ -276,9 +276,12 @@ class TcpMesh(Transport):
         return sorted(p for p, c in self._conns.items() if c.is_open)
 
     def shm_peers(self) -> list[int]:
-        """The peers this rank sends to through shared memory (offered on the first
-        payload large enough)."""
+        """The peers this rank sends large payloads to through shared memory."""
         return sorted(p for p, c in self._conns.items() if c.shm.out is not None)
+
+    def path_to(self, dst: int, nbytes: int) -> str:
+        conn = self._conns.get(dst)
+        return "shm" if conn and conn.shm.out is not None and conn.shm.wants(nbytes) else "tcp"
 
     def lost(self, conn: PeerConnection, exc: Exception | None) -> None:
         self.idle.retired.discard(conn)

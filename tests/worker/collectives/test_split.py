@@ -74,6 +74,12 @@ async def test_the_rank_that_waited_shows_the_wait(kind: str, size: int, tmp_pat
         assert max(c["reduce_ms"] for c in calls) > 0, calls
     algorithms = {c["algorithm"] for c in calls}
     assert algorithms == ({"arena"} if kind == "shm" else {"doubling" if size == 16 else "ring"})
+    # the path its bytes took: the node arena, or the peer connections (per-pair shared
+    # memory for large payloads between ranks of a node)
+    paths = {c["path"] for c in calls}
+    assert paths == {
+        "arena" if kind == "shm" else "shm" if kind == "pairs" and size > 16 else "tcp"
+    }
 
 
 async def test_a_call_over_nodes_is_split_in_its_subgroups_calls(tmp_path) -> None:
