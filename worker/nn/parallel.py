@@ -290,10 +290,9 @@ def partitioned(model: Module) -> tuple[frozenset[str], Group | None]:
     names: set[str] = set()
     group: Group | None = None
     for path, module in model.named_modules():
-        keys = getattr(module, "PARTITIONED", ())
-        if not keys:
+        if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
             continue
-        mine = module._bridge.group  # type: ignore[attr-defined]  # a layer with PARTITIONED
+        keys, mine = module.PARTITIONED, module._bridge.group
         if group is not None and mine is not group:
             raise ValueError(f"{path} is split over another tensor-parallel group than the rest")
         group = mine
