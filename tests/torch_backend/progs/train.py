@@ -74,6 +74,10 @@ def main() -> None:
         params[name.replace("module.", "")] = full.detach().float().numpy()
     if rank == 0:
         np.savez(out, losses=np.array(losses), **params)
+    # every rank tears down together: a gloo rank whose peer (the store's host, rank 0)
+    # was still saving aborted at exit now and then ("terminate called without an
+    # active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
