@@ -136,6 +136,7 @@ async def serve(settings: CoordinatorSettings) -> int:
     finally:
         await http.aclose()
         await server.aclose()
+    server.rendezvous.links.links()  # the closing lines read every report, however late
     last = status_reply(server.rendezvous, time.monotonic(), limit=0)
     if last.straggler:  # who the others waited for, over the job's last collectives
         print(f"straggler: {last.straggler}", file=sys.stderr, flush=True)

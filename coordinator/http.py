@@ -69,7 +69,7 @@ def _lateness(rdzv: Rendezvous) -> Iterator:
     )
 
 
-def _links(rdzv: Rendezvous) -> Iterator:
+def _links(rdzv: Rendezvous, now: float) -> Iterator:
     """The busiest METRICS_LINKS directed links, and the slow one if a link is."""
     labels = ["src", "dst", "path"]
     sent = CounterMetricFamily(
@@ -86,7 +86,7 @@ def _links(rdzv: Rendezvous) -> Iterator:
     rtt = GaugeMetricFamily(
         "shardwire_link_rtt_seconds", "Smoothed TCP round-trip time of the pair", labels=labels
     )
-    found = rdzv.links.links()
+    found = rdzv.links.links(now)
     for link in found[:METRICS_LINKS]:
         label = [str(link.src), str(link.dst), link.path]
         sent.add_metric(label, link.bytes)
@@ -104,7 +104,7 @@ def _links(rdzv: Rendezvous) -> Iterator:
         "1 for the link far slower than the others (what: bandwidth or round trip)",
         labels=[*labels, "what"],
     )
-    worst = rdzv.links.slow()
+    worst = rdzv.links.slow(now)
     if worst is not None:
         k = worst.link
         slow.add_metric([str(k.src), str(k.dst), k.path, worst.what], 1.0)
@@ -170,7 +170,7 @@ class _Metrics(Collector):
             received.add_metric(label, r.bytes_received)
         yield from (step, rate, age, loss, sent, received)
         yield from _lateness(self._rdzv)
-        yield from _links(self._rdzv)
+        yield from _links(self._rdzv, self._clock())
         failures = CounterMetricFamily("shardwire_failures", "Worker failures seen")
         failures.add_metric([], reply.restarts + (1.0 if reply.state == "failed" else 0.0))
         yield failures
@@ -279,7 +279,7 @@ class StatusHTTP:
             limit = int(request.query.get("limit", str(API_LINKS)))
         except ValueError:
             raise web.HTTPBadRequest(text="limit is a whole number\n") from None
-        return web.json_response(links_json(self._rdzv, limit))
+        return web.json_response(links_json(self._rdzv, limit, self._clock()))
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self._registry)

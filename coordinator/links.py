@@ -16,7 +16,10 @@ busy 2-core host showed 1.7 ms against a median of 0.2 ms on loopback). It takes
 MIN_LINKS measured links to have a median worth comparing with.
 
 Memory is bounded: a rank's links beyond PER_RANK are not kept (ranks talk to O(log n)
-peers), and the whole table holds at most LINKS rows.
+peers), and the whole table holds at most LINKS rows. The views (every link, sorted, and
+the slow one) are computed at most once per REFRESH_S of the readers' clock while
+reports keep arriving, so status pages, scrapes and their pages share one computation
+however busy the heartbeats are.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ SLOW_FACTOR = 4.0
 SLOW_RTT_S = 0.005  # a round trip must also be this much above the median to count
 TIMED_MIN = 1 << 20  # bytes a link must have timed before its bandwidth is compared
 MIN_LINKS = 3
+REFRESH_S = 1.0  # the views lag the newest report by at most this (one heartbeat)
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,12 @@ class LinkTable:
     def __init__(self, per_rank: int = PER_RANK, limit: int = LINKS) -> None:
         self._rows: dict[int, dict[tuple[int, str], LinkReport]] = {}
         self._per_rank, self._limit, self._size = per_rank, limit, 0
+        self._view: tuple[list[Link], SlowLink | None] = ([], None)
+        self._dirty = False  # reports arrived since the view was computed
+        self._view_at = float("-inf")  # when it was computed
 
     def add(self, rank: int, reports: Iterable[LinkReport]) -> None:
+        """``rank``'s newest totals."""
         rows = self._rows.setdefault(rank, {})
         for report in reports:
             key = (report.peer, report.path)
@@ -75,6 +83,14 @@ class LinkTable:
                     continue
                 self._size += 1
             rows[key] = report
+        self._dirty = True
+
+    def _current(self, now: float | None) -> tuple[list[Link], SlowLink | None]:
+        if self._dirty and (now is None or now >= self._view_at + REFRESH_S):
+            links = self._directed()
+            self._view, self._dirty = (links, _slowest(links)), False
+            self._view_at = float("-inf") if now is None else now
+        return self._view
 
     def __len__(self) -> int:
         return self._size
@@ -82,8 +98,17 @@ class LinkTable:
     def _report(self, rank: int, peer: int, path: str) -> LinkReport | None:
         return self._rows.get(rank, {}).get((peer, path))
 
-    def links(self) -> list[Link]:
-        """Every directed link that carried bytes, most bytes first."""
+    def links(self, now: float | None = None) -> list[Link]:
+        """Every directed link that carried bytes, most bytes first (as of at most
+        REFRESH_S before ``now``; None: as of now)."""
+        return self._current(now)[0]
+
+    def slow(self, now: float | None = None) -> SlowLink | None:
+        """The link furthest from the others' median, if one is far enough (see the
+        module docstring); bandwidth is weighed before round trips."""
+        return self._current(now)[1]
+
+    def _directed(self) -> list[Link]:
         found = []
         for src, rows in self._rows.items():
             for (dst, path), out in rows.items():
@@ -111,17 +136,15 @@ class LinkTable:
         ]
         return max(readings) / 1e6 if readings else None
 
-    def slow(self) -> SlowLink | None:
-        """The link furthest from the others' median, if one is far enough (see the
-        module docstring); bandwidth is weighed before round trips."""
-        links = self.links()
-        rates = [(link, link.bandwidth) for link in links if link.bandwidth is not None]
-        by_rate = _outlier(rates, "bandwidth")
-        if by_rate is not None:
-            return by_rate
-        busy = [k for k in links if k.rtt_s is not None and k.bytes >= TIMED_MIN]
-        pairs = {(min(k.src, k.dst), max(k.src, k.dst)): k for k in busy}
-        return _outlier([(k, k.rtt_s) for k in pairs.values() if k.rtt_s is not None], "round trip")
+
+def _slowest(links: list[Link]) -> SlowLink | None:
+    rates = [(link, link.bandwidth) for link in links if link.bandwidth is not None]
+    by_rate = _outlier(rates, "bandwidth")
+    if by_rate is not None:
+        return by_rate
+    busy = [k for k in links if k.rtt_s is not None and k.bytes >= TIMED_MIN]
+    pairs = {(min(k.src, k.dst), max(k.src, k.dst)): k for k in busy}
+    return _outlier([(k, k.rtt_s) for k in pairs.values() if k.rtt_s is not None], "round trip")
 
 
 def _bandwidth(report: LinkReport | None) -> float | None:

@@ -47,7 +47,7 @@ def status_reply(
         max_restarts=rdzv.gens.max_restarts,
         generations=rdzv.gens.info(now),
         straggler=_straggler(rdzv, workers),
-        slow_link=_slow_link(rdzv),
+        slow_link=_slow_link(rdzv, now),
     )
 
 
@@ -59,8 +59,8 @@ def _straggler(rdzv: Rendezvous, workers: list[Worker]) -> str:
     return describe(row, host, rdzv.stragglers.matched())
 
 
-def _slow_link(rdzv: Rendezvous) -> str:
-    slow = rdzv.links.slow()
+def _slow_link(rdzv: Rendezvous, now: float) -> str:
+    slow = rdzv.links.slow(now)
     return "" if slow is None else links.describe(slow, lambda rank: host_of(rdzv, rank))
 
 
@@ -73,12 +73,12 @@ def host_of(rdzv: Rendezvous, rank: int) -> str:
 API_LINKS = 4096  # directed links per /api/links response, most bytes first
 
 
-def links_json(rdzv: Rendezvous, limit: int = API_LINKS) -> dict:
+def links_json(rdzv: Rendezvous, limit: int = API_LINKS, now: float | None = None) -> dict:
     """The job's peer links for machines and the page's heat map: the busiest ``limit``
     directed links (of ``total``), the world size, and the slow link if one is."""
     table = rdzv.links
-    found = table.links()
-    slow = table.slow()
+    found = table.links(now)
+    slow = table.slow(now)
     shape = rdzv.shape
     return {
         "world_size": shape.world_size if shape else 0,

@@ -185,3 +185,16 @@ def test_shardwire_status_prints_the_slow_link() -> None:
     text = render(StatusReply(run_id="r", state="running", slow_link=line))
     assert f"\nslow link: {line}\n" in text
     assert "slow link" not in render(StatusReply(run_id="r", state="running"))
+
+
+def test_views_are_computed_at_most_once_a_refresh_while_reports_keep_coming() -> None:
+    from shardwire.coordinator.links import REFRESH_S
+
+    table = LinkTable()
+    table.add(0, [LinkReport(peer=1, path="tcp", bytes_sent=10)])
+    first = table.links(now=100.0)
+    table.add(0, [LinkReport(peer=1, path="tcp", bytes_sent=20)])
+    assert table.links(now=100.0 + REFRESH_S / 2) is first  # one computation, shared
+    assert [k.bytes for k in table.links(now=100.0 + REFRESH_S)] == [20]
+    table.add(0, [LinkReport(peer=1, path="tcp", bytes_sent=30)])
+    assert [k.bytes for k in table.links()] == [30]  # without a clock: as of now
