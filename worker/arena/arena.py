@@ -137,6 +137,11 @@ class NodeArena:
         except Abandoned as exc:
             raise JobAborted(f"the node arena was closed: {exc}") from None
 
+    def relayed(self, job: Job) -> BaseException | None:
+        """The error a local rank poisoned the arena with, if it ended ``job``."""
+        error = job.error if job.finished else None
+        return _cause_error(error) if isinstance(error, Poisoned) else None
+
     def poison(self, error: BaseException) -> None:
         """Wake every local rank waiting in this arena; they raise ``error`` (rebuilt)."""
         if isinstance(error, PeerFailed):

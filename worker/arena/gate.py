@@ -132,6 +132,11 @@ class Gate:
         late = set(arena.engine.lagging(job)) | set(arena.board.absent(ticket.seq))
         return [arena.ranks[r] for r in sorted(late)]
 
+    def relayed(self, ticket: Ticket) -> BaseException | None:
+        """The error another local rank ended the call of ``ticket`` with, if it did."""
+        arena, job = self.arena, ticket.job
+        return None if arena is None or job is None else arena.relayed(job)
+
     def hurry(self, ticket: Ticket) -> None:
         """The call was started in the background: the arena's thread runs it now (or as
         soon as the arena is open), overlapping the loop's compute."""

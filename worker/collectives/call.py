@@ -40,6 +40,8 @@ class Call:
     stalled: list[int] = field(default_factory=list)  # ranks a node-arena wait gave up on
     # who a wait outside the receives (the node arena) waits for now, asked on the loop
     probes: list[Callable[[], list[int]]] = field(default_factory=list)
+    # a peer's error that ended a wait outside the receives and was not delivered yet
+    failures: list[Callable[[], BaseException | None]] = field(default_factory=list)
     split: Split | None = None  # where the call's time goes (traced jobs only)
 
     def sub(self, members: Sequence[int], step_base: int = 0) -> Call:

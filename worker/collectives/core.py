@@ -97,6 +97,10 @@ class GroupCore:
         # the call of the parent group that this subgroup's calls are phases of, if any:
         # part of their signatures, so a mismatch names the calls the user made
         self.within = ""
+        # the error of the parent's call whose deadline is cancelling this group's calls:
+        # what they tell their peers instead of "cancelled"
+        self.expiring: BaseException | None = None
+        self._expired: dict[int, BaseException] = {}  # why calls passed their deadlines
         # Recent calls of this group and its subgroups, for hang diagnosis.
         self.recorder = recorder or FlightRecorder()
         transport.groups[group_id] = self  # unique per transport while the group lives
@@ -197,6 +201,7 @@ class GroupCore:
 
         async def on_arena(c: Call) -> T:
             c.probes.append(lambda: gate.waiting(ticket))
+            c.failures.append(lambda: gate.relayed(ticket))
             if await gate.run(ticket, c.stalled):
                 return result
             return await tcp(c)
@@ -237,9 +242,7 @@ class GroupCore:
             path=path,
         )
         outcome, expired = "error", False
-        # at the deadline, before the cancellation unwinds the calls of subgroups: who
-        # they wait for
-        self._deadlines.watch(call.seq, limit, lambda: call.stalled.extend(self._silent_inside()))
+        self._deadlines.watch(call.seq, limit, lambda: self._expire(call, what, limit))
         self._live[call.seq] = call
         try:
             try:
@@ -247,20 +250,19 @@ class GroupCore:
             finally:
                 expired = self._deadlines.release(call.seq)
                 del self._live[call.seq]
+                timed_out = self._expired.pop(call.seq, None)
             self._pool.give(call.taken)
             outcome = "ok"
             return result
         except (TimeoutError, TransportTimeout, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and not expired:
                 outcome = "cancelled"
-                self._poison(CollectiveCancelled(f"{what} was cancelled on rank {me}"))
+                self._poison(
+                    self.expiring or CollectiveCancelled(f"{what} was cancelled on rank {me}")
+                )
                 raise
             outcome = "timeout"
-            waiting = call.silent_ranks()
-            heard = f"not heard from ranks {waiting}" if waiting else "stuck sending"
-            self._poison(
-                CollectiveTimeout(f"{what} timed out after {limit:g} s on rank {me}: {heard}")
-            )
+            self._poison(timed_out or self._timed_out(call, what, limit))
         except IntegrityError as exc:  # seen here first when not relayed
             if exc.peer >= 0:
                 self._poison(exc)
@@ -282,10 +284,41 @@ class GroupCore:
         assert self._error is not None
         raise self._error
 
+    def _subgroups(self) -> list[GroupCore]:
+        """The subgroups this group's hierarchical calls run their phases in."""
+        return [] if self._tiers is None else self._tiers.subgroups()
+
     def _silent_inside(self) -> list[int]:
         """Global ranks the calls of this group's hierarchical subgroups wait for."""
-        tiers = self._tiers
-        return [] if tiers is None else [r for g in tiers.subgroups() for r in g.silent_now()]
+        return [r for g in self._subgroups() for r in g.silent_now()]
+
+    def _expire(self, call: Call, what: str, limit: float) -> None:
+        """``call`` passed its deadline: note why before the cancellation unwinds the
+        calls of subgroups, and have those tell their peers the same."""
+        call.stalled.extend(self._silent_inside())
+        error = self._expired[call.seq] = self._timed_out(call, what, limit)
+        for group in self._subgroups():
+            group.expiring = error
+
+    def _timed_out(self, call: Call, what: str, limit: float) -> BaseException:
+        """Why ``call`` did not end in time: the ranks it waits for; else the error a
+        peer ended one of its phases with that had not reached it yet."""
+        waiting = call.silent_ranks()
+        if not waiting:
+            relayed = _failure(call) or next(
+                (e for g in (self, *self._subgroups()) if (e := g.failed_now())), None
+            )
+            if relayed is not None:
+                return relayed
+        heard = f"not heard from ranks {waiting}" if waiting else "stuck sending"
+        me = self.transport.rank
+        return CollectiveTimeout(f"{what} timed out after {limit:g} s on rank {me}: {heard}")
+
+    def failed_now(self) -> BaseException | None:
+        """The error this group failed with, or that a peer ended a call under way with."""
+        if self._error is not None:
+            return self._error
+        return next((e for call in self._live.values() if (e := _failure(call))), None)
 
     def silent_now(self) -> list[int]:
         """Global ranks the calls under way are waiting for."""
@@ -330,3 +363,8 @@ class GroupCore:
         self._pool.clear()
         if self.transport.groups.get(self.group_id) is self:
             del self.transport.groups[self.group_id]
+
+
+def _failure(call: Call) -> BaseException | None:
+    """The error a peer ended a wait of ``call`` with that had not reached it yet."""
+    return next((e for f in call.failures if (e := f()) is not None), None)
