@@ -6,7 +6,7 @@ from typing import Any
 
 import msgpack
 
-from shardwire.protocol.errors import ProtocolError
+from shardwire.protocol.errors import InvalidType, ProtocolError
 
 # Meta maps are small (routing fields, dtype, shape); these bounds stop a hostile peer from
 # making the unpacker allocate large containers from a tiny message.
@@ -60,7 +60,7 @@ def pack_object(value: Any) -> bytes:
     try:
         return msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"value is not msgpack-serialisable: {exc}") from exc
+        raise InvalidType(f"value is not msgpack-serialisable: {exc}") from exc
 
 
 def unpack_object(data: bytes | bytearray | memoryview) -> Any:

@@ -12,6 +12,20 @@ class ShardwireError(Exception):
     """Root of every error raised by shardwire."""
 
 
+class InvalidArgument(ShardwireError, ValueError):
+    """A call was given a value it does not take (a size, a rank, a layout, an option);
+    nothing was started. Also a ``ValueError``."""
+
+
+class InvalidType(ShardwireError, TypeError):
+    """A call was given an object of a type it does not take. Also a ``TypeError``."""
+
+
+class InvalidState(ShardwireError, RuntimeError):
+    """A call was made when its object cannot take it (closed, already awaited, in the
+    middle of another step). Also a ``RuntimeError``."""
+
+
 class ProtocolError(ShardwireError):
     """A peer sent bytes that violate the wire format; the connection is closed."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.messages import GenerationInfo
 
 
@@ -13,9 +14,9 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     try:
         lo, hi = int(low), int(high) if sep else int(low)
     except ValueError:
-        raise ValueError(f"--nnodes must be N or MIN:MAX, got {text!r}") from None
+        raise InvalidArgument(f"--nnodes must be N or MIN:MAX, got {text!r}") from None
     if lo < 1 or hi < lo:
-        raise ValueError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+        raise InvalidArgument(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
     return lo, hi
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from shardwire.protocol import ShardwireError
+from shardwire.protocol.errors import InvalidState
 from shardwire.torch.engine import Engine
 from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.join import Joined, through_coordinator, through_store
@@ -73,7 +74,7 @@ class Bridge:
             return
         joined = self._join_job()
         yield JobStore(), joined.world.rank, joined.world.size
-        raise RuntimeError("the shardwire backend cannot re-rendezvous through env://")
+        raise InvalidState("the shardwire backend cannot re-rendezvous through env://")
 
     def create(self, opts: Any, _backend_options: Any = None) -> ShardwireProcessGroup:
         """torch's backend creator (``extended_api``): a group over the joined mesh."""

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from shardwire.protocol.errors import InvalidState
+
 T = TypeVar("T")
 
 _START_TIMEOUT = 30.0
@@ -52,7 +54,7 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
         if not self._ready.wait(_START_TIMEOUT):
-            raise RuntimeError(f"shardwire's loop thread did not start in {_START_TIMEOUT:.0f} s")
+            raise InvalidState(f"shardwire's loop thread did not start in {_START_TIMEOUT:.0f} s")
 
     def _main(self) -> None:
         loop = self._loop = _new_loop()
@@ -78,14 +80,14 @@ class Engine:
         """Run ``coro`` on the loop; calls are started in the order they were submitted."""
         if self._loop is None or self._closed:
             coro.close()
-            raise RuntimeError("shardwire's loop is not running (the process group was destroyed)")
+            raise InvalidState("shardwire's loop is not running (the process group was destroyed)")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run ``coro`` on the loop and wait for its result, at most ``timeout`` seconds."""
         if self.on_loop:
             coro.close()
-            raise RuntimeError("a blocking shardwire call was made on shardwire's own loop")
+            raise InvalidState("a blocking shardwire call was made on shardwire's own loop")
         future = self.submit(coro)
         try:
             return future.result(timeout)

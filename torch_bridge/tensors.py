@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from shardwire.protocol import ShardwireError
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import ReduceOp
 
 
@@ -52,7 +53,7 @@ def reduction(op: dist.ReduceOp | dist.ReduceOp.RedOpType, what: str) -> Reducti
         if isinstance(factor, torch.Tensor):
             factor = float(factor.item())
         if factor is None:
-            raise ValueError(
+            raise InvalidArgument(
                 f"{what}: this torch ({torch.__version__}) does not show a Python backend "
                 "the factor of ReduceOp.PREMUL_SUM (torch 2.13 does); scale the tensor and "
                 "use SUM"
@@ -61,7 +62,7 @@ def reduction(op: dist.ReduceOp | dist.ReduceOp.RedOpType, what: str) -> Reducti
     for theirs, ours in _OPS.items():
         if op == theirs:
             return Reduction(ours)
-    raise ValueError(f"{what}: reduce op {op} is not supported by the shardwire backend")
+    raise InvalidArgument(f"{what}: reduce op {op} is not supported by the shardwire backend")
 
 
 def _check_device(t: torch.Tensor, what: str) -> None:
@@ -154,4 +155,4 @@ def split_into(flat: np.ndarray, outs: list[Staged]) -> None:
 
 def check_sizes(what: str, got: int, expected: int) -> None:
     if got != expected:
-        raise ValueError(f"{what}: expected {expected} elements, got {got}")
+        raise InvalidArgument(f"{what}: expected {expected} elements, got {got}")

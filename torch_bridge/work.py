@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from shardwire.protocol import CollectiveTimeout
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.torch.engine import Engine
 
 # A wait with no timeout of its own is still bounded: by the call's own limit (after
@@ -104,7 +105,7 @@ class BridgeWork(dist.Work):
     def _source_rank(self) -> int:
         """The group rank a finished receive came from (torch's ``recv(src=None)``)."""
         if self._source is None:
-            raise ValueError(f"{self._op} is not a receive: it has no source rank")
+            raise InvalidArgument(f"{self._op} is not a receive: it has no source rank")
         self.wait()
         return self._source(self._future.result())
 

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group
 
 
@@ -42,7 +43,7 @@ class TopK(Codec):
 
     def __init__(self, ratio: float) -> None:
         if not 0.0 < ratio <= 1.0:
-            raise ValueError(f"top-k ratio must be in (0, 1], got {ratio}")
+            raise InvalidArgument(f"top-k ratio must be in (0, 1], got {ratio}")
         self.ratio = ratio
         self.residuals: dict[int, np.ndarray] = {}
 
@@ -100,4 +101,4 @@ def parse(spec: str) -> Codec | None:
         return Float16()
     if spec.startswith("topk:"):
         return TopK(float(spec.removeprefix("topk:")))
-    raise ValueError(f"unknown compression {spec!r}: none, fp16 or topk:RATIO")
+    raise InvalidArgument(f"unknown compression {spec!r}: none, fp16 or topk:RATIO")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.messages import Heartbeat
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
 from shardwire.worker.flight import FlightRecorder
@@ -74,7 +75,7 @@ class ProcessGroup(Group):
         e.g. to test hybrid sharding on one host)."""
         size = local_world_size or self.local_world_size
         if self.world_size % size:
-            raise ValueError(f"world size {self.world_size} is not a multiple of {size}")
+            raise InvalidArgument(f"world size {self.world_size} is not a multiple of {size}")
         start = self.rank - self.rank % size
         return self.new_group(range(start, start + size), name="node")
 
@@ -82,5 +83,5 @@ class ProcessGroup(Group):
         """The ranks with this rank's local index on every node, as a group."""
         size = local_world_size or self.local_world_size
         if self.world_size % size:
-            raise ValueError(f"world size {self.world_size} is not a multiple of {size}")
+            raise InvalidArgument(f"world size {self.world_size} is not a multiple of {size}")
         return self.new_group(range(self.rank % size, self.world_size, size), name="cross")

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from shardwire.protocol.errors import InvalidState
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
 from shardwire.worker.arena.programs import Mismatch, Need, Program
 from shardwire.worker.collectives.split import Split
@@ -111,7 +112,7 @@ class Engine:
         job = Job(program, deadline, split)
         with self._cv:
             if self._closed:
-                raise RuntimeError("the arena engine is closed")
+                raise InvalidState("the arena engine is closed")
             self._queue.append(job)
         return job
 

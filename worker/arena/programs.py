@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.arena.board import DONE, READY, Board
 from shardwire.worker.collectives.layout import bounds
 from shardwire.worker.collectives.ops import ReduceOp, finish
@@ -212,7 +213,7 @@ def reduce_scatter(
     k, me, dtype = ctx.k, ctx.me, src.dtype
     per = ctx.halves.elements(dtype) // k
     if per < 1:
-        raise ValueError(
+        raise InvalidArgument(
             f"an arena half of {ctx.halves.half_bytes} bytes is too small for {k} ranks"
         )
     for i in range(_chunks(max(b - a for a, b in segs), per)):

@@ -29,6 +29,7 @@ import stat
 from pathlib import Path
 
 from shardwire.protocol import ProtocolError
+from shardwire.protocol.errors import InvalidArgument
 
 SHM_DIR = Path("/dev/shm")
 MAGIC = b"SWARENA1"
@@ -118,7 +119,7 @@ class Geometry:
 
     def __init__(self, ranks: int, slot_bytes: int) -> None:
         if ranks < 1 or slot_bytes < 2 * PAGE:
-            raise ValueError(
+            raise InvalidArgument(
                 f"an arena needs ranks >= 1 and slots >= 8 KiB, got {ranks}, {slot_bytes}"
             )
         self.ranks = ranks

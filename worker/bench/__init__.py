@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from shardwire.protocol import ShardwireError
+
+
+class BenchmarkFailed(ShardwireError, RuntimeError):
+    """A benchmark's job or baseline did not run to its end (a rank failed, a program
+    did not finish in time); the message carries the tails of their output."""
+
+
 # name -> (module, purpose); each parses its own arguments
 BENCHES = {
     "collectives": (

@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardwire.protocol.errors import InvalidArgument
+from shardwire.worker.bench import BenchmarkFailed
+
 
 def run_job(script: str, nproc: int, *args: str, timeout: float = 3600) -> Any:
     """Run ``script --worker OUT ARGS`` on ``nproc`` local workers; return the JSON rank 0
@@ -37,7 +40,7 @@ def coordinator_port(port_file: Path, coordinator: subprocess.Popen, limit: floa
     deadline = time.monotonic() + limit
     while not port_file.exists() or not port_file.read_text().strip():
         if coordinator.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the benchmark's coordinator did not start")
+            raise BenchmarkFailed("the benchmark's coordinator did not start")
         time.sleep(0.02)
     return int(port_file.read_text())
 
@@ -49,7 +52,7 @@ def run_nodes(
     of this host: a coordinator and one ``shardwire worker`` agent per node, each with
     its own node id (shared memory inside a node, TCP across)."""
     if nproc % nodes:
-        raise ValueError(f"{nproc} workers do not split evenly over {nodes} nodes")
+        raise InvalidArgument(f"{nproc} workers do not split evenly over {nodes} nodes")
     cli = [sys.executable, "-m", "shardwire.worker.launcher.cli"]
     env = {**env, "SHARDWIRE_TOKEN": secrets.token_hex(16)}
     with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 import shardwire.worker as sw
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench.timing import summarize
 from shardwire.worker.collectives.plan import choose
 
@@ -38,7 +39,7 @@ def make_call(pg: sw.ProcessGroup, op: str, nbytes: int) -> Callable[[], Awaitab
     if op == "reduce_scatter":
         inp, out = np.ones(numel // n * n, np.float32), np.empty(numel // n, np.float32)
         return lambda: pg.reduce_scatter(inp, out=out)
-    raise ValueError(f"unknown op {op!r}")
+    raise InvalidArgument(f"unknown op {op!r}")
 
 
 async def agree_max(pg: sw.ProcessGroup, value: float) -> float:

@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+from shardwire.protocol.errors import InvalidArgument
+
 
 def _call(comm, op: str, nbytes: int):
     import numpy as np
@@ -35,7 +37,7 @@ def _call(comm, op: str, nbytes: int):
     if op == "reduce_scatter":
         inp, out = np.ones(numel // n * n, np.float32), np.empty(numel // n, np.float32)
         return lambda: comm.Reduce_scatter_block(inp, out, mpi.SUM)
-    raise ValueError(op)
+    raise InvalidArgument(op)
 
 
 def _cell(comm, op: str, nbytes: int, target_s: float) -> dict:

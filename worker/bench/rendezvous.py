@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shardwire.protocol.errors import InvalidArgument
+from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import coordinator_port
 
 _TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
@@ -107,7 +109,7 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
     """One run: a coordinator and ``processes`` client processes for ``workers``; then
     ``beat_window`` seconds of every worker heartbeating."""
     if workers < 1 or workers % lws:
-        raise ValueError(f"{workers} workers do not fill nodes of {lws}")
+        raise InvalidArgument(f"{workers} workers do not fill nodes of {lws}")
     token = secrets.token_hex(16)
     env = {**os.environ, "SHARDWIRE_TOKEN": token}
     with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
@@ -148,7 +150,7 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
                 assert client.stdout is not None
                 line = client.stdout.readline()
                 if not line:
-                    raise RuntimeError(f"a client process failed (exit {client.wait(60)})")
+                    raise BenchmarkFailed(f"a client process failed (exit {client.wait(60)})")
                 times += [tuple(t) for t in json.loads(line)]
             cpu, rss = _proc_stats(coordinator.pid)
             # every worker now heartbeats once a second: what that costs the coordinator

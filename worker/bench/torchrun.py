@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardwire.worker.bench import BenchmarkFailed
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -40,7 +42,7 @@ class Ranks:
                 f"--- rank {r} (exit {c})\n{e[-3000:]}"
                 for r, (c, e) in enumerate(zip(self.codes, self.errs, strict=True))
             )
-            raise RuntimeError(f"ranks failed: {self.codes}\n{detail}")
+            raise BenchmarkFailed(f"ranks failed: {self.codes}\n{detail}")
         return self
 
 
@@ -80,5 +82,5 @@ def run_ranks(n: int, argv: list[str], *, logs: Path, timeout: float = 600.0) ->
     texts = [(o.read_text(errors="replace"), e.read_text(errors="replace")) for o, e in files]
     if not codes:
         tails = "\n".join(f"--- rank {r}\n{e[-2000:]}" for r, (_, e) in enumerate(texts))
-        raise RuntimeError(f"{argv} did not finish in {timeout:.0f} s:\n{tails}")
+        raise BenchmarkFailed(f"{argv} did not finish in {timeout:.0f} s:\n{tails}")
     return Ranks(codes, [o for o, _ in texts], [e for _, e in texts])

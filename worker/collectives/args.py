@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardwire.protocol import check_dtype
+from shardwire.protocol.errors import InvalidArgument
 
 
 def sizes_text(sizes: Sequence[int]) -> str:
@@ -21,7 +22,7 @@ def sizes_text(sizes: Sequence[int]) -> str:
 def flat(array: np.ndarray, what: str) -> np.ndarray:
     check_dtype(array.dtype)
     if not array.flags.c_contiguous:
-        raise ValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+        raise InvalidArgument(f"{what} must be C-contiguous (use np.ascontiguousarray)")
     return array.reshape(-1)
 
 
@@ -29,7 +30,7 @@ def out_array(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -
     if out is None:
         return np.empty(shape, dtype)
     if out.shape != shape or out.dtype != dtype:
-        raise ValueError(f"out must be {dtype}{list(shape)}, got {out.dtype}{list(out.shape)}")
+        raise InvalidArgument(f"out must be {dtype}{list(shape)}, got {out.dtype}{list(out.shape)}")
     flat(out, "out")
     return out
 

@@ -24,6 +24,7 @@ from shardwire.protocol import (
     ShardwireError,
     TransportClosed,
 )
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker import trace
 from shardwire.worker.arena.gate import Gate, Ticket
 from shardwire.worker.arena.programs import Context, Program
@@ -66,12 +67,14 @@ class GroupCore:
     ):
         members = tuple(range(transport.world_size)) if ranks is None else tuple(ranks)
         if len(set(members)) != len(members) or not members:
-            raise ValueError(f"group ranks must be distinct and non-empty, got {list(members)}")
+            raise InvalidArgument(
+                f"group ranks must be distinct and non-empty, got {list(members)}"
+            )
         if transport.rank not in members:
-            raise ValueError(f"rank {transport.rank} is not a member of group {list(members)}")
+            raise InvalidArgument(f"rank {transport.rank} is not a member of group {list(members)}")
         live = transport.groups.get(group_id)
         if live is not None:
-            raise ValueError(
+            raise InvalidArgument(
                 f"group id {group_id} is already used on rank {transport.rank} by group "
                 f"{list(live.ranks)}; close that group first"
             )

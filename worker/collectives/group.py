@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.arena import programs
 from shardwire.worker.collectives import bruck, ring, small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
@@ -44,7 +45,7 @@ class Group(Movement):
         live = self.transport.groups.get(group_id)
         if live is not None:
             if list(live.ranks) != global_ranks:
-                raise ValueError(
+                raise InvalidArgument(
                     f"group id {group_id} of ranks {global_ranks} (name {name!r}) collides "
                     f"with open group {list(live.ranks)}; use another name"
                 )
@@ -238,7 +239,7 @@ class Group(Movement):
         x2 = x.reshape(1) if x.ndim == 0 else x
         sizes = [local] * self.size if sizes is None else list(sizes)
         if len(sizes) != self.size or sizes[self.rank] != local:
-            raise ValueError(
+            raise InvalidArgument(
                 f"sizes {sizes} must list {self.size} first dimensions, this rank's being {local}"
             )
         row = math.prod(x2.shape[1:])

@@ -11,6 +11,7 @@ import numpy as np
 
 from shardwire.protocol import Tag
 from shardwire.protocol.codec import pack_object, unpack_object
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.arena import programs
 from shardwire.worker.collectives import small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
@@ -76,7 +77,7 @@ class Movement(GroupCore):
         self._check_root(root)
         if self.rank == root:
             if x is None:
-                raise ValueError("scatter: the root must pass the array to split")
+                raise InvalidArgument("scatter: the root must pass the array to split")
             sizes = self._split(len(x), sizes, "scatter input")
             chunks = [x[a:b] for a, b in offsets(sizes)]
             for chunk in chunks:
@@ -225,24 +226,24 @@ class Movement(GroupCore):
 
     def _p2p(self, tag: int) -> Tag:
         if not 0 <= tag < P2P_BASE:
-            raise ValueError(f"tag must be in [0, 2**40), got {tag}")
+            raise InvalidArgument(f"tag must be in [0, 2**40), got {tag}")
         return Tag(self.group_id, P2P_BASE + tag, 0)
 
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:
-            raise ValueError(f"root {root} is not a rank of this group of {self.size}")
+            raise InvalidArgument(f"root {root} is not a rank of this group of {self.size}")
 
     def _split(self, length: int, sizes: Sequence[int] | None, what: str) -> list[int]:
         if sizes is None:
             if length % self.size:
-                raise ValueError(
+                raise InvalidArgument(
                     f"{what} has {length} rows, not divisible by {self.size} "
                     "ranks; pass explicit sizes"
                 )
             return [length // self.size] * self.size
         sizes = [int(s) for s in sizes]
         if len(sizes) != self.size or sum(sizes) != length or min(sizes) < 0:
-            raise ValueError(
+            raise InvalidArgument(
                 f"{what}: sizes {sizes} must be {self.size} non-negative counts summing to {length}"
             )
         return sizes

@@ -6,6 +6,8 @@ import enum
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidType
+
 
 class ReduceOp(enum.Enum):
     """How contributions are combined."""
@@ -36,9 +38,9 @@ _BITWISE = {ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR}
 def check_op(op: ReduceOp, dtype: np.dtype) -> None:
     """Refuse combinations numpy would silently get wrong."""
     if op is ReduceOp.AVG and dtype.kind != "f":
-        raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {dtype}")
+        raise InvalidType(f"ReduceOp.AVG needs a floating dtype, got {dtype}")
     if op in _BITWISE and dtype.kind not in "iub":
-        raise TypeError(f"ReduceOp.{op.name} needs an integer or bool dtype, got {dtype}")
+        raise InvalidType(f"ReduceOp.{op.name} needs an integer or bool dtype, got {dtype}")
 
 
 def combine(op: ReduceOp, first: np.ndarray, second: np.ndarray, out: np.ndarray) -> None:

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from shardwire.protocol.errors import InvalidState
 from shardwire.worker.collectives.waits import WAITS, waited
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class Pending(Generic[T]):
 
     def _take(self) -> Coroutine[Any, Any, T] | None:
         if self._taken:
-            raise RuntimeError("this collective call was already awaited or started")
+            raise InvalidState("this collective call was already awaited or started")
         self._taken = True
         return self._coro
 

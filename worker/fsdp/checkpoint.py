@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.fsdp.unit import Unit
 
 
@@ -61,7 +62,7 @@ def assemble(states: list[dict[str, Any]]) -> dict[str, np.ndarray]:
             filled[name] = filled.get(name, 0) + data.size
     for name, array in flat.items():
         if filled[name] != array.size:
-            raise ValueError(f"{name}: the pieces cover {filled[name]} of {array.size} values")
+            raise InvalidArgument(f"{name}: the pieces cover {filled[name]} of {array.size} values")
     return {name: array.reshape(shapes[name]) for name, array in flat.items()}
 
 
@@ -71,10 +72,10 @@ async def load(units: list[Unit], state: dict[str, Any] | list[dict[str, Any]]) 
         flat = np.zeros(unit.layout.padded, unit.layout.dtype)
         for e in unit.layout.entries:
             if e.name not in full:
-                raise KeyError(f"state has no parameter {e.name!r}")
+                raise InvalidArgument(f"state has no parameter {e.name!r}")
             value = np.asarray(full[e.name])
             if value.shape != e.shape:
-                raise ValueError(f"{e.name}: state has shape {value.shape}, model {e.shape}")
+                raise InvalidArgument(f"{e.name}: state has shape {value.shape}, model {e.shape}")
             flat[e.offset : e.offset + e.numel] = value.reshape(-1)
         if unit.strategy.shards_grads:
             lo, hi = unit.layout.shard_range(unit.shard_group.rank)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import DTypeLike
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.compression import Codec
 from shardwire.worker.fsdp.offload import Offload
 from shardwire.worker.fsdp.strategy import Policy, Strategy
@@ -74,6 +75,8 @@ class FSDPConfig:
 
     def __post_init__(self) -> None:
         if self.reduce_depth is not None and self.reduce_depth < 1:
-            raise ValueError(f"reduce_depth must be at least 1, got {self.reduce_depth}")
+            raise InvalidArgument(f"reduce_depth must be at least 1, got {self.reduce_depth}")
         if self.compression is not None and self.strategy is not Strategy.NO_SHARD:
-            raise ValueError(f"gradient compression works with NO_SHARD, not {self.strategy.name}")
+            raise InvalidArgument(
+                f"gradient compression works with NO_SHARD, not {self.strategy.name}"
+            )

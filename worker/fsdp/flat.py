@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidType
 from shardwire.worker.nn.module import Module
 
 
@@ -46,7 +47,7 @@ class FlatLayout:
             value = owner.params[local]
             dtype = dtype or value.dtype
             if value.dtype != dtype:
-                raise TypeError(f"{name} is {value.dtype}, the unit's others are {dtype}")
+                raise InvalidType(f"{name} is {value.dtype}, the unit's others are {dtype}")
             entries.append(Entry(name, owner, local, offset, tuple(value.shape)))
             offset += value.size
         return cls(tuple(entries), offset, shards, np.dtype(dtype or np.float64))

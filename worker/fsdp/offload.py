@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
+
 
 @dataclass(frozen=True)
 class Offload:
@@ -48,7 +50,7 @@ class Offload:
 
     def __post_init__(self) -> None:
         if self.directory is not None and not Path(self.directory).is_dir():
-            raise ValueError(f"offload directory {self.directory} is not a directory")
+            raise InvalidArgument(f"offload directory {self.directory} is not a directory")
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -24,6 +24,7 @@ import enum
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidState
 from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp.flat import FlatLayout
 from shardwire.worker.fsdp.offload import Offload, UnitSpill
@@ -171,7 +172,7 @@ class Unit:
     def begin_backward(self) -> None:
         """IDLE -> ACCUMULATING: bind a full gradient buffer (kept across no_sync)."""
         if self.grad_state is GradState.REDUCING:
-            raise RuntimeError(f"unit {self.name or '<root>'}: backward while reducing")
+            raise InvalidState(f"unit {self.name or '<root>'}: backward while reducing")
         if self.grad_full is None:
             self.grad_full = np.zeros(self.layout.padded, self.layout.dtype)
         self.layout.bind_grads(self.grad_full)
@@ -183,7 +184,7 @@ class Unit:
         if grad is not None:
             self.grad_full = grad
         if self.grad_full is None:
-            raise RuntimeError(f"unit {self.name or '<root>'}: no gradient to reduce")
+            raise InvalidState(f"unit {self.name or '<root>'}: no gradient to reduce")
         self.grad_state = GradState.REDUCING
         return self.grad_full
 

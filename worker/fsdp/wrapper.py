@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument, ShardwireError
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.agree import differing_from_root
 from shardwire.worker.fsdp import checkpoint, memory, norms
@@ -49,7 +50,7 @@ from shardwire.worker.optim.optimizers import Optimizer
 from shardwire.worker.trace import span
 
 
-class FSDPError(RuntimeError):
+class FSDPError(ShardwireError, RuntimeError):
     """Misuse of the wrapper (the message says what to do instead)."""
 
 
@@ -258,7 +259,7 @@ class FSDP:
                 if e.name in grads:
                     value = np.asarray(grads[e.name])
                     if value.shape != e.shape:
-                        raise ValueError(
+                        raise InvalidArgument(
                             f"gradient {e.name} has shape {value.shape}, the parameter {e.shape}"
                         )
                     flat[e.offset : e.offset + e.numel] = value.reshape(-1)
@@ -273,10 +274,10 @@ class FSDP:
         """Replace this rank's parameter shards (one flat array per unit, sizes checked)."""
         units = self.all_units()
         if len(values) != len(units):
-            raise ValueError(f"expected {len(units)} shards (one per unit), got {len(values)}")
+            raise InvalidArgument(f"expected {len(units)} shards (one per unit), got {len(values)}")
         for unit, value in zip(units, values, strict=True):
             if np.shape(value) != unit.shard.shape:
-                raise ValueError(
+                raise InvalidArgument(
                     f"unit {unit.name or '<root>'}: expected a shard of "
                     f"{unit.shard.size} values, got shape {np.shape(value)}"
                 )

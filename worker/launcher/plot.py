@@ -10,13 +10,15 @@ import json
 import sys
 from pathlib import Path
 
+from shardwire.protocol.errors import InvalidArgument
+
 WIDTH_IN, HEIGHT_IN, DPI = 10, 4, 100  # a 1000 x 400 pixel image
 
 
 def load(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; is {run_dir} a run directory?")
+        raise InvalidArgument(f"{path} does not exist; is {run_dir} a run directory?")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.history import parse_nnodes
 from shardwire.protocol.ports import port_value
 from shardwire.worker.launcher.cluster import NodePlace
@@ -33,7 +34,7 @@ class _Client(BaseSettings):
     def coordinator_address(self) -> tuple[str, int]:
         host, sep, port = self.coordinator.rpartition(":")
         if not sep or not port.isdigit():
-            raise ValueError(f"--coordinator must be HOST:PORT, got {self.coordinator!r}")
+            raise InvalidArgument(f"--coordinator must be HOST:PORT, got {self.coordinator!r}")
         return host.strip("[]"), int(port)
 
     def tls_files(self) -> TlsFiles | None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from shardwire.protocol.errors import InvalidArgument, InvalidType
+
 Value = Mapping[str, "Value"] | Sequence["Value"] | str | int | bool
 
 _PLAIN = re.compile(r"(--?[A-Za-z]|[A-Za-z_/])[A-Za-z0-9_./:=-]*(?<!:)\Z")
@@ -42,7 +44,7 @@ def scalar(value: str | int | bool) -> str:
     if isinstance(value, int):
         return str(value)
     if not isinstance(value, str):
-        raise TypeError(f"cannot write {type(value).__name__} {value!r} as YAML")
+        raise InvalidType(f"cannot write {type(value).__name__} {value!r} as YAML")
     if _PLAIN.match(value) and value.lower() not in _KEYWORDS:
         return value
     return '"' + "".join(_escaped(ch) for ch in value) + '"'
@@ -66,7 +68,7 @@ def _escaped(ch: str) -> str:
     if _printable(ch):
         return ch
     if 0xD800 <= code <= 0xDFFF:
-        raise ValueError(f"a lone surrogate (U+{code:04X}) is not text YAML can hold")
+        raise InvalidArgument(f"a lone surrogate (U+{code:04X}) is not text YAML can hold")
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 

@@ -12,6 +12,7 @@ import math
 import numpy as np
 from numpy.typing import DTypeLike
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.nn.layers import Linear
 from shardwire.worker.nn.module import Module
 
@@ -26,7 +27,7 @@ class CausalSelfAttention(Module):
     ) -> None:
         super().__init__()
         if dim % heads:
-            raise ValueError(f"dim {dim} is not divisible by {heads} heads")
+            raise InvalidArgument(f"dim {dim} is not divisible by {heads} heads")
         self.heads = heads
         self.qkv = self.add("qkv", Linear(dim, 3 * dim, rng=rng, dtype=dtype))
         self.proj = self.add("proj", Linear(dim, dim, rng=rng, dtype=dtype))

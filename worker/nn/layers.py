@@ -7,6 +7,7 @@ import math
 import numpy as np
 from numpy.typing import DTypeLike
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.nn.module import Module
 
 
@@ -161,7 +162,7 @@ class Dropout(Module):
     def __init__(self, p: float, *, seed: int) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+            raise InvalidArgument(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
         self._rng = np.random.default_rng(seed)
         self._mask: np.ndarray | None = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
+
 IGNORE_INDEX = -100  # targets equal to this are left out of the loss, as elsewhere
 
 
@@ -29,14 +31,14 @@ def softmax_cross_entropy(
     flat = logits.reshape(-1, classes)
     labels = np.asarray(targets).reshape(-1)
     if labels.size != flat.shape[0]:
-        raise ValueError(f"{labels.size} targets for {flat.shape[0]} rows of logits")
+        raise InvalidArgument(f"{labels.size} targets for {flat.shape[0]} rows of logits")
     if not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"targets must be integers, got dtype {labels.dtype}")
+        raise InvalidArgument(f"targets must be integers, got dtype {labels.dtype}")
     keep = labels != ignore_index if ignore_index is not None else np.ones(labels.size, bool)
     bad = keep & ((labels < 0) | (labels >= classes))
     if bad.any():
         first = int(labels[bad][0])
-        raise ValueError(
+        raise InvalidArgument(
             f"target {first} is outside [0, {classes}) (ignore_index is {ignore_index})"
         )
     rows = np.flatnonzero(keep)

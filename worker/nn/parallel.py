@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 from numpy.typing import DTypeLike
 
+from shardwire.protocol.errors import InvalidArgument, InvalidState
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.layout import bounds
 from shardwire.worker.mesh import Mesh
@@ -61,7 +62,7 @@ class _Bridge:
 
     def run(self, call: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
         if threading.get_ident() == self._loop_thread:
-            raise RuntimeError(
+            raise InvalidState(
                 "tensor-parallel layers compute off the event loop: run the model with "
                 "asyncio.to_thread (or inside FSDP)"
             )
@@ -88,9 +89,9 @@ def _weight(d_in: int, d_out: int, rng: np.random.Generator, dtype: DTypeLike) -
 def _spans(features: int, unit: int, size: int) -> list[tuple[int, int]]:
     """Each rank's features, split in whole units of ``unit`` features (e.g. heads)."""
     if features % unit:
-        raise ValueError(f"{features} features are not whole units of {unit}")
+        raise InvalidArgument(f"{features} features are not whole units of {unit}")
     if features // unit < size:
-        raise ValueError(f"{features // unit} units cannot be split over {size} ranks")
+        raise InvalidArgument(f"{features // unit} units cannot be split over {size} ranks")
     return [(a * unit, b * unit) for a, b in bounds(features // unit, size)]
 
 
@@ -125,7 +126,9 @@ class ColumnParallelLinear(Module):
         super().__init__()
         group = tensor_group(group)
         if blocks > 1 and gather_output:
-            raise ValueError("gather_output needs blocks=1 (the gathered rows would interleave)")
+            raise InvalidArgument(
+                "gather_output needs blocks=1 (the gathered rows would interleave)"
+            )
         self._bridge = _Bridge(group)
         self.gather_output = gather_output
         spans = _spans(d_out // blocks, unit, group.size)
@@ -228,7 +231,7 @@ class ParallelAttention(CausalSelfAttention):
         Module.__init__(self)
         group = tensor_group(group)
         if dim % heads:
-            raise ValueError(f"dim {dim} is not divisible by {heads} heads")
+            raise InvalidArgument(f"dim {dim} is not divisible by {heads} heads")
         width = dim // heads
         a, b = _spans(dim, width, group.size)[group.rank]
         self.heads = (b - a) // width  # this rank's heads
@@ -294,7 +297,9 @@ def partitioned(model: Module) -> tuple[frozenset[str], Group | None]:
             continue
         keys, mine = module.PARTITIONED, module._bridge.group
         if group is not None and mine is not group:
-            raise ValueError(f"{path} is split over another tensor-parallel group than the rest")
+            raise InvalidArgument(
+                f"{path} is split over another tensor-parallel group than the rest"
+            )
         group = mine
         names.update(f"{path}.{k}" if path else k for k in keys if k in module.params)
     return frozenset(names), group

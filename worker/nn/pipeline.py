@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group
 from shardwire.worker.mesh import Mesh, clip_scale, global_norm
 from shardwire.worker.nn import schedules
@@ -41,7 +42,7 @@ def split_into_stages(weights: Sequence[float] | int, num_stages: int) -> list[r
         weights = [1.0] * weights
     n = len(weights)
     if not 1 <= num_stages <= n:
-        raise ValueError(f"cannot split {n} layers into {num_stages} stages")
+        raise InvalidArgument(f"cannot split {n} layers into {num_stages} stages")
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(weights, dtype=float))])
     # best[k][i]: the lightest possible heaviest stage for layers[:i] in k stages
     best = np.full((num_stages + 1, n + 1), np.inf)
@@ -73,7 +74,7 @@ class PipelineParallelConfig:
     def __post_init__(self) -> None:
         schedules.check(self.schedule, self.num_stages, self.num_micro_batches, self.chunks)
         if self.schedule == "interleaved" and self.num_stages < 2:
-            raise ValueError("the interleaved schedule needs at least 2 stages")
+            raise InvalidArgument("the interleaved schedule needs at least 2 stages")
 
 
 class PipelineStage:
@@ -102,10 +103,12 @@ class PipelineStage:
             group, data_parallel = mesh.pp, mesh.dp
         assert isinstance(group, Group)
         if group.size != config.num_stages:
-            raise ValueError(f"{config.num_stages} stages need a group of that size")
+            raise InvalidArgument(f"{config.num_stages} stages need a group of that size")
         self.chunks = list(module) if isinstance(module, Sequence) else [module]
         if len(self.chunks) != config.chunks:
-            raise ValueError(f"{config.chunks} chunks per rank, got {len(self.chunks)} modules")
+            raise InvalidArgument(
+                f"{config.chunks} chunks per rank, got {len(self.chunks)} modules"
+            )
         if len(self.chunks) == 1:
             self.module = self.chunks[0]
         else:  # every chunk's parameters, for the data-parallel sum and clipping
@@ -120,7 +123,7 @@ class PipelineStage:
         self.first = self.stage == 0
         self.last = self.stage == group.size - 1
         if self.last and loss is None:
-            raise ValueError("the last stage needs a loss")
+            raise InvalidArgument("the last stage needs a loss")
         self._steps = 0
         self._stashed: dict[tuple[int, int], list[list[object]]] = {}  # (chunk, micro)
         self._outputs: dict[int, np.ndarray] = {}
@@ -179,9 +182,9 @@ class PipelineStage:
     def _split(self, inputs: np.ndarray | None, targets: np.ndarray | None) -> tuple[list, list]:
         m = self.config.num_micro_batches
         if self.first and inputs is None:
-            raise ValueError("the first stage needs the inputs")
+            raise InvalidArgument("the first stage needs the inputs")
         if self.last and targets is None:
-            raise ValueError("the last stage needs the targets")
+            raise InvalidArgument("the last stage needs the targets")
         xs = np.array_split(inputs, m) if self.first and inputs is not None else [None] * m
         ys = np.array_split(targets, m) if self.last and targets is not None else [None] * m
         return xs, ys

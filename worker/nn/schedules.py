@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from shardwire.protocol.errors import InvalidArgument, InvalidState
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -36,19 +38,19 @@ class Op(NamedTuple):
 def check(schedule: str, stages: int, micro_batches: int, chunks: int) -> None:
     """Raise ValueError for a schedule these sizes cannot run."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        raise InvalidArgument(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if stages < 1 or micro_batches < 1 or chunks < 1:
-        raise ValueError("stages, micro-batches and chunks must be at least 1")
+        raise InvalidArgument("stages, micro-batches and chunks must be at least 1")
     if schedule == "interleaved":
         if chunks < 2:
-            raise ValueError("the interleaved schedule needs at least 2 chunks per rank")
+            raise InvalidArgument("the interleaved schedule needs at least 2 chunks per rank")
         if micro_batches % stages:
-            raise ValueError(
+            raise InvalidArgument(
                 f"the interleaved schedule needs micro-batches in multiples of the "
                 f"{stages} stages, got {micro_batches}"
             )
     elif chunks != 1:
-        raise ValueError(f"{chunks} chunks per rank need the interleaved schedule")
+        raise InvalidArgument(f"{chunks} chunks per rank need the interleaved schedule")
 
 
 def order(schedule: str, stages: int, rank: int, micro_batches: int, chunks: int = 1) -> list[Op]:
@@ -122,7 +124,7 @@ def timeline(
         else:
             if all(nxt[r] == len(orders[r]) for r in range(p)):
                 break
-            raise RuntimeError(f"the {schedule} schedule deadlocks at {nxt}")
+            raise InvalidState(f"the {schedule} schedule deadlocks at {nxt}")
     return slots
 
 

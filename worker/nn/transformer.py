@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import DTypeLike
 
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.nn.attention import CausalSelfAttention
 from shardwire.worker.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
 from shardwire.worker.nn.module import Module, Sequential
@@ -94,7 +95,7 @@ class TransformerLM(Module):
     def forward(self, ids: np.ndarray) -> np.ndarray:
         t = ids.shape[-1]
         if t > self.context:
-            raise ValueError(f"sequence of {t} exceeds the context of {self.context}")
+            raise InvalidArgument(f"sequence of {t} exceeds the context of {self.context}")
         x = self.tok(ids) + self.pos(np.arange(t))
         return self.head(self.ln_f(self.blocks(x)))
 
@@ -116,7 +117,7 @@ class _Embed(Module):
     def forward(self, ids: np.ndarray) -> np.ndarray:
         t = ids.shape[-1]
         if t > self.context:
-            raise ValueError(f"sequence of {t} exceeds the context of {self.context}")
+            raise InvalidArgument(f"sequence of {t} exceeds the context of {self.context}")
         return self.tok(ids) + self.pos(np.arange(t))
 
     def backward(self, dx: np.ndarray) -> np.ndarray:

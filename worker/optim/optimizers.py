@@ -13,6 +13,8 @@ from typing import TypeGuard
 
 import numpy as np
 
+from shardwire.protocol.errors import InvalidArgument
+
 # Makes optimizer state array ``name`` for array ``index``, zeros shaped like ``like``.
 SlotFactory = Callable[[int, str, np.ndarray], np.ndarray]
 
@@ -22,7 +24,7 @@ class Optimizer:
 
     def __init__(self, *, lr: float, weight_decay: float = 0.0) -> None:
         if lr < 0 or weight_decay < 0:
-            raise ValueError("lr and weight_decay must be non-negative")
+            raise InvalidArgument("lr and weight_decay must be non-negative")
         self.lr = lr
         self.weight_decay = weight_decay
         self.steps = 0
@@ -38,7 +40,7 @@ class Optimizer:
         if not self.state:
             self.state = [{n: self._new_slot(i, n, p) for n in names} for i, p in enumerate(params)]
         if len(self.state) != len(params):
-            raise ValueError(
+            raise InvalidArgument(
                 f"optimizer holds state for {len(self.state)} arrays, step got {len(params)}"
             )
 
@@ -81,7 +83,7 @@ class Optimizer:
     ) -> None:
         """Update every array in place; ``after(i)`` is called once array i is done."""
         if len(params) != len(grads):
-            raise ValueError(f"{len(params)} parameter arrays but {len(grads)} gradients")
+            raise InvalidArgument(f"{len(params)} parameter arrays but {len(grads)} gradients")
         lr = self.lr if lr is None else lr
         self._prepare(params)
         self.steps += 1

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
+from shardwire.protocol.errors import InvalidArgument, InvalidState
 from shardwire.worker.transport.mailbox import Fold, Mailbox, Posted
 from shardwire.worker.transport.place import Place
 from shardwire.worker.transport.poll import POLL_MAX_BYTES, BusyPoll
@@ -144,7 +145,7 @@ class Transport(abc.ABC):
     def place(self) -> Place:
         """This process's rank, world size and generation (from its placement)."""
         if self._place is None:
-            raise RuntimeError("the transport has no place in the job yet (no placement)")
+            raise InvalidState("the transport has no place in the job yet (no placement)")
         return self._place
 
     @property
@@ -162,7 +163,7 @@ class Transport(abc.ABC):
     def _settle(self, place: Place) -> None:
         """Take this process's place (once)."""
         if self._place is not None:
-            raise RuntimeError(f"the transport already has its place: {self._place}")
+            raise InvalidState(f"the transport already has its place: {self._place}")
         self._place = place
         self.mailbox.rank = place.rank
 
@@ -236,7 +237,7 @@ class Transport(abc.ABC):
         if out is not None:
             check_dtype(out.dtype)
             if not out.flags.c_contiguous or not out.flags.writeable:
-                raise ValueError("recv(out=...) needs a writeable C-contiguous array")
+                raise InvalidArgument("recv(out=...) needs a writeable C-contiguous array")
         posted = self.mailbox.post(src, tag, op, out, fold)
         future = posted.future
         if not future.done():
@@ -263,7 +264,7 @@ class Transport(abc.ABC):
         if out is not None:
             check_dtype(out.dtype)
             if not out.flags.c_contiguous or not out.flags.writeable:
-                raise ValueError("recv_any(out=...) needs a writeable C-contiguous array")
+                raise InvalidArgument("recv_any(out=...) needs a writeable C-contiguous array")
         future = self.mailbox.post_any(tag, op, out)
         limit = self.timeout if timeout is None else timeout
         try:
@@ -393,7 +394,7 @@ class Transport(abc.ABC):
     def _check_peer(self, peer: int) -> Place:
         place = self.place
         if not 0 <= peer < place.world_size or peer == place.rank:
-            raise ValueError(
+            raise InvalidArgument(
                 f"rank {place.rank}: peer {peer} is not another rank of world size "
                 f"{place.world_size}"
             )

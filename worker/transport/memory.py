@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 import numpy as np
 
 from shardwire.protocol import PeerFailed, TensorMeta
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.transport.base import DEFAULT_TIMEOUT, Transport
 from shardwire.worker.transport.place import Place
 
@@ -38,7 +39,7 @@ class MemoryHub:
 
     def endpoint(self, rank: int) -> MemoryTransport:
         if rank in self._endpoints:
-            raise ValueError(f"rank {rank} already has an endpoint")
+            raise InvalidArgument(f"rank {rank} already has an endpoint")
         ep = MemoryTransport(self, rank, timeout=self._timeout, max_early_bytes=self._max_early)
         self._endpoints[rank] = ep
         return ep

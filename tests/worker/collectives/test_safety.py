@@ -12,6 +12,8 @@ from shardwire.protocol import (
     CollectiveCancelled,
     CollectiveMismatch,
     CollectiveTimeout,
+    InvalidArgument,
+    InvalidType,
     PeerFailed,
 )
 from tests.worker.transport.fabric import connect_all
@@ -156,13 +158,14 @@ async def test_group_close_cancels_forgotten_handles(kind: str) -> None:
 
 
 async def test_argument_errors_are_clear(kind: str) -> None:
+    """Raised at the call, as ShardwireErrors that are also ValueError / TypeError."""
     async with group_world(kind, 2) as groups:
         g = groups[0]
-        with pytest.raises(TypeError, match="AVG needs a floating dtype"):
+        with pytest.raises(InvalidType, match="AVG needs a floating dtype"):
             g.all_reduce(np.ones(3, np.int32), "avg")
-        with pytest.raises(ValueError, match="not divisible by 2 ranks"):
+        with pytest.raises(InvalidArgument, match="not divisible by 2 ranks"):
             g.reduce_scatter(np.ones(3))
-        with pytest.raises(ValueError, match="root 5 is not a rank"):
+        with pytest.raises(InvalidArgument, match="root 5 is not a rank"):
             g.broadcast(np.ones(3), root=5)
-        with pytest.raises(ValueError, match="C-contiguous"):
+        with pytest.raises(InvalidArgument, match="C-contiguous"):
             g.all_reduce(np.ones((4, 4))[:, ::2])

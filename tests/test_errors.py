@@ -1,0 +1,104 @@
+"""One error hierarchy: every error the package raises at its users is a ShardwireError
+(argument, type and state errors are also the matching builtin), so ``except
+ShardwireError`` catches everything shardwire itself reports."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import shardwire
+from shardwire.protocol import InvalidArgument, InvalidState, InvalidType, ShardwireError
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ["protocol", "coordinator", "worker", "torch_bridge"]
+# Builtins the package may still raise, and why.
+ALLOWED = {
+    "NotImplementedError",  # abstract methods a subclass overrides
+    "ImportError",  # the torch backend without torch installed
+    "SystemExit",  # the command line's exit status
+    "OSError",  # a system call's errno, inside the node arena (it falls back to TCP)
+    "ConnectionResetError",  # a connection's end, inside the transport (becomes PeerFailed)
+    "ConnectionError",  # the raw-socket baseline's end of stream
+    "LookupError",  # an address book miss, answered by asking the coordinator
+    "IndexError",  # a placement's __getitem__: the sequence protocol ends iteration on it
+}
+# Exceptions that never leave the node arena: NodeArena.run turns each into a
+# ShardwireError (Poisoned into the poisoning rank's error, Stalled and ArenaTimeout
+# into CollectiveTimeout, Mismatch into CollectiveMismatch, Abandoned into JobAborted).
+ARENA_INTERNAL = {"Poisoned", "Stalled", "ArenaTimeout", "Mismatch", "Abandoned"}
+BUILTIN_ERRORS = {
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+}
+
+
+def _raised_builtins() -> list[tuple[str, int, str]]:
+    found = []
+    for folder in SOURCES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.Raise) or node.exc is None:
+                    continue
+                target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(target, ast.Name) and target.id in BUILTIN_ERRORS:
+                    found.append((str(path.relative_to(ROOT)), node.lineno, target.id))
+    return found
+
+
+def test_only_the_listed_builtin_errors_are_raised() -> None:
+    raised = _raised_builtins()
+    assert raised, "the scan found no raise of a builtin at all: it reads nothing"
+    stray = [r for r in raised if r[2] not in ALLOWED]
+    assert not stray, f"raise a ShardwireError subclass instead: {stray}"
+
+
+def _modules() -> list[str]:
+    names = []
+    for info in pkgutil.walk_packages(shardwire.__path__, "shardwire."):
+        if info.name.startswith("shardwire.torch") or info.name.endswith("__main__"):
+            continue  # the torch backend needs torch; its errors are checked below by source
+        names.append(info.name)
+    return names
+
+
+def test_every_public_error_class_is_a_shardwire_error() -> None:
+    classes = {}
+    for name in _modules():
+        module = importlib.import_module(name)
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseException) and cls.__module__ == name:
+                classes[f"{name}.{cls_name}"] = cls
+    assert len(classes) > 30, sorted(classes)
+    stray = sorted(
+        q
+        for q, cls in classes.items()
+        if not issubclass(cls, ShardwireError) and cls.__name__ not in ARENA_INTERNAL
+    )
+    assert not stray, stray
+    from shardwire.worker.fsdp import CheckpointError, FSDPError
+
+    assert issubclass(FSDPError, ShardwireError) and issubclass(CheckpointError, ShardwireError)
+
+
+def test_torch_backend_errors_by_source() -> None:
+    for path in (ROOT / "torch_bridge").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Unavailable")):
+                bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+                assert "ShardwireError" in bases, (path.name, node.name, bases)
+
+
+@pytest.mark.parametrize(
+    "error, builtin",
+    [(InvalidArgument, ValueError), (InvalidType, TypeError), (InvalidState, RuntimeError)],
+)
+def test_usage_errors_are_also_the_builtin_callers_catch(error, builtin) -> None:
+    assert issubclass(error, ShardwireError) and issubclass(error, builtin)
