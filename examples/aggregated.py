@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker import compression
-from shardwire.worker.aggregation import (
+from shardwire.worker.nn import Module, softmax_cross_entropy
+from shardwire.worker.optim import AdamW, warmup_cosine
+from shardwire.worker.runtime.runlog import RunLog
+from shardwire.worker.training import compression
+from shardwire.worker.training.aggregation import (
     AllReduceAggregator,
     ParameterServer,
     distributed_train_step,
 )
-from shardwire.worker.nn import Module, softmax_cross_entropy
-from shardwire.worker.optim import AdamW, warmup_cosine
-from shardwire.worker.runlog import RunLog
 
 
 async def train_aggregated(

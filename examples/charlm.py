@@ -31,7 +31,7 @@ from shardwire.worker.fsdp import FSDP, Offload, by_type, latest_checkpoint
 from shardwire.worker.nn import Block, Module, TransformerLM, softmax_cross_entropy
 from shardwire.worker.nn.parallel import ParallelBlock
 from shardwire.worker.optim import AdamW, warmup_cosine
-from shardwire.worker.runlog import RunLog
+from shardwire.worker.runtime.runlog import RunLog
 
 
 def corpus() -> tuple[np.ndarray, list[str]]:

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker import compression
 from shardwire.worker.fsdp import FSDP, Strategy, by_type, latest_checkpoint
 from shardwire.worker.nn import Linear, Module, ReLU, Sequential, softmax_cross_entropy
 from shardwire.worker.optim import AdamW, warmup_cosine
-from shardwire.worker.runlog import RunLog
+from shardwire.worker.runtime.runlog import RunLog
+from shardwire.worker.training import compression
 
 
 def load(seed: int, test_fraction: float = 0.2):

@@ -20,7 +20,7 @@ import shardwire.worker as sw
 from shardwire.worker.nn import Sequential, softmax_cross_entropy
 from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage, split_into_stages
 from shardwire.worker.optim import AdamW, warmup_cosine
-from shardwire.worker.runlog import RunLog
+from shardwire.worker.runtime.runlog import RunLog
 
 
 async def held_out_loss(

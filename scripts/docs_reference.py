@@ -112,7 +112,7 @@ def environment_page() -> str:
     from shardwire.worker.launcher.cli import parser as launch_parser
     from shardwire.worker.launcher.settings import LaunchSettings, StatusSettings
     from shardwire.worker.launcher.status import parser as status_parser
-    from shardwire.worker.settings import WorkerEnv
+    from shardwire.worker.runtime.settings import WorkerEnv
 
     status_help = _flag_help(status_parser())
     sections = [

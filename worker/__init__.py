@@ -29,9 +29,9 @@ from shardwire.worker.api import Session, init
 from shardwire.worker.collectives import Group, ReduceOp, Work
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.mesh import Mesh, MeshError
-from shardwire.worker.runtime import run
-from shardwire.worker.settings import WorkerConfig
-from shardwire.worker.trace import span
+from shardwire.worker.runtime.loop import run
+from shardwire.worker.runtime.settings import WorkerConfig
+from shardwire.worker.runtime.trace import span
 
 __all__ = [
     "AuthFailed",

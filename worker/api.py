@@ -13,11 +13,11 @@ from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
 from shardwire.protocol.placement import Member
-from shardwire.worker import trace
-from shardwire.worker.flight import FlightRecorder
 from shardwire.worker.group import ProcessGroup
-from shardwire.worker.liveness import ControlThread
-from shardwire.worker.settings import WorkerConfig
+from shardwire.worker.runtime import trace
+from shardwire.worker.runtime.flight import FlightRecorder
+from shardwire.worker.runtime.liveness import ControlThread
+from shardwire.worker.runtime.settings import WorkerConfig
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh

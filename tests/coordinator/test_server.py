@@ -177,7 +177,7 @@ async def test_a_ticker_that_dies_ends_the_server_and_its_error_reaches_aclose()
 
 async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() -> None:
     from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
-    from shardwire.worker.control import ControlClient
+    from shardwire.worker.runtime.control import ControlClient
 
     world, lws = 96, 8
     server = CoordinatorServer(
@@ -256,7 +256,7 @@ async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> N
     from shardwire.protocol.control import message_bytes
     from shardwire.protocol.frames import MAX_META_BYTES
     from shardwire.protocol.messages import STATUS_PAGE, StatusRequest
-    from shardwire.worker.control import ControlClient
+    from shardwire.worker.runtime.control import ControlClient
 
     world, lws = 700, 10
     async with coordinator(world) as server:

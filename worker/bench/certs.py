@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardwire.worker.tls import TlsFiles
+from shardwire.worker.runtime.tls import TlsFiles
 
 _CURVE = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 

@@ -57,7 +57,7 @@ async def _workers(port: int, first: int, count: int, world: int, lws: int) -> N
     token = os.environ["SHARDWIRE_TOKEN"]
     from shardwire.protocol import Token
     from shardwire.protocol.messages import Join
-    from shardwire.worker.control import ControlClient
+    from shardwire.worker.runtime.control import ControlClient
 
     clients = [
         ControlClient(token=Token(token), run_id="bench", role="worker") for _ in range(count)

@@ -25,7 +25,6 @@ from shardwire.protocol import (
     TransportClosed,
 )
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.worker import trace
 from shardwire.worker.arena.gate import Gate, Ticket
 from shardwire.worker.arena.programs import Context, Program
 from shardwire.worker.collectives.call import Call
@@ -35,7 +34,8 @@ from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.collectives.split import Split
 from shardwire.worker.collectives.waits import WAITS
 from shardwire.worker.collectives.work import Pending, Work
-from shardwire.worker.flight import FlightRecorder
+from shardwire.worker.runtime import trace
+from shardwire.worker.runtime.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport, TransportTimeout
 
 T = TypeVar("T")

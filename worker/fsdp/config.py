@@ -8,9 +8,9 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.worker.compression import Codec
 from shardwire.worker.fsdp.offload import Offload
 from shardwire.worker.fsdp.strategy import Policy, Strategy
+from shardwire.worker.training.compression import Codec
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class FSDPConfig:
             backward first waits for the oldest beyond it. This bounds the full-size
             gradients held at once (one per reduction in flight) at the cost of some
             overlap. None: no bound.
-        compression: NO_SHARD only: a codec from :mod:`shardwire.worker.compression`
+        compression: NO_SHARD only: a codec from :mod:`shardwire.worker.training.compression`
             (``TopK(ratio)``, ``Float16()``) that exchanges each unit's gradient instead
             of the all-reduce, at the end of backward (with ``no_sync``, of the synced one).
         offload: keep parameter shards, gradient shards and optimizer state in

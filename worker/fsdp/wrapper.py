@@ -47,7 +47,7 @@ from shardwire.worker.fsdp.unit import Unit, UnitState
 from shardwire.worker.mesh import Mesh
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import Optimizer
-from shardwire.worker.trace import span
+from shardwire.worker.runtime.trace import span
 
 
 class FSDPError(ShardwireError, RuntimeError):

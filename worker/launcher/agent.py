@@ -25,13 +25,13 @@ from pathlib import Path
 
 from shardwire.protocol.auth import load_token, read_token_file
 from shardwire.protocol.messages import NodeAssignment, NodeJoin
-from shardwire.worker.control import ControlClient
 from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
 from shardwire.worker.launcher.settings import LaunchSettings, with_scheduler
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
-from shardwire.worker.tls import TlsFiles
+from shardwire.worker.runtime.control import ControlClient
+from shardwire.worker.runtime.tls import TlsFiles
 from shardwire.worker.transport import shm
 
 # How long a node whose processes failed waits for the coordinator's verdict (restart or

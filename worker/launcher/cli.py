@@ -14,7 +14,7 @@ from shardwire.protocol import ShardwireError
 from shardwire.worker.launcher.agent import run_node
 from shardwire.worker.launcher.direct import run_rank
 from shardwire.worker.launcher.settings import LaunchSettings
-from shardwire.worker.runtime import run
+from shardwire.worker.runtime.loop import run
 
 _EPILOG = "Every flag can also be given as SHARDWIRE_<FLAG> (e.g. SHARDWIRE_NPROC_PER_NODE=4)."
 
@@ -30,7 +30,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "bench": ("shardwire.worker.bench", "time collectives or rendezvous, beside baselines"),
     "plot": ("shardwire.worker.launcher.plot", "draw a run directory's loss and throughput"),
     "health": ("shardwire.worker.launcher.health", "exit 0 if a coordinator is healthy"),
-    "trace": ("shardwire.worker.trace", "merge a traced job's timelines into one file"),
+    "trace": ("shardwire.worker.runtime.trace", "merge a traced job's timelines into one file"),
     "kubernetes": (
         "shardwire.worker.launcher.kubernetes",
         "render Kubernetes manifests for a job of N nodes",

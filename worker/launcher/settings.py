@@ -12,7 +12,7 @@ from shardwire.protocol.history import parse_nnodes
 from shardwire.protocol.ports import port_value
 from shardwire.worker.launcher.cluster import NodePlace
 from shardwire.worker.launcher.secret import job_token
-from shardwire.worker.tls import TlsFiles
+from shardwire.worker.runtime.tls import TlsFiles
 
 
 class _Client(BaseSettings):

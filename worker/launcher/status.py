@@ -9,9 +9,9 @@ import sys
 from shardwire.protocol.auth import load_token
 from shardwire.protocol.history import describe
 from shardwire.protocol.messages import StatusReply
-from shardwire.worker.control import ControlClient
 from shardwire.worker.launcher.settings import StatusSettings
-from shardwire.worker.runtime import run
+from shardwire.worker.runtime.control import ControlClient
+from shardwire.worker.runtime.loop import run
 
 
 def parser() -> argparse.ArgumentParser:

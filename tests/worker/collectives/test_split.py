@@ -9,9 +9,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.worker import trace
 from shardwire.worker.collectives.split import Split
-from shardwire.worker.flight import split_ms
+from shardwire.worker.runtime import trace
+from shardwire.worker.runtime.flight import split_ms
 
 from .worlds import group_world, on_all
 

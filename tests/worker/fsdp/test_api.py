@@ -264,7 +264,7 @@ async def _no_shard(codec) -> dict:
 
 
 async def test_no_shard_with_top_k_at_ratio_one_equals_no_compression() -> None:
-    from shardwire.worker.compression import TopK
+    from shardwire.worker.training.compression import TopK
 
     plain = await _no_shard(None)
     same = await _no_shard(TopK(1.0))
@@ -275,7 +275,7 @@ async def test_no_shard_with_top_k_at_ratio_one_equals_no_compression() -> None:
 
 
 def test_compression_is_for_no_shard_only() -> None:
-    from shardwire.worker.compression import Float16
+    from shardwire.worker.training.compression import Float16
 
     with pytest.raises(ValueError, match="compression works with NO_SHARD, not FULL_SHARD"):
         FSDPConfig(strategy=Strategy.FULL_SHARD, compression=Float16())

@@ -14,8 +14,8 @@ from shardwire.coordinator.tls import server_context
 from shardwire.protocol import PeerFailed, ShardwireError
 from shardwire.worker import init
 from shardwire.worker.collectives import Group
-from shardwire.worker.control import ControlClient
-from shardwire.worker.tls import TlsConfigError, TlsFiles
+from shardwire.worker.runtime.control import ControlClient
+from shardwire.worker.runtime.tls import TlsConfigError, TlsFiles
 from shardwire.worker.transport import MeshConfig, TcpMesh
 from tests.e2e.abuse import FlipProxy
 from tests.worker.cluster import TOKEN as CLUSTER_TOKEN

@@ -9,16 +9,16 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.worker.aggregation import (
+from shardwire.worker.nn import Linear, ReLU, Sequential, mse
+from shardwire.worker.optim import SGD
+from shardwire.worker.training.aggregation import (
     AggregationError,
     AllReduceAggregator,
     LocalAggregator,
     ParameterServer,
     distributed_train_step,
 )
-from shardwire.worker.compression import Float16, TopK
-from shardwire.worker.nn import Linear, ReLU, Sequential, mse
-from shardwire.worker.optim import SGD
+from shardwire.worker.training.compression import Float16, TopK
 from tests.worker.collectives.worlds import KINDS, group_world, on_all
 
 

@@ -3,7 +3,7 @@ the ranks, and a one-call training step.
 
 * :class:`LocalAggregator`: a single process; gradients pass unchanged.
 * :class:`AllReduceAggregator`: every rank's gradients averaged by all-reduce (or by a
-  compression codec, see :mod:`shardwire.worker.compression`).
+  compression codec, see :mod:`shardwire.worker.training.compression`).
 * :class:`ParameterServer`: workers send their gradients to the server rank, which
   averages them and sends the average back. With ``dedicated=True`` the server rank
   computes no gradients: it holds the optimizer, applies the averaged gradients of the
@@ -24,9 +24,9 @@ import numpy as np
 from shardwire.protocol import ShardwireError
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.agree import differing_from_root
-from shardwire.worker.compression import Codec
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import Optimizer
+from shardwire.worker.training.compression import Codec
 
 
 class AggregationError(ShardwireError, ValueError):

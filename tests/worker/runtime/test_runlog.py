@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from shardwire.worker.runlog import RunDirInUse, RunLog
+from shardwire.worker.runtime.runlog import RunDirInUse, RunLog
 
 
 def _log(run_dir, **kw) -> RunLog:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import CollectiveTimeout
-from shardwire.worker.flight import FlightRecorder
+from shardwire.worker.runtime.flight import FlightRecorder
 
-from .collectives.worlds import group_world
+from tests.worker.collectives.worlds import group_world
 
 
 class Clock:

@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
 from shardwire.protocol import Token
 from shardwire.protocol.auth import is_loopback, load_token
 from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
-from shardwire.worker.tls import TlsFiles
+from shardwire.worker.runtime.tls import TlsFiles
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -241,7 +241,7 @@ class WorkerConfig:
             coordinator refuses it once that generation is over (0: whichever forms).
         trace: a directory for this rank's timeline (``rank-R.json``, Chrome's
             trace-event format) and, from rank 0, the merged ``job.json``; None: no
-            timeline (see ``shardwire.worker.trace``).
+            timeline (see ``shardwire.worker.runtime.trace``).
     """
 
     coordinator: tuple[str, int]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from shardwire.protocol.messages import CollectiveRecord
 from shardwire.protocol.ranks import to_runs
-from shardwire.worker import trace
+from shardwire.worker.runtime import trace
 
 if TYPE_CHECKING:
     from shardwire.worker.collectives.split import Split

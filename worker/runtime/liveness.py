@@ -41,9 +41,9 @@ from shardwire.protocol.messages import (
     LinkReport,
 )
 from shardwire.protocol.placement import Member, Placement
-from shardwire.worker import stacks
-from shardwire.worker.control import ControlClient
-from shardwire.worker.flight import FlightRecorder
+from shardwire.worker.runtime import stacks
+from shardwire.worker.runtime.control import ControlClient
+from shardwire.worker.runtime.flight import FlightRecorder
 
 T = TypeVar("T")
 

@@ -1,0 +1,2 @@
+"""Training without FSDP: gradient aggregation (all_reduce, parameter server, top-k) and
+gradient compression."""
