@@ -112,9 +112,8 @@ def make_model(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> Transf
 
 
 async def build(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> FSDP:
-    """The model, sharded with FSDP over the mesh's data-parallel ranks."""
-    if args.tp > 1 and (ckpt := args.checkpoint_dir):  # each tensor-parallel slice its own
-        args.checkpoint_dir = str(Path(ckpt) / f"tp-{mesh.coords.shard}-of-{args.tp}")
+    """The model, sharded with FSDP over the mesh's data-parallel ranks (its checkpoints
+    resume under any --dp and --tp)."""
     return await FSDP.create(
         make_model(args, mesh, vocab=vocab),
         mesh,

@@ -66,3 +66,16 @@ def test_a_layout_that_does_not_fit_is_refused(tmp_path) -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "MeshError: 4 ranks do not split into pp=1 x tp=3" in result.stderr
+
+
+def test_a_checkpoint_saved_under_tensor_parallelism_resumes_without_it(plain, tmp_path):
+    """Three steps under dp 2 x tp 2, saved; the next three on dp 4 from that checkpoint:
+    step 6's losses are the uninterrupted plain run's."""
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "3"]
+    first = [*SMALL[2:], "--steps", "3", *ckpt]  # SMALL without its --steps
+    _run(tmp_path / "a", *first, "--tp", "2")
+    records, _summary = _run(tmp_path / "b", *SMALL, *ckpt)
+    base_records, _ = plain
+    assert [r["step"] for r in records] == [6]
+    assert records[0]["loss"] == pytest.approx(base_records[1]["loss"], rel=1e-5)
+    assert records[0]["held_out"] == pytest.approx(base_records[1]["held_out"], rel=1e-5)

@@ -28,9 +28,10 @@ import numpy as np
 
 from shardwire.worker.collectives import Group, Work
 from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.fsdp import store
-from shardwire.worker.fsdp.store import CheckpointCorrupt, CheckpointError
+from shardwire.worker.fsdp import reshard, store
+from shardwire.worker.fsdp.store import CheckpointError
 from shardwire.worker.fsdp.unit import Unit
+from shardwire.worker.nn.parallel import Partition, partitions
 
 if TYPE_CHECKING:
     from shardwire.worker.fsdp.wrapper import FSDP
@@ -125,11 +126,29 @@ def _generators(fsdp: FSDP, extra: dict[str, np.random.Generator]) -> dict[str, 
 
 
 class Checkpointer:
-    """Save and load for one FSDP object (see :meth:`FSDP.save` and :meth:`FSDP.load`)."""
+    """Save and load for one FSDP object (see :meth:`FSDP.save` and :meth:`FSDP.load`).
+
+    A model split over a tensor-parallel group saves and loads through its mesh: the
+    checkpoint's group is then every rank of the mesh, each slice's ranks writing their
+    slices (see ``fsdp.reshard``)."""
 
     def __init__(self, fsdp: FSDP):
         self._fsdp = fsdp
+        self._parts, tp = partitions(fsdp.model)
+        self._slice = 0 if tp is None else tp.rank  # this rank's slice of split parameters
         group = fsdp.group
+        if tp is not None and tp.size > 1:
+            mesh = fsdp.mesh
+            if mesh is None or mesh.tp is not tp:
+                raise CheckpointError(
+                    "a model split over a tensor-parallel group saves and loads through its "
+                    "mesh: FSDP.create(model, mesh) with the mesh the layers were built on"
+                )
+            if mesh.pp.size > 1:
+                raise CheckpointError(
+                    "checkpoints of FSDP inside pipeline stages are not supported"
+                )
+            group = mesh.group
         self._group = group.new_group(range(group.size), name="checkpoint")
         self._inflight: Work[SaveReport] | None = None
 
@@ -143,14 +162,18 @@ class Checkpointer:
         table: dict[str, dict[str, Any]] = {}
         for index, unit in enumerate(fsdp.all_units()):
             lo, _hi = _owned_range(unit)
-            a, b = _written_range(unit, self._group)
+            a, b = _written_range(unit, fsdp.group)
             slots = optimizer.state[index] if index < len(optimizer.state) else {}
             shapes = {e.name: list(e.shape) for e in unit.layout.entries}
             for name, start, flat_at, count in _overlaps(unit, a, b):
+                part = self._parts.get(name)
+                if part is None and self._slice != 0:
+                    continue  # held alike by every slice: the first slice's ranks write it
                 at = flat_at - lo  # this rank holds the flat values from lo on
                 sources = {f"param:{name}": unit.shard}
                 sources.update({f"optim:{slot}:{name}": arr for slot, arr in slots.items()})
-                for key, source in sources.items():
+                for base, source in sources.items():
+                    key = base if part is None else reshard.slice_key(base, self._slice)
                     tensors[key] = source[at : at + count].copy()
                     table[key] = {
                         "shape": shapes[name],
@@ -158,6 +181,8 @@ class Checkpointer:
                         "start": start,
                         "count": count,
                     }
+                    if part is not None:
+                        table[key]["partition"] = part.describe()
         return tensors, table
 
     async def save(
@@ -248,6 +273,8 @@ class Checkpointer:
                 entry = tensors.setdefault(
                     key, {"shape": piece["shape"], "dtype": piece["dtype"], "pieces": []}
                 )
+                if "partition" in piece:
+                    entry["partition"] = piece["partition"]
                 entry["pieces"].append(
                     {k: piece[k] for k in ("file", "start", "count", "bytes", "digest")}
                 )
@@ -258,7 +285,8 @@ class Checkpointer:
             "format_version": store.FORMAT_VERSION,
             "nonce": nonce,
             "step": step,
-            "world_size": fsdp.group.size,
+            "world_size": self._group.size,
+            "tp": max((p.of for p in self._parts.values()), default=1),
             "strategy": fsdp.strategy.value,
             "optimizer": {"kind": first["optimizer"], "steps": first["steps"]},
             "rngs": {str(rank): part["meta"]["rngs"] for rank, part in enumerate(everyone)},
@@ -302,7 +330,7 @@ class Checkpointer:
         for unit in fsdp.all_units():
             unit.page_out()
         fsdp.optimizer.steps = int(manifest["optimizer"]["steps"])
-        saved = manifest["rngs"].get(str(fsdp.group.rank), {})
+        saved = manifest["rngs"].get(str(self._group.rank), {})
         for name, generator in _generators(fsdp, rngs or {}).items():
             if name in saved:
                 generator.bit_generator.state = json.loads(saved[name])
@@ -326,17 +354,15 @@ class Checkpointer:
         shards: list[np.ndarray] = []
         state: list[dict[str, np.ndarray]] = []
         with store.PieceReader(path, manifest["nonce"]) as reader:
+            source = reshard.Source(reader, tensors, self._parts, self._slice)
             for unit in self._fsdp.all_units():
-                lo, hi = _owned_range(unit)
                 shard = np.zeros_like(unit.shard)
-                fill(reader, tensors, unit, pattern="param:{}", target=shard, lo=lo, hi=hi)
+                fill(source, unit, "param:{}", shard)
                 shards.append(shard)
                 unit_state = {}
                 for slot in slots:
-                    target = np.zeros_like(unit.shard)
-                    pattern = f"optim:{slot}:{{}}"
-                    fill(reader, tensors, unit, pattern=pattern, target=target, lo=lo, hi=hi)
-                    unit_state[slot] = target
+                    unit_state[slot] = np.zeros_like(unit.shard)
+                    fill(source, unit, f"optim:{slot}:{{}}", unit_state[slot])
                 state.append(unit_state)
         return path, manifest, shards, state if slots else []
 
@@ -346,44 +372,25 @@ class Checkpointer:
         for unit in self._fsdp.all_units():
             for e in unit.layout.entries:
                 names.add(e.name)
-                saved = tensors.get(f"param:{e.name}")
+                saved = reshard.saved_shape(tensors, f"param:{e.name}")
                 if saved is None:
                     raise CheckpointError(f"the checkpoint has no parameter {e.name!r}")
-                if tuple(saved["shape"]) != e.shape or saved["dtype"] != str(unit.layout.dtype):
+                part: Partition | None = self._parts.get(e.name)
+                shape = e.shape if part is None else part.full_shape(e.shape)
+                if saved != (shape, str(unit.layout.dtype)):
                     raise CheckpointError(
-                        f"parameter {e.name!r} is {saved['dtype']}{saved['shape']} in the "
-                        f"checkpoint, {unit.layout.dtype}{list(e.shape)} in the model"
+                        f"parameter {e.name!r} is {saved[1]}{list(saved[0])} in the "
+                        f"checkpoint, {unit.layout.dtype}{list(shape)} in the model"
                     )
-        unknown = sorted({k.split(":")[-1] for k in tensors} - names)
+        unknown = sorted({reshard.base_of(k).split(":")[-1] for k in tensors} - names)
         if unknown:
             raise CheckpointError(f"the checkpoint has parameters the model lacks: {unknown}")
 
 
-def fill(
-    reader: store.PieceReader,
-    tensors: dict[str, Any],
-    unit: Unit,
-    *,
-    pattern: str,
-    target: np.ndarray,
-    lo: int,
-    hi: int,
-) -> None:
-    """Copy into ``target`` (the unit's flat values ``lo``..``hi``) every saved value."""
+def fill(source: reshard.Source, unit: Unit, pattern: str, target: np.ndarray) -> None:
+    """Fill ``target`` (this rank's part of the unit's flat buffer) with the saved values
+    of ``pattern`` (``param:{}`` or ``optim:SLOT:{}``, formatted with each name)."""
+    lo, hi = _owned_range(unit)
     for name, start, flat_at, count in _overlaps(unit, lo, hi):
-        key = pattern.format(name)
-        covered = 0
         at = flat_at - lo
-        for piece in tensors[key]["pieces"]:
-            first = piece["start"]
-            a, b = max(start, first), min(start + count, first + piece["count"])
-            if a >= b:
-                continue
-            values = reader.piece(key, piece)
-            target[at + a - start : at + b - start] = values[a - first : b - first]
-            covered += b - a
-        if covered != count:
-            raise CheckpointCorrupt(
-                f"{key}: the pieces cover {covered} of the {count} values needed here",
-                tensor=key,
-            )
+        target[at : at + count] = source.values(pattern.format(name), name, start, count)

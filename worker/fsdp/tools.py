@@ -1,7 +1,8 @@
 """``shardwire checkpoint inspect | verify | consolidate``: checkpoints without a job.
 
 ``consolidate`` writes one safetensors file holding every full parameter, assembling one
-parameter at a time from its pieces, so memory stays bounded by the largest parameter.
+parameter at a time from its pieces (and a tensor-parallel parameter from its slices),
+so memory stays bounded by the largest parameter.
 ``safetensors.numpy.load_file`` reads the result.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwire.worker.fsdp import store, tensorfile
+from shardwire.worker.fsdp import reshard, store, tensorfile
 from shardwire.worker.fsdp.store import CheckpointError
 
 
@@ -66,26 +67,15 @@ def verify(path: Path, manifest: dict[str, Any]) -> list[str]:
 
 def consolidate(path: Path, manifest: dict[str, Any], out: Path) -> int:
     """Write the full parameters as one safetensors file; returns the bytes written."""
-    params = sorted(k for k in manifest["tensors"] if k.startswith("param:"))
+    tensors = manifest["tensors"]
+    params = sorted({reshard.base_of(k) for k in tensors if k.startswith("param:")})
     partial = out.with_name(out.name + ".partial")
     with store.PieceReader(path, manifest["nonce"]) as reader:
-
-        def assemble(key: str) -> np.ndarray:
-            t = manifest["tensors"][key]
-            full = np.zeros(int(np.prod(t["shape"], dtype=np.int64)), np.dtype(t["dtype"]))
-            for piece in t["pieces"]:
-                full[piece["start"] : piece["start"] + piece["count"]] = reader.piece(key, piece)
-            return full
-
-        specs = [
-            tensorfile.Spec(
-                key.removeprefix("param:"),
-                np.dtype(manifest["tensors"][key]["dtype"]),
-                tuple(manifest["tensors"][key]["shape"]),
-                functools.partial(assemble, key),
-            )
-            for key in params
-        ]
+        specs = []
+        for base in params:  # a split parameter is assembled from its slices
+            shape, dtype = reshard.saved_shape(tensors, base) or ((), "")
+            read = functools.partial(reshard.whole, reader, tensors, base)
+            specs.append(tensorfile.Spec(base.removeprefix("param:"), np.dtype(dtype), shape, read))
         ranges = tensorfile.write(partial, specs, metadata={"step": str(manifest["step"])})
     os.replace(partial, out)
     return max((end for _start, end in ranges.values()), default=0)

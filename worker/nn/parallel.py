@@ -32,6 +32,7 @@ import asyncio
 import math
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -95,6 +96,32 @@ def _spans(features: int, unit: int, size: int) -> list[tuple[int, int]]:
     return [(a * unit, b * unit) for a, b in bounds(features // unit, size)]
 
 
+@dataclass(frozen=True)
+class Partition:
+    """How a parameter is split over a tensor-parallel group of ``of`` ranks: along
+    ``axis`` (of ``length`` features in the whole parameter), in whole units of ``unit``
+    features, each of ``blocks`` equal blocks split alike (see the layers)."""
+
+    axis: int
+    length: int
+    of: int
+    unit: int = 1
+    blocks: int = 1
+
+    def indices(self, rank: int) -> np.ndarray:
+        """The features along ``axis`` that ``rank`` holds, in the order it holds them."""
+        per = self.length // self.blocks
+        a, b = _spans(per, self.unit, self.of)[rank]
+        return np.concatenate([np.arange(k * per + a, k * per + b) for k in range(self.blocks)])
+
+    def full_shape(self, local: tuple[int, ...]) -> tuple[int, ...]:
+        """The whole parameter's shape, from a slice's shape."""
+        return tuple(self.length if i == self.axis else n for i, n in enumerate(local))
+
+    def describe(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("axis", "length", "of", "unit", "blocks")}
+
+
 class ColumnParallelLinear(Module):
     """y = x W^T + b with the output features split over ``group`` (see the module).
 
@@ -134,9 +161,8 @@ class ColumnParallelLinear(Module):
         spans = _spans(d_out // blocks, unit, group.size)
         self.splits = [b - a for a, b in spans]
         self.span = spans[group.rank]
-        a, b = self.span
-        per = d_out // blocks
-        rows = np.concatenate([np.arange(k * per + a, k * per + b) for k in range(blocks)])
+        self.partition = Partition(0, d_out, group.size, unit, blocks)  # weight and bias
+        rows = self.partition.indices(group.rank)
         self.add_param("weight", _weight(d_in, d_out, rng, dtype)[rows])
         if bias:
             self.add_param("bias", np.zeros(rows.size, dtype))
@@ -187,6 +213,7 @@ class RowParallelLinear(Module):
         spans = _spans(d_in, unit, group.size)
         self.splits = [b - a for a, b in spans]
         self.span = spans[group.rank]
+        self.partition = Partition(1, d_in, group.size, unit)  # the weight's columns
         a, b = self.span
         full = _weight(d_in, d_out, rng, dtype)
         self.add_param("weight", np.ascontiguousarray(full[:, a:b]))
@@ -290,7 +317,14 @@ def partitioned(model: Module) -> tuple[frozenset[str], Group | None]:
     """The dotted names of ``model``'s parameters split over a tensor-parallel group (each
     rank holds a slice; the others every rank of that group holds alike), and that
     group (None if no layer is split). One model has one tensor-parallel group."""
-    names: set[str] = set()
+    parts, group = partitions(model)
+    return frozenset(parts), group
+
+
+def partitions(model: Module) -> tuple[dict[str, Partition], Group | None]:
+    """How each of ``model``'s split parameters is split, by dotted name, and the
+    tensor-parallel group they are split over (None if no layer is split)."""
+    found: dict[str, Partition] = {}
     group: Group | None = None
     for path, module in model.named_modules():
         if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
@@ -301,5 +335,7 @@ def partitioned(model: Module) -> tuple[frozenset[str], Group | None]:
                 f"{path} is split over another tensor-parallel group than the rest"
             )
         group = mine
-        names.update(f"{path}.{k}" if path else k for k in keys if k in module.params)
-    return frozenset(names), group
+        for k in keys:
+            if k in module.params:
+                found[f"{path}.{k}" if path else k] = module.partition
+    return found, group

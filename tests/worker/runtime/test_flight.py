@@ -9,7 +9,6 @@ import pytest
 
 from shardwire.protocol import CollectiveTimeout
 from shardwire.worker.runtime.flight import FlightRecorder
-
 from tests.worker.collectives.worlds import group_world
 
 
