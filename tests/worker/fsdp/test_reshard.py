@@ -23,7 +23,7 @@ from shardwire.worker.nn import Block, TransformerLM
 from shardwire.worker.nn.parallel import ParallelBlock
 from tests.worker.transport.fabric import WORLDS
 
-from .training import STEPS, make_optimizer, reference, tp_slices, train_rank
+from .training import STEPS, assert_follows_oracle, close_all, make_optimizer, reference, train_rank
 
 SAVED_AT = 3  # steps trained before the save; the rest after the resume
 
@@ -54,10 +54,7 @@ async def _layout(world: int, tp: int, strategy: Strategy) -> AsyncIterator[list
         try:
             yield list(wrapped)
         finally:
-            for f in wrapped:
-                await f.aclose()
-            for g in groups:
-                await g.aclose()
+            await close_all(wrapped, groups)
 
 
 async def _train(ranks: list[FSDP], steps: range) -> None:
@@ -83,12 +80,7 @@ async def test_resume_under_another_layout_follows_the_oracle(tmp_path, saved, r
         await _train(ranks, range(SAVED_AT, STEPS))
         states = await asyncio.gather(*(f.state_dict() for f in ranks))
         models = [f.model for f in ranks]
-    full = reference("adam")["params"]
-    for model, state in zip(models, states, strict=True):
-        expected = tp_slices(model, full)
-        assert state.keys() == expected.keys()
-        for name, value in state.items():
-            np.testing.assert_allclose(value, expected[name], rtol=1e-10, atol=1e-10, err_msg=name)
+    assert_follows_oracle(models, states, reference("adam")["params"])
 
 
 async def test_consolidate_assembles_split_parameters(tmp_path: Path) -> None:
@@ -122,7 +114,4 @@ async def test_a_split_model_without_its_mesh_is_refused(tmp_path: Path) -> None
             with pytest.raises(CheckpointError, match="through its mesh"):
                 await ranks[0].save(tmp_path, step=1)
         finally:
-            for f in ranks:
-                await f.aclose()
-            for g in groups:
-                await g.aclose()
+            await close_all(ranks, groups)

@@ -16,7 +16,7 @@ from shardwire.worker.nn import TransformerLM
 from shardwire.worker.nn.parallel import ParallelBlock
 from tests.worker.transport.fabric import WORLDS
 
-from .training import make_optimizer, reference, tp_slices, train_rank
+from .training import assert_follows_oracle, make_optimizer, reference, train_rank
 
 
 @pytest.mark.parametrize("strategy", [Strategy.FULL_SHARD, Strategy.NO_SHARD])
@@ -51,9 +51,4 @@ async def test_tensor_parallel_times_fsdp_equals_one_process(strategy: Strategy)
                 await f.aclose()
             for w in worlds:
                 await w.aclose()
-    full = reference("adam")["params"]
-    for model, state in zip(models, states, strict=True):
-        expected = tp_slices(model, full)
-        assert state.keys() == expected.keys()
-        for name, value in state.items():
-            np.testing.assert_allclose(value, expected[name], rtol=1e-10, atol=1e-10, err_msg=name)
+    assert_follows_oracle(models, states, reference("adam")["params"])

@@ -142,7 +142,22 @@ async def fsdp_world(
         try:
             yield list(wrapped)
         finally:
-            for f in wrapped:
-                await f.aclose()
-            for g in groups:
-                await g.aclose()
+            await close_all(wrapped, groups)
+
+
+async def close_all(ranks: list[FSDP], groups: list[Group]) -> None:
+    """Close every rank's FSDP, then its group."""
+    for f in ranks:
+        await f.aclose()
+    for g in groups:
+        await g.aclose()
+
+
+def assert_follows_oracle(models: list[Module], states: list[dict], full: dict) -> None:
+    """Each rank's full parameters are the single-process ones, cut as its model cuts them
+    (see :func:`tp_slices`), to 1e-10."""
+    for model, state in zip(models, states, strict=True):
+        expected = tp_slices(model, full)
+        assert state.keys() == expected.keys()
+        for name, value in state.items():
+            np.testing.assert_allclose(value, expected[name], rtol=1e-10, atol=1e-10, err_msg=name)
