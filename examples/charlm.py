@@ -8,10 +8,10 @@ The ranks form a mesh of ``--dp`` x ``--pp`` x ``--tp`` (``sw.Mesh``; ``--dp`` d
 to what the other two leave). ``--tp N`` splits every block's attention heads and MLP
 over groups of N ranks; ``--pp N --micro-batches M`` runs pipelines of N stages (see
 lm_pipeline.py); the ranks holding the same part of the model shard it with FSDP
-(FULL_SHARD with prefetch; ``--offload`` keeps its shards and optimizer state in
-memory-mapped files) or, in a pipeline, sum their gradients. Every layout starts from
-the same parameters, sees the same batches and clips the gradients at a global norm of
-1.0, so its loss curve is the plain run's, to float rounding.
+(FULL_SHARD; ``--offload`` keeps its shards and optimizer state in memory-mapped
+files), and ``--checkpoint-dir``'s checkpoints resume under any other layout. Every
+layout starts from the same parameters, sees the same batches and clips the gradients
+at a global norm of 1.0, so its loss curve is the plain run's, to float rounding.
 """
 
 from __future__ import annotations
@@ -125,14 +125,6 @@ async def build(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> FSDP:
     )
 
 
-async def _pipelined(args: argparse.Namespace, pg: sw.ProcessGroup, mesh: sw.Mesh, data) -> None:
-    from lm_pipeline import train_pipeline  # beside this script
-
-    run_dir = Path(args.run_dir or f"runs/charlm-pp{args.pp}-seed{args.seed}")
-    log = RunLog(pg, run_dir, args.steps, every=args.log_every, next_free=args.run_dir is None)
-    log.finish(await train_pipeline(args, pg, mesh, data, log))
-
-
 async def main(args: argparse.Namespace) -> None:
     async with sw.init() as pg:
         data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
@@ -140,7 +132,9 @@ async def main(args: argparse.Namespace) -> None:
         train, held = data[:cut], data[cut:]
         mesh = sw.Mesh(pg, dp=args.dp, pp=args.pp, tp=args.tp)
         if args.pp > 1:
-            await _pipelined(args, pg, mesh, (train, held, len(chars)))
+            from lm_pipeline import train_pipeline  # beside this script
+
+            await train_pipeline(args, pg, mesh, (train, held, len(chars)))
             return
         fsdp = await build(args, mesh, vocab=len(chars))
         dp = mesh.dp
@@ -234,10 +228,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--run-dir")
     p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
     p.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
-    args = p.parse_args()
-    if args.pp > 1 and (args.offload or args.checkpoint_dir):
-        p.error("--offload and --checkpoint-dir are FSDP's: not with --pp")
-    return args
+    return p.parse_args()
 
 
 if __name__ == "__main__":

@@ -4,20 +4,24 @@ The mesh's pipelines are N ranks each: the model's layers (embeddings, the block
 head) are split into N contiguous stages balanced by parameter count, the batch into
 ``--micro-batches`` micro-batches that flow through them under the 1F1B schedule. With
 ``--tp`` each stage's blocks are split over their tensor-parallel ranks as well. Ranks
-holding the same part of the model sum their gradients (pipeline x data parallel), the
-gradients are clipped at the whole model's norm and every stage runs AdamW on its own
-parameters, as the FSDP run does on its shards.
+holding the same part of the model shard it with FSDP (``--offload`` as in the plain
+run), the gradients are clipped at the whole model's norm and AdamW steps on the shards.
+A stage's parameters carry the whole model's names, so ``--checkpoint-dir`` saves
+checkpoints that resume under any other layout, pipelined or not.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker.nn import Sequential, softmax_cross_entropy
+from shardwire.worker.fsdp import FSDP, Offload, by_type, latest_checkpoint
+from shardwire.worker.nn import Block, softmax_cross_entropy
 from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage, split_into_stages
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runtime.runlog import RunLog
@@ -50,61 +54,98 @@ async def _everywhere(mesh: sw.Mesh, last_stage_part: float) -> float:
     return float((await mesh.dp.all_reduce(np.array([part])))[0])
 
 
-async def train_pipeline(
-    args: argparse.Namespace, pg: sw.ProcessGroup, mesh: sw.Mesh, data: tuple, log: RunLog
-) -> dict:
-    """Train for ``args.steps`` steps (or ``args.minutes``); returns the summary."""
-    from charlm import make_model, windows  # the sibling example's model and data
+async def build_stage(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> FSDP:
+    """This rank's stage of the model, sharded with FSDP over its data-parallel ranks."""
+    from charlm import make_model  # the sibling example's model
 
-    train, held, vocab = data
-    pp = args.pp
     model = make_model(args, mesh, vocab=vocab)
     layers = model.pipeline_layers()
     # whole layers' sizes (a tensor-parallel slice's, summed): every slice splits alike
     sizes = [sum(p.size for _, p in layer.named_parameters()) for layer in layers]
     sizes = (await mesh.tp.all_reduce(np.array(sizes, np.float64))).tolist()
-    stage = Sequential(*(layers[i] for i in split_into_stages(sizes, pp)[mesh.coords.stage]))
-    params = [p for _, p in stage.named_parameters()]
-    grads = [g for _, g in stage.named_grads()]
-    optimizer = AdamW(lr=args.lr, weight_decay=0.01)
+    stage = model.pipeline_stage(split_into_stages(sizes, args.pp)[mesh.coords.stage])
+    return await FSDP.create(
+        stage,
+        mesh,
+        strategy="full_shard",
+        optimizer=AdamW(lr=args.lr, weight_decay=0.01),
+        policy=by_type(Block),  # ParallelBlock is a Block
+        offload=Offload() if args.offload else None,
+    )
+
+
+async def train_pipeline(
+    args: argparse.Namespace, pg: sw.ProcessGroup, mesh: sw.Mesh, data: tuple
+) -> None:
+    """Train for ``args.steps`` steps (or ``args.minutes``), resuming from the latest
+    checkpoint in ``--checkpoint-dir``; logs and summarises as the plain run does."""
+    from charlm import windows  # the sibling example's data
+
+    train, held, vocab = data
+    pp = args.pp
+    fsdp = await build_stage(args, mesh, vocab=vocab)
     denom = args.batch * args.context
 
     def loss_fn(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
         return softmax_cross_entropy(logits, targets, denom=denom)
 
     config = PipelineParallelConfig(pp, args.micro_batches, "1f1b")
-    pipe = PipelineStage(stage, mesh, config, loss=loss_fn)
+    pipe = PipelineStage(fsdp, mesh, config, loss=loss_fn)
     draw = np.random.default_rng(args.seed + 1)  # the data order, as in the FSDP run
+    step, loss, saving = 0, float("nan"), None
+    ckpt = args.checkpoint_dir
+    if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
+        resumed = await fsdp.load(ckpt, rngs={"draw": draw})
+        step, loss = resumed.step, resumed.extra["loss"]
+    log = RunLog(
+        pg,
+        Path(args.run_dir or f"runs/charlm-pp{pp}-seed{args.seed}"),
+        args.steps,
+        every=args.log_every,
+        next_free=args.run_dir is None,
+        resume_from=step or None,
+    )
     mine = np.array_split(np.arange(args.batch), mesh.dp.size)[mesh.dp.rank]
     deadline = time.monotonic() + args.minutes * 60
-    began, loss, step = time.perf_counter(), float("nan"), 0
+    began, first = time.perf_counter(), step
     while step < args.steps:
         starts = draw.integers(0, len(train) - args.context - 1, args.batch)[mine]
         ids, targets = windows(train, starts, args.context)
         lr = warmup_cosine(step, base_lr=args.lr, warmup=100, total=args.steps, min_lr=args.lr / 10)
-        stage.zero_grad()
+        fsdp.zero_grad()
         part = await pipe.step(ids, targets)
-        await pipe.clip_grad_norm(1.0)  # the whole model's norm, as the FSDP run clips
-        optimizer.step(params, grads, lr=lr)
+        await pipe.clip_grad_norm(1.0)  # the whole model's norm, as the plain run clips
+        await fsdp.step(lr=lr)
         step += 1
         loss = await _everywhere(mesh, part or 0.0)
         metrics = {"loss": loss, "lr": lr}
         if step % args.log_every == 0:
             metrics["held_out"] = await held_out_loss(pipe, mesh, held, context=args.context)
         await log.step(step, samples=args.batch, **metrics)
+        if ckpt and step % args.save_every == 0:
+            saving = await fsdp.save(
+                ckpt, step=step, extra={"loss": loss}, rngs={"draw": draw}, blocking=False
+            )
         out_of_time = time.monotonic() > deadline  # every rank stops at the same step
         if (await pg.all_reduce(np.array([out_of_time], np.int64)))[0]:
             log.total_steps = step
             break
+    if saving is not None:
+        await saving.wait()
     elapsed = time.perf_counter() - began
     held_loss = await held_out_loss(pipe, mesh, held, context=args.context)
-    return {
-        "steps": step,
-        "workers": pg.world_size,
-        "layout": {"dp": mesh.dp.size, "pp": pp, "tp": args.tp},
-        "micro_batches": args.micro_batches,
-        "time_s": round(elapsed, 1),
-        "train_loss": round(loss, 4),
-        "held_out_nats_per_char": round(held_loss, 4),
-        "tokens_per_s": round(step * args.batch * args.context / elapsed),
-    }
+    offloaded = sum(fsdp.memory_stats()["offloaded"].values())
+    await fsdp.aclose()
+    log.finish(
+        {
+            "steps": step,
+            "workers": pg.world_size,
+            "layout": {"dp": mesh.dp.size, "pp": pp, "tp": args.tp},
+            "micro_batches": args.micro_batches,
+            "offloaded_bytes": offloaded,
+            "time_s": round(elapsed, 1),
+            "train_loss": round(loss, 4),
+            "held_out_nats_per_char": round(held_loss, 4),
+            "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
+        }
+    )

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from shardwire.protocol import InvalidArgument
 from shardwire.worker import Mesh, MeshError
 from shardwire.worker.fsdp import FSDP
 from shardwire.worker.fsdp.strategy import by_type
@@ -184,8 +185,10 @@ async def test_clipping_fsdp_with_tensor_parallel_equals_one_process(dp: int, tp
             np.testing.assert_allclose(value, expected[name], rtol=1e-10, atol=1e-10, err_msg=name)
 
 
-async def test_training_on_a_2x2x2_mesh_reaches_the_one_process_parameters() -> None:
-    """Tensor parallel pairs inside pipelines of two stages, two replicas: five clipped
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicas", "fsdp"])
+async def test_training_on_a_2x2x2_mesh_reaches_the_one_process_parameters(sharded) -> None:
+    """Tensor parallel pairs inside pipelines of two stages, two replicas (each stage's
+    gradients summed over them, or the stage sharded over them with FSDP): five clipped
     AdamW steps end at the single-process parameters."""
     max_norm = 0.05
     want = reference("adam", clip=max_norm)
@@ -205,37 +208,68 @@ async def test_training_on_a_2x2x2_mesh_reaches_the_one_process_parameters() -> 
             for m in meshes
         ]  # fmt: skip
 
-        owned: list[set[int]] = []  # each rank's stage's parameters
-
-        async def train(mesh: Mesh, model: TransformerLM) -> list[float]:
+        async def train(mesh: Mesh, model: TransformerLM) -> tuple[list[float], dict]:
             layers = model.pipeline_layers()
             part = split_into_stages([1.0] * len(layers), 2)[mesh.coords.stage]
             stage = Sequential(*(layers[i] for i in part))
-            pipe = PipelineStage(stage, mesh, config, loss=loss)
-            params = [p for _, p in stage.named_parameters()]
-            owned.append({id(p) for p in params})
-            grads = [g for _, g in stage.named_grads()]
+            whole_names = {id(v): n for n, v in model.named_parameters()}
+            names = {n: whole_names[id(v)] for n, v in stage.named_parameters()}  # the same arrays
             optimizer = make_optimizer("adam")
+            if sharded:
+                fsdp = await FSDP.create(
+                    stage, mesh, optimizer=optimizer, policy=by_type(ParallelBlock)
+                )
+                pipe = PipelineStage(fsdp, mesh, config, loss=loss)
+            else:
+                pipe = PipelineStage(stage, mesh, config, loss=loss)
+                params = [p for _, p in stage.named_parameters()]
+                grads = [g for _, g in stage.named_grads()]
             rows = np.array_split(np.arange(GLOBAL_BATCH), 2)[mesh.coords.replica]
             norms = []
             for step in range(5):
                 ids, targets = batch(step)
-                stage.zero_grad()
+                (fsdp if sharded else stage).zero_grad()
                 await pipe.step(ids[rows], targets[rows])
                 norms.append(await pipe.clip_grad_norm(max_norm))
-                optimizer.step(params, grads)
-            return norms
+                if sharded:
+                    await fsdp.step()
+                else:
+                    optimizer.step(params, grads)
+            if not sharded:
+                return norms, {names[n]: v.copy() for n, v in stage.named_parameters()}
+            async with fsdp.full_params() as whole:
+                final = {names[n]: v.copy() for n, v in whole.named_parameters()}
+            await fsdp.aclose()
+            return norms, final
 
-        async with asyncio.timeout(120):
-            norms = await asyncio.gather(
+        async with asyncio.timeout(180):
+            results = await asyncio.gather(
                 *(train(m, x) for m, x in zip(meshes, models, strict=True))
             )
-    for got in norms:
-        np.testing.assert_allclose(got, want["norms"], rtol=1e-10)
-    assert len(owned) == 8  # in rank order: each coroutine ran to its first await in turn
-    for model, stage_params in zip(models, owned, strict=True):
+    for (norms, final), model in zip(results, models, strict=True):
+        np.testing.assert_allclose(norms, want["norms"], rtol=1e-10)
         expected = tp_slices(model, want["params"])
-        mine = [(n, v) for n, v in model.named_parameters() if id(v) in stage_params]
-        assert len(mine) == len(stage_params)
-        for name, value in mine:
+        assert len(final) > 0
+        for name, value in final.items():
             np.testing.assert_allclose(value, expected[name], rtol=1e-9, atol=1e-10, err_msg=name)
+    stages = [set(final) for _, final in results]
+    assert stages[0].isdisjoint(stages[4]) and stages[0] | stages[4] == set(expected)
+
+
+async def test_a_sharded_stage_must_be_made_over_the_pipelines_mesh() -> None:
+    config = PipelineParallelConfig(2, 2, "1f1b")
+    async with group_world("memory", 2) as groups:
+        meshes = [Mesh(g, pp=2) for g in groups]
+        stages = [Sequential(*_lm().pipeline_layers()[:2]) for _ in groups]
+        wrapped = await asyncio.gather(  # over the data-parallel group alone: no mesh
+            *(
+                FSDP.create(s, m.dp, optimizer=make_optimizer("adam"))
+                for s, m in zip(stages, meshes, strict=True)
+            )
+        )
+        try:
+            with pytest.raises(InvalidArgument, match="over the pipeline's mesh"):
+                PipelineStage(wrapped[0], meshes[0], config, loss=softmax_cross_entropy)
+        finally:
+            for f in wrapped:
+                await f.aclose()

@@ -128,27 +128,24 @@ def _generators(fsdp: FSDP, extra: dict[str, np.random.Generator]) -> dict[str, 
 class Checkpointer:
     """Save and load for one FSDP object (see :meth:`FSDP.save` and :meth:`FSDP.load`).
 
-    A model split over a tensor-parallel group saves and loads through its mesh: the
-    checkpoint's group is then every rank of the mesh, each slice's ranks writing their
-    slices (see ``fsdp.reshard``)."""
+    With a mesh of several tensor-parallel slices or pipeline stages, the checkpoint's
+    group is every rank of the mesh: each stage writes its own parameters (under the
+    whole model's names, e.g. ``TransformerLM.pipeline_stage``) and each slice its
+    slices (see ``fsdp.reshard``), so it loads under any other layout."""
 
     def __init__(self, fsdp: FSDP):
         self._fsdp = fsdp
         self._parts, tp = partitions(fsdp.model)
         self._slice = 0 if tp is None else tp.rank  # this rank's slice of split parameters
-        group = fsdp.group
-        if tp is not None and tp.size > 1:
-            mesh = fsdp.mesh
-            if mesh is None or mesh.tp is not tp:
-                raise CheckpointError(
-                    "a model split over a tensor-parallel group saves and loads through its "
-                    "mesh: FSDP.create(model, mesh) with the mesh the layers were built on"
-                )
-            if mesh.pp.size > 1:
-                raise CheckpointError(
-                    "checkpoints of FSDP inside pipeline stages are not supported"
-                )
+        group, mesh = fsdp.group, fsdp.mesh
+        if tp is not None and tp.size > 1 and (mesh is None or mesh.tp is not tp):
+            raise CheckpointError(
+                "a model split over a tensor-parallel group saves and loads through its "
+                "mesh: FSDP.create(model, mesh) with the mesh the layers were built on"
+            )
+        if mesh is not None and (mesh.tp.size > 1 or mesh.pp.size > 1):
             group = mesh.group
+        self._stages = None if mesh is None or mesh.pp.size == 1 else mesh.pp
         self._group = group.new_group(range(group.size), name="checkpoint")
         self._inflight: Work[SaveReport] | None = None
 
@@ -309,9 +306,13 @@ class Checkpointer:
         checks their digests; nothing is changed unless every rank read everything."""
         fsdp = self._fsdp
         failure: Exception | None = None
+        known = {e.name for unit in fsdp.all_units() for e in unit.layout.entries}
+        if self._stages is not None:  # the other stages' parameters are known too
+            for names in await self._stages.all_gather_object(sorted(known)):
+                known.update(names)
         try:
             path, manifest, shards, state = await asyncio.to_thread(
-                self._read, Path(directory), step
+                self._read, Path(directory), step, known
             )
         except Exception as exc:  # every rank hears of it before any rank goes on
             failure = exc
@@ -337,12 +338,13 @@ class Checkpointer:
         return Resumed(int(manifest["step"]), dict(manifest.get("extra", {})), path)
 
     def _read(
-        self, root: Path, step: int | None
+        self, root: Path, step: int | None, known: set[str]
     ) -> tuple[Path, dict[str, Any], list[np.ndarray], list[dict[str, np.ndarray]]]:
-        """Everything this rank loads, read and verified (in a thread)."""
+        """Everything this rank loads, read and verified (in a thread); ``known``: the
+        names of the whole model's parameters (every pipeline stage's)."""
         path = store.resolve(root, step)
         manifest = store.read_manifest(path)
-        self._check_model(manifest)
+        self._check_model(manifest, known)
         tensors = manifest["tensors"]
         optimizer = self._fsdp.optimizer
         slots = sorted({k.split(":")[1] for k in tensors if k.startswith("optim:")})
@@ -366,12 +368,10 @@ class Checkpointer:
                 state.append(unit_state)
         return path, manifest, shards, state if slots else []
 
-    def _check_model(self, manifest: dict[str, Any]) -> None:
+    def _check_model(self, manifest: dict[str, Any], known: set[str]) -> None:
         tensors = manifest["tensors"]
-        names = set()
         for unit in self._fsdp.all_units():
             for e in unit.layout.entries:
-                names.add(e.name)
                 saved = reshard.saved_shape(tensors, f"param:{e.name}")
                 if saved is None:
                     raise CheckpointError(f"the checkpoint has no parameter {e.name!r}")
@@ -382,7 +382,7 @@ class Checkpointer:
                         f"parameter {e.name!r} is {saved[1]}{list(saved[0])} in the "
                         f"checkpoint, {unit.layout.dtype}{list(shape)} in the model"
                     )
-        unknown = sorted({reshard.base_of(k).split(":")[-1] for k in tensors} - names)
+        unknown = sorted({reshard.base_of(k).split(":")[-1] for k in tensors} - known)
         if unknown:
             raise CheckpointError(f"the checkpoint has parameters the model lacks: {unknown}")
 

@@ -14,13 +14,22 @@ Which pass runs when is the schedule's (``nn.schedules``: the orders, their bubb
 a simulated timeline). Either way a stage keeps each in-flight micro-batch's activations
 (``Module.stash``). The numpy work runs in a thread and a neighbour's sends land in this
 rank's mailbox meanwhile, so communication overlaps compute.
+
+A stage may be sharded over its data-parallel ranks: pass its FSDP object (made with
+``FSDP.create(stage, mesh)``) instead of the module. Its forward and backward then
+gather the parameters unit by unit, gradients accumulate unreduced over the
+micro-batches (``no_sync``) and the last micro-batch's backward reduce-scatters their
+sum; the optimizer steps on the shards (``await fsdp.step()``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -77,6 +86,22 @@ class PipelineParallelConfig:
             raise InvalidArgument("the interleaved schedule needs at least 2 stages")
 
 
+@runtime_checkable
+class Sharded(Protocol):
+    """A stage's module sharded over its data-parallel ranks (an FSDP object)."""
+
+    model: Module
+    mesh: Mesh | None
+
+    async def forward(self, x: np.ndarray) -> np.ndarray: ...
+
+    async def backward(self, dy: np.ndarray) -> np.ndarray: ...
+
+    def no_sync(self) -> AbstractContextManager[None]: ...
+
+    async def clip_grad_norm(self, max_norm: float) -> float: ...
+
+
 class PipelineStage:
     """One rank's stage: ``await stage.step(inputs, targets)`` per training step.
 
@@ -87,6 +112,8 @@ class PipelineStage:
     (pipeline x data parallel); each step ends by summing the stage's gradients over them.
     ``group`` may be a :class:`~shardwire.worker.mesh.Mesh`: its ``pp`` holds the stages,
     its ``dp`` is ``data_parallel``, and clipping counts its tensor-parallel slices.
+    ``module`` may be an FSDP object over ``group``'s mesh (one chunk): the stage is then
+    sharded over the data-parallel ranks (see the module).
     """
 
     def __init__(
@@ -104,7 +131,14 @@ class PipelineStage:
         assert isinstance(group, Group)
         if group.size != config.num_stages:
             raise InvalidArgument(f"{config.num_stages} stages need a group of that size")
-        self.chunks = list(module) if isinstance(module, Sequence) else [module]
+        given = list(module) if isinstance(module, Sequence) else [module]
+        self._sharded = given[0] if isinstance(given[0], Sharded) else None
+        if self._sharded is not None and (len(given) > 1 or self._sharded.mesh is not mesh):
+            raise InvalidArgument(
+                "a sharded stage is one FSDP object made over the pipeline's mesh: "
+                "FSDP.create(stage, mesh), then PipelineStage(fsdp, mesh, config)"
+            )
+        self.chunks: list[Module] = [m.model if isinstance(m, Sharded) else m for m in given]
         if len(self.chunks) != config.chunks:
             raise InvalidArgument(
                 f"{config.chunks} chunks per rank, got {len(self.chunks)} modules"
@@ -128,6 +162,7 @@ class PipelineStage:
         self._stashed: dict[tuple[int, int], list[list[object]]] = {}  # (chunk, micro)
         self._outputs: dict[int, np.ndarray] = {}
         self._stages = group.size * config.chunks  # in the whole pipeline
+        self._backwards = 0  # backward passes of the step under way
 
     def _tag(self, micro: int, stage: int, backward: bool) -> int:
         """The tag of the message into ``stage`` (global stage index) for ``micro``."""
@@ -143,6 +178,7 @@ class PipelineStage:
         xs, ys = self._split(inputs, targets)
         total = 0.0
         c = self.config
+        self._backwards = 0
         for kind, chunk, micro in schedules.order(
             c.schedule, c.num_stages, self.stage, c.num_micro_batches, c.chunks
         ):
@@ -151,7 +187,7 @@ class PipelineStage:
             else:
                 total += await self._backward(chunk, micro, ys[micro])
         self._steps += 1
-        if self.data_parallel is not None and self.data_parallel.size > 1:
+        if self._sharded is None and self.data_parallel is not None and self.data_parallel.size > 1:
             for _, module in self.module.named_modules():
                 for grad in module.grads.values():
                     await self.data_parallel.all_reduce(grad)
@@ -193,6 +229,8 @@ class PipelineStage:
         """After :meth:`step`: scale the stage's gradients so the whole model's L2 norm
         (every stage, every tensor-parallel slice) is at most ``max_norm``; returns the
         norm before clipping, the same on every rank."""
+        if self._sharded is not None:
+            return await self._sharded.clip_grad_norm(max_norm)
         split, tp = partitioned(self.module)
         sums = [0.0, 0.0]  # replicated, partitioned (complete: data parallel holds copies)
         grads = list(self.module.named_grads())
@@ -213,7 +251,10 @@ class PipelineStage:
             x = await self.group.recv((self.stage - 1) % p, tag=self._tag(micro, g, False))
         assert x is not None
         module = self.chunks[chunk]
-        y = await asyncio.to_thread(module.forward, x)
+        if self._sharded is not None:
+            y = await self._sharded.forward(x)
+        else:
+            y = await asyncio.to_thread(module.forward, x)
         self._stashed[chunk, micro] = module.stash()
         if g == self._stages - 1:
             self._outputs[micro] = y
@@ -231,7 +272,14 @@ class PipelineStage:
             dy = await self.group.recv((self.stage + 1) % p, tag=self._tag(micro, g, True))
         module = self.chunks[chunk]
         module.unstash(self._stashed.pop((chunk, micro)))
-        dx = await asyncio.to_thread(module.backward, dy)
+        sharded = self._sharded
+        if sharded is not None:  # gradients reduced once, after the last micro-batch
+            self._backwards += 1
+            last = self._backwards == self.config.num_micro_batches
+            with contextlib.nullcontext() if last else sharded.no_sync():
+                dx = await sharded.backward(dy)
+        else:
+            dx = await asyncio.to_thread(module.backward, dy)
         if g > 0:
             out = np.ascontiguousarray(dx)
             await self.group.send(out, (self.stage - 1) % p, tag=self._tag(micro, g - 1, True))

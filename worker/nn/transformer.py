@@ -92,6 +92,13 @@ class TransformerLM(Module):
         order they compute :meth:`forward`, and backward in reverse computes backward."""
         return [_Embed(self), *self.blocks.children.values(), _Head(self)]
 
+    def pipeline_stage(self, layers: range) -> Module:
+        """Layers ``layers`` of :meth:`pipeline_layers` as one module (a pipeline stage)
+        whose parameters carry the whole model's names (``tok.weight``,
+        ``blocks.3.attn.qkv.weight``, ``head.weight``): its state dict and checkpoint
+        pieces read the same whatever the pipeline's split, and as the whole model's."""
+        return _Stage(self, layers)
+
     def forward(self, ids: np.ndarray) -> np.ndarray:
         t = ids.shape[-1]
         if t > self.context:
@@ -138,3 +145,35 @@ class _Head(Module):
 
     def backward(self, dlogits: np.ndarray) -> np.ndarray:
         return self.ln_f.backward(self.head.backward(dlogits))
+
+
+class _Stage(Module):
+    """Consecutive pipeline layers of a TransformerLM, named as in the model."""
+
+    def __init__(self, lm: TransformerLM, part: range) -> None:
+        super().__init__()
+        every = lm.pipeline_layers()
+        if not part or part.start < 0 or part.stop > len(every) or part.step != 1:
+            raise InvalidArgument(f"layers {part} are not consecutive layers of {len(every)}")
+        self._layers = [every[i] for i in part]  # applied in order (not children: names)
+        blocks: Module | None = None
+        for i in part:
+            if i == 0:
+                self.add("tok", lm.tok)
+                self.add("pos", lm.pos)
+            elif i == len(every) - 1:
+                self.add("ln_f", lm.ln_f)
+                self.add("head", lm.head)
+            else:
+                blocks = blocks or self.add("blocks", Module())
+                blocks.add(str(i - 1), every[i])
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        for layer in self._layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        for layer in reversed(self._layers):
+            dy = layer.backward(dy)
+        return dy
