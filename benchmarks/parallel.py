@@ -2,17 +2,20 @@
 for 1F1B and (p-1)/(vm+p-1) for interleaved 1F1B with v chunks per rank, and
 tensor-parallel step time next to FSDP's on the same model and global batch.
 
-    python benchmarks/parallel.py [--world 2 4] [--json out.json]
+    python benchmarks/parallel.py [--world 2 4] [--layers 8] [--json out.json]
 
 Each world size runs as one ``shardwire launch --standalone`` job. Pipeline: the world
-is one pipeline of p = world stages, each two 512-wide linear layers with a GELU; the
+is one pipeline of p = world stages, each ``--layers`` 512-wide linear layers with a
+GELU after each (a stage holds several layers, as a stage of a deep model does); the
 bubble of a stage is 1 - (its own compute time) / (the step's wall time), averaged over
 the stages, for m = 1, 2, 4 and 8 micro-batches of a 1,024-row batch. Interleaved: the
-same two layers per rank as two chunks of one layer each (v = 2, the model then has 2p
-stages), for m = 4 and 8 where p divides m. On a machine with
-fewer cores than stages the stages also wait for a core, which the measurement counts
-as bubble. Tensor parallel: a transformer LM whose blocks are split over all ranks,
-against the same LM under FSDP FULL_SHARD over all ranks.
+same layers per rank as two chunks of half of them each (v = 2, the model then has 2p
+stages), for m = 4 and 8 where p divides m. Every pass also costs a hand-off to the
+compute thread and a message, which the measurement counts as bubble: the fewer layers
+a pass computes, the more they weigh. On a machine with fewer cores than stages the
+stages also wait for a core, which counts as bubble too. Tensor parallel: a transformer
+LM whose blocks are split over all ranks, against the same LM under FSDP FULL_SHARD
+over all ranks.
 """
 
 from __future__ import annotations
@@ -55,17 +58,18 @@ class _Timed:
         return self._timed(self.module.backward, dy)
 
 
-async def _pipeline(pg, micro: int, chunks: int = 1) -> dict:
+async def _pipeline(pg, micro: int, layers: int, chunks: int = 1) -> dict:
     from shardwire.worker.nn import GELU, Linear, Sequential, mse
     from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage
 
     rng = np.random.default_rng(pg.rank)
-    if chunks == 1:
-        parts = [
-            _Timed(Sequential(Linear(WIDTH, WIDTH, rng=rng), GELU(), Linear(WIDTH, WIDTH, rng=rng)))
-        ]
-    else:  # the same two layers, as chunks of one layer each
-        parts = [_Timed(Sequential(Linear(WIDTH, WIDTH, rng=rng), GELU())) for _ in range(chunks)]
+    per = layers // chunks  # the same layers, as `chunks` chunks of `per` each
+    parts = [
+        _Timed(
+            Sequential(*(m for _ in range(per) for m in (Linear(WIDTH, WIDTH, rng=rng), GELU())))
+        )
+        for _ in range(chunks)
+    ]
     schedule = "1f1b" if chunks == 1 else "interleaved"
     config = PipelineParallelConfig(pg.world_size, micro, schedule, chunks=chunks)
     stage = parts[0] if chunks == 1 else parts
@@ -86,6 +90,7 @@ async def _pipeline(pg, micro: int, chunks: int = 1) -> dict:
         "schedule": schedule,
         "chunks": chunks,
         "micro": micro,
+        "layers": layers,
         "bubble": float(np.mean(bubbles)),
         "theory": (p - 1) / (chunks * micro + p - 1),
     }
@@ -107,7 +112,7 @@ async def _lm_step(fsdp, ids, targets) -> float:
     return statistics.median(times) * 1e3
 
 
-async def worker() -> dict | None:
+async def worker(layers: int) -> dict | None:
     import shardwire.worker as sw
     from shardwire.worker.fsdp import FSDP, by_type
     from shardwire.worker.nn import Block, TransformerLM
@@ -115,9 +120,9 @@ async def worker() -> dict | None:
     from shardwire.worker.optim import AdamW
 
     async with sw.init() as pg:
-        pipeline = [await _pipeline(pg, m) for m in (1, 2, 4, 8)]
+        pipeline = [await _pipeline(pg, m, layers) for m in (1, 2, 4, 8)]
         p = pg.world_size
-        pipeline += [await _pipeline(pg, m, 2) for m in (4, 8) if m % p == 0]
+        pipeline += [await _pipeline(pg, m, layers, 2) for m in (4, 8) if m % p == 0]
         rng = np.random.default_rng(1)
         ids = rng.integers(0, LM["vocab"], (8, LM["context"]))
         targets = np.roll(ids, -1, axis=1)
@@ -142,12 +147,15 @@ async def worker() -> dict | None:
 
 
 def report(rows: list[dict]) -> None:
-    print("| stages p | schedule | chunks v | micro-batches m | bubble measured | theory |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| stages p | layers a stage | schedule | chunks v | micro-batches m "
+        "| bubble measured | theory |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         for c in r["pipeline"]:
             print(
-                f"| {r['n']} | {c['schedule']} | {c['chunks']} | {c['micro']} | "
+                f"| {r['n']} | {c['layers']} | {c['schedule']} | {c['chunks']} | {c['micro']} | "
                 f"{c['bubble']:.0%} | {c['theory']:.0%} |"
             )
     print("\n| ranks | FSDP FULL_SHARD step (ms) | tensor parallel step (ms) |")
@@ -159,17 +167,20 @@ def report(rows: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--layers", type=int, default=8, help="linear layers a stage (even)")
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         from shardwire.worker import run
 
-        row = run(worker())
+        row = run(worker(args.layers))
         if row is not None:
             Path(args.worker).write_text(json.dumps(row))
         return
-    rows = [run_job(__file__, n) for n in args.world]
+    if args.layers < 2 or args.layers % 2:
+        p.error("--layers must be even (the interleaved schedule halves them)")
+    rows = [run_job(__file__, n, "--layers", str(args.layers)) for n in args.world]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
