@@ -7,13 +7,17 @@ round-trip time. The table keeps each rank's newest totals, so a directed link s
 reads its bytes from src's report and its achieved bandwidth from dst's (the receiver
 times the payloads).
 
-A link is named slow when its figure is far from the other links' median: a bandwidth at
+A link is named slow when its figure is far from the other links' median: a peak rate at
 most 1 / SLOW_FACTOR of it (over links that timed at least TIMED_MIN bytes), or a round
 trip at least SLOW_FACTOR times it and SLOW_RTT_S longer (over links that carried at least
 TIMED_MIN bytes: the kernel's estimate for a connection that carries a few small
 messages swings with delayed acknowledgements and with its processes' scheduling; a
 busy 2-core host showed 1.7 ms against a median of 0.2 ms on loopback). It takes at least
-MIN_LINKS measured links to have a median worth comparing with.
+MIN_LINKS measured links to have a median worth comparing with. The peak rate is the
+fastest timed payload's: a link that is slow is slow every time, while a payload the
+receiver took long to read because its loop or its core was busy elsewhere (a loaded
+host, ranks sharing an event loop) says nothing about the link, and the average
+bandwidth (shown) would count it.
 
 Memory is bounded: a rank's links beyond PER_RANK are not kept (ranks talk to O(log n)
 peers), and the whole table holds at most LINKS rows. The views (every link, sorted, and
@@ -49,6 +53,7 @@ class Link:
     bytes: int  # payload bytes src sent to dst
     messages: int
     bandwidth: float | None  # bytes per second dst measured receiving (None: not timed)
+    peak: float | None  # the fastest timed payload's bytes per second (None: not timed)
     rtt_s: float | None  # the connection's round trip, the larger of both ends' readings
 
 
@@ -57,7 +62,7 @@ class SlowLink:
     """A link far below (bandwidth) or above (round trip) the others' median."""
 
     link: Link
-    what: str  # "bandwidth" or "round trip"
+    what: str  # "bandwidth" (the peak rate) or "round trip"
     value: float
     median: float
     links: int  # the links the median was taken over
@@ -115,6 +120,7 @@ class LinkTable:
                 if out.bytes_sent == 0:
                     continue
                 into = self._report(dst, src, path)
+                rate = _bandwidth(into)
                 found.append(
                     Link(
                         src=src,
@@ -122,7 +128,8 @@ class LinkTable:
                         path=path,
                         bytes=out.bytes_sent,
                         messages=out.messages_sent,
-                        bandwidth=_bandwidth(into),
+                        bandwidth=rate,
+                        peak=None if rate is None or into is None else float(into.peak_bps),
                         rtt_s=self._rtt(src, dst),
                     )
                 )
@@ -138,7 +145,7 @@ class LinkTable:
 
 
 def _slowest(links: list[Link]) -> SlowLink | None:
-    rates = [(link, link.bandwidth) for link in links if link.bandwidth is not None]
+    rates = [(link, link.peak) for link in links if link.peak]
     by_rate = _outlier(rates, "bandwidth")
     if by_rate is not None:
         return by_rate
@@ -172,7 +179,7 @@ def describe(slow: SlowLink, host: Callable[[int], str]) -> str:
     link = slow.link
     a, b = f"rank {link.src} ({host(link.src)})", f"rank {link.dst} ({host(link.dst)})"
     if slow.what == "bandwidth":
-        figure = f"{_rate(slow.value)} against a median of {_rate(slow.median)}"
+        figure = f"at most {_rate(slow.value)} against a median of {_rate(slow.median)}"
         return f"link {a} -> {b} ({link.path}) is slow: {figure} over {slow.links} links"
     figure = f"{slow.value * 1e3:.1f} ms against a median of {slow.median * 1e3:.2f} ms"
     return f"link {a} <-> {b} is slow: round trip {figure} over {slow.links} links"

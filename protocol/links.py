@@ -17,8 +17,10 @@ class LinkReport(Msg):
     """One of a worker's peer links by one path, as counted since the job's generation
     began (totals, so a lost heartbeat loses nothing): payload bytes and messages each
     way, the bytes of received payloads large enough to time and the microseconds they
-    took from their header to their last byte (the link's achieved bandwidth), and the
-    kernel's smoothed round-trip time of the connection (0: not measured)."""
+    took from their header to their last byte (the link's achieved bandwidth), the rate
+    of the fastest of them (bytes per second: what the link can do when neither end is
+    busy), and the kernel's smoothed round-trip time of the connection (0: not
+    measured)."""
 
     peer: Rank
     path: Literal["tcp", "shm"]
@@ -28,4 +30,5 @@ class LinkReport(Msg):
     messages_received: _Total = 0
     timed_bytes: _Total = 0
     timed_us: _Total = 0
+    peak_bps: _Total = 0
     rtt_us: _Total = 0

@@ -40,6 +40,7 @@ def _mesh(table: LinkTable, n: int, *, rate: float = 500 * MB, rtt_us: int = 80,
                     messages_received=4,
                     timed_bytes=nbytes,
                     timed_us=round(nbytes / into * 1e6),
+                    peak_bps=round(into),
                     rtt_us=rtt_us,
                 )
             )
@@ -55,7 +56,7 @@ def test_a_link_far_below_the_others_bandwidth_is_named_by_direction() -> None:
     assert slow.links == 12
     text = describe(slow, lambda rank: f"10.0.0.{rank + 1}")
     assert text == (
-        "link rank 1 (10.0.0.2) -> rank 2 (10.0.0.3) (tcp) is slow: 20.0 MB/s against "
+        "link rank 1 (10.0.0.2) -> rank 2 (10.0.0.3) (tcp) is slow: at most 20.0 MB/s against "
         "a median of 500.0 MB/s over 12 links"
     )
 
@@ -70,6 +71,22 @@ def test_a_long_round_trip_is_named_when_bandwidth_says_nothing() -> None:
     assert "round trip 25.0 ms against a median of 0.08 ms over 6 links" in describe(
         slow, lambda rank: "h"
     )
+
+
+def test_a_link_whose_receiver_was_busy_once_is_not_named() -> None:
+    """Its payloads' average rate is a tenth of the others' (one was read 40 ms late),
+    but its fastest payload ran as fast as theirs: the link is fine."""
+    table = LinkTable()
+    _mesh(table, 4)
+    late = LinkReport(
+        peer=1, path="tcp", bytes_sent=8 << 20, bytes_received=8 << 20, messages_sent=4,
+        messages_received=4, timed_bytes=8 << 20, timed_us=10 * round((8 << 20) / 500),
+        peak_bps=500 * MB,
+    )  # fmt: skip
+    table.add(2, [late])  # rank 2's newest totals of its link from rank 1
+    link = next(k for k in table.links() if (k.src, k.dst) == (1, 2))
+    assert link.bandwidth is not None and link.bandwidth < 60 * MB  # shown as measured
+    assert table.slow() is None
 
 
 def test_round_trips_of_a_busy_host_or_of_quiet_links_name_nobody() -> None:

@@ -48,6 +48,7 @@ class LinkCounters(TransportStats):
 
     timed_bytes: int = 0
     timed_us: int = 0
+    peak_bps: int = 0  # the fastest timed payload's rate
     rtt_us: int = 0
     reported_bytes: int = 0  # bytes both ways at the last report
     changed: bool = False
@@ -80,8 +81,10 @@ class Traffic:
         link.bytes_received += nbytes
         link.messages_received += 1
         if seconds is not None and nbytes >= TIMED_BYTES:
+            micros = max(1, round(seconds * 1e6))
             link.timed_bytes += nbytes
-            link.timed_us += max(1, round(seconds * 1e6))
+            link.timed_us += micros
+            link.peak_bps = max(link.peak_bps, nbytes * 1_000_000 // micros)
         link.changed = True
 
     def round_trip(self, peer: int, micros: int) -> None:

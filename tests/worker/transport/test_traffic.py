@@ -106,6 +106,18 @@ def test_small_payloads_are_never_timed() -> None:
     traffic.received(1, "tcp", TIMED_BYTES, seconds=0.25)
     link = traffic.get(1)
     assert link is not None and (link.timed_bytes, link.timed_us) == (TIMED_BYTES, 250_000)
+    assert link.peak_bps == TIMED_BYTES * 4
+
+
+def test_the_peak_rate_is_the_fastest_timed_payloads() -> None:
+    traffic = Traffic()
+    for seconds in (0.5, 0.001, 0.25):  # one payload read at once, two read late
+        traffic.received(1, "tcp", TIMED_BYTES, seconds=seconds)
+    link = traffic.get(1)
+    assert link is not None and link.peak_bps == TIMED_BYTES * 1000
+    assert link.timed_bytes / (link.timed_us / 1e6) < TIMED_BYTES * 5  # the average: slow
+    (report,) = traffic.report()
+    assert report.peak_bps == TIMED_BYTES * 1000
 
 
 def test_the_kernel_round_trip_of_a_connected_socket() -> None:
