@@ -2,7 +2,7 @@
 for 1F1B and (p-1)/(vm+p-1) for interleaved 1F1B with v chunks per rank, and
 tensor-parallel step time next to FSDP's on the same model and global batch.
 
-    python benchmarks/parallel.py [--world 2 4] [--layers 8] [--json out.json]
+    python benchmarks/parallel.py [--world 2 4] [--layers 16] [--json out.json]
 
 Each world size runs as one ``shardwire launch --standalone`` job. Pipeline: the world
 is one pipeline of p = world stages, each ``--layers`` 512-wide linear layers with a
@@ -167,7 +167,7 @@ def report(rows: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--layers", type=int, default=8, help="linear layers a stage (even)")
+    p.add_argument("--layers", type=int, default=16, help="linear layers a stage (even)")
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
