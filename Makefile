@@ -42,7 +42,7 @@ validate:
 	bash scripts/validate-deploy.sh
 
 bench: sync
-	$(RUN)/python benchmarks/transport.py
+	$(RUN)/shardwire bench transport
 
 # The documentation site: the generated reference pages must match the code (run
 # `$(RUN)/python scripts/docs_reference.py` to regenerate them), then a strict build.

@@ -23,18 +23,46 @@ BENCHES = {
         "shardwire.worker.bench.rendezvous",
         "form a job of many simulated workers against a real coordinator",
     ),
+    "transport": (
+        "shardwire.worker.bench.transport",
+        "point-to-point throughput and round trip beside raw sockets, with and without TLS",
+    ),
+    "fsdp": ("shardwire.worker.bench.fsdp", "step time and memory of every FSDP strategy"),
+    "charlm": (
+        "shardwire.worker.bench.charlm",
+        "tokens/s: numpy charlm, torch on shardwire, torch on gloo (run in a checkout)",
+    ),
+    "checkpoint": (
+        "shardwire.worker.bench.checkpoint",
+        "save and load GB/s beside numpy.save, and an asynchronous save's stall",
+    ),
+    "parallel": (
+        "shardwire.worker.bench.parallel",
+        "the pipeline bubble beside theory; tensor parallel beside FSDP",
+    ),
+    "aggregation": (
+        "shardwire.worker.bench.aggregation",
+        "top-k bytes and accuracy, parameter server beside ring (run in a checkout)",
+    ),
+    "offload": ("shardwire.worker.bench.offload", "peak memory and step time with offload"),
+    "trace": (
+        "shardwire.worker.bench.trace",
+        "what a timeline costs in tokens/s (run in a checkout)",
+    ),
 }
 _EXAMPLES = """examples:
   shardwire bench collectives --world 2 4 --sizes 4096 1048576 --compare-mpi
   shardwire bench collectives --compare-gloo --compare-torch --json out.json
   shardwire bench rendezvous --workers 1000
+  shardwire bench transport --sizes 4K 1M 64M
+  shardwire bench parallel --world 2 --json bubble.json
 Each benchmark has its own --help."""
 
 
 def main(argv: list[str]) -> int:
     """``shardwire bench NAME ...``."""
     if argv[:1] and argv[0] in BENCHES:
-        return int(importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:]))
+        return int(importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:]) or 0)
     p = argparse.ArgumentParser(
         prog="shardwire bench",
         description="Benchmarks measured side by side with their baselines, in one run.",

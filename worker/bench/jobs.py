@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -16,15 +17,42 @@ from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench import BenchmarkFailed
 
 
-def run_job(script: str, nproc: int, *args: str, timeout: float = 3600) -> Any:
-    """Run ``script --worker OUT ARGS`` on ``nproc`` local workers; return the JSON rank 0
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench NAME``, described by the first paragraph of
+    the benchmark's docstring ``doc``, with its usage lines as the examples."""
+    text = (doc or "").strip()
+    first = " ".join(text.split("\n\n")[0].split())
+    lines = [line.strip() for line in text.splitlines()]
+    examples = [line for line in lines if line.startswith(f"shardwire bench {name}")]
+    return argparse.ArgumentParser(
+        prog=f"shardwire bench {name}",
+        description=first,
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in examples or [f"shardwire bench {name}"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def example(name: str) -> Path:
+    """``examples/NAME`` of the shardwire checkout this runs in (the benchmarks that train
+    the examples need one: the examples are not part of the package)."""
+    path = Path.cwd() / "examples" / name
+    if not path.is_file():
+        raise InvalidArgument(
+            f"{path} does not exist: run this benchmark from a shardwire checkout "
+            "(the directory holding examples/)"
+        )
+    return path
+
+
+def run_job(module: str, nproc: int, *args: str, timeout: float = 3600) -> Any:
+    """Run ``python -m MODULE --worker OUT ARGS`` on ``nproc`` local workers; return the JSON rank 0
     wrote to OUT (a fresh temporary directory, removed afterwards, is OUT's parent and
     is also passed as ``SHARDWIRE_BENCH_DIR`` for scratch files)."""
     shardwire = str(Path(sys.executable).parent / "shardwire")
     with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
         out = Path(tmp) / "result.json"
         subprocess.run(
-            [shardwire, "launch", "--standalone", "--nproc-per-node", str(nproc), script,
+            [shardwire, "launch", "--standalone", "--nproc-per-node", str(nproc), "-m", module,
              "--worker", str(out), *args],
             check=True,
             timeout=timeout,

@@ -5,7 +5,7 @@ Algorithms
 :func:`choose` is the one place that picks an algorithm from the op, the payload size
 and the group size; the collectives dispatch on its answer and the benchmark reports it.
 Up to the thresholds below the latency-optimal algorithms win. Measured with
-benchmarks/collectives.py on 2 cores over loopback: all_reduce by recursive doubling vs
+`shardwire bench collectives` on 2 cores over loopback: all_reduce by recursive doubling vs
 ring at 2 ranks: 256 KiB 230 vs 365 us, 512 KiB 359 vs 433 us, 1 MiB 1636 vs 641 us; at
 4 ranks: 256 KiB 0.79 vs 2.1 ms, 1 MiB 4.5 vs 4.4 ms, 4 MiB 20 vs 14 ms. Direct exchange
 beat the ring for all_gather / reduce_scatter up to 1 MiB.

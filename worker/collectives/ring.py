@@ -30,7 +30,7 @@ from shardwire.worker.collectives.plan import GATHER_STEP
 from shardwire.worker.transport.base import Receive
 from shardwire.worker.transport.mailbox import Fold
 
-# Chunk size and lane count, from benchmarks/collectives.py on 2 cores over loopback:
+# Chunk size and lane count, from `shardwire bench collectives` on 2 cores over loopback:
 # 1 MiB chunks and up to 4 lanes gave the best 16-256 MiB all_reduce (smaller chunks
 # cost Python overhead per message, more lanes just queue behind each other).
 CHUNK_BYTES = 1 << 20

@@ -3,7 +3,7 @@ socket baseline (blocking ``sendall`` / ``recv_into``), measured in the same run
 shardwire's data-frame checksums on (the default) and off, and with TLS, so the cost of
 each is a column.
 
-    python benchmarks/transport.py [--sizes 4K 64K 1M 16M 64M 256M] [--json out.json]
+    shardwire bench transport [--sizes 4K 64K 1M 16M 64M 256M] [--json out.json]
 
 Both sides run in two separate processes over loopback. Throughput: one side sends
 ``reps`` messages of each size, the other receives them into a preallocated buffer and
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shardwire.worker.bench.certs import make_certificates
+from shardwire.worker.bench.jobs import parser
 
 TOTAL_BYTES = 256 << 20  # per throughput trial
 RTT_ITERS = 2000
@@ -86,7 +87,8 @@ def raw_side(sizes: list[int], trials: int) -> dict:
     child = subprocess.Popen(
         [
             sys.executable,
-            __file__,
+            "-m",
+            "shardwire.worker.bench.transport",
             "--raw-peer",
             str(port),
             "--trials",
@@ -100,7 +102,7 @@ def raw_side(sizes: list[int], trials: int) -> dict:
     ack = memoryview(bytearray(1))
     result: dict = {"throughput": {}, "rtt_us": 0.0}
     for size in sizes:
-        data = memoryview(np.ones(size, np.uint8))
+        data = memoryview(np.ones(size, np.uint8).data)
         best = 0.0
         for _ in range(trials):
             start = time.perf_counter()
@@ -188,7 +190,8 @@ def shardwire_side(sizes: list[int], trials: int, extra_env: dict[str, str]) -> 
         "--standalone",
         "--nproc-per-node",
         "2",
-        __file__,
+        "-m",
+        "shardwire.worker.bench.transport",
         "--shardwire-worker",
         str(out),
         "--trials",
@@ -241,14 +244,14 @@ def report(sizes: list[int], raw: dict, variants: dict[str, dict]) -> list[dict]
     return rows
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = parser("transport", __doc__)
     p.add_argument("--sizes", nargs="+", default=["4K", "64K", "1M", "16M", "64M", "256M"])
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--json", help="write the results here as JSON")
     p.add_argument("--raw-peer", type=int, help=argparse.SUPPRESS)
     p.add_argument("--shardwire-worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes]
     if args.raw_peer:
         raw_peer(args.raw_peer, sizes, args.trials)

@@ -6,7 +6,7 @@ and 4 ranks:
   backend, under ``shardwire launch``;
 - the same torch script over gloo, started the way torchrun starts it.
 
-    python benchmarks/charlm.py [--world 1 2 4] [--steps 40] [--repeats 2] [--json out.json]
+    shardwire bench charlm [--world 1 2 4] [--steps 40] [--repeats 2] [--json out.json]
 
 The systems alternate world size by world size and repeat by repeat (the order turns
 around every repeat), so a machine that slows down during the run hurts all alike. All
@@ -16,16 +16,15 @@ torch in this environment (``make torch``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from shardwire.worker.bench.jobs import example, parser
 from shardwire.worker.bench.torchrun import clean_env, run_ranks
 
-ROOT = Path(__file__).resolve().parent.parent
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 MODEL = {"batch": 32, "context": 64, "dim": 128, "heads": 4, "layers": 4, "lr": 3e-3, "seed": 0}
 SYSTEMS = {
@@ -51,11 +50,11 @@ def run(system: str, n: int, steps: int, tmp: Path) -> float:
     out = tmp / f"{tag}.json"
     if system == "numpy":
         run_dir = tmp / tag
-        _launch(n, [str(ROOT / "examples" / "charlm.py"), "--steps", str(steps),
+        _launch(n, [str(example("charlm.py")), "--steps", str(steps),
                     "--log-every", str(10 * steps), "--sample", "0", "--run-dir", str(run_dir),
                     *_model_args()])  # fmt: skip
         return float(json.loads((run_dir / "summary.json").read_text())["tokens_per_s"])
-    script = [str(ROOT / "examples" / "torch_charlm.py"), "--steps", str(steps),
+    script = [str(example("torch_charlm.py")), "--steps", str(steps),
               "--json", str(out), *_model_args()]  # fmt: skip
     if system == "torch_shardwire":
         _launch(n, script)
@@ -65,14 +64,14 @@ def run(system: str, n: int, steps: int, tmp: Path) -> float:
     return float(json.loads(out.read_text())["tokens_per_s"])
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = parser("charlm", __doc__)
     p.add_argument("--world", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--json", help="write the rows here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     try:
         import shardwire.torch  # noqa: F401
     except ImportError:

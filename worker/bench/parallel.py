@@ -2,7 +2,7 @@
 for 1F1B and (p-1)/(vm+p-1) for interleaved 1F1B with v chunks per rank, and
 tensor-parallel step time next to FSDP's on the same model and global batch.
 
-    python benchmarks/parallel.py [--world 2 4] [--layers 16] [--json out.json]
+    shardwire bench parallel [--world 2 4] [--layers 16] [--json out.json]
 
 Each world size runs as one ``shardwire launch --standalone`` job. Pipeline: the world
 is one pipeline of p = world stages, each ``--layers`` 512-wide linear layers with a
@@ -26,13 +26,14 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import run_job
+from shardwire.worker.bench.jobs import parser, run_job
 
 WIDTH, ROWS, STEPS = 512, 1024, 5
-LM = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
+LM: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
 
 
 class _Timed:
@@ -164,13 +165,13 @@ def report(rows: list[dict]) -> None:
         print(f"| {r['n']} | {r['fsdp_ms']:.1f} | {r['tp_ms']:.1f} |")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = parser("parallel", __doc__)
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--layers", type=int, default=16, help="linear layers a stage (even)")
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.worker:
         from shardwire.worker import run
 
@@ -180,7 +181,10 @@ def main() -> None:
         return
     if args.layers < 2 or args.layers % 2:
         p.error("--layers must be even (the interleaved schedule halves them)")
-    rows = [run_job(__file__, n, "--layers", str(args.layers)) for n in args.world]
+    rows = [
+        run_job("shardwire.worker.bench.parallel", n, "--layers", str(args.layers))
+        for n in args.world
+    ]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -1,7 +1,7 @@
 """Checkpoint save and load throughput next to the raw write speed of the same bytes, and
 the training stall an asynchronous save causes.
 
-    python benchmarks/checkpoint.py [--world 1 2 4] [--mib 256] [--json out.json]
+    shardwire bench checkpoint [--world 1 2 4] [--mib 256] [--json out.json]
 
 The model is two square float64 linear layers of ``--mib`` MiB of parameters in all,
 trained one AdamW step so the checkpoint also holds the optimizer state (3x the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import run_job
+from shardwire.worker.bench.jobs import parser, run_job
 
 
 def _model(mib: int):
@@ -118,13 +118,13 @@ def report(rows: list[dict]) -> None:
         )
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = parser("checkpoint", __doc__)
     p.add_argument("--world", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--mib", type=int, default=256, help="parameter MiB of the model")
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.worker:
         from shardwire.worker import run
 
@@ -132,7 +132,9 @@ def main() -> None:
         if row is not None:
             Path(args.worker).write_text(json.dumps(row))
         return
-    rows = [run_job(__file__, n, "--mib", str(args.mib)) for n in args.world]
+    rows = [
+        run_job("shardwire.worker.bench.checkpoint", n, "--mib", str(args.mib)) for n in args.world
+    ]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -2,7 +2,7 @@
 every collective, FSDP phase and the script's spans are recorded) with
 ``shardwire launch --trace`` and without, at 2 and 4 ranks, in one run.
 
-    python benchmarks/trace.py [--world 2 4] [--steps 60] [--repeats 3] [--json out.json]
+    shardwire bench trace [--world 2 4] [--steps 60] [--repeats 3] [--json out.json]
 
 The two alternate run by run (the order turns around every repeat), so a machine that
 slows down during the run hurts both alike. The overhead is the median without over the
@@ -11,7 +11,6 @@ median with, minus one; the events each traced rank recorded are counted too.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -19,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from shardwire.worker.bench.jobs import example, parser
 from shardwire.worker.bench.torchrun import clean_env
 
-ROOT = Path(__file__).resolve().parent.parent
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 MODEL = ["--batch=32", "--context=64", "--dim=128", "--heads=4", "--layers=4", "--seed=0"]
 
@@ -31,7 +30,7 @@ def run(n: int, steps: int, traced: bool, tmp: Path) -> tuple[float, int]:
     tag = f"{n}-{'on' if traced else 'off'}-{len(list(tmp.iterdir()))}"
     flags = ["--trace", "--trace-dir", str(tmp / f"{tag}-trace")] if traced else []
     cmd = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", str(n), *flags,
-           str(ROOT / "examples" / "charlm.py"), "--steps", str(steps),
+           str(example("charlm.py")), "--steps", str(steps),
            "--log-every", str(10 * steps), "--sample", "0", "--run-dir", str(tmp / tag),
            *MODEL]  # fmt: skip
     subprocess.run(cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL, env=clean_env())
@@ -43,13 +42,13 @@ def run(n: int, steps: int, traced: bool, tmp: Path) -> tuple[float, int]:
     return rate, events
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = parser("trace", __doc__)
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="also write the rows here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -73,10 +72,10 @@ def main() -> int:
             )
     print(f"{'ranks':>5}  {'untraced tok/s':>24}  {'traced tok/s':>24}  {'overhead':>8}  events")
     for r in rows:
-        off = ", ".join(f"{v:,.0f}" for v in r["untraced_tokens_per_s"])
-        on = ", ".join(f"{v:,.0f}" for v in r["traced_tokens_per_s"])
+        plain = ", ".join(f"{v:,.0f}" for v in r["untraced_tokens_per_s"])
+        timed = ", ".join(f"{v:,.0f}" for v in r["traced_tokens_per_s"])
         print(
-            f"{r['ranks']:>5}  {off:>24}  {on:>24}  {r['overhead_percent']:>7.1f}%  "
+            f"{r['ranks']:>5}  {plain:>24}  {timed:>24}  {r['overhead_percent']:>7.1f}%  "
             f"{r['events_per_rank']:,}"
         )
     if args.json:

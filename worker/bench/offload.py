@@ -1,7 +1,7 @@
 """FSDP with offload against FSDP in memory, in one run: peak resident memory per rank
 and step time, on a model of ``--mib`` MiB of parameters trained with AdamW.
 
-    python benchmarks/offload.py [--world 2 4] [--mib 256] [--layers 16] [--steps 4]
+    shardwire bench offload [--world 2 4] [--mib 256] [--layers 16] [--steps 4]
                                  [--reduce-depth 2] [--json out.json]
 
 The model is ``--layers`` square float64 linear layers (one FSDP unit each), FULL_SHARD
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import run_job
+from shardwire.worker.bench.jobs import parser, run_job
 
 
 def _status_kib(field: str) -> int:
@@ -118,8 +118,8 @@ def report(rows: list[dict]) -> None:
         print(f"\n{n} ranks: trained weights identical with and without offload: {same}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = parser("offload", __doc__)
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--mib", type=int, default=256, help="parameter MiB of the model")
     p.add_argument("--layers", type=int, default=16)
@@ -128,7 +128,7 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--offload", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.worker:
         from shardwire.worker import run
 
@@ -141,7 +141,7 @@ def main() -> None:
         for flag in ([], ["--offload"]):
             extra = ["--mib", str(args.mib), "--layers", str(args.layers), "--steps"]
             extra += [str(args.steps), "--reduce-depth", str(args.reduce_depth), *flag]
-            rows.append(run_job(__file__, n, *extra))
+            rows.append(run_job("shardwire.worker.bench.offload", n, *extra))
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -3,19 +3,18 @@ with error feedback against uncompressed all-reduce (gradient bytes each rank se
 steps to 95 % held-out accuracy), and the parameter server against ring all-reduce
 (step time) at 2 and 4 ranks.
 
-    python benchmarks/aggregation.py [--steps 1200] [--json out.json]
+    shardwire bench aggregation [--steps 1200] [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from shardwire.worker.bench.jobs import example, parser
 
 
 def digits(nproc: int, *flags: str, steps: int, log_every: int) -> tuple[dict, list[dict]]:
@@ -24,9 +23,9 @@ def digits(nproc: int, *flags: str, steps: int, log_every: int) -> tuple[dict, l
     with tempfile.TemporaryDirectory(prefix="shardwire-agg-bench-") as tmp:
         subprocess.run(
             [shardwire, "launch", "--standalone", "--nproc-per-node", str(nproc),
-             "examples/digits.py", *flags, "--steps", str(steps),
+             str(example("digits.py")), *flags, "--steps", str(steps),
              "--log-every", str(log_every), "--run-dir", tmp],
-            check=True, timeout=3600, cwd=ROOT, stdout=subprocess.DEVNULL,
+            check=True, timeout=3600, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         summary = json.loads((Path(tmp) / "summary.json").read_text())
         lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
@@ -37,12 +36,12 @@ def steps_to(records: list[dict], target: float) -> int | None:
     return next((r["step"] for r in records if r.get("accuracy", 0) >= target), None)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = parser("aggregation", __doc__)
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--json")
-    args = p.parse_args()
-    rows = []
+    args = p.parse_args(argv)
+    rows: list[dict] = []
     print("| ranks | gradients | grad MiB sent per rank | fewer bytes | steps to 95 % | accuracy |")
     print("|---|---|---|---|---|---|")
     for compress in ("none", "topk:0.01"):

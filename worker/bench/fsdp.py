@@ -1,7 +1,7 @@
 """FSDP step time per strategy, with and without prefetch, on a small transformer; the
 share of all-gather time that prefetch hides; and per-rank memory by category.
 
-    python benchmarks/fsdp.py [--world 2 4] [--steps 6] [--transport auto tcp] [--json out.json]
+    shardwire bench fsdp [--world 2 4] [--steps 6] [--transport auto tcp] [--json out.json]
 
 Each world size runs as one ``shardwire launch --standalone`` job per transport
 (``SHARDWIRE_TRANSPORT``: "auto" moves large payloads between the ranks through shared
@@ -21,15 +21,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from shardwire.worker.bench.jobs import parser
+
 # Wide and shallow-batched, so parameter traffic is a visible share of a CPU step.
-MODEL = {"vocab": 96, "dim": 256, "heads": 4, "layers": 8, "context": 32}
+MODEL: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 4, "layers": 8, "context": 32}
 BATCH = 2  # sequences per rank
 
 
-async def step_time(fsdp, ids, targets, steps: int) -> float:
+async def step_time(fsdp, ids, targets, steps: int) -> tuple[float, float]:
     from shardwire.worker.nn import softmax_cross_entropy
 
     times = []
@@ -140,8 +143,8 @@ def report(rows: list[dict]) -> None:
             )
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    p = parser("fsdp", __doc__)
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--prefetch-depth", type=int, default=1, help="units gathered ahead")
@@ -151,7 +154,7 @@ def main() -> None:
     )  # fmt: skip
     p.add_argument("--json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.worker:
         from shardwire.worker import run
 
@@ -171,7 +174,8 @@ def main() -> None:
                     "--standalone",
                     "--nproc-per-node",
                     str(n),
-                    __file__,
+                    "-m",
+                    "shardwire.worker.bench.fsdp",
                     "--worker",
                     out,
                     "--steps",
