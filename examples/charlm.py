@@ -125,6 +125,27 @@ async def build(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> FSDP:
     )
 
 
+async def resume(
+    args: argparse.Namespace, pg: sw.ProcessGroup, fsdp: FSDP, draw, run_dir: str
+) -> tuple[int, float, RunLog]:
+    """The step and loss to go on from (the latest checkpoint in --checkpoint-dir, with
+    the data order ``draw`` and the dropout streams; else the start) and the run's log."""
+    step, loss = 0, float("nan")
+    ckpt = args.checkpoint_dir
+    if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
+        resumed = await fsdp.load(ckpt, rngs={"draw": draw})
+        step, loss = resumed.step, resumed.extra["loss"]
+    log = RunLog(
+        pg,
+        Path(args.run_dir or run_dir),
+        args.steps,
+        every=args.log_every,
+        next_free=args.run_dir is None,
+        resume_from=step or None,
+    )
+    return step, loss, log
+
+
 async def main(args: argparse.Namespace) -> None:
     async with sw.init() as pg:
         data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
@@ -139,19 +160,8 @@ async def main(args: argparse.Namespace) -> None:
         fsdp = await build(args, mesh, vocab=len(chars))
         dp = mesh.dp
         draw = np.random.default_rng(args.seed + 1)  # the data order
-        step, loss, saving = 0, float("nan"), None
-        ckpt = args.checkpoint_dir
-        if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
-            resumed = await fsdp.load(ckpt, rngs={"draw": draw})  # and the dropout streams
-            step, loss = resumed.step, resumed.extra["loss"]
-        log = RunLog(
-            pg,
-            Path(args.run_dir or f"runs/charlm-seed{args.seed}"),
-            args.steps,
-            every=args.log_every,
-            next_free=args.run_dir is None,
-            resume_from=step or None,
-        )
+        step, loss, log = await resume(args, pg, fsdp, draw, f"runs/charlm-seed{args.seed}")
+        ckpt, saving = args.checkpoint_dir, None
         mine = np.array_split(np.arange(args.batch), dp.size)[dp.rank]
         deadline = time.monotonic() + args.minutes * 60
         start, first = time.perf_counter(), step

@@ -13,18 +13,15 @@ checkpoints that resume under any other layout, pipelined or not.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
-from pathlib import Path
 
 import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker.fsdp import FSDP, Offload, by_type, latest_checkpoint
+from shardwire.worker.fsdp import FSDP, Offload, by_type
 from shardwire.worker.nn import Block, softmax_cross_entropy
 from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage, split_into_stages
 from shardwire.worker.optim import AdamW, warmup_cosine
-from shardwire.worker.runtime.runlog import RunLog
 
 
 async def held_out_loss(
@@ -79,7 +76,7 @@ async def train_pipeline(
 ) -> None:
     """Train for ``args.steps`` steps (or ``args.minutes``), resuming from the latest
     checkpoint in ``--checkpoint-dir``; logs and summarises as the plain run does."""
-    from charlm import windows  # the sibling example's data
+    from charlm import resume, windows  # the sibling example's data and resumption
 
     train, held, vocab = data
     pp = args.pp
@@ -92,19 +89,8 @@ async def train_pipeline(
     config = PipelineParallelConfig(pp, args.micro_batches, "1f1b")
     pipe = PipelineStage(fsdp, mesh, config, loss=loss_fn)
     draw = np.random.default_rng(args.seed + 1)  # the data order, as in the FSDP run
-    step, loss, saving = 0, float("nan"), None
-    ckpt = args.checkpoint_dir
-    if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
-        resumed = await fsdp.load(ckpt, rngs={"draw": draw})
-        step, loss = resumed.step, resumed.extra["loss"]
-    log = RunLog(
-        pg,
-        Path(args.run_dir or f"runs/charlm-pp{pp}-seed{args.seed}"),
-        args.steps,
-        every=args.log_every,
-        next_free=args.run_dir is None,
-        resume_from=step or None,
-    )
+    step, loss, log = await resume(args, pg, fsdp, draw, f"runs/charlm-pp{pp}-seed{args.seed}")
+    ckpt, saving = args.checkpoint_dir, None
     mine = np.array_split(np.arange(args.batch), mesh.dp.size)[mesh.dp.rank]
     deadline = time.monotonic() + args.minutes * 60
     began, first = time.perf_counter(), step
