@@ -17,7 +17,9 @@ MIN_LINKS measured links to have a median worth comparing with. The peak rate is
 fastest timed payload's: a link that is slow is slow every time, while a payload the
 receiver took long to read because its loop or its core was busy elsewhere (a loaded
 host, ranks sharing an event loop) says nothing about the link, and the average
-bandwidth (shown) would count it.
+bandwidth (shown) would count it. TIMED_MIN is several large payloads, so a peak is
+the best of several tries: on a loop that serves several connections at once, one
+payload can be read late every time it arrives alongside another.
 
 Memory is bounded: a rank's links beyond PER_RANK are not kept (ranks talk to O(log n)
 peers), and the whole table holds at most LINKS rows. The views (every link, sorted, and
@@ -38,7 +40,7 @@ PER_RANK = 256  # links kept per reporting rank
 LINKS = 1 << 16  # links kept in all
 SLOW_FACTOR = 4.0
 SLOW_RTT_S = 0.005  # a round trip must also be this much above the median to count
-TIMED_MIN = 1 << 20  # bytes a link must have timed before its bandwidth is compared
+TIMED_MIN = 8 << 20  # bytes a link must have timed before its peak rate is compared
 MIN_LINKS = 3
 REFRESH_S = 1.0  # the views lag the newest report by at most this (one heartbeat)
 

@@ -162,7 +162,7 @@ async def test_a_live_job_reports_its_links_on_every_view() -> None:
             cfg = worker_config(server, 3, i, heartbeat_interval=0.2, transport="tcp")
             async with init(cfg) as pg:
                 x = np.ones(3 << 18, dtype=np.float32)  # 1 MiB to each: timed on every link
-                for _ in range(3):
+                for _ in range(10):  # every link times enough to be compared
                     await pg.all_to_all(x)
                 await done.wait()
 
@@ -170,11 +170,11 @@ async def test_a_live_job_reports_its_links_on_every_view() -> None:
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
                 body: dict = {}
-                for _ in range(200):  # heartbeats carry the links: poll, bounded
+                for _ in range(400):  # heartbeats carry the links: poll, bounded
                     async with web.get(f"http://{host}:{port}/api/links") as response:
                         body = await response.json()
-                    if body["total"] == 6:
-                        break
+                    if body["total"] == 6 and all(k["bytes"] >= 10 << 20 for k in body["links"]):
+                        break  # every link carried (and timed) all ten rounds
                     await asyncio.sleep(0.05)
                 async with web.get(f"http://{host}:{port}/metrics") as response:
                     metrics = await response.text()
