@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import parser, run_job
 
 
@@ -34,7 +35,7 @@ def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise KeyError(field)
+    raise BenchmarkFailed(f"/proc/self/status has no {field} line")
 
 
 def _reset_peak() -> None:
