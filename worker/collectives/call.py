@@ -14,8 +14,9 @@ from shardwire.worker.collectives.ops import ReduceOp
 from shardwire.worker.collectives.plan import choose
 from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.collectives.split import Split, reduce_with
-from shardwire.worker.transport.base import Receive, Transport
+from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.mailbox import Fold
+from shardwire.worker.transport.receive import Receive
 
 # No transport-level timer: the call's own deadline (the group timeout) bounds every
 # wait and turns into CollectiveTimeout with the ranks not heard from. One timer per call

@@ -36,7 +36,8 @@ from shardwire.worker.collectives.waits import WAITS
 from shardwire.worker.collectives.work import Pending, Work
 from shardwire.worker.runtime import trace
 from shardwire.worker.runtime.flight import FlightRecorder
-from shardwire.worker.transport.base import Transport, TransportTimeout
+from shardwire.worker.transport.base import Transport
+from shardwire.worker.transport.receive import TransportTimeout
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 300.0

@@ -13,17 +13,17 @@ import abc
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
-from shardwire.protocol import ShardwireError, Tag, TensorMeta, TransportClosed, check_dtype
+from shardwire.protocol import Tag, TensorMeta, TransportClosed, check_dtype
 from shardwire.protocol.errors import InvalidArgument, InvalidState
-from shardwire.worker.transport.mailbox import Fold, Mailbox, Posted
+from shardwire.worker.transport.mailbox import Fold, Mailbox
 from shardwire.worker.transport.place import Place
-from shardwire.worker.transport.poll import POLL_MAX_BYTES, BusyPoll
+from shardwire.worker.transport.poll import BusyPoll
+from shardwire.worker.transport.receive import Receive, TransportTimeout
 from shardwire.worker.transport.relay import Relay
 from shardwire.worker.transport.traffic import TransportStats
 
@@ -31,76 +31,6 @@ log = logging.getLogger("shardwire.worker")
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MAX_EARLY_BYTES = 1 << 30
-
-
-class TransportTimeout(ShardwireError, TimeoutError):
-    """A send or receive did not complete within its timeout."""
-
-
-class Receive:
-    """A posted receive (from :meth:`Transport.irecv`)."""
-
-    __slots__ = (
-        "_posted",
-        "_transport",
-        "awaited_at",
-        "future",
-        "limit",
-        "nbytes",
-        "op",
-        "received",
-        "src",
-        "tag",
-    )
-
-    def __init__(
-        self,
-        transport: Transport,
-        src: int,
-        tag: Tag,
-        op: str,
-        posted: Posted,
-        *,
-        limit: float,
-        nbytes: int = 0,
-    ):
-        self._transport, self._posted = transport, posted
-        self.src, self.tag, self.op, self.future, self.limit = src, tag, op, posted.future, limit
-        self.nbytes = nbytes  # the size expected (of ``out``), 0 if unknown
-        self.received = False  # set once wait() returned the array
-        self.awaited_at = 0.0  # when wait() suspended for it (0: it was here already)
-
-    @property
-    def began(self) -> float:
-        """When the payload began to arrive, if after it was posted (else 0)."""
-        return self._posted.began
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    async def wait(self) -> np.ndarray:
-        """The received array; raises on timeout, mismatch or a failed peer."""
-        t = self._transport
-        if self.future.done():  # it was already here: no timer, no suspension
-            result = self.future.result()
-        else:
-            self.awaited_at = time.monotonic()
-            if self.nbytes <= POLL_MAX_BYTES:
-                t.poll.hold(self.future)
-            if self.limit == math.inf:  # the caller bounds the wait (a collective's deadline)
-                result = await t._wait_untimed(self.future, self.src, self.tag)
-            else:
-                result = await t._wait(self.future, self.src, self.tag, self.op, self.limit)
-        t.stats.bytes_received += result.nbytes
-        t.stats.messages_received += 1
-        self.received = True
-        return result
-
-    def cancel(self) -> None:
-        """Withdraw the receive if its payload has not started arriving."""
-        if not self.future.done():
-            self._transport.mailbox.withdraw(self.src, self.tag, self.future)
-            self.future.cancel()
 
 
 class Transport(abc.ABC):
@@ -183,7 +113,7 @@ class Transport(abc.ABC):
         timeout: float | None = None,
     ) -> None:
         """Send ``array`` to ``dst``; returns once ``array`` may be modified again."""
-        self._check_usable()
+        self.check_usable()
         place = self._check_peer(dst)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
@@ -197,10 +127,10 @@ class Transport(abc.ABC):
                 async with asyncio.timeout(None if limit == math.inf else limit):
                     await pending
             except ConnectionError:
-                self._check_usable()  # a lost peer poisons the transport: raise why
+                self.check_usable()  # a lost peer poisons the transport: raise why
                 raise
             except TimeoutError:
-                self._check_usable()
+                self.check_usable()
                 raise TransportTimeout(
                     f"rank {self.rank}: send of {op} #{tag.seq} to rank {dst} timed out"
                 ) from None
@@ -232,7 +162,7 @@ class Transport(abc.ABC):
         """Post a receive now (so the payload can land in ``out``); await ``wait()`` later.
         ``fold`` reduces the message into the caller's accumulator before it completes
         (from shared memory without copying it into ``out`` first)."""
-        self._check_usable()
+        self.check_usable()
         self._check_peer(src)
         if out is not None:
             check_dtype(out.dtype)
@@ -260,7 +190,7 @@ class Transport(abc.ABC):
         timeout: float | None = None,
     ) -> tuple[int, np.ndarray]:
         """Receive the next message with ``tag`` from any rank: (its rank, the array)."""
-        self._check_usable()
+        self.check_usable()
         if out is not None:
             check_dtype(out.dtype)
             if not out.flags.c_contiguous or not out.flags.writeable:
@@ -272,7 +202,7 @@ class Transport(abc.ABC):
                 src, array = await future
         except TimeoutError:
             self.mailbox.withdraw_any(tag, future)
-            self._check_usable()
+            self.check_usable()
             raise TransportTimeout(
                 f"rank {self.rank}: receive of {op} #{tag.seq} from any rank timed out "
                 f"after {limit:g} s"
@@ -303,38 +233,6 @@ class Transport(abc.ABC):
         for hook in list(self.abort_hooks):
             hook(self._error)
         self._on_abort()
-
-    async def _wait(self, future: asyncio.Future, src: int, tag: Tag, op: str, limit: float):
-        # A plain timer handle: measured cheaper than asyncio.timeout() on the hot path.
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(limit, self._expire, future, src, tag, op, limit)
-        try:
-            return await future
-        except TransportTimeout:
-            self.mailbox.withdraw(src, tag, future)
-            self._check_usable()  # a poisoned transport reports why, not the timeout
-            raise
-        except asyncio.CancelledError:
-            self.mailbox.withdraw(src, tag, future)
-            raise
-        finally:
-            timer.cancel()
-
-    async def _wait_untimed(self, future: asyncio.Future, src: int, tag: Tag):
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self.mailbox.withdraw(src, tag, future)
-            raise
-
-    def _expire(self, future: asyncio.Future, src: int, tag: Tag, op: str, limit: float) -> None:
-        if not future.done():
-            future.set_exception(
-                TransportTimeout(
-                    f"rank {self.rank}: receive of {op} #{tag.seq} from rank {src} timed out "
-                    f"after {limit:g} s"
-                )
-            )
 
     def depart(self, peer: int, exc: BaseException) -> None:
         """``peer`` left cleanly: receives from it that cannot complete raise ``exc``."""
@@ -385,7 +283,8 @@ class Transport(abc.ABC):
 
     # ---- helpers ---------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
+    def check_usable(self) -> None:
+        """Raise why this transport cannot be used (its abort error, or closed)."""
         if self._error is not None:
             raise self._error
         if self._closed:

@@ -84,7 +84,7 @@ class MemoryTransport(Transport):
         while peer.mailbox.over_budget:  # backpressure, like a full socket buffer
             peer._space.clear()
             await peer._space.wait()
-            self._check_usable()
+            self.check_usable()
         peer.mailbox.deliver(meta, array)
 
     def _resume(self) -> None:
