@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import parser, run_job
+from shardwire.worker.bench.jobs import parser, rank_side, run_job
 
 
 def _model(mib: int):
@@ -126,11 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        from shardwire.worker import run
-
-        row = run(worker(os.environ["SHARDWIRE_BENCH_DIR"], args.mib))
-        if row is not None:
-            Path(args.worker).write_text(json.dumps(row))
+        rank_side(args.worker, worker(os.environ["SHARDWIRE_BENCH_DIR"], args.mib))
         return
     rows = [
         run_job("shardwire.worker.bench.checkpoint", n, "--mib", str(args.mib)) for n in args.world

@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import parser
+from shardwire.worker.bench.jobs import parser, rank_side, run_job
 
 # Wide and shallow-batched, so parameter traffic is a visible share of a CPU step.
 MODEL: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 4, "layers": 8, "context": 32}
@@ -156,39 +152,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        from shardwire.worker import run
-
-        rows = run(worker(args.steps, args.prefetch_depth))
-        if rows is not None:
-            Path(args.worker).write_text(json.dumps(rows))
+        rank_side(args.worker, worker(args.steps, args.prefetch_depth))
         return
     rows = []
-    shardwire = str(Path(sys.executable).parent / "shardwire")
-    with tempfile.TemporaryDirectory() as tmp:
-        for n, transport in [(n, t) for n in args.world for t in args.transport]:
-            out = f"{tmp}/fsdp-{n}-{transport}.json"
-            subprocess.run(
-                [
-                    shardwire,
-                    "launch",
-                    "--standalone",
-                    "--nproc-per-node",
-                    str(n),
-                    "-m",
-                    "shardwire.worker.bench.fsdp",
-                    "--worker",
-                    out,
-                    "--steps",
-                    str(args.steps),
-                    "--prefetch-depth",
-                    str(args.prefetch_depth),
-                ],
-                check=True,
-                timeout=3600,
-                stdout=subprocess.DEVNULL,
-                env={**os.environ, "SHARDWIRE_TRANSPORT": transport},
-            )
-            rows += [{**r, "transport": transport} for r in json.loads(Path(out).read_text())]
+    for n, transport in [(n, t) for n in args.world for t in args.transport]:
+        flags = ["--steps", str(args.steps), "--prefetch-depth", str(args.prefetch_depth)]
+        found = run_job(
+            "shardwire.worker.bench.fsdp", n, *flags, env={"SHARDWIRE_TRANSPORT": transport}
+        )
+        rows += [{**r, "transport": transport} for r in found]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

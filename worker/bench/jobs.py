@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,16 @@ def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
     )
 
 
+def rank_side(out: str, work: Coroutine[Any, Any, Any]) -> None:
+    """A benchmark job's rank: run ``work`` (its coroutine) and, on rank 0 (the one whose
+    result is not None), write the result as JSON to ``out``."""
+    from shardwire.worker import run
+
+    result = run(work)
+    if result is not None:
+        Path(out).write_text(json.dumps(result))
+
+
 def example(name: str) -> Path:
     """``examples/NAME`` of the shardwire checkout this runs in (the benchmarks that train
     the examples need one: the examples are not part of the package)."""
@@ -44,10 +55,13 @@ def example(name: str) -> Path:
     return path
 
 
-def run_job(module: str, nproc: int, *args: str, timeout: float = 3600) -> Any:
-    """Run ``python -m MODULE --worker OUT ARGS`` on ``nproc`` local workers; return the JSON rank 0
-    wrote to OUT (a fresh temporary directory, removed afterwards, is OUT's parent and
-    is also passed as ``SHARDWIRE_BENCH_DIR`` for scratch files)."""
+def run_job(
+    module: str, nproc: int, *args: str, timeout: float = 3600, env: dict[str, str] | None = None
+) -> Any:
+    """Run ``python -m MODULE --worker OUT ARGS`` on ``nproc`` local workers (with ``env``
+    added to the environment); return the JSON rank 0 wrote to OUT (see :func:`rank_side`;
+    a fresh temporary directory, removed afterwards, is OUT's parent and is also passed as
+    ``SHARDWIRE_BENCH_DIR`` for scratch files)."""
     shardwire = str(Path(sys.executable).parent / "shardwire")
     with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
         out = Path(tmp) / "result.json"
@@ -57,7 +71,7 @@ def run_job(module: str, nproc: int, *args: str, timeout: float = 3600) -> Any:
             check=True,
             timeout=timeout,
             stdout=subprocess.DEVNULL,
-            env={**os.environ, "SHARDWIRE_BENCH_DIR": tmp},
+            env={**os.environ, **(env or {}), "SHARDWIRE_BENCH_DIR": tmp},
         )  # fmt: skip
         return json.loads(out.read_text())
 

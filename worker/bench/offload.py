@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shardwire.worker.bench import BenchmarkFailed
-from shardwire.worker.bench.jobs import parser, run_job
+from shardwire.worker.bench.jobs import parser, rank_side, run_job
 
 
 def _status_kib(field: str) -> int:
@@ -131,11 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--offload", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        from shardwire.worker import run
-
-        row = run(worker(args.mib, args.layers, args.steps, args.reduce_depth, args.offload))
-        if row is not None:
-            Path(args.worker).write_text(json.dumps(row))
+        rank_side(
+            args.worker, worker(args.mib, args.layers, args.steps, args.reduce_depth, args.offload)
+        )
         return
     rows = []
     for n in args.world:

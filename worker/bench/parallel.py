@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import parser, run_job
+from shardwire.worker.bench.jobs import parser, rank_side, run_job
 
 WIDTH, ROWS, STEPS = 512, 1024, 5
 LM: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
@@ -173,11 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        from shardwire.worker import run
-
-        row = run(worker(args.layers))
-        if row is not None:
-            Path(args.worker).write_text(json.dumps(row))
+        rank_side(args.worker, worker(args.layers))
         return
     if args.layers < 2 or args.layers % 2:
         p.error("--layers must be even (the interleaved schedule halves them)")
