@@ -356,7 +356,7 @@ class Checkpointer:
         shards: list[np.ndarray] = []
         state: list[dict[str, np.ndarray]] = []
         with store.PieceReader(path, manifest["nonce"]) as reader:
-            source = reshard.Source(reader, tensors, self._parts, self._slice)
+            source = reshard.Source(reader, reshard.Saved(tensors), self._parts, self._slice)
             for unit in self._fsdp.all_units():
                 shard = np.zeros_like(unit.shard)
                 fill(source, unit, "param:{}", shard)
@@ -370,9 +370,10 @@ class Checkpointer:
 
     def _check_model(self, manifest: dict[str, Any], known: set[str]) -> None:
         tensors = manifest["tensors"]
+        table = reshard.Saved(tensors)
         for unit in self._fsdp.all_units():
             for e in unit.layout.entries:
-                saved = reshard.saved_shape(tensors, f"param:{e.name}")
+                saved = table.shape(f"param:{e.name}")
                 if saved is None:
                     raise CheckpointError(f"the checkpoint has no parameter {e.name!r}")
                 part: Partition | None = self._parts.get(e.name)

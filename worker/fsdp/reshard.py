@@ -34,34 +34,62 @@ def base_of(key: str) -> str:
     return found.group(1) if found else key
 
 
-def slices(tensors: dict[str, Any], base: str) -> dict[int, dict[str, Any]]:
-    """The saved slices of ``base``, by slice index (empty if saved whole)."""
-    found = {}
-    for key, entry in tensors.items():
-        m = _SLICE.match(key)
-        if m and m.group(1) == base:
-            found[int(m.group(2))] = entry
-    return found
+class Saved:
+    """A checkpoint's tensor table (the manifest's ``tensors``), with each split tensor's
+    slices found once."""
 
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        self.tensors = tensors
+        self._slices: dict[str, dict[int, dict[str, Any]]] = {}
+        for key, entry in tensors.items():
+            found = _SLICE.match(key)
+            if found:
+                self._slices.setdefault(found.group(1), {})[int(found.group(2))] = entry
 
-def saved_partition(tensors: dict[str, Any], base: str) -> Partition | None:
-    """How ``base`` was split when saved (None: saved whole)."""
-    if base in tensors:
-        return None
-    found = slices(tensors, base)
-    return Partition(**next(iter(found.values()))["partition"]) if found else None
+    def slices(self, base: str) -> dict[int, dict[str, Any]]:
+        """The saved slices of ``base``, by slice index (empty if saved whole)."""
+        return self._slices.get(base, {})
 
+    def partition(self, base: str) -> Partition | None:
+        """How ``base`` was split when saved (None: saved whole, or not at all)."""
+        found = self.slices(base)
+        return Partition(**next(iter(found.values()))["partition"]) if found else None
 
-def saved_shape(tensors: dict[str, Any], base: str) -> tuple[tuple[int, ...], str] | None:
-    """The whole saved tensor's shape and dtype (None if the checkpoint lacks it)."""
-    if base in tensors:
-        return tuple(tensors[base]["shape"]), tensors[base]["dtype"]
-    found = slices(tensors, base)
-    if not found:
-        return None
-    entry = next(iter(found.values()))
-    part = Partition(**entry["partition"])
-    return part.full_shape(tuple(entry["shape"])), entry["dtype"]
+    def shape(self, base: str) -> tuple[tuple[int, ...], str] | None:
+        """The whole saved tensor's shape and dtype (None if the checkpoint lacks it)."""
+        if base in self.tensors:
+            return tuple(self.tensors[base]["shape"]), self.tensors[base]["dtype"]
+        found = self.slices(base)
+        if not found:
+            return None
+        entry = next(iter(found.values()))
+        return Partition(**entry["partition"]).full_shape(tuple(entry["shape"])), entry["dtype"]
+
+    def whole(self, reader: PieceReader, base: str) -> np.ndarray:
+        """The whole saved tensor ``base``, assembled from its slices if it was split."""
+        tensors = self.tensors
+        if base in tensors:
+            entry = tensors[base]
+            shape = tuple(entry["shape"])
+            return read_range(reader, base, entry, 0, math.prod(shape)).reshape(shape)
+        found = self.slices(base)
+        if not found:
+            raise CheckpointError(f"the checkpoint has no tensor {base!r}")
+        first = next(iter(found.values()))
+        part = Partition(**first["partition"])
+        if sorted(found) != list(range(part.of)):
+            raise CheckpointCorrupt(
+                f"{base}: slices {sorted(found)} of {part.of} were saved", tensor=base
+            )
+        full = np.empty(part.full_shape(tuple(first["shape"])), np.dtype(first["dtype"]))
+        for index, entry in found.items():
+            shape = tuple(entry["shape"])
+            key = slice_key(base, index)
+            local = read_range(reader, key, entry, 0, math.prod(shape)).reshape(shape)
+            at: list[Any] = [slice(None)] * full.ndim
+            at[part.axis] = part.indices(index)
+            full[tuple(at)] = local
+        return full
 
 
 def read_range(
@@ -84,57 +112,26 @@ def read_range(
     return out
 
 
-def whole(reader: PieceReader, tensors: dict[str, Any], base: str) -> np.ndarray:
-    """The whole saved tensor ``base``, assembled from its slices if it was split."""
-    if base in tensors:
-        entry = tensors[base]
-        shape = tuple(entry["shape"])
-        return read_range(reader, base, entry, 0, math.prod(shape)).reshape(shape)
-    found = slices(tensors, base)
-    if not found:
-        raise CheckpointError(f"the checkpoint has no tensor {base!r}")
-    first = next(iter(found.values()))
-    part = Partition(**first["partition"])
-    if sorted(found) != list(range(part.of)):
-        raise CheckpointCorrupt(
-            f"{base}: slices {sorted(found)} of {part.of} were saved", tensor=base
-        )
-    full = np.empty(part.full_shape(tuple(first["shape"])), np.dtype(first["dtype"]))
-    for index, entry in found.items():
-        shape = tuple(entry["shape"])
-        key = slice_key(base, index)
-        local = read_range(reader, key, entry, 0, math.prod(shape)).reshape(shape)
-        at: list[Any] = [slice(None)] * full.ndim
-        at[part.axis] = part.indices(index)
-        full[tuple(at)] = local
-    return full
-
-
 class Source:
     """Reads this rank's values of saved tensors, whatever tensor-parallel split they
     were saved with. ``mine``: how this rank's model splits its parameters (by name);
     ``index``: this rank's slice."""
 
     def __init__(
-        self,
-        reader: PieceReader,
-        tensors: dict[str, Any],
-        mine: dict[str, Partition],
-        index: int,
+        self, reader: PieceReader, saved: Saved, mine: dict[str, Partition], index: int
     ) -> None:
-        self.reader, self.tensors, self.mine, self.index = reader, tensors, mine, index
+        self.reader, self.saved, self.mine, self.index = reader, saved, mine, index
 
     def values(self, base: str, name: str, start: int, count: int) -> np.ndarray:
         """Values ``start``..``start + count`` of this rank's ``base`` (``param:NAME`` or
         ``optim:SLOT:NAME``; ``name`` is the parameter's)."""
-        part = self.mine.get(name)
-        saved = saved_partition(self.tensors, base)
-        if part is None and saved is None and base in self.tensors:
-            return read_range(self.reader, base, self.tensors[base], start, count)
-        if part is not None and saved == part:
+        part, tensors = self.mine.get(name), self.saved.tensors
+        if part is None and base in tensors:
+            return read_range(self.reader, base, tensors[base], start, count)
+        if part is not None and self.saved.partition(base) == part:
             key = slice_key(base, self.index)
-            return read_range(self.reader, key, self.tensors[key], start, count)
-        full = whole(self.reader, self.tensors, base)
+            return read_range(self.reader, key, tensors[key], start, count)
+        full = self.saved.whole(self.reader, base)
         if part is not None:
             full = np.take(full, part.indices(self.index), axis=part.axis)
         return np.ascontiguousarray(full).reshape(-1)[start : start + count]

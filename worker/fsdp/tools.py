@@ -69,12 +69,13 @@ def consolidate(path: Path, manifest: dict[str, Any], out: Path) -> int:
     """Write the full parameters as one safetensors file; returns the bytes written."""
     tensors = manifest["tensors"]
     params = sorted({reshard.base_of(k) for k in tensors if k.startswith("param:")})
+    saved = reshard.Saved(tensors)
     partial = out.with_name(out.name + ".partial")
     with store.PieceReader(path, manifest["nonce"]) as reader:
         specs = []
         for base in params:  # a split parameter is assembled from its slices
-            shape, dtype = reshard.saved_shape(tensors, base) or ((), "")
-            read = functools.partial(reshard.whole, reader, tensors, base)
+            shape, dtype = saved.shape(base) or ((), "")
+            read = functools.partial(saved.whole, reader, base)
             specs.append(tensorfile.Spec(base.removeprefix("param:"), np.dtype(dtype), shape, read))
         ranges = tensorfile.write(partial, specs, metadata={"step": str(manifest["step"])})
     os.replace(partial, out)
