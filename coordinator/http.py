@@ -179,6 +179,14 @@ class _Metrics(Collector):
             "The generation being formed or running (1 until the first restart)",
             value=reply.generation,
         )
+        beats = CounterMetricFamily(
+            "shardwire_heartbeats",
+            "Heartbeats applied, by how they came: from the worker, or batched by its node agent",
+            labels=["via"],
+        )
+        for via, count in self._rdzv.beats_via.items():
+            beats.add_metric([via], count)
+        yield beats
         restarts = CounterMetricFamily(
             "shardwire_restarts", "Failures answered with a restart of the job"
         )

@@ -51,6 +51,8 @@ class Lifecycle:
     _beats: dict[ConnId, None] = field(default_factory=dict)  # oldest heartbeat first
     _members: list[Member] = field(default_factory=list)  # the formed generation's, by rank
     _by_rank: dict[int, Worker] = field(default_factory=dict)  # its workers, by rank
+    # a forming generation's workers that asked for a rank (as an agent's do), by it
+    _requested: dict[int, Worker] = field(default_factory=dict)
     _left: int = 0  # its workers that left cleanly
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
@@ -212,6 +214,7 @@ class Lifecycle:
         self._joins = JoinIndex()
         self._members = []
         self._by_rank = {}
+        self._requested = {}
         self._world = None
         return actions + self._advance(self._now)
 

@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwire.coordinator.diagnosis import Inquest
-from shardwire.coordinator.forming import agreement_problem, placements, stall_text
-from shardwire.coordinator.lifecycle import Lifecycle
+from shardwire.coordinator.forming import agreement_problem, placements
 from shardwire.coordinator.links import LinkTable
+from shardwire.coordinator.liveness import Liveness
 from shardwire.coordinator.membership import (
     JoinIndex,
     Shape,
@@ -50,7 +50,6 @@ from shardwire.coordinator.state import (
     Close,
     ConnId,
     JobState,
-    Notice,
     RankState,
     Send,
     Worker,
@@ -64,7 +63,6 @@ from shardwire.protocol.messages import (
     Diagnosis,
     Failure,
     Finished,
-    Heartbeat,
     Join,
     Leave,
     NodeJoin,
@@ -74,7 +72,7 @@ from shardwire.protocol.placement import PeerPage, PeerQuery
 
 
 @dataclass
-class Rendezvous(Lifecycle):
+class Rendezvous(Liveness):
     """One job's membership, rank assignment and liveness, generation after generation."""
 
     def _admit(
@@ -147,8 +145,10 @@ class Rendezvous(Lifecycle):
             code, text = problem
             return refuse(conn, code, text)
         host = msg.listen_host or peer_host
-        self._workers[conn] = Worker(conn, msg, host, now)
+        worker = self._workers[conn] = Worker(conn, msg, host, now)
         self._joins.add(msg, shape.local_world_size)
+        if msg.requested_rank is not None:  # its agent may beat for it before it forms
+            self._requested[msg.requested_rank] = worker
         self._event(
             f"worker joined from {host} (node {msg.node_id!r}, local rank {msg.local_rank})", now
         )
@@ -179,6 +179,7 @@ class Rendezvous(Lifecycle):
         )
         self._members, actions = placements(self._workers.values(), shape, self.generation)
         self._by_rank = {w.rank: w for w in self._workers.values()}
+        self._requested = {}
         if self._may_grow() and any(a.node_rank is None for a in self._agents.values()):
             # a node arrived while this generation formed: take it in with the next one
             late = next(a for a in self._agents.values() if a.node_rank is None)
@@ -195,31 +196,6 @@ class Rendezvous(Lifecycle):
             return refuse(conn, "bad_request", f"asked for ranks beyond the world of {world}")
         members = [self._members[r] for r in msg.ranks]
         return [Send(conn, PeerPage(generation=self.generation, members=members))]
-
-    def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
-        worker = self._workers.get(conn)
-        self._now = now
-        if worker is None:
-            return []
-        worker.last_seen = now
-        self._beats.pop(conn, None)
-        self._beats[conn] = None  # now the newest
-        if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
-            self.losses.append((msg.step, msg.loss))
-        if msg.timings or msg.links:
-            self.stragglers.add(worker.rank, msg.timings)
-            self.links.add(worker.rank, msg.links)
-            msg = msg.model_copy(update={"timings": [], "links": []})
-        before, worker.progress = worker.progress, msg
-        return self._stall_notice(worker, before)
-
-    def _stall_notice(self, worker: Worker, before: Heartbeat) -> list[Action]:
-        who = f"rank {worker.rank}" if worker.rank >= 0 else f"worker on {worker.join.node_id}"
-        text = stall_text(who, before, worker.progress)
-        if text is None:
-            return []
-        self._event(text)
-        return [Notice(text)]
 
     def report_failure(self, conn: ConnId, msg: Failure, now: float) -> list[Action]:
         worker = self._workers.get(conn)
@@ -301,6 +277,9 @@ class Rendezvous(Lifecycle):
         if self.state is JobState.WAITING:
             del self._workers[conn]
             self._joins.remove(worker.join, worker.join.local_world_size)
+            asked = worker.join.requested_rank
+            if asked is not None and self._requested.get(asked) is worker:
+                del self._requested[asked]
             return []
         worker.connected = False
         if self.inquest is not None:
@@ -328,32 +307,6 @@ class Rendezvous(Lifecycle):
             return []
         return self._silent(now)
 
-    def _silent(self, now: float) -> list[Action]:
-        """Fail the lowest rank among those whose heartbeat is overdue; looks only at the
-        oldest heartbeats (the head of ``_beats``), not at every worker."""
-        limit, overdue, gone = self.config.heartbeat_timeout, [], []
-        for conn in self._beats:
-            w = self._workers.get(conn)
-            if w is None or w.state is not RankState.RUNNING:
-                gone.append(conn)
-            elif now - w.last_seen > limit:
-                overdue.append(w)
-            else:
-                break
-        for conn in gone:
-            del self._beats[conn]
-        if not overdue:
-            return []
-        w = min(overdue, key=lambda w: w.rank)
-        silent = now - w.last_seen
-        return self._fail(w, f"no heartbeat for {silent:.1f} s (hung or partitioned)")
-
-    def _fail(self, worker: Worker, reason: str, traceback: str = "") -> list[Action]:
-        worker.state = RankState.FAILED
-        if self.state is not JobState.RUNNING:
-            return []
-        return self._abort(worker.rank, reason, traceback)
-
     def _join_timeout(self) -> list[Action]:
         message = f"join timeout after {self.config.join_timeout:g} s: {self.missing()}"
         self._event(message)
@@ -364,6 +317,7 @@ class Rendezvous(Lifecycle):
         self._joins = JoinIndex()
         self._members = []
         self._by_rank = {}
+        self._requested = {}
         self._agents.clear()
         self._deadline = None
         self._last_call = None

@@ -1,8 +1,9 @@
 """asyncio shell around :class:`Rendezvous`: moves bytes, runs the liveness clock.
 
-Each connection: authenticated handshake (bounded), then control messages fed to the
-state machine, whose actions are written back. A malformed or hostile connection gets a
-typed error and is closed; everyone else keeps being served.
+Each connection (:class:`~shardwire.coordinator.connection.ControlConnection`, an
+asyncio protocol): authenticated handshake (bounded), then control messages fed to the
+state machine as they arrive, whose actions are written back. A malformed or hostile
+connection gets a typed error and is closed; everyone else keeps being served.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import itertools
 import logging
 import ssl
 import time
-from collections import deque
 from dataclasses import dataclass
 
+from shardwire.coordinator.connection import ControlConnection
 from shardwire.coordinator.refusals import RefusalLog
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import (
@@ -25,19 +26,8 @@ from shardwire.coordinator.state import (
     RendezvousConfig,
     Send,
 )
-from shardwire.protocol import (
-    HANDSHAKE_LIMITS,
-    SMALL_STAGE,
-    Frame,
-    FrameDecoder,
-    Limits,
-    ProtocolError,
-    ServerHandshake,
-    Token,
-    VersionMismatch,
-    frame_message,
-    message_bytes,
-)
+from shardwire.protocol import Token, message_bytes
+from shardwire.protocol.beats import NodeBeat
 from shardwire.protocol.clock import ClockQuery, ClockReply
 from shardwire.protocol.messages import (
     DiagnoseReply,
@@ -55,11 +45,7 @@ from shardwire.protocol.placement import PeerQuery
 
 log = logging.getLogger("shardwire.coordinator")
 
-# Control frames are small; this keeps a hostile client from making the coordinator hold
-# more than 64 KiB per connection.
-_CONTROL_LIMITS = Limits(max_payload=0)
-_READ_CHUNK = 64 * 1024
-_CLOSE_GRACE = 2.0  # seconds connection handlers get to end by themselves on close
+_CLOSE_GRACE = 2.0  # seconds the listener gets to close
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,39 +60,9 @@ class ServerConfig:
     tls: ssl.SSLContext | None = None  # mutual TLS on the listener, or plain TCP
 
 
-# Sent, pre-encoded, to a connection over max_unauthenticated; its client retries.
-_BUSY = message_bytes(
-    Error(code="busy", message="the coordinator is busy with other handshakes; retry")
-)
 # Accept queue: a burst of a thousand joiners must not meet a full queue (the kernel
 # caps it at net.core.somaxconn).
 BACKLOG = 4096
-
-
-class _Conn:
-    """One client's stream plus its frame decoder."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.reader = reader
-        self.writer = writer
-        # Handshake limits and a small stage until the client is authenticated.
-        self.decoder = FrameDecoder(limits=HANDSHAKE_LIMITS, stage_bytes=SMALL_STAGE)
-        self.frames: deque[Frame] = deque()
-        peer = writer.get_extra_info("peername") or ("", 0)
-        self.peer_host = str(peer[0])
-
-    async def recv(self) -> Message:
-        while not self.frames:
-            data = await self.reader.read(_READ_CHUNK)
-            if not data:
-                raise ConnectionResetError("connection closed by peer")
-            self.frames.extend(self.decoder.feed(data))
-        return frame_message(self.frames.popleft())
-
-    def send(self, msg: Message, data: bytes | None = None) -> None:
-        """Write ``msg`` (``data``: its encoding, when the caller has it already)."""
-        if not self.writer.is_closing():
-            self.writer.write(message_bytes(msg) if data is None else data)
 
 
 class CoordinatorServer:
@@ -117,9 +73,8 @@ class CoordinatorServer:
         self._token = token
         self._clock = clock
         self.rendezvous = Rendezvous(config.rendezvous)
-        self._conns: dict[int, _Conn] = {}
+        self._conns: dict[int, ControlConnection] = {}  # authenticated, by id
         self._ids = itertools.count(1)
-        self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.done = asyncio.Event()
@@ -131,8 +86,9 @@ class CoordinatorServer:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         tls = self._config.tls
-        self._server = await asyncio.start_server(
-            self._on_connect,
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._connection,
             host,
             port,
             ssl=tls,
@@ -143,23 +99,23 @@ class CoordinatorServer:
         self._ticker = asyncio.create_task(self._tick_loop(), name="coordinator-ticker")
         return self.address
 
-    async def aclose(self) -> None:
-        """Stop listening, end every connection and the ticker; re-raise a ticker error.
+    def _connection(self) -> ControlConnection:
+        cfg = self._config
+        return ControlConnection(
+            self,
+            self._token,
+            handshake_timeout=cfg.handshake_timeout,
+            idle_timeout=cfg.idle_timeout,
+        )
 
-        Connections are closed first, so their handlers see end-of-stream and return
-        on their own; only a handler that does not within the grace period is cancelled.
-        """
+    async def aclose(self) -> None:
+        """Stop listening, close every connection and end the ticker; re-raise a ticker
+        error."""
         self._closing = True
         if self._server is not None:
             self._server.close()
-        for conn in self._conns.values():
-            conn.writer.close()
-        handlers = list(self._tasks)
-        if handlers:
-            _done, late = await asyncio.wait(handlers, timeout=_CLOSE_GRACE)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        for conn in list(self._conns.values()):
+            conn.close()
         self._conns.clear()
         ticker_error: BaseException | None = None
         if self._ticker is not None:
@@ -197,80 +153,53 @@ class CoordinatorServer:
                     log.info("%s", text)
                 case Send(conn=conn_id, msg=msg) if conn_id in self._conns:
                     if isinstance(msg, Error):
-                        self._refused(self._conns[conn_id].peer_host, msg.code, msg.message)
+                        self.refused(self._conns[conn_id].peer_host, msg.code, msg.message)
                     known = encoded.get(id(msg))
                     if known is None or known[0] is not msg:  # held: its id is not reused
                         known = encoded[id(msg)] = (msg, message_bytes(msg))
                     self._conns[conn_id].send(msg, known[1])
                 case Close(conn=conn_id) if conn_id in self._conns:
-                    self._conns[conn_id].writer.close()
+                    self._conns[conn_id].close()
         if self.rendezvous.state in (JobState.FINISHED, JobState.FAILED):
             self.done.set()
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)  # owned: cancelled and awaited by aclose()
-        conn_id = next(self._ids)
-        conn = _Conn(reader, writer)
-        try:
-            await self._serve(conn_id, conn)
-        except VersionMismatch as exc:
-            conn.send(Error(code="version", message=str(exc)))
-        except ProtocolError as exc:
-            self._refused(conn.peer_host, "bad_request", str(exc))
-            conn.send(Error(code="bad_request", message=str(exc)))
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            # Cancelled by aclose() only. asyncio's start_server callback (3.11) reports a
-            # cancelled handler as an unhandled error, so the handler ends normally here.
-            if not self._closing:
-                raise
-        finally:
-            self._conns.pop(conn_id, None)
-            self._apply(self.rendezvous.disconnected(conn_id))
-            writer.close()
-            self._tasks.discard(task)
+    # ---- what a connection asks of its server (connection.Host) -----------------------
 
-    async def _serve(self, conn_id: int, conn: _Conn) -> None:
-        if self._unauthenticated >= self._config.max_unauthenticated:
-            # over the limit: told so and closed on arrival, before any buffer is filled;
-            # a worker retries (a burst of joiners is normal, not an attack)
-            conn.writer.write(_BUSY)
-            return
+    def admit(self) -> int | None:
+        """A new connection's id, or None if the handshake slots are all taken (a burst
+        of joiners is normal, not an attack: a worker told "busy" retries)."""
+        if self._closing or self._unauthenticated >= self._config.max_unauthenticated:
+            return None
         self._unauthenticated += 1
-        try:
-            async with asyncio.timeout(self._config.handshake_timeout):
-                hello = await self._handshake(conn)
-        finally:
+        return next(self._ids)
+
+    def authenticated(self, conn: ControlConnection) -> None:
+        self._unauthenticated -= 1
+        self._conns[conn.id] = conn
+
+    def received(self, conn: ControlConnection, msg: Message) -> None:
+        if not self._closing:
+            self._apply(self._dispatch(conn.id, conn, msg))
+
+    def watched(self, conn: ControlConnection) -> bool:
+        """Whether a quiet connection stays open: a running worker, whose heartbeats its
+        node's agent may carry (its liveness is watched by those)."""
+        return self.rendezvous.beating(conn.id)
+
+    def lost(self, conn: ControlConnection, authenticated: bool) -> None:
+        if not authenticated:
             self._unauthenticated -= 1
-        if hello is None:
             return
-        conn.decoder.upgrade(_CONTROL_LIMITS, stage_bytes=SMALL_STAGE)  # grows on demand
-        self._conns[conn_id] = conn
-        while not conn.writer.is_closing():
-            async with asyncio.timeout(self._config.idle_timeout):
-                msg = await conn.recv()
-            self._apply(self._dispatch(conn_id, conn, msg))
+        self._conns.pop(conn.id, None)
+        if not self._closing:
+            self._apply(self.rendezvous.disconnected(conn.id))
 
-    async def _handshake(self, conn: _Conn) -> Hello | None:
-        shake = ServerHandshake(self._token, accept=self._accept)
-        while not shake.done:
-            reply = shake.receive(await conn.recv())
-            conn.send(reply)
-            if isinstance(reply, Error):
-                self._refused(conn.peer_host, reply.code, reply.message)
-                await conn.writer.drain()
-                return None
-        return shake.hello
-
-    def _refused(self, peer: str, code: str, message: str) -> None:
+    def refused(self, peer: str, code: str, message: str) -> None:
         line = self._refusals.line(peer, code, message, self._clock())
         if line is not None:
             log.warning("%s", line)
 
-    def _accept(self, hello: Hello) -> Error | None:
+    def hello(self, hello: Hello) -> Error | None:
         expected = self._config.rendezvous.run_id
         if hello.run_id != expected:
             return Error(
@@ -290,7 +219,7 @@ class CoordinatorServer:
             )
         return None
 
-    def _dispatch(self, conn_id: int, conn: _Conn, msg: Message) -> list[Action]:
+    def _dispatch(self, conn_id: int, conn: ControlConnection, msg: Message) -> list[Action]:
         now = self._clock()
         rdzv = self.rendezvous
         match msg:
@@ -300,6 +229,8 @@ class CoordinatorServer:
                 return rdzv.node_join(conn_id, msg, now)
             case Heartbeat():
                 return rdzv.heartbeat(conn_id, msg, now)
+            case NodeBeat():
+                return rdzv.node_beat(conn_id, msg, now)
             case Failure():
                 return rdzv.report_failure(conn_id, msg, now)
             case DiagnoseReply():

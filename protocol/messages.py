@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
 
+from shardwire.protocol.beats import Heartbeat, NodeBeat, Progress, RankBeat
 from shardwire.protocol.clock import ClockQuery, ClockReply
 from shardwire.protocol.errors import ProtocolError
 from shardwire.protocol.fields import Cause, Hex, Rank, Reason, Size, Str, Text, Trace
 from shardwire.protocol.fields import Msg as _Msg
-from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
 from shardwire.protocol.placement import PeerPage, PeerQuery, Placement
 
 
@@ -144,35 +144,6 @@ class Finished(_Msg):
     generation: int
 
 
-class _Progress(_Msg):
-    """A worker's training progress, as it reports it and as status views show it.
-
-    ``busy_s`` is how long the worker's event loop has not run (0 unless that exceeds the
-    stall-warning threshold); ``busy_at`` and ``busy_stack`` say where its main thread is.
-    A busy worker is reported, never failed: its heartbeats come from another thread.
-    """
-
-    step: int = 0
-    samples_per_s: float = 0.0
-    loss: float | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    busy_s: float = 0.0
-    busy_at: Str = ""
-    busy_stack: Text = ""
-
-
-class Heartbeat(_Progress):
-    """Liveness signal, with the worker's progress for status reporting, the
-    collectives it ended since its last heartbeat: (group id, group size, sequence,
-    microseconds from its start to its end), for straggler attribution, and its peer
-    links that moved since then."""
-
-    kind: Literal["heartbeat"] = "heartbeat"
-    timings: Annotated[list[tuple[int, int, int, int]], Field(max_length=512)] = []
-    links: Annotated[list[LinkReport], Field(max_length=LINKS_PER_BEAT)] = []
-
-
 STATUS_PAGE = 200  # rank rows per status reply (about 40 KB: inside a control frame)
 
 
@@ -185,7 +156,7 @@ class StatusRequest(_Msg):
     limit: Annotated[int, Field(ge=1, le=STATUS_PAGE)] = STATUS_PAGE
 
 
-class RankStatus(_Progress):
+class RankStatus(Progress):
     """One row of a status reply."""
 
     rank: int
@@ -352,6 +323,8 @@ Message = Annotated[
     | ClockQuery
     | ClockReply
     | Heartbeat
+    | RankBeat
+    | NodeBeat
     | StatusRequest
     | StatusReply
     | Failure

@@ -96,7 +96,11 @@ class Session:
             generation=cfg.generation,
             links=mesh.traffic.report,
         )
-        await control.connect(*cfg.coordinator, timeout=cfg.join_timeout)
+        # under a node agent (which always gives the rank): heartbeats batched per node
+        relay = None
+        if cfg.agent_beats and cfg.rank is not None:
+            relay = (cfg.agent_beats, cfg.rank, cfg.generation)
+        await control.connect(*cfg.coordinator, timeout=cfg.join_timeout, relay=relay)
         place = await control.join(
             Join(
                 world_size=cfg.world_size,

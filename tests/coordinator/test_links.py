@@ -13,7 +13,8 @@ from shardwire.coordinator import Rendezvous, RendezvousConfig
 from shardwire.coordinator.http import METRICS_LINKS, StatusHTTP, _Metrics
 from shardwire.coordinator.links import TIMED_MIN, LinkTable, describe
 from shardwire.coordinator.views import links_json, status_reply
-from shardwire.protocol.messages import Heartbeat, Join, LinkReport
+from shardwire.protocol.links import LinkReport
+from shardwire.protocol.messages import Heartbeat, Join
 from shardwire.worker import init
 from tests.worker.cluster import coordinator, worker_config
 

@@ -209,14 +209,18 @@ async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() 
         await server.aclose()
 
 
-def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
+async def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
     from shardwire.coordinator import CoordinatorServer, RendezvousConfig, Send, ServerConfig
     from shardwire.coordinator import server as module
+    from shardwire.coordinator.connection import ControlConnection
     from shardwire.protocol.messages import Abort
 
-    class Writer:
+    class Transport:  # what asyncio hands a protocol; keeps what is written
         def __init__(self) -> None:
             self.data: list[bytes] = []
+
+        def get_extra_info(self, _name: str):
+            return ("127.0.0.1", 1)
 
         def is_closing(self) -> bool:
             return False
@@ -224,19 +228,25 @@ def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
         def write(self, data: bytes) -> None:
             self.data.append(data)
 
+        def close(self) -> None:
+            self.closed = True
+
     server = CoordinatorServer(ServerConfig(RendezvousConfig(run_id="test", world_size=1)), TOKEN)
-    writers = [Writer() for _ in range(1000)]
-    for i, writer in enumerate(writers):
-        conn = object.__new__(module._Conn)
-        conn.writer, conn.peer_host = writer, "127.0.0.1"
-        server._conns[i] = conn
+    transports = [Transport() for _ in range(1000)]
+    ids = []
+    for transport in transports:
+        conn = ControlConnection(server, TOKEN, handshake_timeout=60, idle_timeout=60)
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        server.authenticated(conn)  # as after its handshake
+        ids.append(conn.id)
     calls = []
     encode = module.message_bytes
     monkeypatch.setattr(module, "message_bytes", lambda m: calls.append(m) or encode(m))
     abort = Abort(rank=3, reason="rank 3 failed", stacks="x" * 8000)
-    server._apply([Send(i, abort) for i in range(1000)])
+    server._apply([Send(i, abort) for i in ids])
     assert len(calls) == 1
-    assert all(w.data == [encode(abort)] for w in writers)
+    assert all(t.data == [encode(abort)] for t in transports)
+    await server.aclose()
 
 
 async def _join_all(server, world: int, lws: int, prefix: str) -> tuple[list[RawClient], list]:

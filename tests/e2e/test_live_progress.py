@@ -1,6 +1,6 @@
 """The status views move while a job runs: between two of the script's log points, the
 coordinator's step, samples/s and loss curve (what the status page draws and /metrics
-exports) advance every second."""
+exports) advance every second, carried by the node agent's batched heartbeats."""
 
 from __future__ import annotations
 
@@ -63,6 +63,9 @@ async def test_step_and_loss_advance_between_log_points(tmp_path) -> None:
         metrics = await asyncio.to_thread(_get, base + "metrics")
         (step_max,) = re.findall(r"^shardwire_step_max (\S+)$", metrics, re.M)
         assert float(step_max) >= s3
+        # the node agent carried the workers' heartbeats and progress, every one of them
+        via = dict(re.findall(r'^shardwire_heartbeats_total\{via="(\w+)"\} (\S+)$', metrics, re.M))
+        assert float(via["agent"]) >= 2 * 4 and float(via["worker"]) == 0, via
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()

@@ -24,6 +24,7 @@ async def coordinator(
     diagnose_timeout: float = 3.0,
     tls: ssl.SSLContext | None = None,
     max_restarts: int | None = None,
+    idle_timeout: float = 60.0,
 ) -> AsyncIterator[CoordinatorServer]:
     server = CoordinatorServer(
         ServerConfig(
@@ -36,6 +37,7 @@ async def coordinator(
                 max_restarts=max_restarts,
             ),
             tick_interval=0.05,
+            idle_timeout=idle_timeout,
             tls=tls,
         ),
         token,

@@ -10,7 +10,7 @@ from shardwire.worker.bench.rendezvous import main, measure
 
 def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
     result = measure(64, 2, 8, beat_window=1.0)
-    assert result["workers"] == 64 and result["processes"] == 2
+    assert result["workers"] == 64 and result["processes"] == 2 and result["agents"]
     assert result["coordinator_exit"] == 0  # every simulated worker held all and left
     assert 0 < result["join_p50_s"] <= result["join_p99_s"] <= result["rendezvous_s"]
     assert result["coordinator_cpu_s"] > 0 and result["coordinator_peak_rss_mib"] > 10
@@ -21,6 +21,9 @@ def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
     assert "| 24 |" in capsys.readouterr().out
     written = json.loads(out.read_text())[0]
     assert written["workers"] == 24 and "heartbeat_cpu_share" in written
+    assert written["agents"] is True
+    assert main([*args, "--direct", "--json", str(out)]) == 0  # no agents: beats direct
+    assert json.loads(out.read_text())[0]["agents"] is False
 
 
 def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts() -> None:

@@ -1,13 +1,17 @@
 """``shardwire bench rendezvous``: how fast a coordinator admits a job of N workers.
 
     shardwire bench rendezvous [--workers 1000] [--processes 4] [--per-node 8]
-                               [--beat-window 5] [--json OUT]
+                               [--beat-window 5] [--direct] [--json OUT]
 
 A real coordinator runs as its own process (``python -m shardwire.coordinator``); the
 workers are simulated by ``--processes`` client processes, each running its share of
-the workers as real control clients in one event loop: handshake, join, placement, then
-one lookup of the addresses of the peers a ring and a hypercube connect it to (the
-neighbours its collectives use). Each simulated worker times its own join, from
+the nodes in one event loop: a node agent (a real control client that joins for its
+node and forwards its workers' heartbeats from its local socket, as ``shardwire
+worker`` does), then the node's workers as real control clients: handshake, join,
+placement, heartbeats through the agent, then one lookup of the addresses of the peers
+a ring and a hypercube connect it to (the neighbours its collectives use). With
+``--direct`` there are no agents and every worker heartbeats the coordinator itself (as
+under ``srun -n N shardwire run``). Each simulated worker times its own join, from
 dialling to holding those addresses; then all leave cleanly and the coordinator exits.
 Printed and written as JSON:
 
@@ -51,30 +55,53 @@ def neighbours(rank: int, world: int) -> list[int]:
     return sorted(p for p in near if p != rank and p < world)
 
 
-async def _workers(port: int, first: int, count: int, world: int, lws: int) -> None:
-    """Run workers ``first`` .. ``first + count - 1`` and print their join times (the
-    token comes in SHARDWIRE_TOKEN, never on a command line)."""
-    token = os.environ["SHARDWIRE_TOKEN"]
+async def _workers(
+    port: int, first: int, count: int, world: int, lws: int, *, agents: bool
+) -> None:
+    """Run workers ``first`` .. ``first + count - 1`` (with their nodes' agents when
+    ``agents``: whole nodes) and print when the first dialled and each one's join times
+    (the token comes in SHARDWIRE_TOKEN, never on a command line)."""
     from shardwire.protocol import Token
-    from shardwire.protocol.messages import Join
+    from shardwire.protocol.messages import Join, NodeJoin
+    from shardwire.protocol.nofile import ensure_nofile
+    from shardwire.worker.runtime.beats import BeatRelay, NodeBeats
     from shardwire.worker.runtime.control import ControlClient
 
-    clients = [
-        ControlClient(token=Token(token), run_id="bench", role="worker") for _ in range(count)
-    ]
+    token = Token(os.environ["SHARDWIRE_TOKEN"])
+    ensure_nofile(4 * count + 256, "the simulated workers", strict=False)  # + agent sockets
+    clients = [ControlClient(token=token, run_id="bench", role="worker") for _ in range(count)]
+    nodes = range(first // lws, (first + count) // lws) if agents else range(0)
+    agent_of = {k: ControlClient(token=token, run_id="bench", role="agent") for k in nodes}
+    beats = {k: NodeBeats(agent_of[k].send, interval=1.0) for k in nodes}
+    ready: dict[int, asyncio.Future[tuple[int, int, str]]] = {}
+    first_dial = time.time()
+
+    async def agent(k: int) -> tuple[int, int, str]:
+        """As ``shardwire worker``: join for the node, then its processes start."""
+        await agent_of[k].connect("127.0.0.1", port, timeout=_TIMEOUT)
+        path = await beats[k].start()
+        join = NodeJoin(world_size=world, node_id=f"node-{k:06d}", local_world_size=lws,
+                        node_index=k)  # fmt: skip
+        assignment = await agent_of[k].node_join(join, timeout=_TIMEOUT)
+        return assignment.node_rank, assignment.generation, path
 
     async def one(i: int) -> tuple[float, float]:
-        rank = first + i
+        node = (first + i) // lws
+        node_rank, generation, path = await ready[node] if agents else (-1, 0, "")
+        asked = node_rank * lws + (first + i) % lws if agents else None  # its RANK
         start = time.time()
         client = clients[i]
         await client.connect("127.0.0.1", port, timeout=_TIMEOUT)
-        client.start_heartbeats(1.0)  # from the connection on, as a worker's control thread
+        if asked is not None:  # as a worker's control thread: beats through its agent
+            client.relay(await BeatRelay.open(path, asked, generation, timeout=60))
+        client.start_heartbeats(1.0)  # from the connection on
         msg = Join(
             world_size=world,
-            node_id=f"node-{rank // lws:06d}",
-            local_rank=rank % lws,
+            node_id=f"node-{node:06d}",
+            local_rank=(first + i) % lws,
             local_world_size=lws,
-            listen_port=10000 + rank % 50000,
+            listen_port=10000 + (first + i) % 50000,
+            requested_rank=asked,
         )
         place = await client.join(msg, timeout=_TIMEOUT)
         members = await client.peers(neighbours(place.rank, world), timeout=_TIMEOUT)
@@ -83,14 +110,21 @@ async def _workers(port: int, first: int, count: int, world: int, lws: int) -> N
         return start, done
 
     try:
+        for k in nodes:
+            ready[k] = asyncio.ensure_future(agent(k))
         times = await asyncio.gather(*(one(i) for i in range(count)))
-        print(json.dumps(times), flush=True)
-        sys.stdin.readline()  # the driver says when every worker has its peers
+        print(json.dumps({"first": first_dial, "joins": times}), flush=True)
+        # the driver says when the beat window is over; read off the loop, so the
+        # workers keep heartbeating meanwhile (the window measures exactly that)
+        await asyncio.to_thread(sys.stdin.readline)
         for client in clients:
             client.leave()
     finally:
         for client in clients:
             await client.aclose()
+        for k in nodes:
+            await beats[k].aclose()
+            await agent_of[k].aclose()
 
 
 def _proc_stats(pid: int) -> tuple[float, float]:
@@ -105,9 +139,12 @@ def _proc_stats(pid: int) -> tuple[float, float]:
     return cpu, hwm
 
 
-def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) -> dict:
-    """One run: a coordinator and ``processes`` client processes for ``workers``; then
-    ``beat_window`` seconds of every worker heartbeating."""
+def measure(
+    workers: int, processes: int, lws: int, beat_window: float = 5.0, *, agents: bool = True
+) -> dict:
+    """One run: a coordinator and ``processes`` client processes for ``workers`` (with an
+    agent per node that batches its workers' heartbeats, unless ``agents`` is False);
+    then ``beat_window`` seconds of every worker heartbeating."""
     if workers < 1 or workers % lws:
         raise InvalidArgument(f"{workers} workers do not fill nodes of {lws}")
     token = secrets.token_hex(16)
@@ -123,7 +160,7 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
         clients: list[subprocess.Popen] = []
         try:
             port = coordinator_port(port_file, coordinator)
-            share = -(-workers // processes)
+            share = -(-workers // lws // processes) * lws  # whole nodes per process
             for first in range(0, workers, share):
                 count = min(share, workers - first)
                 clients.append(
@@ -138,6 +175,7 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
                             str(count),
                             str(workers),
                             str(lws),
+                            "agents" if agents else "direct",
                         ],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
@@ -146,12 +184,15 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
                     )  # fmt: skip
                 )
             times: list[tuple[float, float]] = []
+            firsts: list[float] = []
             for client in clients:
                 assert client.stdout is not None
                 line = client.stdout.readline()
                 if not line:
                     raise BenchmarkFailed(f"a client process failed (exit {client.wait(60)})")
-                times += [tuple(t) for t in json.loads(line)]
+                report = json.loads(line)
+                firsts.append(report["first"])
+                times += [tuple(t) for t in report["joins"]]
             cpu, rss = _proc_stats(coordinator.pid)
             # every worker now heartbeats once a second: what that costs the coordinator
             time.sleep(beat_window)
@@ -164,6 +205,9 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
                 client.wait(timeout=_TIMEOUT)
             coordinator.wait(timeout=60)
             log = (Path(tmp) / "log").read_text().strip().splitlines()
+            if coordinator.returncode != 0:  # figures of a failed job would mislead
+                last = log[-1] if log else "no log"
+                raise BenchmarkFailed(f"the job failed ({coordinator.returncode}): {last}")
         finally:
             for proc in [*clients, coordinator]:
                 if proc.poll() is None:
@@ -173,7 +217,9 @@ def measure(workers: int, processes: int, lws: int, beat_window: float = 5.0) ->
     return {
         "workers": workers,
         "processes": len(clients),
-        "rendezvous_s": max(e for _, e in times) - min(s for s, _ in times),
+        "agents": agents,
+        # from the first dial (an agent's, where they run) to the last worker placed
+        "rendezvous_s": max(e for _, e in times) - min([*firsts, *(s for s, _ in times)]),
         "join_p50_s": statistics.median(joins),
         "join_p99_s": joins[min(len(joins) - 1, int(0.99 * len(joins)))],
         "coordinator_cpu_s": cpu,
@@ -192,9 +238,22 @@ def main(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--workers", type=int, nargs="+", default=[1000])
-    p.add_argument("--processes", type=int, default=4, help="client processes")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=4,
+        help="client processes (one that simulates too many workers for its share of the "
+        "CPUs delays their heartbeats past the coordinator's limit: the job then fails, as "
+        "it should, and so does the run; 4 carry 10,000 workers on 2 cores)",
+    )
     p.add_argument("--per-node", type=int, default=8, help="simulated workers per node")
     p.add_argument("--beat-window", type=float, default=5.0, help="seconds of heartbeats")
+    p.add_argument(
+        "--direct",
+        action="store_true",
+        help="no node agents: every worker heartbeats the coordinator itself (as under "
+        "srun -n N shardwire run); by default an agent per node batches them",
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     results = []
@@ -202,7 +261,7 @@ def main(argv: list[str]) -> int:
           "coordinator peak RSS (MiB) | heartbeats (share of a core) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for n in args.workers:
-        r = measure(n, args.processes, args.per_node, args.beat_window)
+        r = measure(n, args.processes, args.per_node, args.beat_window, agents=not args.direct)
         results.append(r)
         print(
             f"| {n} | {r['rendezvous_s']:.2f} | {r['join_p50_s']:.2f} | {r['join_p99_s']:.2f} "
@@ -218,6 +277,6 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--client"]:
         port, first, count, world, lws = (int(x) for x in sys.argv[2:7])
-        asyncio.run(_workers(port, first, count, world, lws))
+        asyncio.run(_workers(port, first, count, world, lws, agents=sys.argv[7] == "agents"))
     else:
         sys.exit(main(sys.argv[1:]))

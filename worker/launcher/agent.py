@@ -2,7 +2,9 @@
 
 The agent joins the coordinator for its node (``NodeJoin``), learns its node rank, and
 only then starts its processes, so each child has ``RANK`` from the start (torchrun's
-contract). It stays connected: an abort from the coordinator is echoed in the summary.
+contract). It stays connected: an abort from the coordinator is echoed in the summary, and its
+workers' heartbeats reach the coordinator through it, one message a second for the
+node (``worker/runtime/beats.py``).
 For ``--standalone`` it first starts a coordinator subprocess on 127.0.0.1 with a fresh
 random token.
 
@@ -30,6 +32,7 @@ from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
 from shardwire.worker.launcher.settings import LaunchSettings, with_scheduler
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
+from shardwire.worker.runtime.beats import NodeBeats
 from shardwire.worker.runtime.control import ControlClient
 from shardwire.worker.runtime.tls import TlsFiles
 from shardwire.worker.transport import shm
@@ -121,10 +124,11 @@ async def _agent(
         node_index=settings.node_rank,
     )
     child_env = worker_env(settings, address, env)
+    beats = NodeBeats(control.send, interval=1.0)  # also this agent's own keepalive
     code = 1
     try:
         await control.connect(*address, timeout=settings.join_timeout)
-        control.start_heartbeats(1.0)
+        child_env["SHARDWIRE_AGENT_BEATS"] = await beats.start()
         while True:
             assignment = await control.node_join(join, timeout=settings.join_timeout)
             launch = _launch(settings, argv, child_env, node_id, assignment)
@@ -142,6 +146,7 @@ async def _agent(
                 break
             print(f"[agent]: {watch.restart_line()}", file=sys.stderr, flush=True)
     finally:
+        await beats.aclose()
         await control.aclose()
     code = watch.exit_code(code)
     report = watch.report(code)

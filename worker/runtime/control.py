@@ -107,6 +107,7 @@ class ControlClient:
         self._placed = -1  # the generation of this worker's placement
         self._progress = Heartbeat()
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
+        self._route: Callable[[Heartbeat], bool] | None = None  # heartbeats via the agent
 
     async def connect(self, host: str, port: int, *, timeout: float) -> None:
         """Connect and authenticate; until ``timeout``, retries a name that does not
@@ -284,8 +285,23 @@ class ControlClient:
     def set_progress(self, progress: Heartbeat) -> None:
         """Report progress now and in every later heartbeat (status pages, metrics)."""
         self._progress = progress
+        self._send_beat(progress)
+
+    def relay(self, route: Callable[[Heartbeat], bool] | None) -> None:
+        """Send heartbeats through ``route`` (a :class:`~shardwire.worker.runtime.beats.
+        BeatRelay` to the node agent) from now on; one it does not take goes directly."""
+        self._route = route
+
+    def send(self, msg: Message) -> None:
+        """Write ``msg`` to the coordinator (a node agent's node beats)."""
         if self._proto is not None:
-            self._proto.write_message(progress)
+            self._proto.write_message(msg)
+
+    def _send_beat(self, beat: Heartbeat) -> None:
+        if self._route is not None and self._route(beat):
+            return
+        if self._proto is not None:
+            self._proto.write_message(beat)
 
     def start_heartbeats(
         self,
@@ -303,16 +319,28 @@ class ControlClient:
             self.beat()
             await asyncio.sleep(interval)
 
-    def beat(self) -> None:
-        """Send a heartbeat now (besides the periodic ones)."""
-        if self._proto is not None:
-            self._proto.write_message(self._compose(self._progress))
+    def beat(self, *, direct: bool = False) -> None:
+        """Send a heartbeat now (besides the periodic ones); ``direct``: to the
+        coordinator even where the node agent carries them (news that must not wait for
+        the agent's next node beat, or arrive after this worker's next message)."""
+        beat = self._compose(self._progress)
+        if direct and self._proto is not None:
+            self._proto.write_message(beat)
+        else:
+            self._send_beat(beat)
+
+    def _last_beat(self) -> None:
+        """Before this worker's last message: its latest progress, directly, so that it
+        arrives first (relayed beats could come after it)."""
+        if self._route is not None:
+            self.beat(direct=True)
 
     def report_failure(
         self, reason: str, traceback: str, *, code: str = "", diagnosis: Diagnosis | None = None
     ) -> None:
         """Tell the coordinator this process raised (it aborts the job with this)."""
         self._leaving = True
+        self._last_beat()
         if self._proto is not None:
             self._proto.write_message(
                 Failure(
@@ -330,6 +358,7 @@ class ControlClient:
 
     def leave(self) -> None:
         self._leaving = True
+        self._last_beat()
         if self._proto is not None:
             self._proto.write_message(Leave())
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import ssl
 import threading
 import time
@@ -32,20 +33,16 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from shardwire.protocol import Token
-from shardwire.protocol.messages import (
-    LINKS_PER_BEAT,
-    Abort,
-    Diagnosis,
-    Heartbeat,
-    Join,
-    LinkReport,
-)
+from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
+from shardwire.protocol.messages import Abort, Diagnosis, Heartbeat, Join
 from shardwire.protocol.placement import Member, Placement
 from shardwire.worker.runtime import stacks
+from shardwire.worker.runtime.beats import BeatRelay
 from shardwire.worker.runtime.control import ControlClient
 from shardwire.worker.runtime.flight import FlightRecorder
 
 T = TypeVar("T")
+log = logging.getLogger("shardwire.worker")
 
 _TICK = 0.2  # how often the user's loop proves it runs
 _LIVE_WAIT = 1.0  # how long a diagnosis waits for the user's loop before reading the thread
@@ -94,6 +91,7 @@ class ControlThread:
         self._links = links
         self._links_due = 0.0
         self._moved: dict[tuple[int, str], LinkReport] = {}
+        self._relay_to: BeatRelay | None = None  # heartbeats through the node agent
 
     # ---- the thread ---------------------------------------------------------------------
 
@@ -120,14 +118,19 @@ class ControlThread:
 
     # ---- used from the user's loop ------------------------------------------------------
 
-    async def connect(self, host: str, port: int, *, timeout: float) -> None:
-        """Start the thread, connect and authenticate, start heartbeats and the ticker."""
+    async def connect(
+        self, host: str, port: int, *, timeout: float, relay: tuple[str, int, int] | None = None
+    ) -> None:
+        """Start the thread, connect and authenticate, start heartbeats and the ticker.
+        ``relay``: (socket path, rank, generation) of this worker under a node agent,
+        whose socket then carries the heartbeats (``worker/runtime/beats.py``); if it
+        cannot be reached, they go to the coordinator directly."""
         self._user_loop = asyncio.get_running_loop()
         self._user_thread = threading.get_ident()
         self._verdict = self._user_loop.create_future()
         self._thread.start()
         self._tick()
-        await self._call(self._connect(host, port, timeout))
+        await self._call(self._connect(host, port, timeout, relay))
 
     async def join(self, msg: Join, *, timeout: float) -> Placement:
         """Join and wait for this worker's placement (bounded by ``timeout``)."""
@@ -211,8 +214,8 @@ class ControlThread:
         now = time.monotonic()
         stalled = now - self._seen >= self._stall_warn
         self._seen = now  # before the beat below is composed on the other thread
-        if stalled and self._client is not None:
-            self._post(self._client.beat)  # say at once that the stall is over
+        if stalled and self._client is not None:  # say at once that the stall is over
+            self._post(functools.partial(self._client.beat, direct=True))
         if self._links is not None and now >= self._links_due:
             self._links_due = now + self._interval
             moved = self._links()
@@ -228,7 +231,9 @@ class ControlThread:
 
     # ---- on the control loop ------------------------------------------------------------
 
-    async def _connect(self, host: str, port: int, timeout: float) -> None:
+    async def _connect(
+        self, host: str, port: int, timeout: float, relay: tuple[str, int, int] | None
+    ) -> None:
         client = ControlClient(
             token=self._token,
             run_id=self._run_id,
@@ -240,9 +245,25 @@ class ControlThread:
         )
         self._client = client
         await client.connect(host, port, timeout=timeout)
+        if relay is not None:
+            await self._relay(*relay)
         client.start_heartbeats(self._interval, compose=self._compose)
 
+    async def _relay(self, path: str, rank: int, generation: int) -> None:
+        assert self._client is not None
+        try:
+            self._relay_to = await BeatRelay.open(path, rank, generation, timeout=_CLOSE_WAIT)
+        except (OSError, TimeoutError) as exc:
+            log.warning(
+                "rank %d: cannot reach the node agent's heartbeat socket %s (%s); sending "
+                "heartbeats to the coordinator directly", rank, path, exc,
+            )  # fmt: skip
+            return
+        self._client.relay(self._relay_to)
+
     async def _shutdown(self) -> None:
+        if self._relay_to is not None:
+            self._relay_to.close()
         if self._client is not None:
             await self._client.aclose()
 

@@ -182,6 +182,12 @@ class WorkerEnv(BaseModel):
         validation_alias=_alias("SHARDWIRE_TRACE"),
         description="Write this rank's timeline into this directory (Chrome trace events).",
     )
+    agent_beats: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_AGENT_BEATS"),
+        description="Set by the node agent: its local socket, through which this worker's "
+        "heartbeats reach the coordinator batched per node (unset: sent directly).",
+    )
     tls_cert: str | None = Field(
         default=None,
         validation_alias=_alias("SHARDWIRE_TLS_CERT"),
@@ -239,6 +245,10 @@ class WorkerConfig:
             (mutual authentication), or None for plain TCP.
         generation: the generation the node agent started this process for; the
             coordinator refuses it once that generation is over (0: whichever forms).
+        agent_beats: the node agent's local socket for heartbeats (set by the agent,
+            with ``rank`` and ``generation``): this worker's heartbeats go there and the
+            agent forwards its node's together; None, or the agent unreachable: they go
+            to the coordinator.
         trace: a directory for this rank's timeline (``rank-R.json``, Chrome's
             trace-event format) and, from rank 0, the merged ``job.json``; None: no
             timeline (see ``shardwire.worker.runtime.trace``).
@@ -271,6 +281,7 @@ class WorkerConfig:
     tls: TlsFiles | None = None
     generation: int = 0
     trace: str | None = None
+    agent_beats: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:

@@ -9,16 +9,9 @@ import random
 import numpy as np
 
 from shardwire.protocol import Tag
+from tests.waiting import until as _until
 
 from .fabric import tcp_world
-
-
-async def _until(check) -> None:
-    for _ in range(1000):  # releases happen on sweeps: poll, bounded (20 s)
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("not within 20 s")
 
 
 async def test_an_idle_connection_closes_and_the_next_send_dials_again() -> None:

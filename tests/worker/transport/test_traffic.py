@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import Tag
-from shardwire.protocol.messages import LINKS_PER_BEAT, Heartbeat
+from shardwire.protocol.links import LINKS_PER_BEAT
+from shardwire.protocol.messages import Heartbeat
 from shardwire.worker.transport.shmlink import SHM_MIN_BYTES
 from shardwire.worker.transport.traffic import TIMED_BYTES, Traffic, kernel_rtt_us
 
