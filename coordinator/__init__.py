@@ -8,6 +8,7 @@ from shardwire.coordinator.state import (
     JobState,
     Notice,
     RankState,
+    Record,
     RendezvousConfig,
     Send,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "JobState",
     "Notice",
     "RankState",
+    "Record",
     "Rendezvous",
     "RendezvousConfig",
     "Send",

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 from shardwire.coordinator.http import StatusHTTP
@@ -65,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds more nodes may join once MIN are in (3)",
     )
+    p.add_argument(
+        "--inquest-dir",
+        help="where a hang's inquest writes every rank's place, stack and recent collectives "
+        "(the verdict names the file; default ./inquests, '' for nowhere)",
+    )
     p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--http-host", help="address of the status page and /metrics (127.0.0.1)")
     p.add_argument("--http-port", type=int, help="its port (29480; 0 any, -1 none)")
@@ -93,6 +99,7 @@ def rendezvous_config(settings: CoordinatorSettings) -> RendezvousConfig:
         max_restarts=settings.max_restarts,
         min_nodes=parse_nnodes(settings.nnodes)[0] if settings.nnodes else None,
         last_call=settings.last_call,
+        inquest_dir=str(Path(settings.inquest_dir).absolute()) if settings.inquest_dir else None,
     )
 
 

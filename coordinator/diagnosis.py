@@ -9,7 +9,9 @@ instead. Ranks that did not answer are named as such. The verdict is one line fo
 and summaries ("rank 3 never entered all_reduce #57 (ranks 0-2 waited 30 s); rank 3 is
 at train.py:88 in load_batch") plus the culprits' stacks. Absent ranks at the same place
 share a line and a stack, so the verdict stays short however many ranks are absent;
-messages clip what is still too long.
+messages clip what is still too long. The whole of it (every rank's place, stack and
+recorder tail) is :attr:`Verdict.detail`, which the coordinator writes to a file that
+the verdict names.
 """
 
 from __future__ import annotations
@@ -74,21 +76,52 @@ class Verdict:
     rank: int  # the rank blamed
     reason: str
     stacks: str  # the culprits' stacks
+    # everything the inquest learnt, for a file: every absent rank's place and stack,
+    # every rank's recorder tail (the reason and stacks above are summaries)
+    detail: dict = field(default_factory=dict)
+
+
+def _record(rec: CollectiveRecord) -> dict:
+    return rec.model_dump(mode="json", exclude_defaults=True)
+
+
+def detail(reporter: int, reason: str, reports: dict[int, Diagnosis], world_size: int) -> dict:
+    """The whole inquest as JSON-ready data: who reported what, the call, and for each
+    rank that answered where it was, its stack and its recorder tail."""
+    mine = reports.get(reporter)
+    stuck = _stuck(mine) if mine is not None else None
+    out: dict = {"reporter": reporter, "reason": reason, "world_size": world_size}
+    if stuck is not None:
+        members = _members(stuck, reports, world_size)
+        out["call"] = {"name": _call_name(stuck), **_record(stuck)}
+        out["entered"] = [r for r in members if r in reports and _entered(reports[r], stuck)]
+        out["absent"] = [r for r in members if r in reports and not _entered(reports[r], stuck)]
+        out["silent"] = [r for r in members if r not in reports]
+    out["ranks"] = {
+        str(rank): {
+            "where": d.where,
+            "stack": d.stack,
+            "collectives": [_record(c) for c in d.collectives],
+        }
+        for rank, d in sorted(reports.items())
+    }
+    return out
 
 
 def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_size: int) -> Verdict:
     """The verdict for a timed-out collective, from the ranks' diagnoses."""
+    whole = detail(reporter, reason, reports, world_size)
     mine = reports.get(reporter)
     stuck = _stuck(mine) if mine is not None else None
     if stuck is None:
-        return Verdict(reporter, reason, "")
+        return Verdict(reporter, reason, "", whole)
     members = _members(stuck, reports, world_size)
     waited = [r for r in members if r in reports and _entered(reports[r], stuck)]
     absent = [r for r in members if r in reports and not _entered(reports[r], stuck)]
     silent = [r for r in members if r not in reports]
     name = _call_name(stuck)
     if not absent and not silent:
-        return Verdict(reporter, f"{reason}; every rank of the group entered {name}", "")
+        return Verdict(reporter, f"{reason}; every rank of the group entered {name}", "", whole)
     longest = max(
         (rec.duration_s or rec.age_s)
         for r in waited
@@ -113,7 +146,7 @@ def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_siz
         stacks.append(f"--- {ranks_text(ranks)} ---\n{reports[ranks[0]].stack.rstrip()}\n")
     if len(places) > _PLACES:
         text += f"; and {len(places) - _PLACES} more places"
-    return Verdict((absent or silent)[0], text, "".join(stacks)[-_STACKS:])
+    return Verdict((absent or silent)[0], text, "".join(stacks)[-_STACKS:], whole)
 
 
 @dataclass

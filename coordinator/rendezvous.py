@@ -51,6 +51,7 @@ from shardwire.coordinator.state import (
     ConnId,
     JobState,
     RankState,
+    Record,
     Send,
     Worker,
     refuse,
@@ -249,7 +250,13 @@ class Rendezvous(Liveness):
         assert self._shape is not None
         verdict = inquest.verdict(self._shape.world_size)
         self.inquest = None
-        return self._abort(verdict.rank, verdict.reason, stacks=verdict.stacks)
+        reason, records = verdict.reason, []
+        if self.config.inquest_dir:  # the summary names the file with everything
+            name = f"{self.config.run_id}-generation-{self.generation}-inquest.json"
+            path = f"{self.config.inquest_dir.rstrip('/')}/{name}"
+            reason += f"; every rank's place, stack and recent collectives: {path}"
+            records.append(Record(path, verdict.detail))
+        return records + self._abort(verdict.rank, reason, stacks=verdict.stacks)
 
     def leave(self, conn: ConnId, msg: Leave) -> list[Action]:
         worker = self._workers.get(conn)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import os
 import ssl
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from shardwire.coordinator.connection import ControlConnection
 from shardwire.coordinator.refusals import RefusalLog
@@ -23,6 +26,7 @@ from shardwire.coordinator.state import (
     Close,
     JobState,
     Notice,
+    Record,
     RendezvousConfig,
     Send,
 )
@@ -46,6 +50,25 @@ from shardwire.protocol.placement import PeerQuery
 log = logging.getLogger("shardwire.coordinator")
 
 _CLOSE_GRACE = 2.0  # seconds the listener gets to close
+_WRITE_GRACE = 30.0  # seconds records still being written get when the server closes
+
+
+async def _write(path: str, doc: dict) -> None:
+    """Write ``doc`` as JSON to ``path`` (whole, then renamed into place), off the loop."""
+
+    def write() -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        os.replace(tmp, target)
+
+    try:
+        await asyncio.to_thread(write)
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
+        return
+    log.info("wrote %s", path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +105,7 @@ class CoordinatorServer:
         self._unauthenticated = 0
         self._encoded: dict[int, tuple[Message, bytes]] = {}  # recent messages' encodings
         self._refusals = RefusalLog()
+        self._writes: set[asyncio.Task[None]] = set()  # records being written
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -126,6 +150,11 @@ class CoordinatorServer:
                 pass
             except Exception as exc:  # the ticker died: the owner must hear of it
                 ticker_error = exc
+        if self._writes:  # a verdict's file must not be lost as the job ends
+            _done, late = await asyncio.wait(list(self._writes), timeout=_WRITE_GRACE)
+            for task in late:
+                log.warning("%s not written within %g s", task.get_name(), _WRITE_GRACE)
+                task.cancel()
         if self._server is not None:
             try:
                 async with asyncio.timeout(_CLOSE_GRACE):
@@ -160,6 +189,10 @@ class CoordinatorServer:
                     self._conns[conn_id].send(msg, known[1])
                 case Close(conn=conn_id) if conn_id in self._conns:
                     self._conns[conn_id].close()
+                case Record(path=path, doc=doc):
+                    task = asyncio.create_task(_write(path, doc), name="coordinator-record")
+                    self._writes.add(task)  # owned: awaited (bounded) by aclose()
+                    task.add_done_callback(self._writes.discard)
         if self.rendezvous.state in (JobState.FINISHED, JobState.FAILED):
             self.done.set()
 

@@ -28,6 +28,7 @@ class CoordinatorSettings(BaseSettings):
     max_restarts: int | None = Field(default=None, ge=0, le=1 << 20)  # None: the agents'
     nnodes: str | None = None  # MIN:MAX for an elastic job; None: the agents say
     last_call: float = Field(default=3.0, ge=0)
+    inquest_dir: str = "inquests"  # relative to the coordinator's directory; "": none
     port_file: str | None = None
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=29480, ge=-1, le=65535)  # -1: no HTTP

@@ -49,7 +49,15 @@ class Notice:
     text: str
 
 
-Action = Send | Close | Notice
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A JSON document for the server to write to ``path`` (in the background)."""
+
+    path: str
+    doc: dict
+
+
+Action = Send | Close | Notice | Record
 
 
 @dataclass(slots=True)
@@ -90,6 +98,7 @@ class RendezvousConfig:
     max_restarts: int | None = None  # None: the node agents say (0 without agents)
     min_nodes: int | None = None  # --nnodes MIN:MAX; None: the agents say (fixed count)
     last_call: float = 3.0  # seconds more joins are awaited once MIN nodes are in
+    inquest_dir: str | None = None  # where a hang inquest's whole detail goes (None: nowhere)
 
 
 def refuse(conn: ConnId, code: str, message: str) -> list[Action]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from shardwire.coordinator import JobState, Notice, Send
 from shardwire.coordinator.diagnosis import explain, ranks_text
 from shardwire.protocol.messages import (
@@ -143,6 +145,46 @@ def test_a_collective_timeout_asks_every_live_rank_then_aborts_with_the_verdict(
     assert (
         r.state is JobState.FAILED and "stack of rank 2" in r.failure.stacks and r.failure.rank == 2
     )
+
+
+def test_the_verdict_names_a_file_that_holds_every_rank_s_detail() -> None:
+    from shardwire.coordinator import Record, Rendezvous, RendezvousConfig
+
+    from .test_rendezvous import join, start
+
+    world = 40
+    r = Rendezvous(RendezvousConfig(run_id="job", world_size=world, inquest_dir="/data/inq/"))
+    start(r, {c: join(f"n{c:02d}", 0, world=world, lws=1) for c in range(world)})
+    everyone = range(world)
+    tail = diag(rec(1, ranks=everyone), rec(2, "timeout", ranks=everyone, age=3))
+    r.report_failure(0, Failure(reason="timeout", code="collective_timeout", diagnosis=tail), 10.0)
+    for c in range(1, world):  # 39 absent, each at a place of its own: the verdict keeps 8
+        where = f"train.py:{c} in load"
+        here = diag(rec(1, ranks=everyone), where=where, stack=f"stack of rank {c}")
+        actions = r.diagnosis(c, DiagnoseReply(diagnosis=here), 11.0)
+    (record,) = [a for a in actions if isinstance(a, Record)]
+    assert record.path == "/data/inq/job-generation-1-inquest.json"
+    abort = next(a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, Abort))
+    assert abort.reason.endswith(f"recent collectives: {record.path}")
+    assert "; and 31 more places" in abort.reason and abort.stacks.count("--- rank ") == 8
+    doc = record.doc
+    assert doc["call"]["name"] == "all_reduce #2" and doc["entered"] == [0]
+    assert doc["absent"] == list(range(1, world)) and doc["silent"] == []
+    assert [doc["ranks"][str(c)]["stack"] for c in range(1, world)] == [
+        f"stack of rank {c}" for c in range(1, world)
+    ]  # every one, not the verdict's eight
+    assert doc["ranks"]["5"]["where"] == "train.py:5 in load"
+    assert doc["ranks"]["0"]["collectives"][-1]["outcome"] == "timeout"
+    json.dumps(doc)  # a JSON document as it is
+
+
+def test_without_a_directory_the_verdict_names_no_file() -> None:
+    r = _running(3)
+    r.report_failure(0, _timeout(0), now=10.0)
+    actions = r.tick(13.5)
+    abort = next(a.msg for a in actions if isinstance(a.msg, Abort))
+    assert "recent collectives:" not in abort.reason
+    assert not [a for a in actions if not isinstance(a, Send)]
 
 
 def test_an_inquest_ends_at_its_deadline_without_every_answer() -> None:

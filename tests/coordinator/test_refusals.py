@@ -29,9 +29,12 @@ def test_one_line_per_address_and_reason_per_window() -> None:
 
 def test_the_memory_of_addresses_is_bounded() -> None:
     log = RefusalLog()
-    for i in range(5000):
-        log.line(f"10.0.{i // 256}.{i % 256}", "auth", "x", now=0.0)
-    assert len(log._seen) <= 1024
+    addresses = [f"10.0.{i // 256}.{i % 256}" for i in range(5000)]
+    for address in addresses:
+        log.line(address, "auth", "x", now=0.0)
+    # the newest 1,024 are remembered (held back within the window), the older forgotten
+    assert all(log.line(a, "auth", "x", now=1.0) is None for a in addresses[-1024:])
+    assert log.line(addresses[0], "auth", "x", now=1.0) is not None
 
 
 async def _wrong_token(address) -> None:

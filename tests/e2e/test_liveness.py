@@ -4,6 +4,7 @@ and a hang names the rank that never arrived and where it is."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -140,7 +141,7 @@ def test_the_launcher_log_shows_a_busy_rank_and_the_job_goes_on() -> None:
     assert "Traceback" not in result.stderr  # a clean end prints no traceback
 
 
-def test_the_launcher_summary_names_the_rank_that_never_arrived() -> None:
+def test_the_launcher_summary_names_the_rank_that_never_arrived(tmp_path) -> None:
     result = shardwire(
         "launch",
         "--standalone",
@@ -153,9 +154,15 @@ def test_the_launcher_summary_names_the_rank_that_never_arrived() -> None:
         SKIP_RANK="2",
         SKIP_AT="3",
         SHARDWIRE_TIMEOUT="3",
+        SHARDWIRE_INQUEST_DIR=str(tmp_path / "inquests"),
     )
     assert result.returncode != 0
     summary = result.stderr[result.stderr.index("shardwire: job failed") :]
+    inquest = tmp_path / "inquests" / "shardwire-generation-1-inquest.json"
+    assert str(inquest) in summary  # the verdict names the file with every rank's detail
+    detail = json.loads(inquest.read_text())
+    assert detail["absent"] == [2] and detail["entered"] == [0, 1]
+    assert "in dawdle" in detail["ranks"]["2"]["stack"]
     line = _marker_line("dawdle-await")
     assert re.search(
         r"root cause \(from the coordinator\): rank 2: rank 2 never entered all_reduce #4 "

@@ -13,6 +13,12 @@
 * all_reduce (Rabenseifner's shape): that reduce_scatter over n even slices of the
   buffer, then that all_gather. Twice the bytes of the buffer leave each rank, as in a
   ring, but in 2·ceil(log2 n) messages each way instead of 2(n - 1).
+* all_to_all (Bruck's index algorithm): a rank's block for rank r + j sits in slot j;
+  in the round of distance d every rank sends the slots whose index has bit d set to
+  the rank d above and takes the same slots from the rank d below, so a block moves j
+  ranks forward in all and ends in slot j of its destination, which then holds the
+  block from rank r - j. Each block travels about log2(n)/2 hops, so this is for small
+  blocks; a round's slots go as their sizes, then their rows in one message.
 
 Blocks stay where they belong in the flat buffer; a cyclic run of blocks is at most two
 contiguous ranges of it, sent as two messages (the second often empty), so nothing is
@@ -25,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.layout import bounds
+from shardwire.worker.collectives.layout import bounds, offsets
 from shardwire.worker.collectives.ops import ReduceOp, finish
 
 _AG_STEP = 1 << 20  # all_gather's message steps from here (reduce_scatter's from 0)
@@ -101,3 +107,24 @@ async def all_reduce(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
     a, b = segs[c.rank]
     finish(op, buf[a:b], c.size)
     await all_gather(c, buf, segs)
+
+
+async def all_to_all(c: Call, parts: list[np.ndarray], dtype: np.dtype) -> list[np.ndarray]:
+    """``parts[p]`` (flat, of ``dtype``) to rank p; returns what each rank sent this one,
+    by rank, in ceil(log2 n) rounds with the ranks at distances ±2^k only."""
+    n, r = c.size, c.rank
+    slots = [parts[(r + j) % n] for j in range(n)]  # slot j: for rank r + j
+    d, step = 1, 0
+    while d < n:
+        moving = [j for j in range(n) if j & d]
+        sizes = np.array([slots[j].size for j in moving], np.int64)
+        got_sizes = c.irecv((r - d) % n, step, out=np.empty(len(moving), np.int64))
+        await c.send((r + d) % n, sizes, step)
+        arrived = await got_sizes.wait()
+        rows = c.irecv((r - d) % n, step + 1, out=np.empty(int(arrived.sum()), dtype))
+        await c.send((r + d) % n, np.concatenate([slots[j] for j in moving]), step + 1)
+        flat = await rows.wait()
+        for j, (a, b) in zip(moving, offsets(arrived.tolist()), strict=True):
+            slots[j] = flat[a:b]
+        d, step = d << 1, step + 2
+    return [slots[(r - p) % n] for p in range(n)]  # slot j holds rank r - j's block

@@ -13,12 +13,12 @@ from shardwire.protocol import Tag
 from shardwire.protocol.codec import pack_object, unpack_object
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.arena import programs
-from shardwire.worker.collectives import small
+from shardwire.worker.collectives import bruck, small
 from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import GroupCore
 from shardwire.worker.collectives.layout import offsets
-from shardwire.worker.collectives.plan import P2P_BASE
+from shardwire.worker.collectives.plan import DIRECT_MAX, P2P_BASE, choose
 from shardwire.worker.collectives.work import Pending
 
 
@@ -116,7 +116,14 @@ class Movement(GroupCore):
         timeout: float | None = None,
     ) -> Pending[np.ndarray]:
         """Send part p of ``x`` (axis 0, equal or ``send_splits``) to rank p; return the
-        parts received, concatenated in rank order."""
+        parts received, concatenated in rank order (into a buffer of ``recv_splits``
+        rows each, when given).
+
+        Above 8 ranks a call without ``recv_splits`` runs Bruck's algorithm: each rank
+        talks to about log2 n others and a block crosses about log2(n)/2 links, which
+        suits small blocks (counts, metadata). With ``recv_splits`` every block goes
+        straight to its rank, as large exchanges should. Every rank of a call must give
+        ``recv_splits`` or none must."""
         send_splits = self._split(len(x), send_splits, "all_to_all input")
         parts = [x[a:b] for a, b in offsets(send_splits)]
         for part in parts:
@@ -126,9 +133,16 @@ class Movement(GroupCore):
         if recv_splits is not None:
             recv_splits = list(recv_splits)
             result = np.empty((sum(recv_splits), *row_shape), x.dtype)
-        signature = f"all_to_all:{dtype_name(x.dtype)}:{list(row_shape)}"
+        # above 8 ranks, Bruck's algorithm (log2 n peers) unless the caller knows what it
+        # receives (a large exchange, straight to every rank); the way is part of the
+        # signature, so ranks that call it differently fail as a mismatch, not a hang
+        way = "direct" if recv_splits is not None else choose("all_to_all", x.nbytes, self.size)
+        signature = f"all_to_all:{dtype_name(x.dtype)}:{list(row_shape)}:{way}"
 
         async def algorithm(c: Call) -> np.ndarray:
+            if way == "bruck":
+                blocks = await bruck.all_to_all(c, [p.ravel() for p in parts], x.dtype)
+                return np.concatenate(blocks).reshape(-1, *row_shape)
             if result is not None:
                 assert recv_splits is not None
                 incoming = {p: result[a:b] for p, (a, b) in enumerate(offsets(recv_splits))}
@@ -182,12 +196,16 @@ class Movement(GroupCore):
         self, obj: Any, *, root: int = 0, timeout: float | None = None
     ) -> Pending[list[Any] | None]:
         """Every rank's small msgpack-able value, as a list in rank order on ``root``
-        (None elsewhere): each rank sends one message, so the bytes grow with the group,
-        not with its square as when every rank needs every value."""
+        (None elsewhere): the bytes grow with the group, not with its square as when
+        every rank needs every value; above 8 ranks they go up a binomial tree, so each
+        rank talks to about log2 n others."""
         self._check_root(root)
         payload = np.frombuffer(pack_object(obj), np.uint8)
 
         async def algorithm(c: Call) -> list[Any] | None:
+            if c.size > DIRECT_MAX:  # up a tree: log2 n peers, not every rank to the root
+                blobs = await small.gather_blobs_tree(c, payload, root)
+                return None if blobs is None else [unpack_object(b.tobytes()) for b in blobs]
             if c.rank != root:
                 await c.send(root, payload, 0)
                 return None

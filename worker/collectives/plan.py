@@ -53,6 +53,11 @@ GATHER_STEP = 1 << 30
 # small-size thresholds.
 DIRECT_MAX = 8
 RING_MIN_HOP = 64 * 1024
+# all_to_all above DIRECT_MAX ranks runs Bruck's index algorithm unless the caller gives
+# the sizes it receives (recv_splits): every rank must choose alike from what all of
+# them know, and a block's size is not that (it differs from rank to rank). A block
+# crosses about log2(n)/2 links, so large exchanges should pass recv_splits, which sends
+# every block straight to its rank.
 TIERED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
@@ -80,4 +85,6 @@ def choose(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: boo
         return "tree" if nbytes <= BROADCAST_SMALL or crowded else "chain"
     if op in ("gather", "scatter") and size > DIRECT_MAX:
         return "tree"
-    return "direct"  # all_to_all: every pair exchanges anyway
+    if op == "all_to_all" and size > DIRECT_MAX:
+        return "bruck"  # log2 n peers; a block crosses about log2(n)/2 links
+    return "direct"

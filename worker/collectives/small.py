@@ -158,6 +158,31 @@ async def gather_tree(c: Call, mine: np.ndarray, counts: list[int], root: int) -
     return out
 
 
+async def gather_blobs_tree(c: Call, mine: np.ndarray, root: int) -> list[np.ndarray] | None:
+    """Binomial-tree gather of byte strings of any lengths (``mine``: uint8): on
+    ``root`` every rank's, by rank; elsewhere None. A rank passes its subtree's up as
+    their lengths, then their bytes: log2 n peers, and nobody needs the sizes first."""
+    n, r = c.size, c.rank
+    v = (r - root) % n
+    lengths, blobs = [mine.size], [mine]  # this subtree's, in virtual order
+    mask = 1
+    while mask < n:
+        if v & mask:
+            parent = (r - mask) % n
+            await c.send(parent, np.array(lengths, np.int64), 0)
+            await c.send(parent, np.concatenate(blobs), 1)
+            return None
+        if v + mask < n:
+            child = (r + mask) % n
+            sizes = await c.recv(child, 0)
+            data = await c.recv(child, 1)
+            ends = np.cumsum(sizes)
+            blobs += [data[e - k : e] for k, e in zip(sizes.tolist(), ends.tolist(), strict=True)]
+            lengths += sizes.tolist()
+        mask <<= 1
+    return [blobs[(p - root) % n] for p in range(n)]  # virtual order -> rank order
+
+
 async def scatter_tree(c: Call, chunks: list[np.ndarray] | None, root: int) -> np.ndarray:
     """Binomial-tree scatter: ``root`` passes ``chunks`` (one per rank, rows of the same
     row shape); every rank returns its own. A rank gets its subtree's rows from its

@@ -223,6 +223,12 @@ def _container_security() -> Doc:
     }
 
 
+# A hang inquest's whole detail, in the coordinator pod (an emptyDir: it lives as long as
+# the pod; mount a persistent volume at /tmp to keep it longer).
+INQUESTS = "/tmp/inquests"
+_TMP: Doc = {"name": "tmp", "emptyDir": {}}
+
+
 def _token(d: Deployment) -> Doc:
     ref = {"name": d.secret, "key": "token"}
     return {"name": "SHARDWIRE_TOKEN", "valueFrom": {"secretKeyRef": ref}}
@@ -242,6 +248,7 @@ def _coordinator_args(d: Deployment) -> Iterator[str]:
     yield from ("--http-host", "0.0.0.0", "--http-port", str(d.http_port))
     yield from ("--world-size", str(d.nodes * d.nproc_per_node), "--run-id", d.name)
     yield from ("--max-restarts", str(d.max_restarts), "--join-timeout", number(d.join_timeout))
+    yield from ("--inquest-dir", INQUESTS)  # the root filesystem is read-only
 
 
 def _coordinator_job(d: Deployment) -> Doc:
@@ -266,9 +273,10 @@ def _coordinator_job(d: Deployment) -> Doc:
             "limits": dict(COORDINATOR_RESOURCES),
         },
         "securityContext": _container_security(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     spec = {"completions": 1, "parallelism": 1, "backoffLimit": 0}
-    return _job(d, d.coordinator, "coordinator", spec, _pod(container, []))
+    return _job(d, d.coordinator, "coordinator", spec, _pod(container, [_TMP]))
 
 
 def _worker_env(d: Deployment) -> list[Doc]:
@@ -308,7 +316,7 @@ def _worker_job(d: Deployment) -> Doc:
     }
     volumes = [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(d.shm_bytes)}},
-        {"name": "tmp", "emptyDir": {}},
+        _TMP,
     ]
     spec = {
         "completionMode": "Indexed",

@@ -55,6 +55,40 @@ async def test_tree_gather_and_scatter_match_the_oracle(kind: str, n: int) -> No
                 await gather_and_scatter(groups, parts, root, sizes)
 
 
+@pytest.mark.parametrize("kind", ["memory", "tcp"])
+@pytest.mark.parametrize("n", [9, 12, 16])
+async def test_bruck_all_to_all_and_tree_gather_object_match_the_oracle(kind: str, n: int) -> None:
+    assert choose("all_to_all", 1 << 30, n) == "bruck" and choose("all_to_all", 1, 8) == "direct"
+    async with group_world(kind, n) as groups:
+        layouts = {
+            "even": [[2] * n for _ in range(n)],
+            "uneven": [[(r + p) % 4 for p in range(n)] for r in range(n)],  # zeros too
+            "empty": [[0] * n for _ in range(n)],
+        }
+        for salt, (name, splits) in enumerate(layouts.items()):
+            xs = [data(r, sum(splits[r]), "float64", salt, (3,)) for r in range(n)]
+            cuts = [np.cumsum([0, *splits[r]]) for r in range(n)]
+
+            def call(g, splits=splits, xs=xs):
+                return g.all_to_all(xs[g.rank], send_splits=splits[g.rank])
+
+            outs = await on_all(groups, call)
+            for r, got in enumerate(outs):
+                want = np.concatenate([xs[p][cuts[p][r] : cuts[p][r + 1]] for p in range(n)])
+                assert got.shape == want.shape and np.array_equal(got, want), (kind, n, name, r)
+        for root in (0, n // 2, n - 1):  # objects of any size, up a tree to the root
+            objs = [{"rank": r, "pad": "y" * (r * 37 % 11)} for r in range(n)]
+            outs = await on_all(
+                groups, lambda g, root=root: g.gather_object(objs[g.rank], root=root)
+            )
+            assert outs[root] == objs and all(o is None for r, o in enumerate(outs) if r != root)
+        # with the sizes it receives given, every block goes straight to its rank
+        sizes = [[1] * n for _ in range(n)]
+        xs = [np.arange(n, dtype=np.int32) + 100 * r for r in range(n)]
+        outs = await on_all(groups, lambda g: g.all_to_all(xs[g.rank], recv_splits=sizes[g.rank]))
+        assert [o.tolist() for o in outs] == [[100 * p + r for p in range(n)] for r in range(n)]
+
+
 N = 1024
 LOG_BOUND = 2 * (N - 1).bit_length()  # peers at distances ±2^k: 20 at 1,024 ranks
 
@@ -76,6 +110,11 @@ def test_large_groups_leave_rings_of_tiny_hops_and_direct_exchanges() -> None:
         ("barrier", lambda g: g.barrier()),
         ("gather", lambda g: g.gather(np.full(1, g.rank, np.int32), root=3)),
         ("scatter", lambda g: g.scatter(np.arange(N) if g.rank == 3 else None, root=3)),
+        ("all_to_all", lambda g: g.all_to_all(np.arange(N, dtype=np.int32) + N * g.rank)),
+        (
+            "gather_object",
+            lambda g: g.gather_object({"r": g.rank, "s": "x" * (g.rank % 5)}, root=3),
+        ),
     ],
     ids=[
         "all_reduce-small",
@@ -85,6 +124,8 @@ def test_large_groups_leave_rings_of_tiny_hops_and_direct_exchanges() -> None:
         "barrier",
         "gather",
         "scatter",
+        "all_to_all",
+        "gather_object",
     ],
 )
 async def test_at_1024_ranks_each_rank_talks_to_a_logarithmic_number_of_peers(call) -> None:
@@ -113,3 +154,8 @@ async def test_at_1024_ranks_each_rank_talks_to_a_logarithmic_number_of_peers(ca
         assert outs[3].tolist() == list(range(N))
     elif name == "scatter":
         assert [int(o[0]) for o in outs] == list(range(N))
+    elif name == "all_to_all":  # rank r holds element r of every rank's row
+        assert outs[9].tolist() == [N * p + 9 for p in range(N)]
+    elif name == "gather_object":
+        assert outs[3] == [{"r": p, "s": "x" * (p % 5)} for p in range(N)]
+        assert outs[0] is None and outs[-1] is None

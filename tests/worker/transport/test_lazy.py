@@ -22,12 +22,12 @@ def _inbound(mesh: TcpMesh, peer: int) -> bool:
 async def test_nothing_is_dialled_until_a_rank_sends() -> None:
     async with tcp_world(4) as meshes:
         await asyncio.sleep(0.1)
-        assert all(m._conns == {} for m in meshes)
+        assert all(m.peers() == [] for m in meshes)
         got, _ = await asyncio.gather(
             meshes[2].recv(1, tag=Tag(0, 0)), meshes[1].send(2, np.arange(3.0), tag=Tag(0, 0))
         )
         assert got.tolist() == [0.0, 1.0, 2.0]
-        assert [sorted(m._conns) for m in meshes] == [[], [2], [1], []]
+        assert [m.peers() for m in meshes] == [[], [2], [1], []]
         assert _inbound(meshes[2], 1) and not _inbound(meshes[1], 2)  # the sender dialled
 
 
@@ -47,7 +47,7 @@ async def test_ranks_sending_to_each_other_at_once_share_one_connection_per_pair
             for _ in range(3):  # first sends cross; later ones reuse the connection
                 await asyncio.gather(*(talk(m) for m in meshes))
         for m in meshes:
-            assert sorted(m._conns) == [p for p in range(n) if p != m.rank]
+            assert m.peers() == [p for p in range(n) if p != m.rank]
         for a in range(n):
             for b in range(a + 1, n):  # exactly one of the two ends accepted it
                 assert _inbound(meshes[a], b) != _inbound(meshes[b], a)
@@ -178,7 +178,7 @@ async def test_a_ring_exchange_connects_each_rank_to_its_two_neighbours_only() -
                 *(m.recv((m.rank - 1) % n, tag=Tag(0, 0)) for m in meshes),
             )
         for m in meshes:
-            assert sorted(m._conns) == sorted({(m.rank + 1) % n, (m.rank - 1) % n})
+            assert m.peers() == sorted({(m.rank + 1) % n, (m.rank - 1) % n})
         assert sum(m.links.dials for m in meshes) == n  # one handshake per ring edge
 
 
@@ -195,5 +195,5 @@ async def test_a_poisoned_group_reaches_every_member_over_a_few_links_each(origi
                 with pytest.raises(CollectiveTimeout, match="timed out on rank"):
                     await receive.wait()
         # up a binomial tree to rank 0 and down it: at most log2(n) links each way
-        assert max(len(m._conns) for m in meshes) <= 2 * (n - 1).bit_length()
+        assert max(len(m.peers()) for m in meshes) <= 2 * (n - 1).bit_length()
         assert sum(m.links.dials for m in meshes) <= 2 * (n - 1)
