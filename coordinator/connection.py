@@ -24,6 +24,7 @@ from shardwire.protocol import (
     Limits,
     ProtocolError,
     ServerHandshake,
+    Token,
     VersionMismatch,
     frame_message,
     message_bytes,
@@ -52,7 +53,7 @@ class Host(Protocol):
 class ControlConnection(asyncio.Protocol):
     """A client's connection: handshake, then control messages to the server."""
 
-    def __init__(self, host: Host, token, *, handshake_timeout: float, idle_timeout: float):
+    def __init__(self, host: Host, token: Token, *, handshake_timeout: float, idle_timeout: float):
         self._host = host
         self._idle = idle_timeout
         self._handshake_timeout = handshake_timeout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 
 from aiohttp import web
@@ -17,7 +16,7 @@ from prometheus_client.registry import Collector
 from shardwire.coordinator.page import STATUS_PAGE
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import JobState
-from shardwire.coordinator.views import API_LINKS, links_json
+from shardwire.coordinator.views import API_LINKS, links_json, rank_summary
 
 Clock = Callable[[], float]
 _SHUTDOWN_GRACE = 2.0  # seconds in-flight requests get when the coordinator stops
@@ -118,7 +117,10 @@ class _Metrics(Collector):
         self._rdzv, self._clock = rdzv, clock
 
     def collect(self) -> Iterator:
-        reply = self._rdzv.status(self._clock())  # every rank: the aggregates need them
+        # rows for the ranks with series of their own only; the aggregates read every
+        # worker without building a row for each (a scrape of 10,000 stays short)
+        reply = self._rdzv.status(self._clock(), 0, METRICS_RANKS)
+        states, (step_low, step_high) = rank_summary(self._rdzv)
         state = GaugeMetricFamily(
             "shardwire_job_state", "1 for the job's current state", labels=["state"]
         )
@@ -146,19 +148,14 @@ class _Metrics(Collector):
         received = CounterMetricFamily(
             "shardwire_rank_received_bytes", "Payload bytes received", labels=["rank"]
         )
-        steps = [r.step for r in reply.ranks]
         ranks = GaugeMetricFamily(
             "shardwire_ranks", "Ranks of the current generation, by state", labels=["state"]
         )
-        for name, count in sorted(Counter(r.state for r in reply.ranks).items()):
+        for name, count in sorted(states.items()):
             ranks.add_metric([name], count)
         yield ranks
-        yield GaugeMetricFamily(
-            "shardwire_step_min", "Lowest step reported", value=min(steps, default=0)
-        )
-        yield GaugeMetricFamily(
-            "shardwire_step_max", "Highest step reported", value=max(steps, default=0)
-        )
+        yield GaugeMetricFamily("shardwire_step_min", "Lowest step reported", value=step_low)
+        yield GaugeMetricFamily("shardwire_step_max", "Highest step reported", value=step_high)
         for r in reply.ranks[:METRICS_RANKS]:  # a bounded number of series per scrape
             label = [str(r.rank)]
             step.add_metric(label, r.step)

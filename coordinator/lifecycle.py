@@ -89,6 +89,16 @@ class Lifecycle:
         """The forming or running generation's workers."""
         return list(self._workers.values())
 
+    def rows(self, offset: int = 0, limit: int | None = None) -> tuple[list[Worker], int]:
+        """Workers ``offset`` onwards (at most ``limit``) by rank, then node id, and how
+        many there are; a formed generation's in rank order without sorting them all."""
+        total = len(self._workers)
+        end = total if limit is None else min(total, offset + limit)
+        if self._by_rank and len(self._by_rank) == total:
+            return [self._by_rank[r] for r in range(offset, end)], total
+        ordered = sorted(self._workers.values(), key=lambda w: (w.rank, w.join.node_id))
+        return ordered[offset:end], total
+
     def _event(self, text: str, now: float | None = None) -> None:
         if now is not None:
             self._now = now

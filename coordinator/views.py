@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from shardwire.coordinator import links
-from shardwire.coordinator.state import JobState, Worker
+from shardwire.coordinator.state import JobState
 from shardwire.coordinator.stragglers import describe
 from shardwire.protocol.messages import RankStatus, StatusReply
 
@@ -22,8 +23,7 @@ def status_reply(
     ended = rdzv.state in (JobState.FAILED, JobState.RESTARTING, JobState.FAILING)
     failure = rdzv.failure if ended else None
     shape = rdzv.shape
-    workers = sorted(rdzv.workers, key=lambda w: (w.rank, w.join.node_id))
-    page = workers[offset:] if limit is None else workers[offset : offset + limit]
+    page, total = rdzv.rows(offset, limit)
     return StatusReply(
         run_id=rdzv.config.run_id,
         state=rdzv.state.value,
@@ -41,22 +41,29 @@ def status_reply(
             )
             for w in page
         ],
-        total=len(workers),
+        total=total,
         offset=offset,
         restarts=rdzv.gens.restarts,
         max_restarts=rdzv.gens.max_restarts,
         generations=rdzv.gens.info(now),
-        straggler=_straggler(rdzv, workers),
+        straggler=_straggler(rdzv),
         slow_link=_slow_link(rdzv, now),
     )
 
 
-def _straggler(rdzv: Rendezvous, workers: list[Worker]) -> str:
+def rank_summary(rdzv: Rendezvous) -> tuple[Counter[str], tuple[int, int]]:
+    """The current generation's ranks by state, and the lowest and highest step any
+    reported (0, 0 for none), read straight from the workers: no row is built."""
+    workers = rdzv.workers
+    steps = [w.progress.step for w in workers]
+    return Counter(w.state.value for w in workers), (min(steps, default=0), max(steps, default=0))
+
+
+def _straggler(rdzv: Rendezvous) -> str:
     row = rdzv.stragglers.straggler()
     if row is None:
         return ""
-    host = next((w.host for w in workers if w.rank == row.rank), "?")
-    return describe(row, host, rdzv.stragglers.matched())
+    return describe(row, host_of(rdzv, row.rank), rdzv.stragglers.matched())
 
 
 def _slow_link(rdzv: Rendezvous, now: float) -> str:

@@ -118,7 +118,7 @@ async def test_slow_and_excess_http_connections_are_dropped() -> None:
 def test_api_status_pages_and_metrics_keep_a_bounded_number_of_series() -> None:
     from shardwire.coordinator import Rendezvous, RendezvousConfig
     from shardwire.coordinator.http import API_PAGE, METRICS_RANKS, _Metrics, status_json
-    from shardwire.protocol.messages import Join
+    from shardwire.protocol.messages import Heartbeat, Join
 
     world, lws = 2500, 50
     r = Rendezvous(RendezvousConfig(run_id="big", world_size=world))
@@ -130,8 +130,13 @@ def test_api_status_pages_and_metrics_keep_a_bounded_number_of_series() -> None:
     assert first["total"] == world and len(first["ranks"]) == API_PAGE
     last = status_json(r, 1.0, 100.0, offset=2000, limit=10_000)  # the limit is capped
     assert [row["rank"] for row in last["ranks"]] == list(range(2000, 2500))
+    for conn in range(world):  # steps 5.., except two ranks past the first 1,024
+        steps = {1500: 2, 2400: 9000}
+        r.heartbeat(conn, Heartbeat(step=steps.get(conn, 5 + conn % 7)), now=1.0)
+    r.disconnected(2499)  # failed: one rank in another state
     families = {f.name: f for f in _Metrics(r, lambda: 1.0).collect()}
     assert len(families["shardwire_rank_step"].samples) == METRICS_RANKS
-    assert families["shardwire_ranks"].samples[0].labels == {"state": "running"}
-    assert families["shardwire_ranks"].samples[0].value == world
-    assert families["shardwire_step_max"].samples[0].value == 0
+    by_state = {s.labels["state"]: s.value for s in families["shardwire_ranks"].samples}
+    assert by_state == {"running": world - 1, "failed": 1}  # every rank counted
+    assert families["shardwire_step_min"].samples[0].value == 2
+    assert families["shardwire_step_max"].samples[0].value == 9000
