@@ -9,8 +9,8 @@ from shardwire.worker.bench.rendezvous import main, measure
 
 
 def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
-    result = measure(64, 2, 8, beat_window=1.0)
-    assert result["workers"] == 64 and result["processes"] == 2 and result["agents"]
+    result = measure(1000, 2, 8, beat_window=1.0)  # 125 agents and their workers
+    assert result["workers"] == 1000 and result["processes"] == 2 and result["agents"]
     assert result["coordinator_exit"] == 0  # every simulated worker held all and left
     assert 0 < result["join_p50_s"] <= result["join_p99_s"] <= result["rendezvous_s"]
     assert result["coordinator_cpu_s"] > 0 and result["coordinator_peak_rss_mib"] > 10
