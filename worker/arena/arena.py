@@ -3,9 +3,10 @@
 Opening happens inside the group's first arena call, over the group's own messages:
 local rank 0 creates the region and offers its name and nonce, every other rank
 attaches (with the checks of ``region``) and answers, rank 0 unlinks the name and sends
-one verdict to all. Either every rank of the group uses the arena or none does, never a
-mix; a region that cannot be made is one warning naming the size and the setting, and
-the group keeps to TCP.
+one verdict to all. Offer and verdict go down a binomial tree and the answers up one,
+so a rank talks to about log2 k of its k local peers while the arena opens. Either
+every rank of the group uses the arena or none does, never a mix; a region that cannot
+be made is one warning naming the size and the setting, and the group keeps to TCP.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ from shardwire.worker.arena.engine import Abandoned, Engine, Job
 from shardwire.worker.arena.programs import Clock, Context, HalfViews, Mismatch, Program
 from shardwire.worker.arena.region import Geometry, Region
 from shardwire.worker.arena.settings import SLOT_SETTING, ArenaSettings
+from shardwire.worker.collectives.call import Call
+from shardwire.worker.collectives.small import broadcast_tree, gather_blobs_tree
 from shardwire.worker.collectives.split import Split
 
 log = logging.getLogger("shardwire.worker")
 
 _SETUP_STEP = 3 << 30  # message steps of the opening exchange, apart from any algorithm's
+_OFFER, _ANSWERS, _VERDICT = _SETUP_STEP, _SETUP_STEP + 2, _SETUP_STEP + 4  # its phases
 
 
 class ArenaTimeout(TimeoutError):
@@ -176,7 +180,7 @@ def _cause_error(exc: Poisoned) -> Exception:
     return relayed_error(kind, message)
 
 
-async def open_arena(call: Any, settings: ArenaSettings, what: str) -> NodeArena | None:
+async def open_arena(call: Call, settings: ArenaSettings, what: str) -> NodeArena | None:
     """Open the arena of ``call``'s ranks (all on this node); None: they keep to TCP.
     ``call`` is the group's first arena call (its messages carry the exchange)."""
     geometry = Geometry(call.size, settings.slot_bytes)
@@ -188,10 +192,9 @@ async def open_arena(call: Any, settings: ArenaSettings, what: str) -> NodeArena
 
 
 async def _create(
-    call: Any, settings: ArenaSettings, geometry: Geometry, what: str
+    call: Call, settings: ArenaSettings, geometry: Geometry, what: str
 ) -> Region | None:
     """Local rank 0: make the region, offer it, collect the answers, send the verdict."""
-    peers = range(1, call.size)
     region: Region | None = None
     try:
         if atomics.missing():
@@ -201,17 +204,18 @@ async def _create(
     except OSError as exc:
         offer = {"error": str(exc)}
     try:
-        await _tell(call, peers, offer, _SETUP_STEP)
-        answers = [await _hear(call, p, _SETUP_STEP + 1) for p in peers]
+        await _tell(call, offer, _OFFER)
+        answers = await _hear_all(call, {"ok": region is not None}, _ANSWERS)
         if region is not None:
             region.unlink()  # everyone attached (or gave up): the name is no longer needed
+        assert answers is not None
         problems = [
             f"rank {call.ranks[p]}: {a.get('error')}"
-            for p, a in zip(peers, answers, strict=True)
-            if not a.get("ok")
+            for p, a in enumerate(answers)
+            if p and not a.get("ok")
         ]
         ok = region is not None and not problems
-        await _tell(call, peers, {"ok": ok}, _SETUP_STEP + 2)
+        await _tell(call, {"ok": ok}, _VERDICT)
     except BaseException:
         _drop(region)  # the error's frames must not keep the mapping alive
         raise
@@ -232,10 +236,10 @@ async def _create(
 
 
 async def _attach(
-    call: Any, settings: ArenaSettings, geometry: Geometry, what: str
+    call: Call, settings: ArenaSettings, geometry: Geometry, what: str
 ) -> Region | None:
     """Any other local rank: attach what rank 0 offers, answer, take the verdict."""
-    offer = await _hear(call, 0, _SETUP_STEP)
+    offer = await _tell(call, None, _OFFER)
     region = None
     answer: dict[str, Any] = {"ok": False, "error": "no region offered"}
     if "name" in offer:
@@ -248,8 +252,8 @@ async def _attach(
         except (OSError, ProtocolError, ValueError) as exc:
             answer = {"ok": False, "error": str(exc)[:2000]}
     try:
-        await _tell(call, [0], answer, _SETUP_STEP + 1)
-        verdict = await _hear(call, 0, _SETUP_STEP + 2)
+        await _hear_all(call, answer, _ANSWERS)
+        verdict = await _tell(call, None, _VERDICT)
     except BaseException:
         _drop(region)
         raise
@@ -266,13 +270,22 @@ def _drop(region: Region | None) -> None:
         region.close()
 
 
-async def _tell(call: Any, peers: Any, message: dict, step: int) -> None:
-    payload = np.frombuffer(pack_object(message), np.uint8)
-    await asyncio.gather(*(call.send(p, payload, step) for p in peers))
+async def _tell(call: Call, message: dict | None, step: int) -> dict:
+    """Local rank 0's ``message`` (None elsewhere), on every rank, down a binomial tree:
+    a rank talks to about log2 k others, not rank 0 to all k - 1."""
+    payload = None if message is None else np.frombuffer(pack_object(message), np.uint8)
+    got = await broadcast_tree(call.sub(range(call.size), step), payload, 0)
+    return _message(call, 0, got)
 
 
-async def _hear(call: Any, peer: int, step: int) -> dict:
-    got = await call.recv(peer, step)
+async def _hear_all(call: Call, mine: dict, step: int) -> list[dict] | None:
+    """Every rank's ``mine`` on local rank 0, by rank, up a binomial tree; None elsewhere."""
+    payload = np.frombuffer(pack_object(mine), np.uint8)
+    got = await gather_blobs_tree(call.sub(range(call.size), step), payload, 0)
+    return None if got is None else [_message(call, p, blob) for p, blob in enumerate(got)]
+
+
+def _message(call: Call, peer: int, got: np.ndarray) -> dict:
     message = unpack_object(got.tobytes())
     if not isinstance(message, dict):
         raise ProtocolError(f"rank {call.ranks[peer]} sent a malformed arena message")

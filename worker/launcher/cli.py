@@ -203,9 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         settings = _settings(args)
+        # the stock loop: uvloop's process spawning leaves its own descriptors (the
+        # children's /dev/null, pipe copies) open in every child it starts, five per
+        # worker; a launcher's loop carries little traffic
         if args.command == "run":
-            return run(run_rank(settings, _child_argv(args)))
-        return run(run_node(settings, _child_argv(args)))
+            return run(run_rank(settings, _child_argv(args)), use_uvloop=False)
+        return run(run_node(settings, _child_argv(args)), use_uvloop=False)
     except (ValidationError, ValueError) as exc:
         print(f"shardwire {args.command}: invalid option: {exc}", file=sys.stderr)
         return 2
