@@ -63,6 +63,7 @@ def test_sixty_four_ranks_on_four_nodes_run_every_collective(tmp_path) -> None:
         "idle_links_max": max(len(s["idle"]["links"]) for s in stats),
         "idle_fds_max": max(s["idle"]["fds"] for s in stats),
     }
+    report["fd_kinds_of_max"] = max(stats, key=lambda s: s["fds"])["fd_kinds"]
     print("scale", json.dumps(report))
     (tmp_path / "scale.json").write_text(json.dumps(stats))
     # every collective, all_to_all and gather_object too, talks to the ranks at distances

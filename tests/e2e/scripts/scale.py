@@ -57,9 +57,23 @@ async def _every_collective(pg) -> None:
     await pg.barrier()
 
 
+def _fd_kinds() -> dict[str, int]:
+    """This process's open descriptors by kind (socket, pipe, anon_inode, /dev/shm...)."""
+    kinds: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the directory's own descriptor, closed meanwhile
+            continue
+        kind = target.split(":")[0] if ":" in target else "/".join(target.split("/")[:3])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 def _usage(pg) -> dict:
     return {
         "fds": len(os.listdir("/proc/self/fd")),
+        "fd_kinds": _fd_kinds(),
         "rss_mib": round(_rss_mib(), 1),
         "links": pg.transport.peers(),
         "released": pg.transport.idle.released,
