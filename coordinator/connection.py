@@ -42,7 +42,7 @@ class Host(Protocol):
     """What a connection needs of its server."""
 
     def hello(self, hello: Hello) -> Error | None: ...
-    def admit(self) -> int | None: ...  # a connection id, or None: over the handshake cap
+    def admit(self, conn: ControlConnection) -> int | None: ...  # None: over the cap
     def authenticated(self, conn: ControlConnection) -> None: ...
     def received(self, conn: ControlConnection, msg: Message) -> None: ...
     def refused(self, peer: str, code: str, message: str) -> None: ...
@@ -73,7 +73,7 @@ class ControlConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = transport.get_extra_info("peername") or ("", 0)
         self.peer_host = str(peer[0])
-        conn_id = self._host.admit()
+        conn_id = self._host.admit(self)
         if conn_id is None:  # over the cap: told so and closed, before any buffer fills
             self._transport.write(_BUSY)
             self._transport.close()

@@ -97,6 +97,7 @@ class CoordinatorServer:
         self._clock = clock
         self.rendezvous = Rendezvous(config.rendezvous)
         self._conns: dict[int, ControlConnection] = {}  # authenticated, by id
+        self._handshaking: set[ControlConnection] = set()  # the others (closed with it)
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -138,7 +139,7 @@ class CoordinatorServer:
         self._closing = True
         if self._server is not None:
             self._server.close()
-        for conn in list(self._conns.values()):
+        for conn in [*self._conns.values(), *self._handshaking]:
             conn.close()
         self._conns.clear()
         ticker_error: BaseException | None = None
@@ -198,16 +199,18 @@ class CoordinatorServer:
 
     # ---- what a connection asks of its server (connection.Host) -----------------------
 
-    def admit(self) -> int | None:
+    def admit(self, conn: ControlConnection) -> int | None:
         """A new connection's id, or None if the handshake slots are all taken (a burst
         of joiners is normal, not an attack: a worker told "busy" retries)."""
         if self._closing or self._unauthenticated >= self._config.max_unauthenticated:
             return None
         self._unauthenticated += 1
+        self._handshaking.add(conn)
         return next(self._ids)
 
     def authenticated(self, conn: ControlConnection) -> None:
         self._unauthenticated -= 1
+        self._handshaking.discard(conn)
         self._conns[conn.id] = conn
 
     def received(self, conn: ControlConnection, msg: Message) -> None:
@@ -222,6 +225,7 @@ class CoordinatorServer:
     def lost(self, conn: ControlConnection, authenticated: bool) -> None:
         if not authenticated:
             self._unauthenticated -= 1
+            self._handshaking.discard(conn)
             return
         self._conns.pop(conn.id, None)
         if not self._closing:
