@@ -277,3 +277,15 @@ async def open_connection(
             proto.close()
         raise
     return proto
+
+
+_BUSY = message_bytes(Error(code="busy", message="too many handshakes under way; retry"))
+
+
+class Refused(asyncio.Protocol):
+    """Closes a connection over a listener's unauthenticated limit on arrival, saying
+    so: the dialer retries (a thousand ranks dialling rank 0 at once is normal)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.WriteTransport, transport).write(_BUSY)  # uvloop's is not a subclass
+        transport.close()

@@ -21,7 +21,6 @@ import contextlib
 import ssl
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
@@ -44,7 +43,7 @@ from shardwire.protocol.placement import Placement
 from shardwire.worker.arena.settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
 from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.book import AddressBook
-from shardwire.worker.transport.framing import HANG_UP_GRACE, open_connection
+from shardwire.worker.transport.framing import HANG_UP_GRACE, Refused, open_connection
 from shardwire.worker.transport.idle import IdleCloser
 from shardwire.worker.transport.links import CROSSED, Links
 from shardwire.worker.transport.peer import PeerConnection
@@ -53,18 +52,6 @@ from shardwire.worker.transport.poll import default_budget, usable_cpus
 from shardwire.worker.transport.traffic import Traffic
 
 _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job was aborted
-
-
-_BUSY = message_bytes(Error(code="busy", message="too many handshakes under way; retry"))
-
-
-class _Refused(asyncio.Protocol):
-    """Closes a connection over the listener's unauthenticated limit on arrival, saying
-    so: the dialer retries (a thousand ranks dialling rank 0 at once is normal)."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        cast(asyncio.WriteTransport, transport).write(_BUSY)  # uvloop's is not a subclass
-        transport.close()
 
 
 # Accept queue of the peer listener (the kernel caps it at net.core.somaxconn).
@@ -155,7 +142,7 @@ class TcpMesh(Transport):
 
     def _accepted(self) -> asyncio.BaseProtocol:
         if len(self._pending) >= self.config.max_unauthenticated:
-            return _Refused()
+            return Refused()
         conn: PeerConnection | None = None
 
         def accept(hello: Hello) -> Error | None:
@@ -271,6 +258,14 @@ class TcpMesh(Transport):
     def is_paused(self, conn: PeerConnection) -> bool:
         return conn in self._paused
 
+    def connection(self, peer: int) -> PeerConnection | None:
+        """The connection to ``peer`` (for diagnostics and fault injection), if any."""
+        return self._conns.get(peer)
+
+    def handshaking(self) -> int:
+        """Connections accepted whose peer has not proven itself yet."""
+        return len(self._pending)
+
     def peers(self) -> list[int]:
         """The ranks this rank holds an open connection to (made on first use)."""
         return sorted(p for p, c in self._conns.items() if c.is_open)
@@ -346,8 +341,8 @@ class TcpMesh(Transport):
 
     def _posted(self, src: int) -> None:
         conn = self._conns.get(src)
-        if conn is not None and conn._deferred is not None:
-            conn.settle()
+        if conn is not None:
+            conn.settle()  # a payload that waited for this receive goes on (else nothing)
 
     def _resume(self) -> None:
         for conn in self._paused:

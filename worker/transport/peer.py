@@ -114,9 +114,14 @@ class PeerConnection(FramedProtocol):
         self.outbox = Outbox(self, checksum=mesh.config.checksum)
         self.shm = ShmLink(self)
 
+    @property
+    def accepted(self) -> bool:
+        """Whether the peer dialled this rank (else this rank dialled it)."""
+        return isinstance(self._shake, ServerHandshake)
+
     def _authenticated(self) -> None:
-        if isinstance(self._shake, ServerHandshake):
-            assert self._shake.hello is not None
+        if self.accepted:
+            assert isinstance(self._shake, ServerHandshake) and self._shake.hello is not None
             self.peer = self._shake.hello.rank
         self.mesh.register(self)
 

@@ -16,7 +16,8 @@ async def test_queued_sends_fail_at_once_when_the_connection_hangs_up() -> None:
     # checksummed payloads over 8 MiB go through the writer task
     async with tcp_world(2, timeout=30.0, checksum=True) as (a, b):
         await a.ensure([1])
-        conn = a._conns[1]
+        conn = a.connection(1)
+        assert conn is not None
         big = np.ones(16 << 20, np.uint8)
         first = asyncio.ensure_future(a.send(1, big, tag=Tag(0, 1), op="x", timeout=60))
         second = asyncio.ensure_future(a.send(1, big, tag=Tag(0, 2), op="x", timeout=60))

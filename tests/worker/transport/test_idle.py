@@ -37,9 +37,10 @@ async def test_only_a_connection_quiet_for_a_whole_sweep_period_is_released() ->
             a.idle.sweep()
             b.idle.sweep()
         await asyncio.sleep(0.1)
-        assert a.peers() == [1] and not a._conns[1].releasing
+        conn = a.connection(1)
+        assert a.peers() == [1] and conn is not None and not conn.releasing
         a.idle.sweep()  # nothing moved since the last sweep: proposed
-        assert a._conns[1].releasing
+        assert conn.releasing
         await _until(lambda: a.peers() == [] and b.peers() == [])
         assert (a.idle.released, b.idle.released) == (1, 1)
 

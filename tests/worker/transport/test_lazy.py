@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.protocol import CollectiveTimeout, PeerFailed, ServerHandshake, Tag, Token
+from shardwire.protocol import CollectiveTimeout, PeerFailed, Tag, Token
 from shardwire.protocol.placement import Member
 from shardwire.worker.transport import AddressBook, ConnectFailed, MeshConfig, TcpMesh
 
@@ -16,7 +16,9 @@ from .fabric import TOKEN, book_for, placement_for, tcp_world
 
 
 def _inbound(mesh: TcpMesh, peer: int) -> bool:
-    return isinstance(mesh._conns[peer]._shake, ServerHandshake)
+    conn = mesh.connection(peer)
+    assert conn is not None
+    return conn.accepted
 
 
 async def test_nothing_is_dialled_until_a_rank_sends() -> None:
@@ -51,7 +53,7 @@ async def test_ranks_sending_to_each_other_at_once_share_one_connection_per_pair
         for a in range(n):
             for b in range(a + 1, n):  # exactly one of the two ends accepted it
                 assert _inbound(meshes[a], b) != _inbound(meshes[b], a)
-        assert all(len(m._pending) == 0 for m in meshes)
+        assert all(m.handshaking() == 0 for m in meshes)
 
 
 async def test_frames_sent_before_the_connection_is_up_arrive_in_order() -> None:

@@ -25,7 +25,7 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline() -> None
         port = await mesh.listen()
         idle = await RawClient.open(("127.0.0.1", port))
         assert await idle.closed_by_server(timeout=5)  # nothing sent: dropped after 0.3 s
-        assert mesh._pending == []
+        assert mesh.handshaking() == 0
     finally:
         await mesh.aclose()
 
@@ -85,6 +85,6 @@ async def test_a_second_handshake_message_before_the_reply_is_refused() -> None:
         client.send(shake.hello)
         client.send(shake.hello)
         assert await client.closed_by_server(timeout=5)
-        assert mesh._pending == []
+        assert mesh.handshaking() == 0
     finally:
         await mesh.aclose()

@@ -174,7 +174,8 @@ async def test_a_malicious_notification_is_a_protocol_violation(frame, problem) 
         await touch([a, b])
         target = np.zeros(1000, np.uint8)
         receive = b.irecv(0, tag=Tag(1, 0), out=target)
-        conn = a._conns[1]
+        conn = a.connection(1)
+        assert conn is not None and conn.transport is not None
         head = {"src": 0, "group": 1, "seq": 0, "step": 0, "op": "p2p", "dtype": "uint8"}
         head.update(shape=[1000], gen=a.generation, **{SHM_KEY: 1})
         if CHUNK_KEY in frame:
@@ -189,11 +190,13 @@ async def test_a_lost_peer_fails_a_send_waiting_for_a_slot() -> None:
     async with shm_world(2, shm_slots=2, shm_slot_bytes=64 << 10) as (a, b):
         x = np.ones(1 << 20, np.uint8)  # 16 slots' worth; b never receives
         await a.ensure([1])
-        b._conns[0].shm.on_frame = lambda meta: True  # b swallows chunks, returns no credit
+        peer = b.connection(0)
+        assert peer is not None and peer.transport is not None
+        peer.shm.on_frame = lambda meta: True  # b swallows chunks, returns no credit
         send = asyncio.ensure_future(a.send(1, x, tag=Tag(1, 0)))
         await asyncio.sleep(0.2)
         assert not send.done()
-        b._conns[0].transport.abort()
+        peer.transport.abort()
         with pytest.raises(PeerFailed, match="rank 1"):
             async with asyncio.timeout(5):  # well inside the transport's 10 s send timeout
                 await send
@@ -237,7 +240,8 @@ async def test_a_chunk_that_splits_an_element_of_a_folding_receive_is_refused() 
         receive = b.irecv(
             0, tag=Tag(1, 0), out=np.zeros(1000, np.float32), fold=lambda p, at: folded.append(at)
         )
-        conn = a._conns[1]
+        conn = a.connection(1)
+        assert conn is not None and conn.transport is not None
         head = {"src": 0, "group": 1, "seq": 0, "step": 0, "op": "p2p", "dtype": "float32"}
         head.update(shape=[1000], gen=a.generation, **{SHM_KEY: 1})
         conn.transport.write(encode_head(FrameKind.DATA, head, 0))
