@@ -73,7 +73,8 @@ async def _workers(
     nodes = range(first // lws, (first + count) // lws) if agents else range(0)
     agent_of = {k: ControlClient(token=token, run_id="bench", role="agent") for k in nodes}
     beats = {k: NodeBeats(agent_of[k].send, interval=1.0) for k in nodes}
-    ready: dict[int, asyncio.Future[tuple[int, int, str]]] = {}
+    ready: dict[int, asyncio.Task[tuple[int, int, str]]] = {}  # each node's agent, owned
+    relays: list[BeatRelay] = []
     first_dial = time.time()
 
     async def agent(k: int) -> tuple[int, int, str]:
@@ -93,7 +94,8 @@ async def _workers(
         client = clients[i]
         await client.connect("127.0.0.1", port, timeout=_TIMEOUT)
         if asked is not None:  # as a worker's control thread: beats through its agent
-            client.relay(await BeatRelay.open(path, asked, generation, timeout=60))
+            relays.append(await BeatRelay.open(path, asked, generation, timeout=60))
+            client.relay(relays[-1])
         client.start_heartbeats(1.0)  # from the connection on
         msg = Join(
             world_size=world,
@@ -111,7 +113,7 @@ async def _workers(
 
     try:
         for k in nodes:
-            ready[k] = asyncio.ensure_future(agent(k))
+            ready[k] = asyncio.create_task(agent(k))
         times = await asyncio.gather(*(one(i) for i in range(count)))
         print(json.dumps({"first": first_dial, "joins": times}), flush=True)
         # the driver says when the beat window is over; read off the loop, so the
@@ -120,11 +122,20 @@ async def _workers(
         for client in clients:
             client.leave()
     finally:
-        for client in clients:
-            await client.aclose()
-        for k in nodes:
-            await beats[k].aclose()
-            await agent_of[k].aclose()
+        await _end(list(ready.values()), relays, clients, [*beats.values(), *agent_of.values()])
+
+
+async def _end(agents: list, relays: list, clients: list, nodes: list) -> None:
+    """Close what a client process made: its agents' tasks (done unless a worker failed
+    first), the workers' relays and connections, then the agents' sockets and
+    connections."""
+    for task in agents:
+        task.cancel()
+    await asyncio.gather(*agents, return_exceptions=True)
+    for relay in relays:
+        relay.close()
+    for closable in [*clients, *nodes]:
+        await closable.aclose()
 
 
 def _proc_stats(pid: int) -> tuple[float, float]:
