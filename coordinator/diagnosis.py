@@ -85,18 +85,21 @@ def _record(rec: CollectiveRecord) -> dict:
     return rec.model_dump(mode="json", exclude_defaults=True)
 
 
-def detail(reporter: int, reason: str, reports: dict[int, Diagnosis], world_size: int) -> dict:
-    """The whole inquest as JSON-ready data: who reported what, the call, and for each
-    rank that answered where it was, its stack and its recorder tail."""
-    mine = reports.get(reporter)
-    stuck = _stuck(mine) if mine is not None else None
+def _detail(
+    reporter: int,
+    reason: str,
+    reports: dict[int, Diagnosis],
+    world_size: int,
+    call: tuple[CollectiveRecord, list[int], list[int], list[int]] | None,
+) -> dict:
+    """The whole inquest as JSON-ready data: who reported what, the call (with the ranks
+    that entered it, never did, or did not answer), and for each rank that answered where
+    it was, its stack and its recorder tail."""
     out: dict = {"reporter": reporter, "reason": reason, "world_size": world_size}
-    if stuck is not None:
-        members = _members(stuck, reports, world_size)
+    if call is not None:
+        stuck, entered, absent, silent = call
         out["call"] = {"name": _call_name(stuck), **_record(stuck)}
-        out["entered"] = [r for r in members if r in reports and _entered(reports[r], stuck)]
-        out["absent"] = [r for r in members if r in reports and not _entered(reports[r], stuck)]
-        out["silent"] = [r for r in members if r not in reports]
+        out.update(entered=entered, absent=absent, silent=silent)
     out["ranks"] = {
         str(rank): {
             "where": d.where,
@@ -110,15 +113,15 @@ def detail(reporter: int, reason: str, reports: dict[int, Diagnosis], world_size
 
 def explain(reporter: int, reason: str, reports: dict[int, Diagnosis], world_size: int) -> Verdict:
     """The verdict for a timed-out collective, from the ranks' diagnoses."""
-    whole = detail(reporter, reason, reports, world_size)
     mine = reports.get(reporter)
     stuck = _stuck(mine) if mine is not None else None
     if stuck is None:
-        return Verdict(reporter, reason, "", whole)
+        return Verdict(reporter, reason, "", _detail(reporter, reason, reports, world_size, None))
     members = _members(stuck, reports, world_size)
     waited = [r for r in members if r in reports and _entered(reports[r], stuck)]
     absent = [r for r in members if r in reports and not _entered(reports[r], stuck)]
     silent = [r for r in members if r not in reports]
+    whole = _detail(reporter, reason, reports, world_size, (stuck, waited, absent, silent))
     name = _call_name(stuck)
     if not absent and not silent:
         return Verdict(reporter, f"{reason}; every rank of the group entered {name}", "", whole)

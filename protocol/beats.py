@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-import msgpack
 from pydantic import Field
 
+from shardwire.protocol.codec import pack_meta
 from shardwire.protocol.fields import Msg, Rank, Str, Text
 from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
 
@@ -82,7 +82,7 @@ def pack_beats(beats: Iterable[RankBeat], budget: int = NODE_BEAT_BYTES) -> list
     batch: list[RankBeat] = []
     size = 0
     for beat in beats:
-        n = len(msgpack.packb(beat.model_dump(mode="python")))
+        n = len(pack_meta(beat.model_dump(mode="python")))  # as the frame will hold it
         if batch and (size + n > budget or len(batch) == NODE_BEATS):
             out.append(NodeBeat(beats=batch))
             batch, size = [], 0
