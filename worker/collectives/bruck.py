@@ -13,12 +13,18 @@
 * all_reduce (Rabenseifner's shape): that reduce_scatter over n even slices of the
   buffer, then that all_gather. Twice the bytes of the buffer leave each rank, as in a
   ring, but in 2·ceil(log2 n) messages each way instead of 2(n - 1).
+* When n is a power of two, all_gather is recursive doubling and reduce_scatter
+  recursive halving instead: every round is one exchange with the rank r ^ d of a run
+  of d blocks aligned to d (contiguous in the buffer), the same bytes in as many rounds,
+  with log2 n peers instead of 2 log2 n.
 * all_to_all (Bruck's index algorithm): a rank's block for rank r + j sits in slot j;
   in the round of distance d every rank sends the slots whose index has bit d set to
   the rank d above and takes the same slots from the rank d below, so a block moves j
   ranks forward in all and ends in slot j of its destination, which then holds the
   block from rank r - j. Each block travels about log2(n)/2 hops, so this is for small
-  blocks; a round's slots go as their sizes, then their rows in one message.
+  blocks; a round's slots go as their sizes, then their rows in one message. When n is
+  a power of two the same runs with r ^ j in place of r + j: the round of distance d is
+  then one exchange with the rank r ^ d, and a rank talks to log2 n ranks, not 2 log2 n.
 
 Blocks stay where they belong in the flat buffer; a cyclic run of blocks is at most two
 contiguous ranges of it, sent as two messages (the second often empty), so nothing is
@@ -63,9 +69,23 @@ async def _swap(
         await receive.wait()
 
 
+def _span(segs: Segs, first: int, count: int) -> tuple[int, int]:
+    """The buffer range of blocks ``first .. first+count-1`` (no wrap)."""
+    return segs[first][0], segs[first + count - 1][1]
+
+
 async def all_gather(c: Call, buf: np.ndarray, segs: Segs, *, base_step: int = _AG_STEP) -> None:
     """In-place all-gather: rank r's block ``buf[segs[r]]`` is filled in on every rank."""
     n, r = c.size, c.rank
+    if n & (n - 1) == 0:  # recursive doubling: the held blocks are r's aligned run of d
+        d, step = 1, base_step
+        while d < n:
+            p = r ^ d
+            ma, mb = _span(segs, r & -d, d)
+            pa, pb = _span(segs, p & -d, d)
+            await _swap(c, p, [buf[ma:mb]], p, [buf[pa:pb]], step=step)
+            d, step = d << 1, step + 2
+        return
     d, step = 1, base_step
     while d < n:
         count = min(d, n - d)
@@ -84,6 +104,18 @@ async def reduce_scatter(
     n, r = c.size, c.rank
     if acc is not src:
         np.copyto(acc, src)
+    if n & (n - 1) == 0:  # recursive halving: keep the aligned half that holds r's block
+        d, step = n >> 1, 0
+        while d:
+            p = r ^ d
+            ka, kb = _span(segs, r & -d, d)
+            ga, gb = _span(segs, p & -d, d)
+            part = c.scratch(kb - ka, acc.dtype)
+            await _swap(c, p, [acc[ga:gb]], p, [part], step=step)
+            lower = (part, acc[ka:kb]) if p < r else (acc[ka:kb], part)  # lower rank's first
+            c.combine(op, *lower, out=acc[ka:kb])
+            d, step = d >> 1, step + 2
+        return
     held, d, step = n, 1, 0
     while d * 2 < n:
         d <<= 1
@@ -111,20 +143,25 @@ async def all_reduce(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
 
 async def all_to_all(c: Call, parts: list[np.ndarray], dtype: np.dtype) -> list[np.ndarray]:
     """``parts[p]`` (flat, of ``dtype``) to rank p; returns what each rank sent this one,
-    by rank, in ceil(log2 n) rounds with the ranks at distances ±2^k only."""
+    by rank, in ceil(log2 n) rounds with the ranks at distances ±2^k only (r ^ 2^k when
+    n is a power of two)."""
     n, r = c.size, c.rank
-    slots = [parts[(r + j) % n] for j in range(n)]  # slot j: for rank r + j
+    paired = n & (n - 1) == 0
+    # slot j: for rank r + j (r ^ j when paired), so each block leaves by the bits of j
+    slots = [parts[r ^ j if paired else (r + j) % n] for j in range(n)]
     d, step = 1, 0
     while d < n:
+        to, frm = (r ^ d,) * 2 if paired else ((r + d) % n, (r - d) % n)
         moving = [j for j in range(n) if j & d]
         sizes = np.array([slots[j].size for j in moving], np.int64)
-        got_sizes = c.irecv((r - d) % n, step, out=np.empty(len(moving), np.int64))
-        await c.send((r + d) % n, sizes, step)
+        got_sizes = c.irecv(frm, step, out=np.empty(len(moving), np.int64))
+        await c.send(to, sizes, step)
         arrived = await got_sizes.wait()
-        rows = c.irecv((r - d) % n, step + 1, out=np.empty(int(arrived.sum()), dtype))
-        await c.send((r + d) % n, np.concatenate([slots[j] for j in moving]), step + 1)
+        rows = c.irecv(frm, step + 1, out=np.empty(int(arrived.sum()), dtype))
+        await c.send(to, np.concatenate([slots[j] for j in moving]), step + 1)
         flat = await rows.wait()
         for j, (a, b) in zip(moving, offsets(arrived.tolist()), strict=True):
             slots[j] = flat[a:b]
         d, step = d << 1, step + 2
-    return [slots[(r - p) % n] for p in range(n)]  # slot j holds rank r - j's block
+    # slot j holds the block of rank r - j (r ^ j when paired)
+    return [slots[r ^ p if paired else (r - p) % n] for p in range(n)]

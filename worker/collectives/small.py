@@ -6,7 +6,13 @@
 * all_gather, reduce_scatter, gather, scatter, all_to_all: direct exchange, one round.
 * broadcast, reduce, and gather and scatter in groups of more than 8: binomial trees
   rooted anywhere (a rank talks to log2 n others).
-* barrier: dissemination, ceil(log2 n) rounds of empty messages.
+* barrier: ceil(log2 n) rounds of empty messages: pairwise exchanges with r ^ 2^k when n
+  is a power of two, dissemination (to r + 2^k, from r - 2^k) otherwise.
+
+The trees number ranks from the root: by XOR with it when n is a power of two, by
+rotation otherwise. With XOR a rank's tree peers are the ranks r ^ 2^k whatever the
+root, the same log2 n peers recursive doubling, the all_to_all and the barrier use, so
+a rank that runs them all holds log2 n connections, not 2 log2 n.
 
 Reductions always combine the lower ranks' part first, so every rank and every run
 computes the same expression.
@@ -15,7 +21,7 @@ computes the same expression.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -24,6 +30,13 @@ from shardwire.worker.collectives.layout import largest_power_of_two
 from shardwire.worker.collectives.ops import ReduceOp
 
 _EMPTY = np.zeros(0, np.uint8)
+
+
+def _rooted(n: int, r: int, root: int) -> tuple[int, Callable[[int], int]]:
+    """This rank's number in a tree rooted at ``root``, and the rank of a tree number."""
+    if n & (n - 1) == 0:
+        return r ^ root, lambda v: v ^ root
+    return (r - root) % n, lambda v: (v + root) % n
 
 
 def _real(virtual: int, rem: int) -> int:
@@ -80,45 +93,47 @@ async def exchange(
 
 async def broadcast_tree(c: Call, buf: np.ndarray | None, root: int) -> np.ndarray:
     """Binomial-tree broadcast; non-roots may pass ``None`` to receive any shape."""
-    n, r = c.size, c.rank
-    v = (r - root) % n
+    n = c.size
+    v, real = _rooted(n, c.rank, root)
     mask = 1
     while mask < n:  # receive from the parent: v with its lowest set bit cleared
         if v & mask:
-            buf = await c.recv((r - mask) % n, 0, out=buf)
+            buf = await c.recv(real(v - mask), 0, out=buf)
             break
         mask <<= 1
     assert buf is not None
     mask >>= 1
     while mask:
         if v + mask < n:
-            await c.send((r + mask) % n, buf, 0)
+            await c.send(real(v + mask), buf, 0)
         mask >>= 1
     return buf
 
 
 async def reduce_tree(c: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None:
     """Binomial-tree reduce into ``buf`` on ``root`` (``buf`` is overwritten elsewhere)."""
-    n, r = c.size, c.rank
-    v = (r - root) % n
+    n = c.size
+    v, real = _rooted(n, c.rank, root)
     scratch = c.scratch(buf.size, buf.dtype)
     mask = 1
     while mask < n:
         if v & mask:
-            await c.send((r - mask) % n, buf, 0)
+            await c.send(real(v - mask), buf, 0)
             return
         if v + mask < n:
-            await c.recv((r + mask) % n, 0, out=scratch)
+            await c.recv(real(v + mask), 0, out=scratch)
             c.combine(op, buf, scratch, out=buf)  # own (lower virtual ranks) part first
         mask <<= 1
 
 
 async def barrier(c: Call) -> None:
     n, r = c.size, c.rank
+    paired = n & (n - 1) == 0
     distance, step = 1, 0
     while distance < n:
-        receive = c.irecv((r - distance) % n, step)
-        await c.send((r + distance) % n, _EMPTY, step)
+        to, frm = (r ^ distance,) * 2 if paired else ((r + distance) % n, (r - distance) % n)
+        receive = c.irecv(frm, step)
+        await c.send(to, _EMPTY, step)
         await receive.wait()
         distance <<= 1
         step += 1
@@ -135,21 +150,21 @@ async def gather_tree(c: Call, mine: np.ndarray, counts: list[int], root: int) -
     ``root`` every rank's elements in rank order, elsewhere None. A rank receives its
     subtree's parts, one message per child, and passes them up as one: log2 n peers."""
     n, r = c.size, c.rank
-    v = (r - root) % n
+    v, real = _rooted(n, r, root)
     end = _subtree(v, n)
-    order = [(root + u) % n for u in range(v, end)]  # this subtree's ranks, virtual order
+    order = [real(u) for u in range(v, end)]  # this subtree's ranks, virtual order
     starts = np.cumsum([0] + [counts[p] for p in order])
     stage = c.scratch(int(starts[-1]), mine.dtype)
     np.copyto(stage[: counts[r]], mine)
     mask = 1
     while mask < n:
         if v & mask:
-            await c.send((r - mask) % n, stage, 0)
+            await c.send(real(v - mask), stage, 0)
             return None
         child = v + mask
         if child < n:  # its subtree is child .. _subtree(child)-1, right after ours so far
             a, b = starts[child - v], starts[_subtree(child, n) - v]
-            await c.recv((r + mask) % n, 0, out=stage[a:b])
+            await c.recv(real(child), 0, out=stage[a:b])
         mask <<= 1
     out = np.empty(sum(counts), mine.dtype)
     at = np.cumsum([0, *counts])
@@ -162,41 +177,42 @@ async def gather_blobs_tree(c: Call, mine: np.ndarray, root: int) -> list[np.nda
     """Binomial-tree gather of byte strings of any lengths (``mine``: uint8): on
     ``root`` every rank's, by rank; elsewhere None. A rank passes its subtree's up as
     their lengths, then their bytes: log2 n peers, and nobody needs the sizes first."""
-    n, r = c.size, c.rank
-    v = (r - root) % n
+    n = c.size
+    v, real = _rooted(n, c.rank, root)
     lengths, blobs = [mine.size], [mine]  # this subtree's, in virtual order
     mask = 1
     while mask < n:
         if v & mask:
-            parent = (r - mask) % n
+            parent = real(v - mask)
             await c.send(parent, np.array(lengths, np.int64), 0)
             await c.send(parent, np.concatenate(blobs), 1)
             return None
         if v + mask < n:
-            child = (r + mask) % n
+            child = real(v + mask)
             sizes = await c.recv(child, 0)
             data = await c.recv(child, 1)
             ends = np.cumsum(sizes)
             blobs += [data[e - k : e] for k, e in zip(sizes.tolist(), ends.tolist(), strict=True)]
             lengths += sizes.tolist()
         mask <<= 1
-    return [blobs[(p - root) % n] for p in range(n)]  # virtual order -> rank order
+    at = {real(u): u for u in range(n)}
+    return [blobs[at[p]] for p in range(n)]  # virtual order -> rank order
 
 
 async def scatter_tree(c: Call, chunks: list[np.ndarray] | None, root: int) -> np.ndarray:
     """Binomial-tree scatter: ``root`` passes ``chunks`` (one per rank, rows of the same
     row shape); every rank returns its own. A rank gets its subtree's rows from its
     parent (their counts first) and passes each child its part: log2 n peers."""
-    n, r = c.size, c.rank
-    v = (r - root) % n
+    n = c.size
+    v, real = _rooted(n, c.rank, root)
     end = _subtree(v, n)
     if v == 0:
         assert chunks is not None
-        order = [chunks[(root + u) % n] for u in range(n)]
+        order = [chunks[real(u)] for u in range(n)]
         rows = np.array([len(x) for x in order], np.int64)
         data = np.concatenate(order) if n > 1 else order[0]
     else:
-        parent = (r - (v & -v)) % n
+        parent = real(v - (v & -v))
         rows = await c.recv(parent, 0)
         data = await c.recv(parent, 1)
     starts = np.cumsum([0, *rows.tolist()])
@@ -207,6 +223,6 @@ async def scatter_tree(c: Call, chunks: list[np.ndarray] | None, root: int) -> n
         if child < end:
             stop = _subtree(child, n)
             a, b = child - v, stop - v
-            await c.send((r + (1 << mask)) % n, rows[a:b], 0)
-            await c.send((r + (1 << mask)) % n, data[starts[a] : starts[b]], 1)
+            await c.send(real(child), rows[a:b], 0)
+            await c.send(real(child), data[starts[a] : starts[b]], 1)
     return data[: starts[1]].copy()  # not a view holding the subtree's rows
