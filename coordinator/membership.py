@@ -6,7 +6,6 @@ rendezvous sends back at once.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,19 +51,20 @@ class JoinIndex:
 
     def __init__(self) -> None:
         self._slots: set[tuple[str, int]] = set()  # (node id, local rank)
-        self._nodes: Counter[str] = Counter()  # workers per node id
+        # plain dicts of counts: a Counter costs a few microseconds to make, per joiner
+        self._nodes: dict[str, int] = {}  # workers per node id
         self._requested: dict[int, str] = {}  # requested rank -> node id
-        self._node_ranks: dict[str, Counter[int]] = {}  # node id -> requested node ranks
-        self._owners: dict[int, Counter[str]] = {}  # requested node rank -> node ids
+        self._node_ranks: dict[str, dict[int, int]] = {}  # node id -> requested node ranks
+        self._owners: dict[int, dict[str, int]] = {}  # requested node rank -> node ids
 
     def add(self, j: Join, lws: int) -> None:
         self._slots.add((j.node_id, j.local_rank))
-        self._nodes[j.node_id] += 1
+        _count(self._nodes, j.node_id)
         if j.requested_rank is not None:
             r = j.requested_rank
             self._requested[r] = j.node_id
-            self._node_ranks.setdefault(j.node_id, Counter())[r // lws] += 1
-            self._owners.setdefault(r // lws, Counter())[j.node_id] += 1
+            _count(self._node_ranks.setdefault(j.node_id, {}), r // lws)
+            _count(self._owners.setdefault(r // lws, {}), j.node_id)
 
     def remove(self, j: Join, lws: int) -> None:
         self._slots.discard((j.node_id, j.local_rank))
@@ -106,6 +106,10 @@ class JoinIndex:
         if taken:
             return "duplicate_rank", f"node rank {r // lws} is taken by {taken[0]!r}"
         return None
+
+
+def _count(counts: dict, key: object) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 def _drop(table: dict, key: object, item: object) -> None:

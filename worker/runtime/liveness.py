@@ -262,10 +262,11 @@ class ControlThread:
         self._client.relay(self._relay_to)
 
     async def _shutdown(self) -> None:
-        if self._relay_to is not None:
-            self._relay_to.close()
+        # the client first: its heartbeats stop before the relay they go through closes
         if self._client is not None:
             await self._client.aclose()
+        if self._relay_to is not None:
+            self._relay_to.close()
 
     def _keep_links(self, moved: list[LinkReport]) -> None:
         for report in moved:  # a link's newest totals replace the older ones
