@@ -1,9 +1,10 @@
 """One client connection of the coordinator: an asyncio protocol, no task per connection.
 
-Bytes in become frames (``FrameDecoder``), frames become messages; until the client is
-authenticated they go to the pure :class:`~shardwire.protocol.ServerHandshake`, then to
-the server (``Host.received``), which feeds the rendezvous state machine and writes its
-answers back through :meth:`ControlConnection.send`. Everything happens in the event
+Bytes in become events in the sans-IO :class:`~shardwire.protocol.session.Session`, which
+answers the handshake itself (with the pure
+:class:`~shardwire.protocol.ServerHandshake`); once the client is authenticated its
+messages go to the server (``Host.received``), which feeds the rendezvous state machine
+and writes its answers back through :meth:`ControlConnection.send`. Everything happens in the event
 loop's callbacks as bytes arrive: a heartbeat costs one read, one parse and one
 dispatch, with no task to wake. Two timers bound what a client may hold: the handshake
 deadline, and the idle limit (a connection quiet for that long is closed, unless the
@@ -18,18 +19,16 @@ import logging
 from typing import Protocol, cast
 
 from shardwire.protocol import (
-    HANDSHAKE_LIMITS,
-    SMALL_STAGE,
-    FrameDecoder,
+    Frame,
     Limits,
     ProtocolError,
     ServerHandshake,
     Token,
     VersionMismatch,
-    frame_message,
     message_bytes,
 )
 from shardwire.protocol.messages import Error, Hello, Message
+from shardwire.protocol.session import Authenticated, HandshakeRefused, Session
 
 log = logging.getLogger("shardwire.coordinator")
 
@@ -57,8 +56,8 @@ class ControlConnection(asyncio.Protocol):
         self._host = host
         self._idle = idle_timeout
         self._handshake_timeout = handshake_timeout
-        self._shake = ServerHandshake(token, accept=host.hello)
-        self._decoder = FrameDecoder(limits=HANDSHAKE_LIMITS, stage_bytes=SMALL_STAGE)
+        # the stage grows on demand, up to a control frame
+        self._session = Session(ServerHandshake(token, accept=host.hello), limits=_CONTROL_LIMITS)
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0
@@ -72,7 +71,7 @@ class ControlConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = transport.get_extra_info("peername") or ("", 0)
-        self.peer_host = str(peer[0])
+        self.peer_host = self._session.peer = str(peer[0])
         conn_id = self._host.admit(self)
         if conn_id is None:  # over the cap: told so and closed, before any buffer fills
             self._transport.write(_BUSY)
@@ -84,10 +83,21 @@ class ControlConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            for frame in self._decoder.feed(data):
+            for event in self._session.receive_data(data):
                 if self._transport is None or self._transport.is_closing():
                     return
-                self._message(frame_message(frame))
+                if isinstance(event, Authenticated):
+                    self._authenticated()
+                elif isinstance(event, Frame):  # control frames carry no payload
+                    raise ProtocolError("this connection does not accept data frames")
+                else:
+                    self._last = asyncio.get_running_loop().time()
+                    self._host.received(self, event)
+            self._flush()
+        except HandshakeRefused as exc:
+            self._flush()
+            self._host.refused(self.peer_host, exc.reply.code, exc.reply.message)
+            self.close()
         except VersionMismatch as exc:
             self.send(Error(code="version", message=str(exc)))
             self.close()
@@ -118,21 +128,15 @@ class ControlConnection(asyncio.Protocol):
 
     # ---- inside -----------------------------------------------------------------------
 
-    def _message(self, msg: Message) -> None:
-        if self.ready:
-            self._last = asyncio.get_running_loop().time()
-            self._host.received(self, msg)
-            return
-        reply = self._shake.receive(msg)
-        self.send(reply)
-        if isinstance(reply, Error):
-            self._host.refused(self.peer_host, reply.code, reply.message)
-            self.close()
-            return
-        if not self._shake.done:
-            return
+    def _flush(self) -> None:
+        """Write the session's handshake replies."""
+        data = self._session.data_to_send()
+        if data and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def _authenticated(self) -> None:
+        self._flush()  # the welcome before anything the server answers
         self.ready = True
-        self._decoder.upgrade(_CONTROL_LIMITS, stage_bytes=SMALL_STAGE)  # grows on demand
         assert self._timer is not None
         self._timer.cancel()
         loop = asyncio.get_running_loop()

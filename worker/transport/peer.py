@@ -117,12 +117,13 @@ class PeerConnection(FramedProtocol):
     @property
     def accepted(self) -> bool:
         """Whether the peer dialled this rank (else this rank dialled it)."""
-        return isinstance(self._shake, ServerHandshake)
+        return isinstance(self.session.handshake, ServerHandshake)
 
     def _authenticated(self) -> None:
-        if self.accepted:
-            assert isinstance(self._shake, ServerHandshake) and self._shake.hello is not None
-            self.peer = self._shake.hello.rank
+        shake = self.session.handshake
+        if isinstance(shake, ServerHandshake):  # accepted: the hello named the rank
+            assert shake.hello is not None
+            self.peer = shake.hello.rank
         self.mesh.register(self)
 
     def tensor_meta(self, meta: dict, payload_len: int | None) -> TensorMeta:
@@ -167,7 +168,7 @@ class PeerConnection(FramedProtocol):
         if meta is None or not self.is_open:
             return
         try:
-            self._decoder.resume(self._destination(meta))
+            self.session.resume(self._destination(meta))
         except ShardwireError as exc:
             self.fail(exc)
             return
