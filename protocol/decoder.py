@@ -214,14 +214,18 @@ class FrameDecoder:
         view = memoryview(data).cast("B")
         frames: list[Frame] = []
         while view:
-            buf = self.get_buffer()
-            n = min(len(buf), len(view))
-            buf[:n] = view[:n]
-            view = view[n:]
-            self.buffer_updated(n)
+            view = self.fill(view)
             while (frame := self.next_frame()) is not None:
                 frames.append(frame)
         return frames
+
+    def fill(self, view: memoryview) -> memoryview:
+        """Copy as much of ``view`` as the next buffer takes; returns the rest."""
+        buf = self.get_buffer()
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        self.buffer_updated(n)
+        return view[n:]
 
     def _parse_one(self) -> Frame | None:
         while not self._waiting and self._state is _State.STAGED:

@@ -112,11 +112,7 @@ class Session:
         view = memoryview(data).cast("B")
         events: list[Event] = []
         while view:
-            buf = self.get_buffer()
-            n = min(len(buf), len(view))
-            buf[:n] = view[:n]
-            view = view[n:]
-            self.buffer_updated(n)
+            view = self.decoder.fill(view)
             while (event := self.next_event()) is not None:
                 events.append(event)
         return events
