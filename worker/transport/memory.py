@@ -60,13 +60,13 @@ class MemoryTransport(Transport):
 
     def __init__(self, hub: MemoryHub, rank: int, **kwargs) -> None:
         super().__init__(Place(rank, hub.world_size), **kwargs)
-        self._hub = hub
+        self.hub = hub  # the world this endpoint is part of (tests kill ranks through it)
         self._space = asyncio.Event()
         self._space.set()
 
     def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
-        self._hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
-        peer = self._hub.peer(dst)
+        self.hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
+        peer = self.hub.peer(dst)
         if peer._closed:
             raise PeerFailed(rank=dst, reason="endpoint closed")
         if peer.mailbox.over_budget:
@@ -75,8 +75,8 @@ class MemoryTransport(Transport):
         return None
 
     def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
-        self._hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
-        self._hub.peer(dst).mailbox.deliver(meta, array)
+        self.hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
+        self.hub.peer(dst).mailbox.deliver(meta, array)
 
     async def _deliver_later(
         self, peer: MemoryTransport, meta: TensorMeta, array: np.ndarray

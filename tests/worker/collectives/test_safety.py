@@ -86,9 +86,9 @@ async def test_dead_peer_fails_every_survivor(kind: str) -> None:
         start = time.monotonic()
         victim = groups[3].transport
         if kind == "memory":
-            victim._hub.kill(3, "killed by test")
+            victim.hub.kill(3, "killed by test")
         else:
-            for conn in list(victim._conns.values()):
+            for conn in [victim.connection(p) for p in victim.peers()]:
                 conn.transport.abort()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert time.monotonic() - start < 2

@@ -82,7 +82,7 @@ async def test_a_stage_that_dies_fails_the_others() -> None:
             PipelineStage(Sequential(*(layers[i] for i in part)), g, config, loss=_loss)
             for g, part in zip(groups, parts, strict=True)
         ]
-        groups[1].transport._hub.kill(1, "stage 1 died")  # the middle stage never runs
+        groups[1].transport.hub.kill(1, "stage 1 died")  # the middle stage never runs
         async with asyncio.timeout(30):
             results = await asyncio.gather(
                 pipes[0].step(X), pipes[2].step(targets=Y), return_exceptions=True
