@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.layout import bounds, offsets
+from shardwire.worker.collectives.layout import bounds, offsets, paired
 from shardwire.worker.collectives.ops import ReduceOp, finish
 
 _AG_STEP = 1 << 20  # all_gather's message steps from here (reduce_scatter's from 0)
@@ -77,7 +77,7 @@ def _span(segs: Segs, first: int, count: int) -> tuple[int, int]:
 async def all_gather(c: Call, buf: np.ndarray, segs: Segs, *, base_step: int = _AG_STEP) -> None:
     """In-place all-gather: rank r's block ``buf[segs[r]]`` is filled in on every rank."""
     n, r = c.size, c.rank
-    if n & (n - 1) == 0:  # recursive doubling: the held blocks are r's aligned run of d
+    if paired(n):  # recursive doubling: the held blocks are r's aligned run of d
         d, step = 1, base_step
         while d < n:
             p = r ^ d
@@ -104,7 +104,7 @@ async def reduce_scatter(
     n, r = c.size, c.rank
     if acc is not src:
         np.copyto(acc, src)
-    if n & (n - 1) == 0:  # recursive halving: keep the aligned half that holds r's block
+    if paired(n):  # recursive halving: keep the aligned half that holds r's block
         d, step = n >> 1, 0
         while d:
             p = r ^ d
@@ -146,12 +146,12 @@ async def all_to_all(c: Call, parts: list[np.ndarray], dtype: np.dtype) -> list[
     by rank, in ceil(log2 n) rounds with the ranks at distances ±2^k only (r ^ 2^k when
     n is a power of two)."""
     n, r = c.size, c.rank
-    paired = n & (n - 1) == 0
+    xor = paired(n)
     # slot j: for rank r + j (r ^ j when paired), so each block leaves by the bits of j
-    slots = [parts[r ^ j if paired else (r + j) % n] for j in range(n)]
+    slots = [parts[r ^ j if xor else (r + j) % n] for j in range(n)]
     d, step = 1, 0
     while d < n:
-        to, frm = (r ^ d,) * 2 if paired else ((r + d) % n, (r - d) % n)
+        to, frm = (r ^ d,) * 2 if xor else ((r + d) % n, (r - d) % n)
         moving = [j for j in range(n) if j & d]
         sizes = np.array([slots[j].size for j in moving], np.int64)
         got_sizes = c.irecv(frm, step, out=np.empty(len(moving), np.int64))
@@ -164,4 +164,4 @@ async def all_to_all(c: Call, parts: list[np.ndarray], dtype: np.dtype) -> list[
             slots[j] = flat[a:b]
         d, step = d << 1, step + 2
     # slot j holds the block of rank r - j (r ^ j when paired)
-    return [slots[r ^ p if paired else (r - p) % n] for p in range(n)]
+    return [slots[r ^ p if xor else (r - p) % n] for p in range(n)]

@@ -42,6 +42,12 @@ def largest_power_of_two(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
+def paired(n: int) -> bool:
+    """Whether a group of ``n`` pairs its ranks by XOR (r with r ^ 2^k) in the
+    logarithmic algorithms: when n is a power of two."""
+    return n & (n - 1) == 0
+
+
 def node_layout(nodes: Sequence[Hashable]) -> list[list[int]] | None:
     """Group ranks (indices into ``nodes``, each rank's node id) by node, nodes in order of
     their lowest rank; None unless there are several nodes and one of them holds two or

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.layout import largest_power_of_two
+from shardwire.worker.collectives.layout import largest_power_of_two, paired
 from shardwire.worker.collectives.ops import ReduceOp
 
 _EMPTY = np.zeros(0, np.uint8)
@@ -34,7 +34,7 @@ _EMPTY = np.zeros(0, np.uint8)
 
 def _rooted(n: int, r: int, root: int) -> tuple[int, Callable[[int], int]]:
     """This rank's number in a tree rooted at ``root``, and the rank of a tree number."""
-    if n & (n - 1) == 0:
+    if paired(n):
         return r ^ root, lambda v: v ^ root
     return (r - root) % n, lambda v: (v + root) % n
 
@@ -128,10 +128,10 @@ async def reduce_tree(c: Call, buf: np.ndarray, op: ReduceOp, root: int) -> None
 
 async def barrier(c: Call) -> None:
     n, r = c.size, c.rank
-    paired = n & (n - 1) == 0
+    xor = paired(n)
     distance, step = 1, 0
     while distance < n:
-        to, frm = (r ^ distance,) * 2 if paired else ((r + distance) % n, (r - distance) % n)
+        to, frm = (r ^ distance,) * 2 if xor else ((r + distance) % n, (r - distance) % n)
         receive = c.irecv(frm, step)
         await c.send(to, _EMPTY, step)
         await receive.wait()
