@@ -1,11 +1,11 @@
 """One client connection of the coordinator: an asyncio protocol, no task per connection.
 
-Bytes in become events in the sans-IO :class:`~shardwire.protocol.session.Session`, which
-answers the handshake itself (with the pure
+Bytes in become events in the sans-IO :class:`~shardwire.protocol.session.Session`,
+which answers the handshake itself (with the pure
 :class:`~shardwire.protocol.ServerHandshake`); once the client is authenticated its
 messages go to the server (``Host.received``), which feeds the rendezvous state machine
-and writes its answers back through :meth:`ControlConnection.send`. Everything happens in the event
-loop's callbacks as bytes arrive: a heartbeat costs one read, one parse and one
+and writes its answers back through :meth:`ControlConnection.send`. Everything happens
+in the event loop's callbacks as bytes arrive: a heartbeat costs one read, one parse and one
 dispatch, with no task to wake. Two timers bound what a client may hold: the handshake
 deadline, and the idle limit (a connection quiet for that long is closed, unless the
 server says its liveness is watched otherwise, as a running worker whose heartbeats its

@@ -32,7 +32,7 @@ from shardwire.protocol import (
     message_bytes,
 )
 from shardwire.protocol.messages import Error, Message
-from shardwire.protocol.session import AUTHENTICATED, Authenticated, Handshake, Session
+from shardwire.protocol.session import Authenticated, Handshake, Session
 
 # How long a hanging-up connection waits for the peer to close its side.
 HANG_UP_GRACE = 2.0
@@ -165,7 +165,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
             self.fail(exc)
             return
         self._flush()
-        if done is AUTHENTICATED:
+        if done is not None:
             self._became_authenticated()
             self.drain_frames()  # frames that came behind the held handshake
 

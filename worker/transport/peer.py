@@ -128,9 +128,8 @@ class PeerConnection(FramedProtocol):
 
     def tensor_meta(self, meta: dict, payload_len: int | None) -> TensorMeta:
         """Check a data frame's meta (``payload_len`` None: its bytes come through
-        shared memory, bounded like a payload)."""
-        if not self.authenticated:
-            raise ProtocolError("data frame before the handshake finished")
+        shared memory, bounded like a payload). Data frames reach it only once the
+        peer is authenticated: the session lets none through before."""
         tm = parse_tensor_meta(meta, payload_len)
         if payload_len is None and tm.nbytes > self.mesh.config.max_payload:
             raise ProtocolError(f"rank {tm.src} announces {tm.nbytes} bytes through shared memory")
@@ -188,7 +187,7 @@ class PeerConnection(FramedProtocol):
         if len(frame.payload):
             inbound = self._inbound.popleft()
             began = self._began.popleft()
-        elif self.authenticated and self.shm.on_frame(frame.meta):
+        elif self.shm.on_frame(frame.meta):
             return
         else:  # zero-byte payloads skip the allocator
             inbound = self.mesh.mailbox.begin(self.tensor_meta(frame.meta, 0))
