@@ -115,7 +115,7 @@ def clip_scale(norm: float, max_norm: float) -> float | None:
 
 def _check_nodes(group: Group, tp: int) -> None:
     """Refuse tensor-parallel groups that would cross nodes (when the nodes are known)."""
-    nodes = group.transport.nodes
+    nodes = group.transport.topology.nodes
     if nodes is None or tp == 1:
         return
     for start in range(0, group.size, tp):

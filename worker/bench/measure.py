@@ -74,7 +74,11 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
         algorithm="arena"
         if pg.gate is not None and pg.gate.arena is not None
         else choose(
-            op, nbytes, pg.world_size, nodes=pg.layout is not None, crowded=pg.transport.crowded
+            op,
+            nbytes,
+            pg.world_size,
+            nodes=pg.layout is not None,
+            crowded=pg.transport.topology.crowded,
         ),
     )
     return record

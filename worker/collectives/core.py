@@ -88,7 +88,7 @@ class GroupCore:
         self._seq = 0
         self._error: BaseException | None = None
         self._works: set[Work] = set()
-        self._pool = ScratchPool()
+        self.pool = ScratchPool()  # scratch buffers its calls reuse (hits, misses)
         self._deadlines = Deadlines()
         self._children: list[GroupCore] = []  # subgroups this group created and closes
         self._closed = False
@@ -107,15 +107,14 @@ class GroupCore:
         self._expired: dict[int, BaseException] = {}  # why calls passed their deadlines
         # Recent calls of this group and its subgroups, for hang diagnosis.
         self.recorder = recorder or FlightRecorder()
-        transport.groups[group_id] = self  # unique per transport while the group lives
-        transport.abort_hooks.append(self._transport_aborted)
+        transport.groups.add(self)  # unique per transport while the group lives
 
     @property
     def layout(self) -> list[list[int]] | None:
         """This group's ranks (group ranks) by node, when the hierarchical algorithms
         apply (several nodes, one of them with two ranks or more); else None."""
         if not self._layout_known:
-            nodes = self.transport.nodes
+            nodes = self.transport.topology.nodes
             self._layout = node_layout([nodes[r] for r in self.ranks]) if nodes else None
             self._layout_known = nodes is not None
         return self._layout
@@ -125,7 +124,8 @@ class GroupCore:
         """The way into this group's node arena, when all its ranks share this node and
         the transport allows arenas (else None: the group moves data by messages)."""
         if not self._gate_known:
-            nodes, settings = self.transport.nodes, self.transport.arena
+            topology = self.transport.topology
+            nodes, settings = topology.nodes, topology.arena
             if nodes is not None:
                 self._gate_known = True
                 mine = nodes[self.transport.rank]
@@ -135,7 +135,7 @@ class GroupCore:
                     and all(nodes[r] == mine for r in self.ranks)
                 ):
                     what = f"rank {self.transport.rank}, group {self.group_id}"
-                    self._gate = Gate(settings, self._spawn, what, self.transport.stats)
+                    self._gate = Gate(settings, self.spawn, what, self.transport.stats)
         return self._gate
 
     @property
@@ -193,7 +193,7 @@ class GroupCore:
             self.group_id,
             self._seq,
             signature,
-            self._pool,
+            self.pool,
             split=split,
         )
         if gate is None or arena is None:
@@ -216,9 +216,6 @@ class GroupCore:
     def spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
         """Run ``coro`` (a sequence of this group's calls) in the background, owned by
         the group like a started call: :meth:`aclose` cancels it."""
-        return self._spawn(coro)
-
-    def _spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
         task = asyncio.ensure_future(coro)
         work = Work(task)
         self._works.add(work)
@@ -255,7 +252,7 @@ class GroupCore:
                 expired = self._deadlines.release(call.seq)
                 del self._live[call.seq]
                 timed_out = self._expired.pop(call.seq, None)
-            self._pool.give(call.taken)
+            self.pool.give(call.taken)
             outcome = "ok"
             return result
         except (TimeoutError, TransportTimeout, asyncio.CancelledError) as exc:
@@ -341,7 +338,8 @@ class GroupCore:
         with contextlib.suppress(TransportClosed):
             self.transport.poison_group(self.group_id, self._error, self.ranks)
 
-    def _transport_aborted(self, error: BaseException) -> None:
+    def transport_aborted(self, error: BaseException) -> None:
+        """The transport under this group was poisoned: wake its node arena."""
         if self._gate is not None:
             self._gate.poison(error)
 
@@ -358,15 +356,12 @@ class GroupCore:
         works = list(self._works)
         for work in works:
             work.cancel()
-        await asyncio.gather(*(work._task for work in works), return_exceptions=True)
+        await asyncio.gather(*(work.ended() for work in works))
         if self._gate is not None:
             self._gate.close()
-        if self._transport_aborted in self.transport.abort_hooks:
-            self.transport.abort_hooks.remove(self._transport_aborted)
         self._deadlines.close()
-        self._pool.clear()
-        if self.transport.groups.get(self.group_id) is self:
-            del self.transport.groups[self.group_id]
+        self.pool.clear()
+        self.transport.groups.remove(self)
 
 
 def _failure(call: Call) -> BaseException | None:

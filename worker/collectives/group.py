@@ -44,7 +44,7 @@ class Group(Movement):
         group_id = group_id_for(global_ranks, name)
         live = self.transport.groups.get(group_id)
         if live is not None:
-            if list(live.ranks) != global_ranks:
+            if not isinstance(live, Group) or list(live.ranks) != global_ranks:
                 raise InvalidArgument(
                     f"group id {group_id} of ranks {global_ranks} (name {name!r}) collides "
                     f"with open group {list(live.ranks)}; use another name"
@@ -285,7 +285,7 @@ class Group(Movement):
             if tiers is not None and run is not None:
                 await run(c, lambda: tiers.broadcast(buf, root, limit))
                 return x
-            how = c.choose("broadcast", x.nbytes, crowded=self.transport.crowded)
+            how = c.choose("broadcast", x.nbytes, crowded=self.transport.topology.crowded)
             if how == "tree":
                 await small.broadcast_tree(c, buf, root)
             elif how == "chain":

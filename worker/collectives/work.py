@@ -41,6 +41,10 @@ class Work(Generic[T]):
     def cancel(self) -> None:
         self._task.cancel()
 
+    async def ended(self) -> None:
+        """Return once the call ended, however it ended (its error is the waiter's)."""
+        await asyncio.wait((self._task,))
+
 
 class Pending(Generic[T]):
     """A collective call, placed in its group's order when it was made.
@@ -83,7 +87,7 @@ class Pending(Generic[T]):
             ended: asyncio.Future[T] = asyncio.get_running_loop().create_future()
             ended.set_result(self._value)
             return Work(ended)
-        work = self._group._spawn(coro)
+        work = self._group.spawn(coro)
         if self._on_start is not None:
             self._on_start()
         return work

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -11,10 +12,19 @@ from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.nn.module import Module
 
 
+class LinearLike(Protocol):
+    """A layer computing ``x W^T + b`` with its parameters: :class:`Linear` and the
+    tensor-parallel linears."""
+
+    params: dict[str, np.ndarray]
+    grads: dict[str, np.ndarray]
+    saved_input: np.ndarray | None
+
+
 class Linear(Module):
     """y = x W^T + b, over the last axis. W: (out, in), initialised U(-1/sqrt(in), ..)."""
 
-    ACTIVATIONS = ("_x",)
+    ACTIVATIONS = ("saved_input",)
 
     def __init__(
         self,
@@ -30,7 +40,7 @@ class Linear(Module):
         self.add_param("weight", rng.uniform(-bound, bound, (d_out, d_in)).astype(dtype))
         if bias:
             self.add_param("bias", np.zeros(d_out, dtype))
-        self._x: np.ndarray | None = None
+        self.saved_input: np.ndarray | None = None  # what backward needs of forward
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         return apply_linear(self, x)
@@ -40,19 +50,19 @@ class Linear(Module):
         return dy @ self.params["weight"]
 
 
-def apply_linear(module: Module, x: np.ndarray) -> np.ndarray:
+def apply_linear(module: LinearLike, x: np.ndarray) -> np.ndarray:
     """``x W^T + b`` with ``module``'s parameters, keeping ``x`` for backward."""
-    module._x = x  # type: ignore[attr-defined]
+    module.saved_input = x
     y = x @ module.params["weight"].T
     if "bias" in module.params:
         y = y + module.params["bias"]
     return y
 
 
-def add_linear_grads(module: Module, dy: np.ndarray) -> None:
+def add_linear_grads(module: LinearLike, dy: np.ndarray) -> None:
     """Add dW = dy^T x (and db = sum dy) of ``y = x W^T + b`` to ``module.grads``, with
-    ``x`` the input its forward kept in ``module._x``."""
-    x = getattr(module, "_x", None)
+    ``x`` the input its forward kept in ``module.saved_input``."""
+    x = module.saved_input
     assert x is not None, "backward before forward"
     flat_dy = dy.reshape(-1, dy.shape[-1])
     module.grads["weight"] += flat_dy.T @ x.reshape(-1, x.shape[-1])

@@ -134,7 +134,7 @@ class ColumnParallelLinear(Module):
     split over the ranks alike; this rank's rows are its part of every block, in order.
     """
 
-    ACTIVATIONS = ("_x",)
+    ACTIVATIONS = ("saved_input",)
     PARTITIONED = ("weight", "bias")  # parameters split over the group (each rank a slice)
 
     def __init__(
@@ -166,7 +166,12 @@ class ColumnParallelLinear(Module):
         self.add_param("weight", _weight(d_in, d_out, rng, dtype)[rows])
         if bias:
             self.add_param("bias", np.zeros(rows.size, dtype))
-        self._x: np.ndarray | None = None
+        self.saved_input: np.ndarray | None = None
+
+    @property
+    def group(self) -> Group:
+        """The tensor-parallel group this layer is split over."""
+        return self._bridge.group
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         y = apply_linear(self, x)
@@ -191,7 +196,7 @@ class RowParallelLinear(Module):
     ``unit``: split in whole groups of this many features (an attention head's width).
     """
 
-    ACTIVATIONS = ("_x",)
+    ACTIVATIONS = ("saved_input",)
     PARTITIONED = ("weight",)  # the bias is added once, after the sum: every rank holds it
 
     def __init__(
@@ -219,13 +224,18 @@ class RowParallelLinear(Module):
         self.add_param("weight", np.ascontiguousarray(full[:, a:b]))
         if bias:
             self.add_param("bias", np.zeros(d_out, dtype))
-        self._x: np.ndarray | None = None
+        self.saved_input: np.ndarray | None = None
+
+    @property
+    def group(self) -> Group:
+        """The tensor-parallel group this layer is split over."""
+        return self._bridge.group
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         if not self.input_is_parallel:
             a, b = self.span
             x = x[..., a:b]
-        self._x = x
+        self.saved_input = x
         partial = np.ascontiguousarray(x @ self.params["weight"].T)
         group = self._bridge.group
         y = self._bridge.run(lambda: group.all_reduce(partial))
@@ -329,7 +339,7 @@ def partitions(model: Module) -> tuple[dict[str, Partition], Group | None]:
     for path, module in model.named_modules():
         if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
             continue
-        keys, mine = module.PARTITIONED, module._bridge.group
+        keys, mine = module.PARTITIONED, module.group
         if group is not None and mine is not group:
             raise InvalidArgument(
                 f"{path} is split over another tensor-parallel group than the rest"

@@ -51,7 +51,8 @@ class IdleCloser:
 
     def sweep(self) -> None:
         seen, self._seen = self._seen, {}
-        for conn in list(self._mesh._conns.values()):
+        mesh = self._mesh
+        for conn in [c for p in mesh.peers() if (c := mesh.connection(p)) is not None]:
             moved = conn.moves != seen.get(conn, -1)
             self._seen[conn] = conn.moves
             if moved or not conn.quiet() or conn.releasing:
@@ -61,7 +62,7 @@ class IdleCloser:
 
     def on_message(self, conn: PeerConnection, msg: Release | ReleaseAnswer) -> None:
         mesh = self._mesh
-        current = mesh._conns.get(conn.peer) is conn
+        current = mesh.connection(conn.peer) is conn
         if isinstance(msg, Release):
             if not current:  # replaced or released here already: nothing is sent on it
                 conn.write_message(ReleaseAnswer(ok=True))
@@ -82,7 +83,7 @@ class IdleCloser:
             conn.retire()  # hangs up once its queued frames are out
 
     def _forget(self, conn: PeerConnection) -> None:
-        del self._mesh._conns[conn.peer]
+        self._mesh.forget(conn)
         self._seen.pop(conn, None)
         self.retired.add(conn)
         self.released += 1

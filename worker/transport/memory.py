@@ -9,7 +9,8 @@ import numpy as np
 
 from shardwire.protocol import PeerFailed, TensorMeta
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.worker.transport.base import DEFAULT_TIMEOUT, Transport
+from shardwire.worker.transport.base import DEFAULT_TIMEOUT
+from shardwire.worker.transport.messaging import MailboxTransport
 from shardwire.worker.transport.place import Place
 
 
@@ -55,7 +56,7 @@ class MemoryHub:
                 ep.abort(error)
 
 
-class MemoryTransport(Transport):
+class MemoryTransport(MailboxTransport):
     """One rank's endpoint on a :class:`MemoryHub`."""
 
     def __init__(self, hub: MemoryHub, rank: int, **kwargs) -> None:
@@ -67,14 +68,14 @@ class MemoryTransport(Transport):
     def _start_send(self, dst: int, meta: TensorMeta, array: np.ndarray) -> Awaitable[None] | None:
         self.hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
         peer = self.hub.peer(dst)
-        if peer._closed:
+        if peer.closed:
             raise PeerFailed(rank=dst, reason="endpoint closed")
         if peer.mailbox.over_budget:
             return self._deliver_later(peer, meta, array)
         peer.mailbox.deliver(meta, array)
         return None
 
-    def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+    def post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
         self.hub.pairs.add((min(self.rank, dst), max(self.rank, dst)))
         self.hub.peer(dst).mailbox.deliver(meta, array)
 
@@ -82,10 +83,15 @@ class MemoryTransport(Transport):
         self, peer: MemoryTransport, meta: TensorMeta, array: np.ndarray
     ) -> None:
         while peer.mailbox.over_budget:  # backpressure, like a full socket buffer
-            peer._space.clear()
-            await peer._space.wait()
+            await peer.space()
             self.check_usable()
         peer.mailbox.deliver(meta, array)
+
+    async def space(self) -> None:
+        """Return once this endpoint's early-arrival backlog drained below its budget (or
+        it was aborted or closed)."""
+        self._space.clear()
+        await self._space.wait()
 
     def _resume(self) -> None:
         self._space.set()

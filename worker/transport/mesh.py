@@ -41,13 +41,13 @@ from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import Error, Failure, Hello, Leave
 from shardwire.protocol.placement import Placement
 from shardwire.worker.arena.settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
-from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.framing import HANG_UP_GRACE, Refused, open_connection
 from shardwire.worker.transport.idle import IdleCloser
 from shardwire.worker.transport.links import CROSSED, Links
+from shardwire.worker.transport.messaging import MailboxTransport
 from shardwire.worker.transport.peer import PeerConnection
-from shardwire.worker.transport.place import NodeMap, Place
+from shardwire.worker.transport.place import NodeMap, Place, Topology
 from shardwire.worker.transport.poll import default_budget, usable_cpus
 from shardwire.worker.transport.traffic import Traffic
 
@@ -93,7 +93,7 @@ class MeshConfig:
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
 
 
-class TcpMesh(Transport):
+class TcpMesh(MailboxTransport):
     """The TCP transport: listen, take a place, then connect to peers on first use."""
 
     def __init__(
@@ -193,22 +193,21 @@ class TcpMesh(Transport):
         ``nodes`` gives each rank's node where ranks are not contiguous per node."""
         self._settle(Place(placement.rank, placement.world_size, placement.generation))
         self.book = book
-        self.nodes = (
-            nodes
-            if nodes is not None
-            else NodeMap(placement.local_world_size, placement.world_size)
-        )
         local, cpus = placement.local_world_size, usable_cpus()
         self.poll.budget = default_budget(local, cpus, self.config.busy_poll_us)
-        self.crowded = self.poll.yield_cpu = local > cpus
+        crowded = self.poll.yield_cpu = local > cpus
+        arena = None
         if self.config.arena:
-            self.arena = ArenaSettings(
+            arena = ArenaSettings(
                 self.config.run_id,
                 self.config.arena_slot_bytes,
                 spin=self.poll.budget,
-                yield_cpu=self.crowded,
-                nap=CROWDED_NAP if self.crowded else 0.0,
+                yield_cpu=crowded,
+                nap=CROWDED_NAP if crowded else 0.0,
             )
+        if nodes is None:
+            nodes = NodeMap(placement.local_world_size, placement.world_size)
+        self.topology = Topology(nodes, crowded, arena)
         for conn in list(self._pending):
             conn.release_held()
         self.idle.start()
@@ -248,7 +247,8 @@ class TcpMesh(Transport):
         if conn in self._pending:
             self._pending.remove(conn)
         self._conns[conn.peer] = conn
-        if self.config.shm and self.nodes and self.nodes[conn.peer] == self.nodes[self.rank]:
+        nodes = self.topology.nodes
+        if self.config.shm and nodes and nodes[conn.peer] == nodes[self.rank]:
             conn.shm.allow(self.config.run_id, self.config.shm_slots, self.config.shm_slot_bytes)
         self.links.connected(conn)
 
@@ -259,8 +259,13 @@ class TcpMesh(Transport):
         return conn in self._paused
 
     def connection(self, peer: int) -> PeerConnection | None:
-        """The connection to ``peer`` (for diagnostics and fault injection), if any."""
+        """The connection sends to ``peer`` go on now, if any."""
         return self._conns.get(peer)
+
+    def forget(self, conn: PeerConnection) -> None:
+        """Send nothing more on ``conn`` (released when idle); the next send dials."""
+        if self._conns.get(conn.peer) is conn:
+            del self._conns[conn.peer]
 
     def handshaking(self) -> int:
         """Connections accepted whose peer has not proven itself yet."""
@@ -325,7 +330,7 @@ class TcpMesh(Transport):
             return self.links.send(dst, meta, array)
         return conn.outbox.send(meta, array)
 
-    def _post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
+    def post(self, dst: int, meta: TensorMeta, array: np.ndarray) -> None:
         conn = self._conn_to(dst)
         if conn is None:
             self.links.post(dst, meta, array)
@@ -370,7 +375,7 @@ class TcpMesh(Transport):
     async def _close(self) -> None:
         self._closing = True
         await self.idle.aclose()
-        await self.links.aclose(self.error or TransportClosed(f"{self._who}: transport closed"))
+        await self.links.aclose(self.error or TransportClosed(f"{self.who}: transport closed"))
         await self.book.aclose()
         conns = [*self._conns.values(), *self._pending, *self.idle.retired]
         goodbye = b"" if self._reported_failure else message_bytes(Leave())

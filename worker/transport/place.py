@@ -1,10 +1,14 @@
-"""Where this process sits in the job: its rank, the world, the generation, and the node
-of every rank."""
+"""Where this process sits in the job: its rank, the world, the generation, the node of
+every rank, and what follows from those for collectives (:class:`Topology`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shardwire.worker.arena.settings import ArenaSettings
 
 
 class NodeMap(Sequence[int]):
@@ -32,3 +36,21 @@ class Place:
     rank: int
     world_size: int
     generation: int = 0
+
+
+@dataclass(slots=True)
+class Topology:
+    """What a transport learned of the job's layout from its placement, for the groups
+    that run over it (all unknown until then, and for the in-memory transport).
+
+    Attributes:
+        nodes: the node of every rank, by rank (None: one node, as far as known).
+        crowded: this node runs more ranks than it has CPUs; algorithms that need every
+            rank running at once lose there.
+        arena: groups whose ranks share this node run their collectives through a node
+            arena with these settings (an ``ArenaSettings``), or never (None).
+    """
+
+    nodes: Sequence[Hashable] | None = None
+    crowded: bool = False
+    arena: ArenaSettings | None = None

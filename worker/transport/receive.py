@@ -16,7 +16,7 @@ from shardwire.worker.transport.mailbox import Posted
 from shardwire.worker.transport.poll import POLL_MAX_BYTES
 
 if TYPE_CHECKING:
-    from shardwire.worker.transport.base import Transport
+    from shardwire.worker.transport.messaging import MailboxTransport
 
 
 class TransportTimeout(ShardwireError, TimeoutError):
@@ -41,7 +41,7 @@ class Receive:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: MailboxTransport,
         src: int,
         tag: Tag,
         op: str,

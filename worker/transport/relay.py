@@ -28,7 +28,7 @@ from shardwire.protocol.ranks import from_runs, to_runs
 from shardwire.worker.transport.mailbox import POISON_OP
 
 if TYPE_CHECKING:
-    from shardwire.worker.transport.base import Transport
+    from shardwire.worker.transport.messaging import MailboxTransport
 
 log = logging.getLogger("shardwire.worker")
 
@@ -47,7 +47,7 @@ def binomial_children(index: int, size: int) -> list[int]:
 class Relay:
     """One transport's part in relaying poison notices (see the module docstring)."""
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: MailboxTransport):
         self._t = transport
         self._passed: dict[int, set[str]] = {}  # group -> ways its notice went on
 
@@ -65,14 +65,14 @@ class Relay:
     def heard(self, notice: Poison) -> None:
         """A member's notice arrived (the group already failed here): pass it on."""
         t = self._t
-        if t.error is not None or t._closed:
+        if t.error is not None or t.closed:
             return
         if notice.runs:
             ranks = from_runs(notice.runs)
-        elif notice.group in t.groups:
-            ranks = sorted(t.groups[notice.group].ranks)
+        elif (group := t.groups.get(notice.group)) is not None:
+            ranks = sorted(group.ranks)
         else:  # an irregular group this rank has no copy of: its members hear otherwise
-            log.debug("%s: poison notice of unknown group %d not relayed", t._who, notice.group)
+            log.debug("%s: poison notice of unknown group %d not relayed", t.who, notice.group)
             return
         self._pass(notice, ranks)
 
@@ -94,9 +94,9 @@ class Relay:
         )
         for i in binomial_children(me, len(ranks)) if way == "down" else [me & (me - 1)]:
             peer = ranks[i]
-            if peer in t._departed:
+            if t.has_departed(peer):
                 continue
             try:
-                t._post(peer, meta, report)
+                t.post(peer, meta, report)
             except (ShardwireError, OSError) as exc:  # that peer is gone: it cannot hear
-                log.debug("%s: poison notice to rank %d not sent: %s", t._who, peer, exc)
+                log.debug("%s: poison notice to rank %d not sent: %s", t.who, peer, exc)

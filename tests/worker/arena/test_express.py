@@ -92,8 +92,9 @@ async def test_only_a_crowded_node_lets_express_calls_nap(cpus: int, monkeypatch
     async with arena_groups(2) as groups:
         await _opened(groups)
         for g in groups:
-            assert g.transport.arena.nap == (CROWDED_NAP if cpus == 1 else 0.0)
-            assert g.gate.arena.engine.nap == g.transport.arena.nap
+            settings = g.transport.topology.arena
+            assert settings is not None and settings.nap == (CROWDED_NAP if cpus == 1 else 0.0)
+            assert g.gate.arena.engine.nap == settings.nap
 
 
 @pytest.mark.parametrize("nap", [0.0, 30.0])

@@ -23,7 +23,7 @@ async def test_the_crowded_flag_picks_the_broadcast(crowded: bool, monkeypatch) 
         monkeypatch.setattr(module, name, spy)
     async with group_world("memory", 4) as groups:
         for g in groups:
-            g.transport.crowded = crowded
+            g.transport.topology.crowded = crowded
         data = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
 
         async def call(g):

@@ -59,11 +59,11 @@ async def test_ranks_sending_to_each_other_at_once_share_one_connection_per_pair
 async def test_frames_sent_before_the_connection_is_up_arrive_in_order() -> None:
     async with tcp_world(2) as (a, b):
         for i in range(10):
-            a._post(1, *_frame(a, i))  # queued behind the dial, in order
+            a.post(1, *_frame(a, i))  # queued behind the dial, in order
         sent = asyncio.ensure_future(a.send(1, np.array([10]), tag=Tag(0, 0)))
         await asyncio.sleep(0)
         for i in range(11, 20):
-            a._post(1, *_frame(a, i))
+            a.post(1, *_frame(a, i))
         got = [int((await b.recv(0, tag=Tag(0, 0)))[0]) for _ in range(20)]
         assert got == list(range(20))
         await sent

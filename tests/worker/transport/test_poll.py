@@ -115,5 +115,5 @@ async def test_the_setting_reaches_the_transport() -> None:
 async def test_a_node_with_more_ranks_than_cpus_is_crowded() -> None:
     async with tcp_world(3) as meshes:
         for mesh in meshes:
-            assert mesh.crowded is (3 > usable_cpus())
-            assert mesh.poll.yield_cpu is mesh.crowded
+            assert mesh.topology.crowded is (3 > usable_cpus())
+            assert mesh.poll.yield_cpu is mesh.topology.crowded
