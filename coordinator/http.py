@@ -110,7 +110,7 @@ def _links(rdzv: Rendezvous, now: float) -> Iterator:
     yield slow
 
 
-class _Metrics(Collector):
+class MetricsCollector(Collector):
     """Prometheus view, computed at scrape time (base units, ``shardwire_`` prefix)."""
 
     def __init__(self, rdzv: Rendezvous, clock: Clock):
@@ -218,7 +218,7 @@ class StatusHTTP:
         self._rdzv = rdzv
         self._clock = clock
         self._registry = CollectorRegistry()
-        self._registry.register(_Metrics(rdzv, clock))
+        self._registry.register(MetricsCollector(rdzv, clock))
         self._request_timeout = request_timeout
         self._max_connections = max_connections
         self._runner: web.AppRunner | None = None

@@ -169,11 +169,12 @@ class CoordinatorServer:
         try:
             while True:
                 await asyncio.sleep(self._config.tick_interval)
-                self._apply(self.rendezvous.tick(self._clock()))
+                self.apply(self.rendezvous.tick(self._clock()))
         finally:  # it only ends by cancellation or an error; aclose() re-raises the error
             self.done.set()
 
-    def _apply(self, actions: list[Action]) -> None:
+    def apply(self, actions: list[Action]) -> None:
+        """Carry out what the rendezvous core decided: log, send, close, record."""
         encoded = self._encoded  # one message sent to many (an abort, a page) encoded once
         if len(encoded) > 64:
             encoded.clear()
@@ -215,7 +216,7 @@ class CoordinatorServer:
 
     def received(self, conn: ControlConnection, msg: Message) -> None:
         if not self._closing:
-            self._apply(self._dispatch(conn.id, conn, msg))
+            self.apply(self._dispatch(conn.id, conn, msg))
 
     def watched(self, conn: ControlConnection) -> bool:
         """Whether a quiet connection stays open: a running worker, whose heartbeats its
@@ -229,7 +230,7 @@ class CoordinatorServer:
             return
         self._conns.pop(conn.id, None)
         if not self._closing:
-            self._apply(self.rendezvous.disconnected(conn.id))
+            self.apply(self.rendezvous.disconnected(conn.id))
 
     def refused(self, peer: str, code: str, message: str) -> None:
         line = self._refusals.line(peer, code, message, self._clock())

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from shardwire.coordinator.__main__ import rendezvous_config, settings_from
-from shardwire.worker.launcher.cli import _settings, parser
+from shardwire.worker.launcher.cli import launch_settings, parser
 from shardwire.worker.launcher.hosted import coordinator_command
 from shardwire.worker.launcher.settings import LaunchSettings
 
@@ -32,7 +32,7 @@ def test_launch_flags_and_environment(monkeypatch) -> None:
     args = parser().parse_args(
         ["launch", "--standalone", "--max-restarts", "2", "--nnodes", "1:3", "x.py"]
     )
-    settings = _settings(args)
+    settings = launch_settings(args)
     assert settings.max_restarts == 2 and settings.node_range == (1, 3)
     monkeypatch.setenv("SHARDWIRE_MAX_RESTARTS", "5")
     assert LaunchSettings().max_restarts == 5

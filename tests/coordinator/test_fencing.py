@@ -7,12 +7,11 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from shardwire.coordinator.http import StatusHTTP
 from shardwire.protocol import RendezvousError
 from shardwire.protocol.messages import Abort, Failure, Join, NodeAssignment, NodeJoin, Restart
 from shardwire.protocol.placement import Placement
 from tests.coordinator.rawclient import RawClient
-from tests.worker.cluster import TOKEN, coordinator
+from tests.worker.cluster import TOKEN, coordinator, status_http
 
 NODE = NodeJoin(world_size=1, node_id="a", local_world_size=1)
 JOIN = Join(world_size=1, node_id="a", local_rank=0, local_world_size=1, listen_port=1)
@@ -25,9 +24,7 @@ async def _connect(server, *, role: str, generation: int = 0) -> RawClient:
 
 
 async def test_a_process_of_an_ended_generation_is_refused_and_cannot_disturb_the_next() -> None:
-    async with coordinator(max_restarts=1) as server:
-        http = StatusHTTP(server.rendezvous)
-        host, port = await http.start("127.0.0.1", 0)
+    async with coordinator(max_restarts=1) as server, status_http(server) as base:
         agent = await _connect(server, role="agent")
         agent.send(NODE)
         assert isinstance(first := await agent.recv(), NodeAssignment) and first.generation == 1
@@ -57,13 +54,12 @@ async def test_a_process_of_an_ended_generation_is_refused_and_cannot_disturb_th
         fresh.send(JOIN)
         assert isinstance(roster := await fresh.recv(), Placement) and roster.generation == 2
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
-            async with web.get(f"http://{host}:{port}/api/status") as response:
+            async with web.get(f"{base}/api/status") as response:
                 status = await response.json()
-            async with web.get(f"http://{host}:{port}/metrics") as response:
+            async with web.get(f"{base}/metrics") as response:
                 metrics = await response.text()
-            async with web.get(f"http://{host}:{port}/") as response:
+            async with web.get(f"{base}/") as response:
                 page = await response.text()
-        await http.aclose()
         for client in (fresh, agent):
             client.close()
     assert status["generation"] == 2 and status["restarts"] == 1

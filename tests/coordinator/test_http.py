@@ -6,18 +6,16 @@ import asyncio
 
 import aiohttp
 import numpy as np
+import pytest
 
 from shardwire.coordinator.http import StatusHTTP
 from shardwire.worker import init
 from tests.coordinator.rawclient import RawClient
-from tests.worker.cluster import coordinator, worker_config
+from tests.worker.cluster import coordinator, status_http, worker_config
 
 
 async def test_views_of_a_running_job() -> None:
-    async with coordinator(2) as server:
-        http = StatusHTTP(server.rendezvous)
-        host, port = await http.start("127.0.0.1", 0)
-        base = f"http://{host}:{port}"
+    async with coordinator(2) as server, status_http(server) as base:
         done = asyncio.Event()
         reported = [asyncio.Event(), asyncio.Event()]
 
@@ -54,7 +52,6 @@ async def test_views_of_a_running_job() -> None:
         finally:
             done.set()
             await workers
-            await http.aclose()
     assert status["state"] == "running" and status["world_size"] == 2
     assert [r["rank"] for r in paged["ranks"]] == [1] and paged["total"] == 2
     assert [(r["rank"], r["step"], r["samples_per_s"]) for r in status["ranks"]] == [
@@ -72,22 +69,16 @@ async def test_views_of_a_running_job() -> None:
 
 
 async def test_readiness_fails_after_the_job_failed() -> None:
-    async with coordinator(1) as server:
-        http = StatusHTTP(server.rendezvous)
-        host, port = await http.start("127.0.0.1", 0)
-        try:
-            session = init(worker_config(server, 1, 0))
-            await session.__aenter__()
-            session._control.report_failure("raised ValueError: boom", "Traceback ...")
-            await asyncio.wait_for(server.done.wait(), 5)
-            async with aiohttp.ClientSession() as web:
-                async with web.get(f"http://{host}:{port}/readyz") as response:
-                    assert response.status == 503
-                async with web.get(f"http://{host}:{port}/api/status") as response:
-                    status = await response.json()
-            await session.__aexit__(None, None, None)
-        finally:
-            await http.aclose()
+    async with coordinator(1) as server, status_http(server) as base:
+        with pytest.raises(ValueError, match="boom"):
+            async with init(worker_config(server, 1, 0)):
+                raise ValueError("boom")  # the session reports it as this rank's failure
+        await asyncio.wait_for(server.done.wait(), 60)
+        async with aiohttp.ClientSession() as web:
+            async with web.get(f"{base}/readyz") as response:
+                assert response.status == 503
+            async with web.get(f"{base}/api/status") as response:
+                status = await response.json()
     assert status["state"] == "failed"
     assert status["failure"] == "rank 0: raised ValueError: boom"
 
@@ -117,7 +108,7 @@ async def test_slow_and_excess_http_connections_are_dropped() -> None:
 
 def test_api_status_pages_and_metrics_keep_a_bounded_number_of_series() -> None:
     from shardwire.coordinator import Rendezvous, RendezvousConfig
-    from shardwire.coordinator.http import API_PAGE, METRICS_RANKS, _Metrics, status_json
+    from shardwire.coordinator.http import API_PAGE, METRICS_RANKS, MetricsCollector, status_json
     from shardwire.protocol.messages import Heartbeat, Join
 
     world, lws = 2500, 50
@@ -134,7 +125,7 @@ def test_api_status_pages_and_metrics_keep_a_bounded_number_of_series() -> None:
         steps = {1500: 2, 2400: 9000}
         r.heartbeat(conn, Heartbeat(step=steps.get(conn, 5 + conn % 7)), now=1.0)
     r.disconnected(2499)  # failed: one rank in another state
-    families = {f.name: f for f in _Metrics(r, lambda: 1.0).collect()}
+    families = {f.name: f for f in MetricsCollector(r, lambda: 1.0).collect()}
     assert len(families["shardwire_rank_step"].samples) == METRICS_RANKS
     by_state = {s.labels["state"]: s.value for s in families["shardwire_ranks"].samples}
     assert by_state == {"running": world - 1, "failed": 1}  # every rank counted

@@ -10,13 +10,13 @@ import aiohttp
 import numpy as np
 
 from shardwire.coordinator import Rendezvous, RendezvousConfig
-from shardwire.coordinator.http import METRICS_LINKS, StatusHTTP, _Metrics
+from shardwire.coordinator.http import METRICS_LINKS, MetricsCollector
 from shardwire.coordinator.links import TIMED_MIN, LinkTable, describe
 from shardwire.coordinator.views import links_json, status_reply
 from shardwire.protocol.links import LinkReport
 from shardwire.protocol.messages import Heartbeat, Join
 from shardwire.worker import init
-from tests.worker.cluster import coordinator, worker_config
+from tests.worker.cluster import coordinator, status_http, worker_config
 
 MB = 1_000_000
 
@@ -145,7 +145,7 @@ def test_heartbeats_feed_the_views_and_metrics_stay_bounded() -> None:
     assert body["total"] == world * (world - 1) and body["world_size"] == world
     assert (body["links"][0]["src"], body["links"][0]["bytes"]) == (world - 1, 1000 + world - 1)
     assert len(links_json(r, limit=10)["links"]) == 10
-    families = {f.name: f for f in _Metrics(r, lambda: 1.0).collect()}
+    families = {f.name: f for f in MetricsCollector(r, lambda: 1.0).collect()}
     assert len(families["shardwire_link_sent_bytes"].samples) == METRICS_LINKS
     assert families["shardwire_links"].samples[0].value == world * (world - 1)
     assert families["shardwire_slow_link"].samples == []
@@ -154,9 +154,7 @@ def test_heartbeats_feed_the_views_and_metrics_stay_bounded() -> None:
 
 
 async def test_a_live_job_reports_its_links_on_every_view() -> None:
-    async with coordinator(3) as server:
-        http = StatusHTTP(server.rendezvous)
-        host, port = await http.start("127.0.0.1", 0)
+    async with coordinator(3) as server, status_http(server) as base:
         done = asyncio.Event()
 
         async def worker(i: int) -> None:
@@ -172,17 +170,16 @@ async def test_a_live_job_reports_its_links_on_every_view() -> None:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
                 body: dict = {}
                 for _ in range(400):  # heartbeats carry the links: poll, bounded
-                    async with web.get(f"http://{host}:{port}/api/links") as response:
+                    async with web.get(f"{base}/api/links") as response:
                         body = await response.json()
                     if body["total"] == 6 and all(k["bytes"] >= 10 << 20 for k in body["links"]):
                         break  # every link carried (and timed) all ten rounds
                     await asyncio.sleep(0.05)
-                async with web.get(f"http://{host}:{port}/metrics") as response:
+                async with web.get(f"{base}/metrics") as response:
                     metrics = await response.text()
         finally:
             done.set()
             await workers
-            await http.aclose()
     pairs = {(k["src"], k["dst"]) for k in body["links"]}
     assert pairs == {(a, b) for a in range(3) for b in range(3) if a != b}, body
     assert all(k["bytes"] > 0 and k["path"] == "tcp" for k in body["links"])

@@ -10,21 +10,12 @@ import pytest
 from shardwire.coordinator import JobState
 from shardwire.protocol import PROTOCOL_VERSION, ClientHandshake, Token
 from shardwire.protocol.frames import MAGIC, PREFIX
-from shardwire.protocol.messages import Error, Join, Proof
+from shardwire.protocol.messages import Error, Proof
 from shardwire.protocol.placement import Placement
 from tests.worker.cluster import TOKEN, coordinator
 
 from .rawclient import RawClient
-
-
-def join(node: str, local: int, world: int, lws: int) -> Join:
-    return Join(
-        world_size=world,
-        node_id=node,
-        local_rank=local,
-        local_world_size=lws,
-        listen_port=2000 + local,
-    )
+from .test_rendezvous import join
 
 
 async def test_256_workers_join_concurrently() -> None:
@@ -35,7 +26,7 @@ async def test_256_workers_join_concurrently() -> None:
             client = await RawClient.open(server.address)
             try:
                 await client.authenticate(TOKEN)
-                client.send(join(f"node{i // lws:03d}", i % lws, world, lws))
+                client.send(join(f"node{i // lws:03d}", i % lws, world=world, lws=lws))
                 msg = await client.recv(timeout=30)
                 assert isinstance(msg, Placement)
                 return msg
@@ -61,7 +52,7 @@ async def test_wrong_token_admits_no_one() -> None:
         assert isinstance(reply, Error) and reply.code == "auth"
         assert "token does not match" in reply.message
         assert "cluster-token" not in reply.message
-        client.send(join("a", 0, 1, 1))
+        client.send(join("a", 0, world=1, lws=1))
         assert await client.closed_by_server()
         assert server.rendezvous.state is JobState.WAITING
 
@@ -122,7 +113,7 @@ async def test_keeps_serving_after_1000_malformed_connections() -> None:
         await asyncio.gather(*(hostile(i) for i in range(1000)))
         legit = await RawClient.open(server.address)
         await legit.authenticate(TOKEN)
-        legit.send(join("a", 0, 1, 1))
+        legit.send(join("a", 0, world=1, lws=1))
         assert isinstance(await legit.recv(), Placement)
 
 
@@ -149,7 +140,7 @@ async def test_connections_over_the_unauthenticated_cap_are_closed_on_arrival() 
             assert await client.closed_by_server(timeout=5)
         legit = await RawClient.open(server.address)
         await legit.authenticate(TOKEN)
-        legit.send(join("a", 0, 1, 1))
+        legit.send(join("a", 0, world=1, lws=1))
         assert isinstance(await legit.recv(), Placement)
         legit.close()
     finally:
@@ -196,7 +187,9 @@ async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() 
 
     async def one(i: int) -> Placement:
         await clients[i].connect(*server.address, timeout=60)
-        return await clients[i].join(join(f"node{i // lws:03d}", i % lws, world, lws), timeout=60)
+        return await clients[i].join(
+            join(f"node{i // lws:03d}", i % lws, world=world, lws=lws), timeout=60
+        )
 
     try:
         rosters = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(world))), 120)
@@ -243,7 +236,7 @@ async def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
     encode = module.message_bytes
     monkeypatch.setattr(module, "message_bytes", lambda m: calls.append(m) or encode(m))
     abort = Abort(rank=3, reason="rank 3 failed", stacks="x" * 8000)
-    server._apply([Send(i, abort) for i in ids])
+    server.apply([Send(i, abort) for i in ids])
     assert len(calls) == 1
     assert all(t.data == [encode(abort)] for t in transports)
     await server.aclose()
@@ -256,7 +249,7 @@ async def _join_all(server, world: int, lws: int, prefix: str) -> tuple[list[Raw
     for i in range(world):
         client = await RawClient.open(server.address)
         await client.authenticate(TOKEN)
-        client.send(join(f"{prefix}{i // lws:04d}", i % lws, world, lws))
+        client.send(join(f"{prefix}{i // lws:04d}", i % lws, world=world, lws=lws))
         joined.append(client)
     return joined, [await c.recv(timeout=60) for c in joined]
 
@@ -304,7 +297,7 @@ async def test_a_thousand_workers_form_a_job_with_no_message_growing_with_it() -
             assert isinstance(page, PeerPage) and len(page.members) <= PEER_PAGE
             members += page.members
         assert [m.rank for m in members] == list(range(world))
-        assert [m.port for m in members[:3]] == [2000, 2001, 2002]
+        assert [m.port for m in members[:3]] == [1000, 1001, 1002]
         asker.send(PeerQuery(ranks=[world]))  # beyond the world: refused, named
         refusal = await asker.recv(timeout=30)
         assert isinstance(refusal, Error) and "beyond the world of 1000" in refusal.message

@@ -34,13 +34,13 @@ class Worker:
     err: list[str] = field(default_factory=list)
     exited_at: float | None = None
     watcher: asyncio.Task[None] | None = None
-    _lines: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    lines: asyncio.Queue[str] = field(default_factory=asyncio.Queue)  # stdout, unread
 
     async def line(self, pattern: str, *, timeout: float = 60.0) -> str:
         """Wait for a stdout line matching ``pattern`` (bounded)."""
         async with asyncio.timeout(timeout):
             while True:
-                text = await self._lines.get()
+                text = await self.lines.get()
                 if re.search(pattern, text):
                     return text
 
@@ -71,7 +71,7 @@ async def _pump(worker: Worker, stream: asyncio.StreamReader, sink: list[str], q
         text = raw.decode(errors="replace").rstrip("\n")
         sink.append(text)
         if queue:
-            worker._lines.put_nowait(text)
+            worker.lines.put_nowait(text)
 
 
 async def _watch(worker: Worker) -> None:

@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardwire.coordinator.http import StatusHTTP
 from shardwire.worker import init
-from tests.worker.cluster import coordinator, worker_config
+from tests.worker.cluster import coordinator, status_http, worker_config
 
 pytestmark = pytest.mark.e2e
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -56,10 +55,8 @@ async def _browser(*args: str) -> str:
 
 async def test_status_page_renders_the_rank_table_and_loss_curve() -> None:
     browser = chromium()
-    async with coordinator(2) as server:
-        http = StatusHTTP(server.rendezvous)
-        host, port = await http.start("127.0.0.1", 0)
-        url = f"http://{host}:{port}/"
+    async with coordinator(2) as server, status_http(server) as base:
+        url = f"{base}/"
         done = asyncio.Event()
         seen = asyncio.Event()
 
@@ -87,7 +84,6 @@ async def test_status_page_renders_the_rank_table_and_loss_curve() -> None:
         finally:
             done.set()
             await workers
-            await http.aclose()
     assert browser
     rows = re.findall(r"<tr><td>(\d)</td><td class=\"text\">127\.0\.0\.1</td>", dom)
     assert rows == ["0", "1"], dom[:2000]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import ssl
 from collections.abc import AsyncIterator
+from typing import Any
 
 from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
+from shardwire.coordinator.http import StatusHTTP
 from shardwire.protocol import Token
 from shardwire.worker import WorkerConfig
 
@@ -66,3 +68,14 @@ def worker_config(
     )
     defaults.update(kw)
     return WorkerConfig(**defaults)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def status_http(server: CoordinatorServer, **options: Any) -> AsyncIterator[str]:
+    """The status server of ``server``'s job on loopback, for the block: its base URL."""
+    http = StatusHTTP(server.rendezvous, **options)
+    host, port = await http.start("127.0.0.1", 0)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await http.aclose()

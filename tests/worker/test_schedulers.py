@@ -139,7 +139,7 @@ def home(tmp_path: Path) -> dict[str, str]:
 
 def test_the_scheduler_fills_what_the_user_did_not_say(home) -> None:
     settings, serve = with_scheduler(LaunchSettings(), node_place(slurm("gpu07")), home)
-    assert serve
+    assert serve is True  # this node (rank 0 of the step) runs the coordinator
     assert (settings.coordinator, settings.nnodes, settings.node_rank) == ("gpu07:24321", "3", 0)
     assert (settings.run_id, settings.node_id) == ("slurm-4321.0", "gpu07")
     assert settings.token is not None and len(settings.token.get_secret_value()) == 64

@@ -60,6 +60,15 @@ class Deadlines:
         _at, task, cancelling = entry
         return task.uncancel() <= cancelling
 
+    def watched(self) -> list[int]:
+        """The calls watched now (running, or expired and not released yet)."""
+        return sorted(self._running.keys() | self._expired)
+
+    @property
+    def armed_at(self) -> float:
+        """The loop time the timer fires at (inf: no timer armed)."""
+        return self._armed_at
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

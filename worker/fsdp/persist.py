@@ -72,7 +72,7 @@ class Resumed:
     path: Path | None = None
 
 
-def _owned_range(unit: Unit) -> tuple[int, int]:
+def owned_range(unit: Unit) -> tuple[int, int]:
     """The part of the unit's flat buffer this rank holds (its shard, or all of it)."""
     if unit.strategy.shards_grads:
         return unit.layout.shard_range(unit.shard_group.rank)
@@ -158,7 +158,7 @@ class Checkpointer:
         tensors: dict[str, np.ndarray] = {}
         table: dict[str, dict[str, Any]] = {}
         for index, unit in enumerate(fsdp.all_units()):
-            lo, _hi = _owned_range(unit)
+            lo, _hi = owned_range(unit)
             a, b = _written_range(unit, fsdp.group)
             slots = optimizer.state[index] if index < len(optimizer.state) else {}
             shapes = {e.name: list(e.shape) for e in unit.layout.entries}
@@ -391,7 +391,7 @@ class Checkpointer:
 def fill(source: reshard.Source, unit: Unit, pattern: str, target: np.ndarray) -> None:
     """Fill ``target`` (this rank's part of the unit's flat buffer) with the saved values
     of ``pattern`` (``param:{}`` or ``optim:SLOT:{}``, formatted with each name)."""
-    lo, hi = _owned_range(unit)
+    lo, hi = owned_range(unit)
     for name, start, flat_at, count in _overlaps(unit, lo, hi):
         at = flat_at - lo
         target[at : at + count] = source.values(pattern.format(name), name, start, count)

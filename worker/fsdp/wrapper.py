@@ -218,16 +218,17 @@ class FSDP:
         return y
 
     def prefetch(self) -> None:
-        """Start gathering the first units now (e.g. while the next batch loads)."""
+        """Start gathering the first units now (e.g. while the next batch loads): the
+        first one, and as many more as ``prefetch_depth`` and ``prefetch_bytes`` allow."""
         if not self.strategy.shards_params:
             raise FSDPError(f"{self.strategy.name} keeps full parameters: nothing to prefetch")
         if self._prefetched:
             raise FSDPError("prefetch() called twice without a forward in between")
         self._prefetched = True
         self.root.start_gather()
-        order = list(range(len(self.units)))
-        for index in order[: max(1, self.prefetch_depth)]:
-            self.units[index].start_gather()
+        if self.units:
+            self.units[0].start_gather()
+        self._prefetch_after(list(range(len(self.units))))
 
     async def backward(self, dy: np.ndarray) -> np.ndarray:
         """Backward from the loss gradient; returns once gradients are reduced (or, in

@@ -171,7 +171,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _settings(args: argparse.Namespace) -> LaunchSettings:
+def launch_settings(args: argparse.Namespace) -> LaunchSettings:
+    """The launch settings the parsed command line gives (unset options left out)."""
     skip = {"command", "module", "script", "args"}
     given = {k: v for k, v in vars(args).items() if k not in skip and v is not None}
     return LaunchSettings(**given)
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         return _tool(argv[0], argv[1:])
     args = parser().parse_args(argv)
     try:
-        settings = _settings(args)
+        settings = launch_settings(args)
         # the stock loop: uvloop's process spawning leaves its own descriptors (the
         # children's /dev/null, pipe copies) open in every child it starts, five per
         # worker; a launcher's loop carries little traffic

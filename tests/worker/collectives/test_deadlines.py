@@ -41,8 +41,8 @@ async def test_a_call_ending_in_time_leaves_nothing_behind() -> None:
         deadlines.watch(seq, 30.0)
         await asyncio.sleep(0)
         assert deadlines.release(seq) is False
-    assert deadlines._running == {} and deadlines._expired == set()
-    assert deadlines._timer is not None  # armed once, for the first call's deadline
+    assert deadlines.watched() == []
+    assert deadlines.armed_at < math.inf  # armed once, for the first call's deadline
     deadlines.close()
 
 
@@ -52,14 +52,14 @@ async def test_a_shorter_deadline_rearms_the_timer_earlier() -> None:
     start = time.monotonic()
     assert await _expires(deadlines, 2, 0.05) is True
     assert time.monotonic() - start < 5
-    assert 1 in deadlines._running and deadlines.release(1) is False
+    assert deadlines.watched() == [1] and deadlines.release(1) is False
     deadlines.close()
 
 
 async def test_an_infinite_limit_arms_nothing() -> None:
     deadlines = Deadlines()
     deadlines.watch(1, math.inf)
-    assert deadlines._timer is None and deadlines.release(1) is False
+    assert deadlines.armed_at == math.inf and deadlines.release(1) is False
 
 
 async def test_a_cancellation_from_elsewhere_is_not_a_timeout() -> None:

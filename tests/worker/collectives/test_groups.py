@@ -28,12 +28,12 @@ async def test_scratch_buffers_are_reused_across_calls(kind: str) -> None:
     async with group_world(_messages(kind), 3) as groups:
         x = np.ones(300_000)
         await on_all(groups, lambda g: g.all_reduce(x))
-        first = groups[0]._pool.misses
-        assert first > 0 and groups[0]._pool.hits == 0
+        first = groups[0].pool.misses
+        assert first > 0 and groups[0].pool.hits == 0
         for _ in range(3):
             await on_all(groups, lambda g: g.all_reduce(x))
-        assert groups[0]._pool.misses == first  # no allocation after the first call
-        assert groups[0]._pool.hits >= 3
+        assert groups[0].pool.misses == first  # no allocation after the first call
+        assert groups[0].pool.hits >= 3
 
 
 async def test_asking_twice_for_a_subgroup_returns_the_same_group(kind: str) -> None:

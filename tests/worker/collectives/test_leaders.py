@@ -14,7 +14,7 @@ from shardwire.protocol import CollectiveMismatch, CollectiveTimeout
 from shardwire.worker.collectives import Group, ReduceOp
 from shardwire.worker.collectives.leaders import Leaders
 
-from .test_nodes import across, node_world
+from .test_nodes import across, checked_all_reduces, node_world
 from .test_oracle import check, data, oracle
 from .worlds import on_all
 
@@ -49,21 +49,11 @@ async def _open(groups: list[Group]) -> None:
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 async def test_all_reduce_goes_through_the_leaders(name: str) -> None:
     nodes = LAYOUTS[name]
-    n = len(nodes)
     async with node_world(nodes) as (groups, sent):
         assert all(isinstance(g.tiers, Leaders) for g in groups)
         await _open(groups)
-        for salt, (dtype, op) in enumerate(
-            [("float32", ReduceOp.SUM), ("float64", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
-        ):
-            for log in sent:
-                log.clear()
-            inputs = [data(r, COUNT, dtype, salt) for r in range(n)]
-            outs = await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy(), op))
-            want = oracle(inputs, op)
-            for r, got in enumerate(outs):
-                check(got, want, f"{name} {dtype} {op} rank {r}")
-            assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+        cases = [("float32", ReduceOp.SUM), ("float64", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
+        async for _first in checked_all_reduces(name, groups, sent, cases, COUNT):
             crossed_only_by_leaders(nodes, sent)
 
 

@@ -55,6 +55,25 @@ def across(nodes: list[int], sent: list[list], rank: int) -> int:
     return sum(b for dst, b in sent[rank] if nodes[dst] != nodes[rank])
 
 
+async def checked_all_reduces(
+    name: str, groups: list[Group], sent: list[list], cases: list[tuple[str, ReduceOp]], count: int
+) -> AsyncIterator[np.ndarray]:
+    """For each (dtype, op) of ``cases``: an all_reduce of ``count`` elements on every
+    rank, checked against numpy and bit-identical on every rank. Yields rank 0's input,
+    with ``sent`` holding that call's sends only."""
+    n = len(groups)
+    for salt, (dtype, op) in enumerate(cases):
+        for log in sent:
+            log.clear()
+        inputs = [data(r, count, dtype, salt) for r in range(n)]
+        outs = await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy(), op))
+        want = oracle(inputs, op)
+        for r, got in enumerate(outs):
+            check(got, want, f"{name} {dtype} {op} rank {r}")
+        assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+        yield inputs[0]
+
+
 def test_layout_needs_several_nodes_and_one_with_company() -> None:
     assert node_layout(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
     assert node_layout(["a", "b", "a", "b"]) == [[0, 2], [1, 3]]
@@ -74,18 +93,9 @@ async def test_all_reduce_crosses_nodes_once_per_lane(name: str) -> None:
     local = n // k
     async with node_world(nodes) as (groups, sent):
         assert groups[0].layout is not None and len(groups[0].layout) == k
-        for salt, (dtype, op) in enumerate(
-            [("float32", ReduceOp.SUM), ("float32", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
-        ):
-            for log in sent:
-                log.clear()
-            inputs = [data(r, COUNT, dtype, salt) for r in range(n)]
-            outs = await on_all(groups, lambda g: g.all_reduce(inputs[g.rank].copy(), op))
-            want = oracle(inputs, op)
-            for r, got in enumerate(outs):
-                check(got, want, f"{name} {dtype} {op} rank {r}")
-            assert all(o.tobytes() == outs[0].tobytes() for o in outs)
-            nbytes = inputs[0].nbytes
+        cases = [("float32", ReduceOp.SUM), ("float32", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
+        async for first in checked_all_reduces(name, groups, sent, cases, COUNT):
+            nbytes = first.nbytes
             expected = 2 * (k - 1) / k * nbytes / local
             for r in range(n):  # a flat ring would send 2(n-1)/n of it over each link
                 assert across(nodes, sent, r) == pytest.approx(expected, rel=0.01)

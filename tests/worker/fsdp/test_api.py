@@ -111,11 +111,11 @@ async def test_prefetch_byte_budget_limits_gathers_in_flight() -> None:
             f.prefetch_depth = 3
             f.prefetch_bytes = ranks[0].units[0].gathered_bytes  # room for one unit
         for f in ranks:
-            f._prefetch_after([0, 1, 2])
+            f.prefetch()
         states = ranks[0].unit_states()
         assert states["blocks.0"] is UnitState.GATHERING
         assert states["blocks.1"] is UnitState.SHARDED
-        await asyncio.gather(*(f.units[0].gather() for f in ranks))
+        await asyncio.gather(*(u.gather() for f in ranks for u in (f.root, f.units[0])))
 
 
 async def _train_float32(mixed: MixedPrecision | None) -> dict:

@@ -46,11 +46,11 @@ async def test_an_error_in_a_posted_hook_reaches_the_caller(monkeypatch) -> None
     async with fsdp_world(1, Strategy.FULL_SHARD, "sgd") as ranks:
         f = ranks[0]
 
-        def broken(unit) -> None:
-            raise RuntimeError(f"reduction of {unit.name} refused")
+        def broken(grad: np.ndarray) -> None:
+            raise RuntimeError(f"reduction of {grad.size} elements refused")
 
-        monkeypatch.setattr(f, "_after_backward", broken)
-        f._hook(f.model.blocks[0], 0)  # re-wrap the first unit with the broken hook
+        # raised inside the hook a unit's backward posts to start its reduction
+        monkeypatch.setattr(f.shard_group, "reduce_scatter", broken)
         with pytest.raises(RuntimeError, match="refused"):
             await _backward(f, 0, 1)
 
@@ -80,42 +80,40 @@ async def test_hybrid_replica_all_reduces_run_together(monkeypatch) -> None:
         assert seen_at_first_result == [len(ranks[0].all_units())]
 
 
-def _slow_reductions(group, monkeypatch) -> None:
-    """Make every reduce-scatter of ``group`` take 50 ms before it starts."""
+def _slow_reductions(group, monkeypatch) -> list[int]:
+    """Make every reduce-scatter of ``group`` take 50 ms before it starts. Returns
+    [reductions under way now, the most under way at once]."""
     real = group.reduce_scatter
+    flight = [0, 0]
 
     class Slow:
         def __init__(self, x: np.ndarray) -> None:
             self.x = x
 
         def start(self) -> Work:
+            flight[0] += 1
+            flight[1] = max(flight)
+
             async def run() -> np.ndarray:
-                await asyncio.sleep(0.05)
-                return await real(self.x)
+                try:
+                    await asyncio.sleep(0.05)
+                    return await real(self.x)
+                finally:
+                    flight[0] -= 1
 
             return Work(asyncio.ensure_future(run()))
 
     monkeypatch.setattr(group, "reduce_scatter", Slow)
+    return flight
 
 
 @pytest.mark.parametrize("depth", [None, 1, 2])
 async def test_reduce_depth_bounds_the_reductions_in_flight(depth, monkeypatch) -> None:
     async with fsdp_world(2, Strategy.FULL_SHARD, "sgd", reduce_depth=depth) as ranks:
-        most = []
-        for f in ranks:
-            _slow_reductions(f.shard_group, monkeypatch)
-            add, reducer = f._reducer.add, f._reducer
-            seen = [0]
-
-            def counting(unit, grad=None, add=add, reducer=reducer, seen=seen) -> None:
-                add(unit, grad)
-                seen[0] = max(seen[0], len(reducer._pending))
-
-            monkeypatch.setattr(reducer, "add", counting)
-            most.append(seen)
+        flights = [_slow_reductions(f.shard_group, monkeypatch) for f in ranks]
         await asyncio.gather(*(_backward(f, r, 2) for r, f in enumerate(ranks)))
         units = len(ranks[0].all_units())
-        assert [s[0] for s in most] == [units if depth is None else depth] * 2
+        assert [most for _now, most in flights] == [units if depth is None else depth] * 2
         assert {u.grad_state for f in ranks for u in f.all_units()} == {GradState.IDLE}
 
 

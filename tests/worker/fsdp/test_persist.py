@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from shardwire.worker.fsdp import CheckpointCorrupt, CheckpointError, Strategy
-from shardwire.worker.fsdp.persist import _owned_range
+from shardwire.worker.fsdp.persist import owned_range
 
 from .training import STEPS, fsdp_world, reference, train_rank
 
@@ -33,7 +33,7 @@ def _optimizer_state(ranks) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for f in ranks:
         for index, unit in enumerate(f.all_units()):
-            lo, hi = _owned_range(unit)
+            lo, hi = owned_range(unit)
             for slot, values in f.optimizer.state[index].items():
                 for e in unit.layout.entries:
                     full = out.setdefault(f"{slot}:{e.name}", np.full(e.numel, np.nan))
