@@ -37,7 +37,7 @@ from shardwire.worker.collectives.agree import differing_from_root
 from shardwire.worker.fsdp import checkpoint, memory, norms
 from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
-from shardwire.worker.fsdp.hooks import Bridge, hook_module
+from shardwire.worker.fsdp.hooks import hook_module
 from shardwire.worker.fsdp.offload import OffloadStore, return_free_memory
 from shardwire.worker.fsdp.partition import fingerprint, owned, partition
 from shardwire.worker.fsdp.persist import Checkpointer, Resumed
@@ -47,6 +47,7 @@ from shardwire.worker.fsdp.unit import Unit, UnitState
 from shardwire.worker.mesh import Mesh
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import Optimizer
+from shardwire.worker.runtime.loop import LoopBridge
 from shardwire.worker.runtime.trace import span
 
 
@@ -92,7 +93,7 @@ class FSDP:
             optimizer.set_state(optimizer.state)  # state it already holds moves to files
         self._sync = True
         # The compute thread reaches the loop FSDP was created on (create() is async).
-        self._bridge = Bridge(asyncio.get_running_loop(), timeout=group.timeout)
+        self._bridge = LoopBridge(asyncio.get_running_loop(), timeout=group.timeout)
         self._reducer = Reducer(config)
         self._checkpointer: Checkpointer | None = None
         self._prefetched = False

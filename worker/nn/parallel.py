@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-from shardwire.protocol.errors import InvalidArgument, InvalidState
+from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.layout import bounds
 from shardwire.worker.mesh import Mesh
@@ -51,28 +50,21 @@ from shardwire.worker.nn.layers import (
 )
 from shardwire.worker.nn.module import Module, Sequential
 from shardwire.worker.nn.transformer import Block
+from shardwire.worker.runtime.loop import LoopBridge
 
 
 class _Bridge:
-    """Runs the group's collectives on its loop for a layer computing in another thread."""
+    """A layer's group, whose collectives its compute thread runs on the group's loop."""
 
     def __init__(self, group: Group):
         self.group = group
-        self.loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
+        self._loop = LoopBridge(asyncio.get_running_loop(), timeout=group.timeout)
 
     def run(self, call: Callable[[], Awaitable[np.ndarray]]) -> np.ndarray:
-        if threading.get_ident() == self._loop_thread:
-            raise InvalidState(
-                "tensor-parallel layers compute off the event loop: run the model with "
-                "asyncio.to_thread (or inside FSDP)"
-            )
-
         async def go() -> np.ndarray:
             return await call()  # the call (and its sequence number) is made on the loop
 
-        future = asyncio.run_coroutine_threadsafe(go(), self.loop)
-        return future.result(timeout=self.group.timeout)
+        return self._loop.wait(go())
 
 
 def _lastaxis_gather(bridge: _Bridge, part: np.ndarray, sizes: list[int]) -> np.ndarray:
