@@ -11,7 +11,7 @@ import numpy as np
 
 from shardwire.protocol import Tag
 from shardwire.worker.collectives.ops import ReduceOp
-from shardwire.worker.collectives.plan import choose
+from shardwire.worker.collectives.plan import Algorithm, choose
 from shardwire.worker.collectives.scratch import ScratchPool
 from shardwire.worker.collectives.split import Split, reduce_with
 from shardwire.worker.transport.base import Transport
@@ -105,7 +105,7 @@ class Call:
         timed when the job is traced."""
         reduce_with(self.split, op, first, second, out)
 
-    def choose(self, op: str, nbytes: int, *, crowded: bool = False) -> str:
+    def choose(self, op: str, nbytes: int, *, crowded: bool = False) -> Algorithm:
         """The algorithm this call uses (:func:`~shardwire.worker.collectives.plan.choose`),
         noted in its split when the job is traced."""
         how = choose(op, nbytes, self.size, crowded=crowded)

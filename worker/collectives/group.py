@@ -24,7 +24,7 @@ from shardwire.worker.collectives.layout import bounds, offsets
 from shardwire.worker.collectives.leaders import Leaders
 from shardwire.worker.collectives.movement import Movement
 from shardwire.worker.collectives.ops import ReduceOp, check_op, finish
-from shardwire.worker.collectives.plan import GATHER_STEP
+from shardwire.worker.collectives.plan import GATHER_STEP, Algorithm
 from shardwire.worker.collectives.tiers import Runner, Tiers
 from shardwire.worker.collectives.work import Pending
 
@@ -103,12 +103,12 @@ class Group(Movement):
                 await run(c, lambda: tiers.all_reduce(c, buf, op, limit))
                 return target
             how = c.choose("all_reduce", buf.nbytes)
-            if how == "doubling":
+            if how == Algorithm.DOUBLING:
                 await small.all_reduce_doubling(c, buf, op)
                 finish(op, buf, c.size)
-            elif how == "ring":
+            elif how == Algorithm.RING:
                 await ring.all_reduce(c, buf, op)
-            elif how == "bruck":
+            elif how == Algorithm.BRUCK:
                 await bruck.all_reduce(c, buf, op)
             return target
 
@@ -152,7 +152,7 @@ class Group(Movement):
                 return result
             a, b = segs[c.rank]
             how = c.choose("reduce_scatter", x.nbytes)
-            if how == "direct":
+            if how == Algorithm.DIRECT:
                 parts = [src[s:e] for s, e in segs]
                 peers = [p for p in range(c.size) if p != c.rank]
                 got = await small.exchange(c, {p: parts[p] for p in peers}, dict.fromkeys(peers))
@@ -160,9 +160,9 @@ class Group(Movement):
                 np.copyto(acc, got[0] if c.rank else parts[0])
                 for p in range(1, c.size):
                     c.combine(op, acc, got[p] if p != c.rank else parts[p], out=acc)
-            elif how in ("ring", "bruck"):
+            elif how in (Algorithm.RING, Algorithm.BRUCK):
                 acc = c.scratch(src.size, src.dtype)
-                scatter = ring.reduce_scatter if how == "ring" else bruck.reduce_scatter
+                scatter = ring.reduce_scatter if how == Algorithm.RING else bruck.reduce_scatter
                 await scatter(c, src, acc, segs, op)
                 np.copyto(result.reshape(-1), acc[a:b])
             else:
@@ -197,10 +197,10 @@ class Group(Movement):
 
         async def algorithm(c: Call) -> np.ndarray | None:
             how = c.choose("reduce", x.nbytes)
-            if how == "tree":
+            if how == Algorithm.TREE:
                 work = src.copy()
                 await small.reduce_tree(c, work, op, root)
-            elif how == "ring":
+            elif how == Algorithm.RING:
                 segs = bounds(src.size, c.size)
                 acc = c.scratch(src.size, src.dtype)
                 await ring.reduce_scatter(c, src, acc, segs, op)
@@ -257,13 +257,13 @@ class Group(Movement):
                 await run(c, lambda: tiers.all_gather(c, buf, segs, limit))
                 return result
             how = c.choose("all_gather", buf.nbytes)
-            if how == "direct":
+            if how == Algorithm.DIRECT:
                 mine = buf[a:b]
                 incoming = {p: buf[s:e] for p, (s, e) in enumerate(segs)}
                 await small.exchange(c, dict.fromkeys(range(c.size), mine), incoming)
-            elif how == "ring":
+            elif how == Algorithm.RING:
                 await ring.all_gather(c, buf, segs)
-            elif how == "bruck":
+            elif how == Algorithm.BRUCK:
                 await bruck.all_gather(c, buf, segs)
             return result
 
@@ -286,9 +286,9 @@ class Group(Movement):
                 await run(c, lambda: tiers.broadcast(buf, root, limit))
                 return x
             how = c.choose("broadcast", x.nbytes, crowded=self.transport.topology.crowded)
-            if how == "tree":
+            if how == Algorithm.TREE:
                 await small.broadcast_tree(c, buf, root)
-            elif how == "chain":
+            elif how == Algorithm.CHAIN:
                 await ring.broadcast_chain(c, buf, root)
             return x
 

@@ -18,7 +18,7 @@ from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes
 from shardwire.worker.collectives.call import Call
 from shardwire.worker.collectives.core import GroupCore
 from shardwire.worker.collectives.layout import offsets
-from shardwire.worker.collectives.plan import DIRECT_MAX, P2P_BASE, choose
+from shardwire.worker.collectives.plan import DIRECT_MAX, P2P_BASE, Algorithm, choose
 from shardwire.worker.collectives.work import Pending
 
 
@@ -44,7 +44,7 @@ class Movement(GroupCore):
         result = out_array(out, (sum(sizes), *row_shape), x.dtype) if self.rank == root else None
 
         async def algorithm(c: Call) -> np.ndarray | None:
-            if c.choose("gather", x.nbytes) == "tree":
+            if c.choose("gather", x.nbytes) == Algorithm.TREE:
                 row = math.prod(row_shape)
                 gathered = await small.gather_tree(c, src, [k * row for k in sizes], root)
                 if gathered is None:
@@ -85,7 +85,7 @@ class Movement(GroupCore):
         signature = f"scatter:{root}"
 
         async def algorithm(c: Call) -> np.ndarray:
-            if c.choose("scatter", 0) == "tree":
+            if c.choose("scatter", 0) == Algorithm.TREE:
                 got = await small.scatter_tree(c, chunks if c.rank == root else None, root)
                 if out is None:
                     return got
@@ -136,11 +136,15 @@ class Movement(GroupCore):
         # above 8 ranks, Bruck's algorithm (log2 n peers) unless the caller knows what it
         # receives (a large exchange, straight to every rank); the way is part of the
         # signature, so ranks that call it differently fail as a mismatch, not a hang
-        way = "direct" if recv_splits is not None else choose("all_to_all", x.nbytes, self.size)
+        way = (
+            Algorithm.DIRECT
+            if recv_splits is not None
+            else choose("all_to_all", x.nbytes, self.size)
+        )
         signature = f"all_to_all:{dtype_name(x.dtype)}:{list(row_shape)}:{way}"
 
         async def algorithm(c: Call) -> np.ndarray:
-            if way == "bruck":
+            if way == Algorithm.BRUCK:
                 blocks = await bruck.all_to_all(c, [p.ravel() for p in parts], x.dtype)
                 return np.concatenate(blocks).reshape(-1, *row_shape)
             if result is not None:

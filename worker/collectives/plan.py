@@ -33,6 +33,8 @@ Every data frame is routed by ``Tag(group, seq, step)``:
 
 from __future__ import annotations
 
+import enum
+
 ALL_REDUCE_SMALL = 512 * 1024
 EXCHANGE_SMALL = 1 << 20
 BROADCAST_SMALL = 256 * 1024
@@ -61,30 +63,45 @@ RING_MIN_HOP = 64 * 1024
 TIERED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
-def choose(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: bool = False) -> str:
+class Algorithm(enum.StrEnum):
+    """What :func:`choose` answers (its value is the name traces and benchmarks show)."""
+
+    LOCAL = "local"  # a group of one: nothing moves
+    TIERS = "tiers"  # a group over several nodes: node phases (``collectives.tiers``)
+    DOUBLING = "doubling"  # recursive doubling (``collectives.small``)
+    TREE = "tree"  # a binomial tree (``collectives.small``)
+    DIRECT = "direct"  # every rank to every rank at once
+    RING = "ring"  # ``collectives.ring``
+    BRUCK = "bruck"  # logarithmic rounds (``collectives.bruck``)
+    CHAIN = "chain"  # a pipelined chain (broadcast, ``collectives.ring``)
+
+
+def choose(
+    op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: bool = False
+) -> Algorithm:
     """The algorithm a call of ``op`` moving ``nbytes`` (the whole buffer) uses in a group
     of ``size``: local, doubling, ring, bruck, direct, tree or chain; tiers for the four
     ops that a group laid out over several nodes (``nodes``) runs hierarchically
     (``collectives.tiers``). ``crowded``: this node runs more ranks than it has CPUs
     (see CROWDED_BROADCAST)."""
     if size == 1:
-        return "local"
+        return Algorithm.LOCAL
     if nodes and op in TIERED:
-        return "tiers"
+        return Algorithm.TIERS
     ring = nbytes // size >= RING_MIN_HOP  # else a ring is many hops of a few bytes
     if op in ("all_reduce", "reduce"):
-        small = "doubling" if op == "all_reduce" else "tree"
+        small = Algorithm.DOUBLING if op == "all_reduce" else Algorithm.TREE
         if nbytes <= ALL_REDUCE_SMALL or (op == "reduce" and not ring):
             return small
-        return "ring" if ring else "bruck"
+        return Algorithm.RING if ring else Algorithm.BRUCK
     if op in ("all_gather", "reduce_scatter"):
         if nbytes <= EXCHANGE_SMALL and size <= DIRECT_MAX:
-            return "direct"
-        return "ring" if ring else "bruck"
+            return Algorithm.DIRECT
+        return Algorithm.RING if ring else Algorithm.BRUCK
     if op == "broadcast":
-        return "tree" if nbytes <= BROADCAST_SMALL or crowded else "chain"
+        return Algorithm.TREE if nbytes <= BROADCAST_SMALL or crowded else Algorithm.CHAIN
     if op in ("gather", "scatter") and size > DIRECT_MAX:
-        return "tree"
+        return Algorithm.TREE
     if op == "all_to_all" and size > DIRECT_MAX:
-        return "bruck"  # log2 n peers; a block crosses about log2(n)/2 links
-    return "direct"
+        return Algorithm.BRUCK  # log2 n peers; a block crosses about log2(n)/2 links
+    return Algorithm.DIRECT
