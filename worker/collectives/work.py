@@ -42,8 +42,11 @@ class Work(Generic[T]):
         self._task.cancel()
 
     async def ended(self) -> None:
-        """Return once the call ended, however it ended (its error is the waiter's)."""
+        """Return once the call ended, however it ended. Its error is not raised here
+        (``wait()`` still raises it) and never logged as unretrieved."""
         await asyncio.wait((self._task,))
+        if not self._task.cancelled():
+            self._task.exception()
 
 
 class Pending(Generic[T]):
