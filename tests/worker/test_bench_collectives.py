@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,3 +89,19 @@ def test_systems_alternate_size_by_size(monkeypatch, capsys) -> None:
     sizes = [json.loads(cmd[-1])["sizes"] for cmd in commands]
     assert sizes == [[4 << 10]] * 2 + [[1 << 20]] * 2 + [[16 << 20]] * 2
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("script", ["mpi.py", "c10d.py"])
+def test_the_baseline_scripts_load_without_shardwire(script: str) -> None:
+    """The baselines run in side environments (mpi4py, torch) where shardwire is not
+    installed: loading the script there must not import it."""
+    path = Path(collectives.__file__).with_name(script)
+    probe = f"import runpy; runpy.run_path({str(path)!r}, run_name='side')"
+    isolated = subprocess.run(  # -I -S: no site-packages, so no shardwire to import
+        [sys.executable, "-I", "-S", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert isolated.returncode == 0, isolated.stderr

@@ -17,8 +17,6 @@ import os
 import sys
 import time
 
-from shardwire.protocol.errors import InvalidArgument
-
 
 def _call(comm, op: str, nbytes: int):
     import numpy as np
@@ -37,7 +35,7 @@ def _call(comm, op: str, nbytes: int):
     if op == "reduce_scatter":
         inp, out = np.ones(numel // n * n, np.float32), np.empty(numel // n, np.float32)
         return lambda: comm.Reduce_scatter_block(inp, out, mpi.SUM)
-    raise InvalidArgument(op)
+    raise SystemExit(f"{__file__}: no such op {op!r}")
 
 
 def _cell(comm, op: str, nbytes: int, target_s: float) -> dict:
