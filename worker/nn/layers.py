@@ -152,9 +152,19 @@ class GELU(Module):
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        t = np.tanh(_GELU_C * (x + 0.044715 * x**3))
+        # tanh(c (x + 0.044715 x^3)), with x^3 as products: numpy's float32 ``x**3`` took
+        # 63 ms for 1 Mi elements here against 0.2 ms (38 % of a charlm step)
+        u = x * x
+        u *= 0.044715
+        u += 1.0
+        u *= x
+        u *= _GELU_C
+        t = np.tanh(u, out=u)
         self._cache = (x, t)
-        return 0.5 * x * (1.0 + t)
+        y = t + 1.0
+        y *= x
+        y *= 0.5
+        return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         assert self._cache is not None, "backward before forward"

@@ -204,3 +204,14 @@ def test_out_of_range_targets_are_refused(target: int) -> None:
 def test_mse_divides_by_rows_not_elements() -> None:
     loss, _ = mse(np.ones((2, 3)), np.zeros((2, 3)))
     assert loss == 3.0  # six unit errors over two rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_is_the_tanh_approximation_in_the_input_dtype(dtype) -> None:
+    x = np.random.default_rng(5).standard_normal((3, 7, 16)).astype(dtype) * 3
+    y = GELU()(x)
+    wide = x.astype(np.float64)
+    want = 0.5 * wide * (1 + np.tanh(np.sqrt(2 / np.pi) * (wide + 0.044715 * wide**3)))
+    assert y.dtype == dtype
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(y, want, rtol=tol, atol=tol)
