@@ -176,9 +176,10 @@ def _chunks(longest: int, per: int) -> int:
     return max(1, math.ceil(longest / per))
 
 
-def all_gather(ctx: Context, parts: list[np.ndarray]) -> Program:
-    """Every ``parts[r]`` (flat views of the output) gets rank r's part; this rank's
-    own part is already in ``parts[me]``."""
+def all_gather(ctx: Context, parts: list[np.ndarray], src: np.ndarray) -> Program:
+    """Every ``parts[r]`` (flat views of the output) gets rank r's part, ``src`` being
+    this rank's. Its own part is copied out of its half, still in cache, rather than
+    from ``src`` a second time: one pass over the input instead of two."""
     dtype = parts[ctx.me].dtype
     per = ctx.halves.elements(dtype)
     mine = parts[ctx.me]
@@ -186,10 +187,12 @@ def all_gather(ctx: Context, parts: list[np.ndarray]) -> Program:
         g, h = ctx.next_chunk()
         yield ctx.writable(g)
         lo = i * per
-        piece = mine[lo : lo + per]
-        ctx.half(ctx.me, h, dtype)[: len(piece)] = piece
+        piece = src[lo : lo + per]
+        own = ctx.half(ctx.me, h, dtype)[: len(piece)]
+        own[:] = piece
         ctx.sent += piece.nbytes
         tick = ctx.written(h)
+        mine[lo : lo + per] = own
         yield Need(READY, ctx.others, tick)
         ctx.check(ctx.others, h)
         for r in ctx.others:

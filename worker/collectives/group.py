@@ -247,12 +247,13 @@ class Group(Movement):
         result = out_array(out, (sum(sizes), *x2.shape[1:]), x.dtype)
         buf = flat(result, "out")
         a, b = segs[self.rank]
-        np.copyto(buf[a:b], flat(x2, "x"))
+        src = flat(x2, "x")  # read while the call runs, like every collective's input
         signature = f"all_gather:{dtype_name(x.dtype)}:{list(x2.shape[1:])}:{sizes_text(sizes)}"
 
         tiers, run, limit = self._tiered(timeout)
 
         async def algorithm(c: Call) -> np.ndarray:
+            np.copyto(buf[a:b], src)
             if tiers is not None and run is not None:
                 await run(c, lambda: tiers.all_gather(c, buf, segs, limit))
                 return result
@@ -268,7 +269,7 @@ class Group(Movement):
             return result
 
         parts = [buf[s:e] for s, e in segs]
-        plan = (lambda ctx: programs.all_gather(ctx, parts), result)
+        plan = (lambda ctx: programs.all_gather(ctx, parts, src), result)
         return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
 
     def broadcast(
