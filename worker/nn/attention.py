@@ -52,7 +52,9 @@ class CausalSelfAttention(Module):
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
-        self._cache = (q, k, v, p, np.asarray(scale))
+        # kept in the activations' dtype: a float64 0-d array would make the whole
+        # backward float64 (numpy promotes to it), at twice the cost of every product
+        self._cache = (q, k, v, p, np.asarray(scale, dtype=q.dtype))
         return self.proj(self._merge(p @ v))
 
     def backward(self, dy: np.ndarray) -> np.ndarray:

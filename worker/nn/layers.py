@@ -47,15 +47,27 @@ class Linear(Module):
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         add_linear_grads(self, dy)
-        return dy @ self.params["weight"]
+        return product(dy, self.params["weight"])
+
+
+def rows(x: np.ndarray) -> np.ndarray:
+    """``x`` as one matrix of rows (its last axis the columns)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def product(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``x @ m`` over the last axis of ``x``, as one matrix product of its rows: numpy
+    multiplies a 3-d array by a matrix one batch entry at a time, in smaller products."""
+    y = rows(x) @ m
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def apply_linear(module: LinearLike, x: np.ndarray) -> np.ndarray:
     """``x W^T + b`` with ``module``'s parameters, keeping ``x`` for backward."""
     module.saved_input = x
-    y = x @ module.params["weight"].T
+    y = product(x, module.params["weight"].T)
     if "bias" in module.params:
-        y = y + module.params["bias"]
+        y += module.params["bias"]  # y is new: in place saves an array of the output's size
     return y
 
 
@@ -64,8 +76,8 @@ def add_linear_grads(module: LinearLike, dy: np.ndarray) -> None:
     ``x`` the input its forward kept in ``module.saved_input``."""
     x = module.saved_input
     assert x is not None, "backward before forward"
-    flat_dy = dy.reshape(-1, dy.shape[-1])
-    module.grads["weight"] += flat_dy.T @ x.reshape(-1, x.shape[-1])
+    flat_dy = rows(dy)
+    module.grads["weight"] += flat_dy.T @ rows(x)
     if "bias" in module.grads:
         module.grads["bias"] += flat_dy.sum(axis=0)
 
@@ -169,8 +181,20 @@ class GELU(Module):
     def backward(self, dy: np.ndarray) -> np.ndarray:
         assert self._cache is not None, "backward before forward"
         x, t = self._cache
-        dt = (1.0 - t**2) * _GELU_C * (1.0 + 3 * 0.044715 * x**2)
-        return dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
+        # dy * (0.5 (1 + t) + 0.5 x dt), dt = (1 - t^2) c (1 + 3 * 0.044715 x^2), in
+        # place in two buffers (the expression made ten temporaries: 11 % of a step)
+        g = x * x
+        g *= 3 * 0.044715 * _GELU_C
+        g += _GELU_C
+        s = t * t
+        np.subtract(1.0, s, out=s)
+        g *= s
+        g *= x
+        np.add(g, t, out=g)
+        g += 1.0
+        g *= 0.5
+        g *= dy
+        return g
 
 
 class Dropout(Module):

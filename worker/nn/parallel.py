@@ -47,6 +47,7 @@ from shardwire.worker.nn.layers import (
     LayerNorm,
     add_linear_grads,
     apply_linear,
+    product,
 )
 from shardwire.worker.nn.module import Module, Sequential
 from shardwire.worker.nn.transformer import Block
@@ -174,7 +175,7 @@ class ColumnParallelLinear(Module):
             a, b = self.span
             dy = dy[..., a:b]
         add_linear_grads(self, dy)
-        partial = np.ascontiguousarray(dy @ self.params["weight"])
+        partial = np.ascontiguousarray(product(dy, self.params["weight"]))
         group = self._bridge.group
         return self._bridge.run(lambda: group.all_reduce(partial))
 
@@ -228,7 +229,7 @@ class RowParallelLinear(Module):
             a, b = self.span
             x = x[..., a:b]
         self.saved_input = x
-        partial = np.ascontiguousarray(x @ self.params["weight"].T)
+        partial = np.ascontiguousarray(product(x, self.params["weight"].T))
         group = self._bridge.group
         y = self._bridge.run(lambda: group.all_reduce(partial))
         if "bias" in self.params:
@@ -237,7 +238,7 @@ class RowParallelLinear(Module):
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         add_linear_grads(self, dy)
-        dx = dy @ self.params["weight"]
+        dx = product(dy, self.params["weight"])
         if self.input_is_parallel:
             return dx
         return _lastaxis_gather(self._bridge, dx, self.splits)
