@@ -215,7 +215,9 @@ class Dropout(Module):
         if not self.training or self.p == 0.0:
             self._mask = None
             return x
-        self._mask = (self._rng.random(x.shape) >= self.p) / (1.0 - self.p)
+        mask = (self._rng.random(x.shape) >= self.p).astype(x.dtype)  # not float64
+        mask /= 1.0 - self.p
+        self._mask = mask
         return x * self._mask
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
