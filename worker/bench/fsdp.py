@@ -1,13 +1,16 @@
 """FSDP step time per strategy, with and without prefetch, on a small transformer; the
 share of all-gather time that prefetch hides; and per-rank memory by category.
 
-    shardwire bench fsdp [--world 2 4] [--steps 6] [--transport auto tcp] [--json out.json]
+    shardwire bench fsdp [--world 2 4] [--steps 12] [--transport auto tcp] [--json out.json]
 
 Each world size runs as one ``shardwire launch --standalone`` job per transport
 (``SHARDWIRE_TRANSPORT``: "auto" moves large payloads between the ranks through shared
 memory, "tcp" keeps every byte on loopback TCP), in the same invocation. "Hidden" is
-1 - (time compute waited for parameters with prefetch) / (the same without prefetch),
-measured inside the wrapper: 100 % means the gathers cost compute nothing.
+1 - (time compute waited for all-gathers with prefetch) / (the same without prefetch),
+measured inside the wrapper (``FSDP.gather_wait_s``): 100 % means the gathers cost
+compute nothing. "Blocked in hooks" (``FSDP.hook_wait_s``) is all the compute thread
+waited for in the units' hooks: the all-gathers, gradient reductions in flight, and the
+hand-offs to the event loop and back, which every strategy pays.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ MODEL: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 4, "layers": 8, "cont
 BATCH = 2  # sequences per rank
 
 
-async def step_time(fsdp, ids, targets, steps: int) -> tuple[float, float]:
+async def step_time(fsdp, ids, targets, steps: int) -> tuple[float, float, float]:
+    """Median step time, and per step the seconds compute waited for all-gathers and
+    the seconds it was blocked in hooks (see ``FSDP.hook_wait_s``)."""
     from shardwire.worker.nn import softmax_cross_entropy
 
     times = []
     denom = ids.size * fsdp.group.size
-    waited = 0.0
+    waited = blocked = 0.0
     for i in range(steps + 2):
         await fsdp.group.barrier()
         start = time.perf_counter()
@@ -43,10 +48,14 @@ async def step_time(fsdp, ids, targets, steps: int) -> tuple[float, float]:
         await fsdp.backward(dlogits)
         await fsdp.step(lr=1e-3)
         if i == 1:  # two warm-up steps
-            waited = fsdp.gather_wait_s
+            waited, blocked = fsdp.gather_wait_s, fsdp.hook_wait_s
         if i >= 2:
             times.append(time.perf_counter() - start)
-    return statistics.median(times), (fsdp.gather_wait_s - waited) / steps
+    return (
+        statistics.median(times),
+        (fsdp.gather_wait_s - waited) / steps,
+        (fsdp.hook_wait_s - blocked) / steps,
+    )
 
 
 async def gather_time(fsdp, repeats: int = 5) -> float:
@@ -95,7 +104,7 @@ async def worker(steps: int, depth: int) -> list[dict] | None:
                 prefetch_depth=depth,
                 shard_size=2,
             )
-            seconds, waited = await step_time(fsdp, ids, targets, steps)
+            seconds, waited, blocked = await step_time(fsdp, ids, targets, steps)
             gathers = await gather_time(fsdp) if strategy.shards_params else 0.0
             stats = fsdp.memory_stats()["held"]
             rows.append(
@@ -105,6 +114,7 @@ async def worker(steps: int, depth: int) -> list[dict] | None:
                     "step_ms": seconds * 1e3,
                     "gather_ms": gathers * 1e3,
                     "wait_ms": waited * 1e3,
+                    "hooks_ms": blocked * 1e3,
                     "memory": stats,
                     "n": pg.world_size,
                 }
@@ -115,10 +125,11 @@ async def worker(steps: int, depth: int) -> list[dict] | None:
 def report(rows: list[dict]) -> None:
     print(
         "| n | transport | strategy | prefetch | step (ms) | step vs NO_SHARD "
-        "| all-gathers alone (ms) | compute waited (ms) "
-        "| hidden by prefetch | params MiB | grads MiB | optimizer MiB | total vs NO_SHARD |"
+        "| all-gathers alone (ms) | compute waited for all-gathers (ms) "
+        "| hidden by prefetch | blocked in hooks (ms) "
+        "| params MiB | grads MiB | optimizer MiB | total vs NO_SHARD |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, transport in sorted({(r["n"], r["transport"]) for r in rows}):
         mine = [r for r in rows if r["n"] == n and r["transport"] == transport]
         base = next(sum(r["memory"].values()) for r in mine if r["strategy"] == "NO_SHARD")
@@ -133,7 +144,7 @@ def report(rows: list[dict]) -> None:
             print(
                 f"| {n} | {transport} | {r['strategy']} | {'on' if r['prefetch'] else 'off'} | "
                 f"{r['step_ms']:.1f} | {ratio:.2f} | {r['gather_ms']:.1f} | "
-                f"{r['wait_ms']:.1f} | {hidden} | "
+                f"{r['wait_ms']:.1f} | {hidden} | {r['hooks_ms']:.1f} | "
                 f"{m['params'] / 2**20:.2f} | {m['grads'] / 2**20:.2f} | "
                 f"{m['optimizer'] / 2**20:.2f} | {sum(m.values()) / base:.2f} |"
             )
@@ -142,7 +153,7 @@ def report(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = parser("fsdp", __doc__)
     p.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=12)
     p.add_argument("--prefetch-depth", type=int, default=1, help="units gathered ahead")
     p.add_argument(
         "--transport", nargs="+", default=["auto", "tcp"], choices=["auto", "tcp"],

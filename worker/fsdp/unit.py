@@ -21,6 +21,7 @@ thread through ``run_coroutine_threadsafe``.
 from __future__ import annotations
 
 import enum
+import time
 
 import numpy as np
 
@@ -88,6 +89,7 @@ class Unit:
         self.grad_full: np.ndarray | None = None
         self._gathering: Work[np.ndarray] | None = None
         self.state = UnitState.SHARDED
+        self.gather_wait_s = 0.0  # time ``gather`` waited for an all-gather to land
         self.grad_state = GradState.IDLE
         layout.release_grads()
         if strategy.shards_params:
@@ -132,8 +134,10 @@ class Unit:
         self.start_gather()
         if self.state is UnitState.GATHERING:
             assert self._gathering is not None
+            start = time.perf_counter()
             with span(f"all-gather wait {self.name or 'root'}", "fsdp"):
                 full = await self._gathering.wait()
+            self.gather_wait_s += time.perf_counter() - start
             self._gathering = None
             self._bind_full(full)
             self.page_out()

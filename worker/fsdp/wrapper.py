@@ -169,7 +169,14 @@ class FSDP:
 
     @property
     def gather_wait_s(self) -> float:
-        """Compute time spent waiting for unit parameters (what prefetch did not hide)."""
+        """Seconds the passes waited for all-gathers of parameters to land (what
+        prefetch did not hide), since the wrapper was made."""
+        return sum(unit.gather_wait_s for unit in self.all_units())
+
+    @property
+    def hook_wait_s(self) -> float:
+        """Seconds the compute thread was blocked in the units' hooks: all-gather and
+        ``reduce_depth`` waits, and its hand-offs to the event loop and back."""
         return self._bridge.wait_s
 
     def _prefetch_after(self, order: list[int]) -> None:

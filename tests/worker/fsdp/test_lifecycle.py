@@ -80,8 +80,8 @@ async def test_hybrid_replica_all_reduces_run_together(monkeypatch) -> None:
         assert seen_at_first_result == [len(ranks[0].all_units())]
 
 
-def _slow_reductions(group, monkeypatch) -> list[int]:
-    """Make every reduce-scatter of ``group`` take 50 ms before it starts. Returns
+def _slow_reductions(group, monkeypatch, delay: float = 0.05) -> list[int]:
+    """Make every reduce-scatter of ``group`` take ``delay`` seconds before it starts. Returns
     [reductions under way now, the most under way at once]."""
     real = group.reduce_scatter
     flight = [0, 0]
@@ -96,7 +96,7 @@ def _slow_reductions(group, monkeypatch) -> list[int]:
 
             async def run() -> np.ndarray:
                 try:
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(delay)
                     return await real(self.x)
                 finally:
                     flight[0] -= 1
@@ -120,3 +120,23 @@ async def test_reduce_depth_bounds_the_reductions_in_flight(depth, monkeypatch) 
 def test_reduce_depth_must_be_positive() -> None:
     with pytest.raises(ValueError, match="reduce_depth"):
         FSDPConfig(reduce_depth=0)
+
+
+async def test_gather_wait_counts_all_gathers_and_hook_wait_everything(monkeypatch) -> None:
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd", reduce_depth=1) as ranks:
+        for f in ranks:
+            _slow_reductions(f.shard_group, monkeypatch, delay=0.25)
+        await asyncio.gather(*(_backward(f, r, 2) for r, f in enumerate(ranks)))
+        units = len(ranks[0].all_units())
+        for f in ranks:
+            # the hooks of the inner units' backward each waited >= 0.25 s for the
+            # reduction before theirs: time blocked in hooks, not waiting for parameters
+            assert f.hook_wait_s >= f.gather_wait_s + 0.25 * (units - 2)
+            assert 0 < f.gather_wait_s < 0.25
+
+
+async def test_no_shard_never_waits_for_an_all_gather() -> None:
+    async with fsdp_world(2, Strategy.NO_SHARD, "sgd") as ranks:
+        await asyncio.gather(*(_backward(f, r, 2) for r, f in enumerate(ranks)))
+        assert [f.gather_wait_s for f in ranks] == [0.0, 0.0]
+        assert all(f.hook_wait_s > 0 for f in ranks)  # its gradient all-reduces
