@@ -88,16 +88,13 @@ class NodeArena:
     ) -> Job | None:
         """Run a call's program at once if the engine is idle (see ``Engine.express``);
         None if it is not, and nothing was done."""
-        if self.engine.driver is not None:
+        engine = self.engine
+        if not engine.claim():
             return None
         self.board.enter(seq)
-        stamp, context = self._stamp(seq, signature), self.context
-
-        def start() -> Program:  # called only if the engine is idle: this program runs first
-            context.signature, context.split = stamp, split
-            return build(context)
-
-        return self.engine.express(start, deadline, split)
+        context = self.context  # the engine is idle: this program runs first
+        context.signature, context.split = self._stamp(seq, signature), split
+        return engine.express(build(context), deadline, split)
 
     def _stamp(self, seq: int, signature: str) -> int:
         """The call's signature word: its sequence number and a CRC of its signature."""

@@ -90,11 +90,18 @@ class Board:
     def publish(self, word: int, value: int) -> None:
         """Store ``value`` into this rank's ``word`` (READY or DONE) and ring the bell."""
         w, row = self.words, self.mine
-        w.store(row + word, value & _MASK)
-        w.swap(self._bell, (w.load32(row + BELL) + 1) & _BELL_MASK)  # any change wakes
-        if w.load32(row + SLEEPERS):
-            w.exchange32(row + SLEEPERS, 0)
-            w.wake(row + BELL)
+        if w.plain:  # the hot path: a prebuilt array's item, no method calls
+            w.u64[(row + word) >> 3] = value & _MASK
+            w.swap(self._bell, (w.u32[row >> 2] + 1) & _BELL_MASK)  # any change wakes
+            if not w.u32[(row + SLEEPERS) >> 2]:
+                return
+        else:
+            w.store(row + word, value & _MASK)
+            w.swap(self._bell, (w.load32(row + BELL) + 1) & _BELL_MASK)
+            if not w.load32(row + SLEEPERS):
+                return
+        w.exchange32(row + SLEEPERS, 0)
+        w.wake(row + BELL)
 
     def enter(self, seq: int) -> None:
         """Record that this rank has made call ``seq`` of its group."""
@@ -110,6 +117,21 @@ class Board:
 
     def signature(self, rank: int, half: int) -> int:
         return self.words.load(self.rows[rank] + SIG + 8 * half)
+
+    def unsigned(self, ranks: Sequence[int], half: int, signature: int) -> int:
+        """The first of ``ranks`` whose ``half`` is not signed ``signature``, or -1."""
+        rows, word = self.rows, SIG + 8 * half
+        if self.words.plain:
+            u64 = self.words.u64
+            for r in ranks:
+                if u64[(rows[r] + word) >> 3] != signature:
+                    return r
+            return -1
+        load = self.words.load
+        for r in ranks:
+            if load(rows[r] + word) != signature:
+                return r
+        return -1
 
     def value(self, rank: int, word: int) -> int:
         return self.words.load(self.rows[rank] + word)

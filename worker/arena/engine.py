@@ -34,7 +34,6 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Callable
 
 from shardwire.protocol.errors import InvalidState
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
@@ -116,19 +115,24 @@ class Engine:
             self._queue.append(job)
         return job
 
-    def express(
-        self, start: Callable[[], Program], deadline: float, split: Split | None = None
-    ) -> Job | None:
-        """Run the program ``start()`` makes at once on the loop if the engine is idle
-        (None if it is not, and ``start`` is not called: queue the call with
-        :meth:`submit`). The job comes back finished when every wait was met within the
-        spin budget (or the nap); otherwise it heads the queue and the thread drives it,
-        and :meth:`run` waits for it like any other."""
+    def claim(self) -> bool:
+        """Make the loop the driver if the engine is idle (True): the caller then builds
+        a program and hands it to :meth:`express` at once. False: queue the call with
+        :meth:`submit`."""
+        if self._driver is not None:  # read without the lock: only the loop sets it
+            return False  # from None, and a stale "busy" only sends a call to the queue
         with self._lock:
             if self._driver is not None or self._queue or self._closed:
-                return None
+                return False
             self._driver = "loop"
-        job = Job(start(), deadline, split)
+        return True
+
+    def express(self, program: Program, deadline: float, split: Split | None = None) -> Job:
+        """Run ``program`` at once on the loop (after :meth:`claim`). The job comes back
+        finished when every wait was met within the spin budget (or the nap); otherwise
+        it heads the queue and the thread drives it, and :meth:`run` waits for it like
+        any other."""
+        job = Job(program, deadline, split)
         if self._advance(job, blocking=False, nap=self.nap):
             job.finished = True
             self.inline_runs += 1
@@ -232,7 +236,7 @@ class Engine:
 
     def _advance(self, job: Job, *, blocking: bool, nap: float = 0.0) -> bool:
         """Run ``job`` until it ends (True) or, not ``blocking``, until a wait is not met
-        within the spin budget (False)."""
+        within the spin budget and then ``nap`` (False)."""
         board = self.board
         spin = self.spin if not blocking else _THREAD_SPIN
         try:

@@ -50,6 +50,7 @@ from shardwire.worker.collectives.split import Split, reduce_with
 # all_reduce payloads up to this size are reduced whole by every rank: one
 # synchronisation instead of two, for k-fold reads of a few KiB.
 DIRECT_BYTES = 64 * 1024
+_HEADS = 64  # sliced views kept (HalfViews.heads)
 
 
 class Need(NamedTuple):
@@ -100,8 +101,16 @@ class Context:
         g = self.clock.chunk
         return g, g & 1
 
-    def writable(self, g: int) -> Need:
-        return Need(DONE, self.others, g - 2)
+    def unmet(self, word: int, ranks: Sequence[int], target: int) -> Need | None:
+        """None if every rank's ``word`` reached ``target`` already (the program goes on
+        without yielding to the engine), else what to wait for."""
+        if self.board.lagging(word, ranks, target) < 0:
+            return None
+        return Need(word, ranks, target)
+
+    def writable(self, g: int) -> Need | None:
+        """What to wait for before writing chunk ``g`` (None: nothing)."""
+        return self.unmet(DONE, self.others, g - 2)
 
     def tick(self) -> int:
         self.clock.tick += 1
@@ -115,9 +124,9 @@ class Context:
         return tick
 
     def check(self, ranks: Sequence[int], half: int) -> None:
-        for r in ranks:
-            if self.board.signature(r, half) != self.signature:
-                raise Mismatch(r)
+        r = self.board.unsigned(ranks, half, self.signature)
+        if r >= 0:
+            raise Mismatch(r)
 
     def release(self, g: int) -> None:
         self.board.publish(DONE, g)
@@ -142,6 +151,7 @@ class HalfViews:
         self._offsets = offsets
         self.half_bytes = half_bytes
         self._views: dict[np.dtype, list[list[np.ndarray]]] = {}
+        self._heads: dict[tuple[np.dtype, int, int], list[np.ndarray]] = {}
 
     def get(self, dtype: np.dtype) -> list[list[np.ndarray]]:
         views = self._views.get(dtype)  # keyed by the dtype itself: dtype.str costs 0.6 us
@@ -154,11 +164,23 @@ class HalfViews:
             self._views[dtype] = views
         return views
 
+    def heads(self, dtype: np.dtype, which: int, count: int) -> list[np.ndarray]:
+        """The first ``count`` elements of every rank's half ``which``, by rank (kept
+        for the few shapes a job repeats: slicing k views costs microseconds a call)."""
+        key = (dtype, which, count)
+        views = self._heads.get(key)
+        if views is None:
+            if len(self._heads) >= _HEADS:
+                self._heads.clear()
+            views = self._heads[key] = [pair[which][:count] for pair in self.get(dtype)]
+        return views
+
     def elements(self, dtype: np.dtype) -> int:
         return self.half_bytes // dtype.itemsize
 
     def clear(self) -> None:
         self._views.clear()
+        self._heads.clear()
 
 
 def _reduce(ctx: Context, op: ReduceOp, sources: list[np.ndarray], out: np.ndarray) -> None:
@@ -185,7 +207,8 @@ def all_gather(ctx: Context, parts: list[np.ndarray], src: np.ndarray) -> Progra
     mine = parts[ctx.me]
     for i in range(_chunks(max(len(p) for p in parts), per)):
         g, h = ctx.next_chunk()
-        yield ctx.writable(g)
+        if need := ctx.writable(g):
+            yield need
         lo = i * per
         piece = src[lo : lo + per]
         own = ctx.half(ctx.me, h, dtype)[: len(piece)]
@@ -193,7 +216,8 @@ def all_gather(ctx: Context, parts: list[np.ndarray], src: np.ndarray) -> Progra
         ctx.sent += piece.nbytes
         tick = ctx.written(h)
         mine[lo : lo + per] = own
-        yield Need(READY, ctx.others, tick)
+        if need := ctx.unmet(READY, ctx.others, tick):
+            yield need
         ctx.check(ctx.others, h)
         for r in ctx.others:
             dst = parts[r][lo : lo + per]
@@ -221,7 +245,8 @@ def reduce_scatter(
         )
     for i in range(_chunks(max(b - a for a, b in segs), per)):
         g, h = ctx.next_chunk()
-        yield ctx.writable(g)
+        if need := ctx.writable(g):
+            yield need
         mine = ctx.half(me, h, dtype)
         for j, (a, b) in enumerate(segs):
             s, e = a + i * per, min(b, a + (i + 1) * per)
@@ -229,7 +254,8 @@ def reduce_scatter(
                 mine[j * per : j * per + e - s] = src[s:e]
                 ctx.sent += (e - s) * dtype.itemsize
         tick = ctx.written(h)
-        yield Need(READY, ctx.others, tick)
+        if need := ctx.unmet(READY, ctx.others, tick):
+            yield need
         ctx.check(ctx.others, h)
         a, b = segs[me]
         m = min(b, a + (i + 1) * per) - (a + i * per)
@@ -250,14 +276,16 @@ def all_reduce(ctx: Context, buf: np.ndarray, op: ReduceOp, count: int) -> Progr
     whole = buf.nbytes <= DIRECT_BYTES
     for i in range(_chunks(len(buf), per)):
         g, h = ctx.next_chunk()
-        yield ctx.writable(g)
-        piece = buf[i * per : (i + 1) * per]
+        if need := ctx.writable(g):
+            yield need
+        piece = buf if len(buf) <= per else buf[i * per : (i + 1) * per]
         m = len(piece)
-        halves = [ctx.half(r, h, dtype)[:m] for r in range(k)]
+        halves = ctx.halves.heads(dtype, h, m)
         halves[me][:] = piece
         ctx.sent += piece.nbytes
         tick = ctx.written(h)
-        yield Need(READY, ctx.others, tick)
+        if need := ctx.unmet(READY, ctx.others, tick):
+            yield need
         ctx.check(ctx.others, h)
         if whole:
             _reduce(ctx, op, halves, piece)
@@ -273,7 +301,8 @@ def all_reduce(ctx: Context, buf: np.ndarray, op: ReduceOp, count: int) -> Progr
             halves[me][lo:hi] = acc
             tick = ctx.tick()
             ctx.board.publish(READY, tick)
-            yield Need(READY, ctx.others, tick)
+            if need := ctx.unmet(READY, ctx.others, tick):
+                yield need
             for r, (lo, hi) in enumerate(slices):
                 piece[lo:hi] = halves[r][lo:hi]
             ctx.received += (k - 1) * acc.nbytes + piece.nbytes - acc.nbytes
@@ -287,13 +316,15 @@ def broadcast(ctx: Context, buf: np.ndarray, root: int) -> Program:
         g, h = ctx.next_chunk()
         piece = buf[i * per : (i + 1) * per]
         if ctx.me == root:
-            yield ctx.writable(g)
+            if need := ctx.writable(g):
+                yield need
             ctx.half(root, h, buf.dtype)[: len(piece)] = piece
             ctx.sent += piece.nbytes
             ctx.written(h)
         else:
             tick = ctx.tick()
-            yield Need(READY, (root,), tick)
+            if need := ctx.unmet(READY, (root,), tick):
+                yield need
             ctx.check((root,), h)
             piece[:] = ctx.half(root, h, buf.dtype)[: len(piece)]
             ctx.received += piece.nbytes
@@ -303,8 +334,10 @@ def broadcast(ctx: Context, buf: np.ndarray, root: int) -> Program:
 def barrier(ctx: Context) -> Program:
     """Returns once every local rank has entered."""
     g, h = ctx.next_chunk()
-    yield ctx.writable(g)
+    if need := ctx.writable(g):
+        yield need
     tick = ctx.written(h)
-    yield Need(READY, ctx.others, tick)
+    if need := ctx.unmet(READY, ctx.others, tick):
+        yield need
     ctx.check(ctx.others, h)
     ctx.release(g)

@@ -93,7 +93,7 @@ class FlightRecorder:
         self,
         *,
         group: int,
-        ranks: Sequence[int],
+        ranks: tuple[int, ...],
         op: str,
         seq: int,
         nbytes: int,
@@ -103,12 +103,12 @@ class FlightRecorder:
         """Record a collective that started at ``start`` and ended ``ok`` just now (one
         entry, one lock: the cost of a call that ran to its end at once)."""
         now = self._clock()
-        entry = _Entry(group, tuple(ranks), op, seq, nbytes, start, None, "arena", now, "ok")
-        entry.split = split
+        entry = _Entry(group, ranks, op, seq, nbytes, start, None, "arena", now, "ok", (), split)
         with self._lock:
             self._ring.append(entry)
             self._done.append((group, len(ranks), seq, round((now - start) * 1e6)))
-        _traced(entry)
+        if trace.current() is not None:
+            _traced(entry)
 
     def end(
         self,
