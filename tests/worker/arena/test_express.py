@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from shardwire.protocol import CollectiveMismatch
+from shardwire.protocol import CollectiveMismatch, CollectiveTimeout
 from shardwire.worker.arena.board import DONE, READY, Board
 from shardwire.worker.arena.engine import Engine
 from shardwire.worker.arena.programs import Need
@@ -128,3 +128,36 @@ async def test_an_express_wait_naps_on_the_loop_only_if_allowed(tmp_path, nap: f
         assert engine.close()
         region.unlink()
         region.close()
+
+
+async def test_a_large_call_awaited_when_its_peers_are_there_ends_where_it_is_awaited() -> None:
+    count = EXPRESS_BYTES // 8 + 1000  # too large to run when made: it runs when awaited
+    async with arena_groups(2) as groups:
+        await _opened(groups)
+        engines = [g.gate.arena.engine for g in groups]
+        board = groups[1].gate.arena.board
+        ready = board.value(0, READY)
+        first = groups[0].all_gather(np.full(count, 1.0)).start()  # the thread runs it
+        deadline = time.monotonic() + 30
+        while board.value(0, READY) == ready:  # until rank 0 has published its part
+            assert time.monotonic() < deadline, "rank 0's started call did not publish"
+            await asyncio.sleep(0.001)
+        second = groups[1].all_gather(np.full(count, 2.0))
+        before = engines[1].inline_runs
+        out = await second  # finds rank 0's part there: it runs on the loop, not the thread
+        assert engines[1].inline_runs == before + 1
+        np.testing.assert_array_equal(out, np.repeat([1.0, 2.0], count))
+        np.testing.assert_array_equal(await first.wait(), out)
+        last = groups[1].recorder.snapshot(live=True)[-1]
+        assert (last.op, last.outcome) == ("all_gather", "ok")
+
+
+async def test_a_large_call_awaited_without_its_peers_waits_and_names_them() -> None:
+    count = EXPRESS_BYTES // 8 + 1000
+    async with arena_groups(3, timeout=1.0) as groups:
+        await _opened(groups)
+        calls = [groups[r].all_reduce(np.ones(count)) for r in (0, 1)]  # rank 2 is silent
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for error in results:
+            assert isinstance(error, CollectiveTimeout), error
+            assert "not heard from ranks [2]" in str(error)
