@@ -294,11 +294,16 @@ def all_reduce(ctx: Context, buf: np.ndarray, op: ReduceOp, count: int) -> Progr
         else:
             slices = bounds(m, k)
             lo, hi = slices[me]
-            # Reduced into scratch first: this rank's own input is one of the sources.
-            acc = ctx.scratch(dtype, hi - lo)
+            # This rank's own slice is a source read only by this rank: the first
+            # combination (of ranks 0 and 1) consumes it in place, so ranks 0 and 1
+            # reduce straight into their half; a later rank's is read after that step,
+            # so it reduces into scratch and copies the result in.
+            mine = halves[me][lo:hi]
+            acc = mine if me <= 1 else ctx.scratch(dtype, hi - lo)
             _reduce(ctx, op, [x[lo:hi] for x in halves], acc)
             finish(op, acc, count)
-            halves[me][lo:hi] = acc
+            if acc is not mine:
+                mine[:] = acc
             tick = ctx.tick()
             ctx.board.publish(READY, tick)
             if need := ctx.unmet(READY, ctx.others, tick):
