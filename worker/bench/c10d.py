@@ -37,11 +37,14 @@ def _call(dist, torch, op: str, nbytes: int, n: int):
     if op == "all_gather":
         inp = torch.ones(numel // n, dtype=torch.float32)
         out = torch.empty(numel // n * n, dtype=torch.float32)
-        return lambda: dist.all_gather_into_tensor(out, inp)
+        # the 2.13 names where torch has them (the old ones warn on every call there)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(out, inp)
     if op == "reduce_scatter":
         inp = torch.ones(numel // n * n, dtype=torch.float32)
         out = torch.empty(numel // n, dtype=torch.float32)
-        return lambda: dist.reduce_scatter_tensor(out, inp)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(out, inp)
     raise SystemExit(f"{__file__}: no such op {op!r}")
 
 
