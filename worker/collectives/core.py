@@ -171,16 +171,12 @@ class GroupCore:
         ticket: Ticket | bool = False
         split = Split() if trace.current() is not None else None  # traced: where time goes
         if gate is not None and arena is not None and nbytes <= EXPRESS_BYTES:
-            recorder = self.recorder
-            start = recorder.clock()
-            WAITS.enter()  # it runs here, to its end when the engine is idle
-            try:
+            start = self.recorder.clock()
+            with WAITS:  # it runs here, to its end when the engine is idle
                 ticket = gate.express(self._seq, signature, arena[0], limit, split)
-            finally:
-                WAITS.leave()
             if ticket is True:
                 op = signature[: signature.find(":")]
-                recorder.ended(
+                self.recorder.ended(
                     group=self.group_id,
                     ranks=self.ranks,
                     op=op,

@@ -95,7 +95,7 @@ class Group(Movement):
         buf = flat(target, "x" if out is None else "out")
         if out is not None:
             np.copyto(target, x)
-        signature = f"all_reduce:{dtype_name(x.dtype)}:{x.size}:{op._value_}"
+        signature = f"all_reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}"
         tiers, run, limit = self._tiered(timeout)
 
         async def algorithm(c: Call) -> np.ndarray:
@@ -136,7 +136,7 @@ class Group(Movement):
         src = flat(x, "x")
         result = out_array(out, (sizes[self.rank], *x.shape[1:]), x.dtype)
         signature = (
-            f"reduce_scatter:{dtype_name(x.dtype)}:{list(x.shape)}:{sizes_text(sizes)}:{op._value_}"
+            f"reduce_scatter:{dtype_name(x.dtype)}:{list(x.shape)}:{sizes_text(sizes)}:{op.value}"
         )
 
         tiers, run, limit = self._tiered(timeout)
@@ -193,7 +193,7 @@ class Group(Movement):
         self._check_root(root)
         src = flat(x, "x")
         target = x if out is None else out_array(out, x.shape, x.dtype)
-        signature = f"reduce:{dtype_name(x.dtype)}:{x.size}:{op._value_}:{root}"
+        signature = f"reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}:{root}"
 
         async def algorithm(c: Call) -> np.ndarray | None:
             how = c.choose("reduce", x.nbytes)
