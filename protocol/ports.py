@@ -17,3 +17,18 @@ def port_value(value: object, setting: str) -> object:
             "spec (shardwire kubernetes does) or give the port as a flag"
         )
     return value
+
+
+def port_range(text: str, setting: str) -> tuple[int, int]:
+    """``"A-B"`` (or one port ``"A"``) as ``(A, B)``: the ports a firewall admits for a
+    kind of listener. Refused, naming ``setting``, unless 1 <= A <= B <= 65535."""
+    low_text, sep, high_text = text.strip().partition("-")
+    high_text = high_text if sep else low_text
+    if not (low_text.strip().isdigit() and high_text.strip().isdigit()):
+        raise InvalidArgument(f"{setting} must be PORT or LOW-HIGH (e.g. 29500-29563), got {text!r}")
+    low, high = int(low_text), int(high_text)
+    if not 1 <= low <= high <= 65535:
+        raise InvalidArgument(
+            f"{setting} must run from a lower to a higher port within 1-65535, got {text!r}"
+        )
+    return low, high

@@ -30,7 +30,7 @@ from shardwire.worker.collectives import Group, ReduceOp, Work
 from shardwire.worker.group import ProcessGroup
 from shardwire.worker.mesh import Mesh, MeshError
 from shardwire.worker.runtime.loop import run
-from shardwire.worker.runtime.settings import WorkerConfig
+from shardwire.worker.runtime.settings import NotLaunched, WorkerConfig
 from shardwire.worker.runtime.trace import span
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "JobAborted",
     "Mesh",
     "MeshError",
+    "NotLaunched",
     "PeerFailed",
     "ProcessGroup",
     "ReduceOp",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +37,7 @@ def mesh_config(cfg: WorkerConfig, *, run_id: str, token: Token) -> MeshConfig:
         run_id=run_id,
         token=token,
         bind_host=cfg.bind_host,
+        listen_ports=cfg.peer_ports,
         connect_timeout=cfg.connect_timeout,
         idle_close=cfg.idle_close,
         checksum=cfg.checksum,
@@ -82,7 +84,7 @@ class Session:
             timeout=cfg.timeout,
             on_peer_failed=self._peer_failed,
         )
-        port = await mesh.listen()
+        port = await mesh.listen(first=cfg.local_rank)
         recorder = FlightRecorder()
         tls = cfg.tls
         control = self._control = ControlThread(
@@ -217,7 +219,9 @@ def init(config: WorkerConfig | None = None) -> Session:
             ``MASTER_ADDR``, ``MASTER_PORT``, ``SHARDWIRE_*``).
 
     Raises:
+        NotLaunched: no launcher started this process (and no ``config`` was given).
         RendezvousError: the coordinator refused the join (the message says why).
         AuthFailed: the token does not match the coordinator's.
     """
-    return Session(config or WorkerConfig.from_env(os.environ))
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
+    return Session(config or WorkerConfig.from_env(os.environ, script=script))

@@ -54,6 +54,7 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     serve = False
     if not settings.standalone:  # under a scheduler: what it says, where the user did not
         settings, serve = with_scheduler(settings, node_place(os.environ), os.environ)
+    settings.peer_ports()  # a range too small for this node is refused before anything starts
     env = token_env(settings)
     tls = settings.tls_files()
     if tls is not None:  # the coordinator and the workers read the files from there
@@ -88,6 +89,8 @@ def worker_env(
     }
     if settings.bind_host:
         child_env["SHARDWIRE_BIND_HOST"] = settings.bind_host
+    if ports := settings.peer_ports():
+        child_env["SHARDWIRE_PEER_PORT_RANGE"] = f"{ports[0]}-{ports[1]}"
     if settings.advertise_host:
         child_env["SHARDWIRE_ADVERTISE_HOST"] = settings.advertise_host
     if settings.insecure:

@@ -80,6 +80,12 @@ def _add_rank_flags(p: argparse.ArgumentParser) -> None:
         help="allow non-loopback listeners without a token",
     )
     p.add_argument("--bind-host", help="address for the peer listeners")
+    p.add_argument(
+        "--peer-port-range",
+        metavar="LOW-HIGH",
+        help="ports the peer listeners take, one per rank of the node (e.g. 29500-29563, "
+        "for a firewall; default: ephemeral)",
+    )
     p.add_argument("--advertise-host", help="address peers should dial (default: as seen)")
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--term-timeout", type=float, help="grace after SIGTERM before SIGKILL (5)")

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.history import parse_nnodes
-from shardwire.protocol.ports import port_value
+from shardwire.protocol.ports import port_range, port_value
 from shardwire.worker.launcher.cluster import NodePlace
 from shardwire.worker.launcher.secret import job_token
 from shardwire.worker.runtime.tls import TlsFiles
@@ -60,6 +60,7 @@ class LaunchSettings(_Client):
     coordinator_port: int | None = Field(default=None, ge=1, le=65535)  # where ours is served
     insecure: bool = False
     bind_host: str | None = None
+    peer_port_range: str | None = None  # LOW-HIGH for the peer listeners (None: ephemeral)
     advertise_host: str | None = None
     join_timeout: float = Field(default=300.0, gt=0)
     heartbeat_timeout: float = Field(default=5.0, gt=0)
@@ -79,6 +80,25 @@ class LaunchSettings(_Client):
         text = str(value)
         parse_nnodes(text)  # raises ValueError with the reason
         return text
+
+    @field_validator("peer_port_range", mode="before")
+    @classmethod
+    def _peer_ports(cls, value: object) -> object:
+        if value is not None:
+            port_range(str(value), "--peer-port-range")  # raises with the reason
+        return value
+
+    def peer_ports(self) -> tuple[int, int] | None:
+        """The peer port range, refused when it has fewer ports than this node's ranks."""
+        if self.peer_port_range is None:
+            return None
+        low, high = port_range(self.peer_port_range, "--peer-port-range")
+        if high - low + 1 < self.nproc_per_node:
+            raise InvalidArgument(
+                f"--peer-port-range {self.peer_port_range} holds {high - low + 1} port(s) "
+                f"for {self.nproc_per_node} ranks on this node: each rank listens on one"
+            )
+        return low, high
 
     @property
     def node_range(self) -> tuple[int, int]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
+import os
 import random
 import socket
 import ssl
@@ -46,6 +48,9 @@ from shardwire.protocol.placement import PEER_PAGE, Member, PeerPage, PeerQuery,
 from shardwire.worker.transport.framing import FramedProtocol, open_connection
 
 _CONTROL_LIMITS = Limits(max_payload=0)
+# Seconds between the lines that say a connection to the coordinator is still retried.
+NOTE_EVERY = 5.0
+log = logging.getLogger("shardwire.worker")
 
 
 class CoordinatorUnreachable(ShardwireError):
@@ -64,8 +69,8 @@ def _not_yet(exc: OSError) -> str | None:
     """Why an attempt failed, if trying again later may succeed; None if not."""
     if isinstance(exc, socket.gaierror):
         return f"the name did not resolve ({exc.strerror})"
-    if exc.errno in _NOT_YET:
-        return exc.strerror or type(exc).__name__
+    if exc.errno in _NOT_YET:  # the stock loop's strerror is "Connect call failed (...)"
+        return os.strerror(exc.errno)
     return None
 
 
@@ -109,16 +114,28 @@ class ControlClient:
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
         self._route: Callable[[Heartbeat], bool] | None = None  # heartbeats via the agent
 
-    async def connect(self, host: str, port: int, *, timeout: float) -> None:
+    async def connect(
+        self, host: str, port: int, *, timeout: float, note_every: float = NOTE_EVERY
+    ) -> None:
         """Connect and authenticate; until ``timeout``, retries a name that does not
         resolve yet and refused or unroutable connections (the coordinator, or its
         host's DNS record, may still be starting: a scheduler starts every task at
-        once) and "busy" refusals (a burst of joiners), with jittered backoff."""
+        once) and "busy" refusals (a burst of joiners), with jittered backoff. While it
+        retries, a line every ``note_every`` seconds says what it waits for."""
         delay = 0.05
         last = "nothing answered"
+        start = time.monotonic()
+        noted = start
         try:
             async with asyncio.timeout(timeout):
                 while True:
+                    if (now := time.monotonic()) - noted >= note_every:
+                        noted = now
+                        log.warning(
+                            "%s: waiting for the coordinator at %s:%d (%s), %.0f s of %g s; "
+                            "is it started, and is its port open to this host?",
+                            self._role, host, port, last, now - start, timeout,
+                        )  # fmt: skip
                     try:
                         await self._dial(host, port)
                         break

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from shardwire.protocol import JobAborted
 from shardwire.protocol.errors import InvalidState
+from shardwire.worker.runtime.settings import NotLaunched
 
 T = TypeVar("T")
 
@@ -31,6 +32,9 @@ def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool = True) -> T:
             else:
                 return uvloop.run(main)
         return asyncio.run(main)
+    except NotLaunched as exc:  # a script run by hand: the command, not a traceback
+        print(f"shardwire: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     except JobAborted as exc:
         print(f"shardwire: stopped: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

@@ -10,10 +10,23 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
 
-from shardwire.protocol import Token
+from shardwire.protocol import ShardwireError, Token
 from shardwire.protocol.auth import is_loopback, load_token
+from shardwire.protocol.ports import port_range
 from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
 from shardwire.worker.runtime.tls import TlsFiles
+
+
+# What every launcher (shardwire's, torchrun, a scheduler's wrapper) sets; a process with
+# none of them was started by hand and has no job to join.
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+class NotLaunched(ShardwireError):
+    """The script was started without a launcher (none of ``MASTER_ADDR``,
+    ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK`` is set): there is no job to join. The
+    message shows the command that starts it; :func:`shardwire.worker.run` prints it
+    without a traceback and exits with status 2."""
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -87,6 +100,12 @@ class WorkerEnv(BaseModel):
         default=None,
         validation_alias=_alias("SHARDWIRE_BIND_HOST"),
         description="The peer listener's address (default: loopback; every address with a token).",
+    )
+    peer_port_range: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_PEER_PORT_RANGE"),
+        description="Ports LOW-HIGH the peer listeners take (one per rank of a node; "
+        "unset: ephemeral), for a firewall.",
     )
     advertise_host: str = Field(
         default="",
@@ -217,6 +236,9 @@ class WorkerConfig:
         rank: requested global rank, or None to let the coordinator assign one.
         token: shared secret (``Token(None)`` for none; only allowed on loopback).
         bind_host: address of the peer listener; advertise_host overrides what peers dial.
+        peer_ports: (LOW, HIGH), the ports the peer listener may take (the first free one
+            from LOW + local_rank on, wrapping), so a firewall can admit them; None: an
+            ephemeral port.
         timeout: default bound for every collective and transport operation, in seconds.
         connect_timeout: bound on connecting to a peer (made on first use), in seconds.
         idle_close: a peer connection nothing moved on for about this many seconds is
@@ -263,6 +285,7 @@ class WorkerConfig:
     token: Token = field(default_factory=lambda: Token(None))
     node_id: str = field(default_factory=socket.gethostname)
     bind_host: str = "127.0.0.1"
+    peer_ports: tuple[int, int] | None = None
     advertise_host: str = ""
     insecure: bool = False
     heartbeat_interval: float = 1.0
@@ -284,9 +307,18 @@ class WorkerConfig:
     agent_beats: str | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
+    def from_env(cls, environ: Mapping[str, str], *, script: str = "train.py") -> WorkerConfig:
         """Read the launcher's environment contract. A field of the same name in
-        :class:`WorkerEnv` and here is copied as is; only the fields below are derived."""
+        :class:`WorkerEnv` and here is copied as is; only the fields below are derived.
+        Raises :class:`NotLaunched`, showing how to launch ``script``, where no launcher
+        variable is set."""
+        if not any(name in environ for name in LAUNCHER_VARIABLES):
+            raise NotLaunched(
+                f"no launcher started this process ({', '.join(LAUNCHER_VARIABLES)} are all "
+                f"unset), so there is no job to join; start it with\n"
+                f"    shardwire launch --standalone --nproc-per-node 2 {script}\n"
+                "or set MASTER_ADDR, MASTER_PORT and WORLD_SIZE to join a running coordinator"
+            )
         env = WorkerEnv.model_validate(dict(environ))
         token = load_token(env.token.get_secret_value() if env.token else None, env.token_file)
         bind = env.bind_host or ("127.0.0.1" if is_loopback(env.master_addr) else "0.0.0.0")
@@ -296,6 +328,11 @@ class WorkerConfig:
             token=token,
             node_id=env.node_id or socket.gethostname(),
             bind_host=bind,
+            peer_ports=(
+                port_range(env.peer_port_range, "SHARDWIRE_PEER_PORT_RANGE")
+                if env.peer_port_range
+                else None
+            ),
             tls=TlsFiles.from_values(env.tls_cert, env.tls_key, env.tls_ca),
         )
         same = {f.name for f in fields(cls)} & set(WorkerEnv.model_fields) - set(derived)

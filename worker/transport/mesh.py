@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-1. :meth:`TcpMesh.listen` binds an ephemeral port before the worker joins, so the port
-   can go into the join message and every peer is listening before anyone dials.
+1. :meth:`TcpMesh.listen` binds a port (ephemeral, or of a range a firewall admits)
+   before the worker joins: the port goes into the join, and all listen before any dial.
 2. :meth:`TcpMesh.start` takes this rank's placement and an address book. Nothing is
    dialled then: a rank connects to a peer on its first send (``links``), so a rank
    holds connections only to the peers its collectives use. The dialer's handshake
@@ -45,6 +45,7 @@ from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.framing import HANG_UP_GRACE, Refused, open_connection
 from shardwire.worker.transport.idle import IdleCloser
 from shardwire.worker.transport.links import CROSSED, Links
+from shardwire.worker.transport.listen import bind_listener
 from shardwire.worker.transport.messaging import MailboxTransport
 from shardwire.worker.transport.peer import PeerConnection
 from shardwire.worker.transport.place import NodeMap, Place, Topology
@@ -63,6 +64,7 @@ class MeshConfig:
     run_id: str
     token: Token
     bind_host: str = "127.0.0.1"
+    listen_ports: tuple[int, int] | None = None  # the listener's: ephemeral, or LOW-HIGH
     connect_timeout: float = 30.0
     max_payload: int = 1 << 32
     # Before authentication a connection costs a decoder buffer and a slot: it gets
@@ -127,13 +129,13 @@ class TcpMesh(MailboxTransport):
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def listen(self) -> int:
-        """Bind the peer listener on an ephemeral port; returns the port."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
+    async def listen(self, *, first: int = 0) -> int:
+        """Bind the peer listener (``listen.py``: ``first`` is the local rank); its port."""
+        self._server = await bind_listener(
             self._accepted,
             self.config.bind_host,
-            0,
+            ports=self.config.listen_ports,
+            first=first,
             ssl=self.config.tls_server,
             ssl_handshake_timeout=self.config.handshake_timeout if self.config.tls_server else None,
             backlog=BACKLOG,  # every higher rank dials at once
@@ -267,8 +269,7 @@ class TcpMesh(MailboxTransport):
         if self._conns.get(conn.peer) is conn:
             del self._conns[conn.peer]
 
-    def handshaking(self) -> int:
-        """Connections accepted whose peer has not proven itself yet."""
+    def handshaking(self) -> int:  # connections accepted whose peer has not proven itself
         return len(self._pending)
 
     def peers(self) -> list[int]:
@@ -317,8 +318,7 @@ class TcpMesh(MailboxTransport):
             self._on_peer_failed(error)
         self.abort(error)
 
-    def _conn_to(self, dst: int) -> PeerConnection | None:
-        """The open connection to ``dst``, or None while there is none yet."""
+    def _conn_to(self, dst: int) -> PeerConnection | None:  # None while there is none yet
         conn = self._conns.get(dst)
         if conn is not None and not conn.is_open:
             raise PeerFailed(rank=dst, reason="no open connection")

@@ -1,0 +1,97 @@
+"""What a newcomer meets first: a script run without a launcher, and listeners on ports a
+firewall admits."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .cli import ROOT, SCRIPTS, env, shardwire
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_script_run_without_a_launcher_says_how_to_launch_it_at_once() -> None:
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "examples/hello.py"],
+        env={k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    took = time.monotonic() - start
+    assert result.returncode == 2, result.stderr
+    assert "no launcher started this process" in result.stderr
+    assert "shardwire launch --standalone --nproc-per-node 2 hello.py" in result.stderr
+    assert "Traceback" not in result.stderr
+    # No wait at all: the time is the interpreter's start (long on a loaded machine)
+    assert took < 60, took
+
+
+def _free_block(count: int) -> int:
+    import socket
+
+    for low in range(23000, 29000, 89):
+        socks = []
+        try:
+            for port in range(low, low + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return low
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    pytest.skip(f"no {count} consecutive free ports between 23000 and 29000")
+
+
+def test_peer_listeners_take_the_ports_of_the_range() -> None:
+    low = _free_block(3)
+    result = shardwire(
+        "launch", "--standalone", "--nproc-per-node", "3",
+        "--peer-port-range", f"{low}-{low + 2}", str(SCRIPTS / "listening.py"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    ports = {
+        int(m.group(1)): int(m.group(2))
+        for m in re.finditer(r"rank \d+ local (\d+) listens on (\d+)", result.stdout)
+    }
+    assert ports == {0: low, 1: low + 1, 2: low + 2}, result.stdout
+
+
+def test_the_range_is_read_from_the_environment_too() -> None:
+    low = _free_block(2)
+    result = shardwire(
+        "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "listening.py"),
+        SHARDWIRE_PEER_PORT_RANGE=f"{low}-{low + 1}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = sorted(int(p) for p in re.findall(r"listens on (\d+)", result.stdout))
+    assert found == [low, low + 1], result.stdout
+
+
+def test_a_range_smaller_than_the_node_is_refused_before_anything_starts() -> None:
+    result = shardwire(
+        "launch", "--standalone", "--nproc-per-node", "3",
+        "--peer-port-range", "29500-29501", str(SCRIPTS / "listening.py"),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--peer-port-range 29500-29501 holds 2 port(s) for 3 ranks" in result.stderr
+    assert "listening on" not in result.stderr  # no coordinator was started
+
+
+def test_a_malformed_range_is_refused_naming_the_flag() -> None:
+    result = shardwire(
+        "launch", "--standalone", "--peer-port-range", "29600-29500", str(SCRIPTS / "listening.py")
+    )
+    assert result.returncode == 2
+    assert "--peer-port-range must run from a lower to a higher port" in result.stderr

@@ -1,0 +1,45 @@
+"""A worker or agent whose coordinator does not answer yet keeps retrying, and says so
+every few seconds instead of waiting in silence."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from shardwire.protocol import Token
+from shardwire.worker.runtime.control import ControlClient, CoordinatorUnreachable
+
+
+def _refused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again: connections to it are refused
+
+
+async def test_retries_to_a_refused_address_are_said_and_end_with_one_error(caplog) -> None:
+    port = _refused_port()
+    client = ControlClient(token=Token("t"), run_id="test", role="worker")
+    caplog.set_level(logging.WARNING, logger="shardwire.worker")
+    try:
+        with pytest.raises(CoordinatorUnreachable, match=f"at 127.0.0.1:{port} within 1 s"):
+            await client.connect("127.0.0.1", port, timeout=1.0, note_every=0.2)
+    finally:
+        await client.aclose()
+    notes = [r.getMessage() for r in caplog.records if "waiting for the coordinator" in r.message]
+    assert len(notes) >= 2, notes
+    assert f"worker: waiting for the coordinator at 127.0.0.1:{port} (Connection refused)" in notes[0]
+    assert "of 1 s" in notes[0]
+
+
+async def test_a_prompt_answer_is_not_announced(caplog) -> None:
+    port = _refused_port()
+    client = ControlClient(token=Token("t"), run_id="test", role="worker")
+    caplog.set_level(logging.WARNING, logger="shardwire.worker")
+    try:
+        with pytest.raises(CoordinatorUnreachable):
+            await client.connect("127.0.0.1", port, timeout=0.5, note_every=30.0)
+    finally:
+        await client.aclose()
+    assert not [r for r in caplog.records if "waiting for the coordinator" in r.getMessage()]
