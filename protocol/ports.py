@@ -25,7 +25,9 @@ def port_range(text: str, setting: str) -> tuple[int, int]:
     low_text, sep, high_text = text.strip().partition("-")
     high_text = high_text if sep else low_text
     if not (low_text.strip().isdigit() and high_text.strip().isdigit()):
-        raise InvalidArgument(f"{setting} must be PORT or LOW-HIGH (e.g. 29500-29563), got {text!r}")
+        raise InvalidArgument(
+            f"{setting} must be PORT or LOW-HIGH (e.g. 29500-29563), got {text!r}"
+        )
     low, high = int(low_text), int(high_text)
     if not 1 <= low <= high <= 65535:
         raise InvalidArgument(

@@ -16,7 +16,6 @@ from shardwire.protocol.ports import port_range
 from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
 from shardwire.worker.runtime.tls import TlsFiles
 
-
 # What every launcher (shardwire's, torchrun, a scheduler's wrapper) sets; a process with
 # none of them was started by hand and has no job to join.
 LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")

@@ -29,7 +29,8 @@ async def test_retries_to_a_refused_address_are_said_and_end_with_one_error(capl
         await client.aclose()
     notes = [r.getMessage() for r in caplog.records if "waiting for the coordinator" in r.message]
     assert len(notes) >= 2, notes
-    assert f"worker: waiting for the coordinator at 127.0.0.1:{port} (Connection refused)" in notes[0]
+    expected = f"worker: waiting for the coordinator at 127.0.0.1:{port} (Connection refused)"
+    assert expected in notes[0]
     assert "of 1 s" in notes[0]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,12 +83,16 @@ async def test_a_full_range_fails_naming_the_range() -> None:
             await mesh.aclose()
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    first, last = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    return int(first), int(last)
+
+
 async def test_without_a_range_the_port_is_ephemeral() -> None:
+    first, last = _ephemeral_range()
     mesh = _mesh(None)
     try:
         port = await mesh.listen()
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
-            first, last = map(int, fh.read().split())
         assert first <= port <= last
     finally:
         await mesh.aclose()
