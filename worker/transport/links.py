@@ -39,6 +39,11 @@ MAX_DIALS = 32  # dials under way at once, per rank
 CROSSED = "crossed"  # handshake refusal: the other rank's dial makes this link
 
 
+_NO_ATTEMPT = "no attempt finished"
+# Dials that never finish (no refusal, no answer) are what a firewall dropping the port does.
+_FIREWALL = ": does a firewall drop that port? --peer-port-range pins the ports to open"
+
+
 class ConnectFailed(ShardwireError):
     """A connection to a peer was refused (token, TLS or protocol), not just slow."""
 
@@ -161,7 +166,7 @@ class Links:
     async def _dial(self, link: _Link) -> None:
         mesh, peer = self._mesh, link.peer
         limit = mesh.config.connect_timeout
-        where, last = f"rank {peer}", "no attempt finished"
+        where, last = f"rank {peer}", _NO_ATTEMPT
         try:
             async with asyncio.timeout(limit):
                 host, port = await mesh.book.address(peer)
@@ -197,7 +202,9 @@ class Links:
                 link,
                 PeerFailed(
                     rank=peer,
-                    reason=f"unreachable: no connection with {where} within {limit:g} s ({last})",
+                    reason=f"unreachable: no connection with {where} within {limit:g} s ({last}"
+                    + (_FIREWALL if last == _NO_ATTEMPT else "")
+                    + ")",
                 ),
             )
         except (ShardwireError, LookupError) as exc:

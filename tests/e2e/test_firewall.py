@@ -1,0 +1,118 @@
+"""Several hosts behind firewalls that admit only the ports a job declares: the
+coordinator's port on its host, ``--peer-port-range`` on the workers' hosts. Three
+network namespaces on a bridge, each with an nftables input chain that drops every other
+new connection (as a default-deny host firewall does); skipped where namespaces or nft
+are not available."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from .cli import SCRIPTS, SHARDWIRE, env
+from .netns import SUBNET, coordinator_inside, inside
+
+pytestmark = pytest.mark.e2e
+
+COORDINATOR_PORT = 29400
+ADMITTED = (29500, 29501)
+TOKEN = {"SHARDWIRE_TOKEN": "firewalled-token", "SHARDWIRE_CONNECT_TIMEOUT": "8"}
+
+
+def _firewall(ns: str, ports: str) -> None:
+    """Drop every new inbound TCP connection to ``ns`` but those to ``ports``."""
+    rules = f"""
+table inet shardwire_test {{
+  chain input {{
+    type filter hook input priority 0; policy drop;
+    iif lo accept
+    ct state established,related accept
+    tcp dport {{ {ports} }} accept
+  }}
+}}
+"""
+    subprocess.run(
+        ["ip", "netns", "exec", ns, "nft", "-f", "-"],
+        input=rules, text=True, check=True, capture_output=True, timeout=10,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def firewalled(hosts):
+    if shutil.which("nft") is None:
+        pytest.skip("nftables' nft is not installed")
+    coordinator_ns, *nodes = hosts
+    _firewall(coordinator_ns, str(COORDINATOR_PORT))
+    for ns in nodes:
+        _firewall(ns, f"{ADMITTED[0]}-{ADMITTED[1]}")
+    return hosts
+
+
+def _job(hosts, ranges: tuple[str, str]) -> tuple[list[int], str, float]:
+    """A coordinator and two worker hosts of two ranks each, node ``i`` listening on
+    ``ranges[i]``; returns the workers' exit codes, their output and the time taken."""
+    coordinator_ns, *nodes = hosts
+    address = f"{SUBNET}.1:{COORDINATOR_PORT}"
+    coordinator = coordinator_inside(
+        coordinator_ns, f"{SUBNET}.1", COORDINATOR_PORT, world_size=4, run_id="fw",
+        env=env(**TOKEN),
+    )  # fmt: skip
+    procs = [coordinator]
+    start = time.monotonic()
+    try:
+        for index, (ns, ports) in enumerate(zip(nodes, ranges, strict=True)):
+            procs.append(
+                inside(
+                    ns,
+                    SHARDWIRE,
+                    "worker",
+                    "--coordinator",
+                    address,
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--node-id",
+                    f"node-{index}",
+                    "--node-rank",
+                    str(index),
+                    "--run-id",
+                    "fw",
+                    "--peer-port-range",
+                    ports,
+                    str(SCRIPTS / "listening.py"),
+                    env=env(**TOKEN),
+                )  # fmt: skip
+            )
+        outputs = [p.communicate(timeout=240) for p in procs[1:]]
+        took = time.monotonic() - start
+        return [p.returncode for p in procs[1:]], "".join(o + e for o, e in outputs), took
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_job_whose_listeners_use_the_admitted_ports_runs(firewalled) -> None:
+    admitted = f"{ADMITTED[0]}-{ADMITTED[1]}"
+    codes, out, _ = _job(firewalled, (admitted, admitted))
+    assert codes == [0, 0], out[-3000:]
+    ports = sorted(int(p) for p in re.findall(r"listens on (\d+)", out))
+    assert ports == [29500, 29500, 29501, 29501], out[-3000:]
+
+
+def test_a_node_listening_outside_the_admitted_ports_fails_fast_naming_the_port(
+    firewalled,
+) -> None:
+    codes, out, took = _job(firewalled, ("29600-29601", f"{ADMITTED[0]}-{ADMITTED[1]}"))
+    assert codes[0] != 0 and codes[1] != 0, out[-3000:]
+    # the other node's ranks could not reach node 0's listeners: the address and the
+    # port in the error, within the connect timeout (8 s) and the verdict's wait
+    root = rf"root cause \(from the coordinator\): .*{SUBNET}\.2:2960[01] within 8 s .*firewall"
+    assert re.search(root, out), out[-3000:]
+    assert took < 120, took
