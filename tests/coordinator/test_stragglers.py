@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
 
-from shardwire.coordinator.stragglers import Stragglers, describe
+from shardwire.coordinator.stragglers import MIN_SAMPLE, Stragglers, describe
 
 
 def _collective(s: Stragglers, seq: int, spent: dict[int, int], group: int = 7) -> None:
@@ -65,3 +66,31 @@ def test_matching_waits_for_every_member_and_stays_bounded() -> None:
     for seq in range(200, 230):
         _collective(s, seq, {0: 1, 1: 2_000})
     assert s.matched() == 10
+
+
+def test_no_rank_is_named_before_the_minimum_sample() -> None:
+    s = Stragglers()
+    for seq in range(1, MIN_SAMPLE):  # rank 1 last into every one, 10 ms late
+        _collective(s, seq, {1: 100, 0: 10_100})
+        assert s.straggler() is None, seq
+    _collective(s, MIN_SAMPLE, {1: 100, 0: 10_100})
+    top = s.straggler()
+    assert top is not None and top.rank == 1 and top.taken == MIN_SAMPLE
+
+
+def test_the_written_down_false_alarm_rate_holds_at_the_minimum_sample() -> None:
+    # a pair where each rank is last half the time: one is named by chance when it was
+    # last into at least 3/4 of MIN_SAMPLE (binomial tail, either of the two ranks)
+    need = -(-3 * MIN_SAMPLE // 4)
+    tail = sum(math.comb(MIN_SAMPLE, i) for i in range(need, MIN_SAMPLE + 1)) / 2**MIN_SAMPLE
+    assert 2 * tail < 0.0071
+    # and by simulation through the class itself: 2,000 windows of fair pairs
+    rng = random.Random(5)
+    named = 0
+    for _ in range(2000):
+        s = Stragglers()
+        for seq in range(1, MIN_SAMPLE + 1):
+            slow = rng.randrange(2)
+            _collective(s, seq, {slow: 100, 1 - slow: 10_100})
+        named += s.straggler() is not None
+    assert named / 2000 < 0.02, named
