@@ -4,6 +4,7 @@ firewall admits."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from shardwire.worker.runtime.settings import LAUNCHER_VARIABLES
 
-from .cli import ROOT, SCRIPTS, env, shardwire
+from .cli import ROOT, SCRIPTS, background, env, shardwire
 
 pytestmark = pytest.mark.e2e
 
@@ -98,3 +99,37 @@ def test_a_malformed_range_is_refused_naming_the_flag() -> None:
     )
     assert result.returncode == 2
     assert "--peer-port-range must run from a lower to a higher port" in result.stderr
+
+
+def test_a_standalone_job_says_how_to_watch_it_and_status_finds_it(tmp_path) -> None:
+    cards = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    job = background(
+        "launch", "--standalone", "--nproc-per-node", "2", "--run-id", "watched",
+        str(SCRIPTS / "wait.py"), **cards,
+    )  # fmt: skip
+    try:
+        assert job.stdout is not None and job.stderr is not None
+        ready = sum("ready" in job.stdout.readline() for _ in range(2))
+        assert ready == 2
+        lines = []
+        for _ in range(10):  # among the launcher's first lines, before the ranks start
+            lines.append(job.stderr.readline())
+            if "shardwire status" in lines[-1]:
+                break
+        token_file = tmp_path / "shardwire" / "watched.token"
+        assert lines[-1] == (
+            f"[launch]: shardwire status --run-id watched shows this job (token in {token_file})\n"
+        ), lines
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        # the command as printed, nothing else given: the card says where and how
+        found = shardwire("status", "--run-id", "watched", timeout=30, **cards)
+        assert found.returncode == 0, found.stderr
+        assert "run 'watched': running, world size 2" in found.stdout
+        # another run id has no card: the defaults are used, and nobody answers there
+        other = shardwire("status", "--run-id", "other", "--timeout", "1", timeout=30, **cards)
+        assert other.returncode == 1 and "127.0.0.1:29400" in other.stderr
+    finally:
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=60)
+    assert not token_file.exists()  # the card goes with the job
+    assert not (tmp_path / "shardwire" / "watched.json").exists()

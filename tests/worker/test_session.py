@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -376,14 +377,14 @@ def test_status_options_come_from_flags_over_the_environment(monkeypatch) -> Non
     monkeypatch.setenv("SHARDWIRE_COORDINATOR", "127.0.0.9:1234")
     monkeypatch.setenv("SHARDWIRE_RUN_ID", "from-env")
     monkeypatch.setenv("SHARDWIRE_TIMEOUT", "300")  # the workers' collective timeout
-    settings = settings_from([])
+    settings = settings_from([], os.environ)
     assert settings.coordinator_address() == ("127.0.0.9", 1234)
     assert (settings.run_id, settings.status_timeout, settings.json_output) == (
         "from-env",
         10.0,
         False,
     )
-    flagged = settings_from(["--run-id", "flag", "--timeout", "3", "--json"])
+    flagged = settings_from(["--run-id", "flag", "--timeout", "3", "--json"], os.environ)
     assert (flagged.run_id, flagged.status_timeout, flagged.json_output) == ("flag", 3.0, True)
 
 

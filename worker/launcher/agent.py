@@ -18,18 +18,22 @@ with ``SHARDWIRE_GENERATION`` set, and the script resumes from its latest checkp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import load_token, read_token_file
 from shardwire.protocol.messages import NodeAssignment, NodeJoin
 from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
+from shardwire.worker.launcher.jobcard import cards_dir, publish, withdraw
 from shardwire.worker.launcher.settings import LaunchSettings, with_scheduler
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
 from shardwire.worker.runtime.beats import NodeBeats
@@ -65,12 +69,34 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
         # their environment, never a command line.
         env.setdefault("SHARDWIRE_TOKEN", secrets.token_hex(32))
         async with own_coordinator(coordinator_command(settings), env) as address:
-            return await _agent(settings, argv, address, env)
+            with _card(settings.run_id, address, env["SHARDWIRE_TOKEN"]):
+                return await _agent(settings, argv, address, env)
     address = settings.coordinator_address()
     if serve:  # the job's coordinator, on this first node; everyone dials it by name
         async with own_coordinator(coordinator_command(settings, serve=True), env):
             return await _agent(settings, argv, address, env)
     return await _agent(settings, argv, address, env)
+
+
+@contextlib.contextmanager
+def _card(run_id: str, address: tuple[str, int], token: str) -> Iterator[None]:
+    """A standalone job's card for ``shardwire status`` (``jobcard.py``) while it runs."""
+    directory = cards_dir(os.environ)
+    try:
+        card = publish(directory, run_id, f"{address[0]}:{address[1]}", token)
+    except (OSError, ShardwireError) as exc:
+        print(f"[launch]: no card for shardwire status: {exc}", file=sys.stderr, flush=True)
+        yield
+        return
+    print(
+        f"[launch]: shardwire status --run-id {run_id} shows this job (token in {card.token_file})",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        yield
+    finally:
+        withdraw(directory, card)
 
 
 def worker_env(

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Mapping
 
 from shardwire.protocol.auth import load_token
 from shardwire.protocol.history import describe
 from shardwire.protocol.messages import StatusReply
+from shardwire.worker.launcher.jobcard import cards_dir, lookup
 from shardwire.worker.launcher.settings import StatusSettings
 from shardwire.worker.runtime.control import ControlClient
 from shardwire.worker.runtime.loop import run
@@ -19,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
         prog="shardwire status",
         description=__doc__,
         epilog="examples:\n"
-        "  shardwire status --coordinator 10.0.0.1:29400 --token-file token\n"
+        "  shardwire status --coordinator 10.0.0.1:29400 --run-id job1 --token-file token\n"
+        "  shardwire status                  the standalone job of run id shardwire here\n"
         "  shardwire status --json | jq .ranks\n"
         "Every flag can also be given as SHARDWIRE_<FLAG> (SHARDWIRE_TOKEN for the\n"
         "token; SHARDWIRE_STATUS_TIMEOUT for --timeout).",
@@ -36,10 +40,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings_from(argv: list[str]) -> StatusSettings:
-    """Flags over SHARDWIRE_* environment over defaults."""
+def settings_from(argv: list[str], environ: Mapping[str, str]) -> StatusSettings:
+    """Flags over SHARDWIRE_* environment over defaults; with no coordinator given, a
+    running standalone job's card of the run id (``jobcard.py``) says where and how."""
     given = {k: v for k, v in vars(parser().parse_args(argv)).items() if v is not None}
-    return StatusSettings(**given)
+    settings = StatusSettings(**given)
+    chosen = settings.model_fields_set
+    if "coordinator" in chosen or chosen & {"token", "token_file"}:
+        return settings
+    card = lookup(cards_dir(environ), settings.run_id)
+    if card is None:
+        return settings
+    update = {"coordinator": card.coordinator, "token_file": str(card.token_file)}
+    return settings.model_copy(update=update)
 
 
 async def fetch(settings: StatusSettings) -> StatusReply:
@@ -89,7 +102,7 @@ def render(reply: StatusReply) -> str:
 
 
 def main(argv: list[str]) -> int:
-    settings = settings_from(argv)
+    settings = settings_from(argv, os.environ)
     reply = run(fetch(settings))
     print(json.dumps(reply.model_dump(), indent=2) if settings.json_output else render(reply))
     return 0
