@@ -40,8 +40,21 @@ CROSSED = "crossed"  # handshake refusal: the other rank's dial makes this link
 
 
 _NO_ATTEMPT = "no attempt finished"
-# Dials that never finish (no refusal, no answer) are what a firewall dropping the port does.
-_FIREWALL = ": does a firewall drop that port? --peer-port-range pins the ports to open"
+_CROSSED = "it was connecting to this rank itself"
+# Dials that never finish (no refusal, no answer) are what a firewall dropping the port
+# does; so is a crossed dial whose other half never arrives (this rank's port dropped).
+_FIREWALL = "does a firewall drop {}? --peer-port-range pins the ports to open"
+
+
+def _why(last: str, own_port: int) -> str:
+    """The end of an unreachable peer's reason: the last attempt, and a hint where a
+    firewall explains it (which side's port it drops)."""
+    if last == _NO_ATTEMPT:
+        return f"({last}: {_FIREWALL.format('that port')})"
+    if last == _CROSSED:
+        here = f"this rank's port {own_port}"
+        return f"({last}, but its connection never arrived: {_FIREWALL.format(here)})"
+    return f"({last})"
 
 
 class ConnectFailed(ShardwireError):
@@ -182,7 +195,7 @@ class Links:
                         return
                     except RendezvousError as exc:
                         if exc.code == CROSSED:
-                            last = "it was connecting to this rank itself"
+                            last = _CROSSED
                             break
                         if exc.code != "busy":
                             raise
@@ -202,9 +215,8 @@ class Links:
                 link,
                 PeerFailed(
                     rank=peer,
-                    reason=f"unreachable: no connection with {where} within {limit:g} s ({last}"
-                    + (_FIREWALL if last == _NO_ATTEMPT else "")
-                    + ")",
+                    reason=f"unreachable: no connection with {where} within {limit:g} s "
+                    + _why(last, mesh.listen_port),
                 ),
             )
         except (ShardwireError, LookupError) as exc:
