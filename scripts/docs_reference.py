@@ -2,7 +2,8 @@
 
 - ``docs/reference/cli.md``: every command's ``--help``, from the parsers themselves;
 - ``docs/reference/environment.md``: every environment variable, from the settings
-  models (names, types, defaults and descriptions) and the flags' help texts.
+  models (names, types, defaults and descriptions) and the flags' help texts;
+- ``docs/reference/api.md``: every public module's ``__all__``, and every error.
 
     python scripts/docs_reference.py [--check]
 
@@ -13,6 +14,7 @@ says now (``make docs`` and the tests run it so).
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -22,6 +24,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from shardwire.worker.bench import BENCHES
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ROOT / "docs" / "reference"
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
@@ -30,7 +34,35 @@ COMMANDS += ["health", "trace", "kubernetes"]
 # Read outside the settings models: named here with what they do.
 OTHERS = {
     "SHARDWIRE_BENCH_DIR": "Where `shardwire bench` keeps its side environments' files.",
+    "XDG_CONFIG_HOME": "Where the user's secret lies from which a Slurm job's token is "
+    "derived (`$XDG_CONFIG_HOME/shardwire/secret`; unset: `~/.config/shardwire/secret`).",
+    "XDG_RUNTIME_DIR": "Where `launch --standalone` leaves its job's card for `shardwire "
+    "status` (`$XDG_RUNTIME_DIR/shardwire`; unset: `/tmp/shardwire-UID`).",
 }
+# What `worker`, `launch` and `run` read from a scheduler when the flags say nothing.
+SCHEDULERS = {
+    "SLURM_JOB_ID": "Slurm: with `SLURM_STEP_ID`, marks a Slurm step; names the run "
+    "(`slurm-JOB.STEP`), picks the coordinator's port (20000 + job id mod 10000) and "
+    "derives the job's token when none is given.",
+    "SLURM_STEP_ID": "Slurm: the step, in the run id.",
+    "SLURM_STEP_NODELIST": "Slurm: the step's nodes (else `SLURM_JOB_NODELIST`); the first "
+    "one serves the coordinator, a node's place in the list is its node rank.",
+    "SLURM_JOB_NODELIST": "Slurm: the job's nodes, where the step's are not set.",
+    "SLURM_STEP_TASKS_PER_NODE": "Slurm: tasks per node (else `SLURM_TASKS_PER_NODE`), for "
+    "`shardwire run`'s local world size.",
+    "SLURM_TASKS_PER_NODE": "Slurm: tasks per node, where the step's are not set.",
+    "SLURM_PROCID": "Slurm, `shardwire run`: this task's rank.",
+    "SLURM_LOCALID": "Slurm, `shardwire run`: this task's local rank.",
+    "SLURM_GTIDS": "Slurm, `shardwire run`: the ranks of this node's tasks.",
+    "JOB_COMPLETION_INDEX": "Kubernetes Indexed Job: the node rank.",
+    "PET_NNODES": "Kubeflow Trainer: the number of nodes.",
+    "PET_NPROC_PER_NODE": "Kubeflow Trainer: processes per node.",
+    "PET_NODE_RANK": "Kubeflow Trainer: the node rank (node 0 serves the coordinator).",
+    "PET_MASTER_ADDR": "Kubeflow Trainer: the coordinator's host.",
+    "PET_MASTER_PORT": "Kubeflow Trainer: the coordinator's port (29400).",
+}
+# Set for every worker process unless already set (one BLAS/OpenMP thread a process).
+THREADS = ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"]
 
 
 def _help(*argv: str) -> str:
@@ -62,7 +94,9 @@ def cli_page() -> str:
         text = _help(*argv)
         out += ["", f"## `{' '.join(['shardwire', *argv])}`", "", "```text", text]
         out += ["```"]
-        if argv:
+        if argv == ["bench"]:  # its parser names the benchmarks BENCH, not {a,b,...}
+            queue[0:0] = [["bench", name] for name in BENCHES]
+        elif argv and argv[0] != "bench":  # a benchmark's {a,b} are choices, not commands
             queue[0:0] = [[*argv, sub] for sub in _subcommands(text)]
     return "\n".join(out) + "\n"
 
@@ -145,8 +179,115 @@ def environment_page() -> str:
     ]
     for title, intro, model, helps in sections:
         out += ["", f"## {title}", "", intro, "", *_table(model, helps, "SHARDWIRE_")]
+    out += ["", "## Read from a scheduler", "", "Only where the flags and `SHARDWIRE_*`"]
+    out += ["say nothing ([Clusters](../clusters.md)).", "", "| variable | what it gives |"]
+    out += ["|---|---|", *(f"| `{name}` | {text} |" for name, text in SCHEDULERS.items())]
+    out += ["", "## Set for every worker process", "", "Besides torchrun's variables and"]
+    out += ["`SHARDWIRE_*` above, the node agent sets each of these to 1 unless it is set"]
+    out += ["already (as torchrun does: N processes on N cores, one BLAS thread each):", ""]
+    out += [", ".join(f"`{name}`" for name in THREADS) + "."]
     out += ["", "## Others", "", "| variable | what it does |", "|---|---|"]
     out += [f"| `{name}` | {text} |" for name, text in OTHERS.items()]
+    return "\n".join(out) + "\n"
+
+
+# The API page: (heading, modules) in reading order. Each module shows the names of its
+# ``__all__`` (every public name it has, where it has none) but its errors, which the
+# Errors section lists from every module of the package.
+SECTIONS = [
+    ("The worker", ["shardwire.worker"]),
+    ("Collectives", ["shardwire.worker.collectives"]),
+    ("Sharded training", ["shardwire.worker.fsdp"]),
+    ("numpy layers", ["shardwire.worker.nn"]),
+    (
+        "Tensor and pipeline parallelism",
+        ["shardwire.worker.nn.parallel", "shardwire.worker.nn.pipeline"],
+    ),
+    ("Pipeline schedules", ["shardwire.worker.nn.schedules"]),
+    ("Optimizers", ["shardwire.worker.optim"]),
+    (
+        "Training without FSDP",
+        ["shardwire.worker.training.aggregation", "shardwire.worker.training.compression"],
+    ),
+    ("Run directories", ["shardwire.worker.runtime.runlog"]),
+    ("Transports", ["shardwire.worker.transport"]),
+    ("The node arena", ["shardwire.worker.arena"]),
+    ("The torch.distributed backend", ["shardwire.torch"]),
+    ("The coordinator", ["shardwire.coordinator"]),
+    ("The wire protocol", ["shardwire.protocol"]),
+]
+FOLDERS = {
+    "shardwire.protocol": "protocol",
+    "shardwire.coordinator": "coordinator",
+    "shardwire.worker": "worker",
+    "shardwire.torch": "torch_bridge",
+}
+
+
+def module_file(module: str) -> Path:
+    """The source file of ``module`` (a package's ``__init__.py``)."""
+    top = ".".join(module.split(".")[:2])
+    rest = module.split(".")[2:]
+    base = ROOT / FOLDERS[top] / Path(*rest) if rest else ROOT / FOLDERS[top]
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def public_names(module: str) -> list[str] | None:
+    """``module``'s ``__all__``, read from its source (no import: torch may be absent)."""
+    tree = ast.parse(module_file(module).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return [ast.literal_eval(elt) for elt in node.value.elts]  # type: ignore[attr-defined]
+    return None
+
+
+def _module_of(path: Path) -> str:
+    for top, folder in FOLDERS.items():
+        if path.is_relative_to(ROOT / folder):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            return ".".join([top, *parts])
+    raise ValueError(path)
+
+
+def errors() -> list[tuple[str, str]]:
+    """(module, class) of every class deriving from ShardwireError, in any module."""
+    bases: dict[tuple[str, str], list[str]] = {}
+    for folder in FOLDERS.values():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    names = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                             for b in node.bases]  # fmt: skip
+                    bases[(_module_of(path), node.name)] = names
+    found = {"ShardwireError"}
+    while True:
+        more = {name for (_, name), of in bases.items() if found & set(of)} - found
+        if not more:
+            break
+        found |= more
+    return sorted(key for key in bases if key[1] in found)
+
+
+def api_page() -> str:
+    out = ["# Python API", "", "Generated from the docstrings and each module's `__all__`."]
+    failures = errors()
+    error_names = {name for _, name in failures}
+    for heading, modules in SECTIONS:
+        out += ["", f"## {heading}"]
+        for module in modules:
+            out += ["", f"::: {module}", "    options:", "      show_root_heading: false"]
+            names = public_names(module)
+            if names is not None:
+                shown = [n for n in names if n not in error_names]
+                out += ["      inherited_members: true", "      members:"]
+                out += [f"        - {name}" for name in shown] if shown else ["        []"]
+    out += ["", "## Errors", "", "Every error shardwire raises derives from `ShardwireError`."]
+    for module, name in failures:
+        out += ["", f"::: {module}.{name}", "    options:", "      show_root_heading: true"]
+        out += ["      heading_level: 3"]
     return "\n".join(out) + "\n"
 
 
@@ -154,7 +295,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a page is out of date")
     args = p.parse_args()
-    pages = {"cli.md": cli_page(), "environment.md": environment_page()}
+    pages = {"cli.md": cli_page(), "environment.md": environment_page(), "api.md": api_page()}
     stale = [
         n
         for n, text in pages.items()

@@ -6,6 +6,7 @@ front door whose links lead somewhere."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -35,6 +36,58 @@ def test_every_variable_the_package_reads_is_documented() -> None:
     assert len(read) > 20
     missing = sorted(name for name in read if f"`{name}`" not in documented)
     assert not missing, missing
+
+
+def test_every_scheduler_and_thread_variable_is_documented() -> None:
+    documented = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    pattern = r'"((?:SLURM|PET)_[A-Z_]+|JOB_COMPLETION_INDEX|[A-Z]+_NUM_THREADS|XDG_[A-Z_]+)"'
+    read = set()
+    for folder in PACKAGE:
+        for path in (ROOT / folder).rglob("*.py"):
+            read.update(re.findall(pattern, path.read_text()))
+    assert {"SLURM_PROCID", "PET_NODE_RANK", "JOB_COMPLETION_INDEX", "OMP_NUM_THREADS"} <= read
+    missing = sorted(name for name in read if f"`{name}`" not in documented)
+    assert not missing, missing
+
+
+def _reference():
+    spec = importlib.util.spec_from_file_location(
+        "docs_reference", ROOT / "scripts" / "docs_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_public_name_and_every_error_is_on_the_api_page() -> None:
+    reference = _reference()
+    page = (ROOT / "docs" / "reference" / "api.md").read_text()
+    listed = [m for _, modules in reference.SECTIONS for m in modules]
+    # every package that declares public names has its section
+    for init in sorted(p for f in PACKAGE for p in (ROOT / f).rglob("__init__.py")):
+        module = reference._module_of(init)
+        if reference.public_names(module) is not None and not module.startswith(
+            "shardwire.worker.bench"
+        ):
+            assert module in listed, f"{module} declares __all__ but has no section"
+    errors = reference.errors()
+    assert ("shardwire.worker.runtime.settings", "NotLaunched") in errors
+    assert ("shardwire.worker.transport.listen", "ListenFailed") in errors
+    for module, name in errors:
+        assert f"::: {module}.{name}\n" in page, name
+    names = {name for _, name in errors}
+    for module in listed:
+        for name in reference.public_names(module) or []:
+            assert name in names or f"        - {name}\n" in page, f"{module}.{name}"
+
+
+def test_every_benchmark_has_its_help_in_the_cli_reference() -> None:
+    from shardwire.worker.bench import BENCHES
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    for name in BENCHES:
+        assert f"## `shardwire bench {name}`" in page, name
 
 
 def _samples() -> list[tuple[str, str]]:
