@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import load_token, read_token_file
@@ -20,6 +21,7 @@ from shardwire.worker.launcher.cluster import (
 from shardwire.worker.launcher.direct import placed
 from shardwire.worker.launcher.secret import job_token, secret_path
 from shardwire.worker.launcher.settings import LaunchSettings, with_scheduler
+from shardwire.worker.runtime.settings import WorkerConfig
 
 
 def slurm(node: str, **more: str) -> dict[str, str]:
@@ -263,6 +265,25 @@ def test_trace_reaches_the_workers_environment(tmp_path, monkeypatch) -> None:
     off = worker_env(LaunchSettings(run_id="r1"), address, {})
     assert "SHARDWIRE_TRACE" not in off
     default = worker_env(LaunchSettings(run_id="r1", trace=True), address, {})
-    assert default["SHARDWIRE_TRACE"] == str(tmp_path / "traces" / "r1")
+    assert default["SHARDWIRE_TRACE"] == "1"
+    assert default["SHARDWIRE_TRACE_DIR"] == str(tmp_path / "traces" / "r1")
     chosen = worker_env(LaunchSettings(trace=True, trace_dir="t"), address, {})
-    assert chosen["SHARDWIRE_TRACE"] == str(tmp_path / "t")
+    assert chosen["SHARDWIRE_TRACE_DIR"] == str(tmp_path / "t")
+    # the worker reads the same two variables
+    launched = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "1"}
+    assert WorkerConfig.from_env({**launched, **chosen}).trace == str(tmp_path / "t")
+    assert WorkerConfig.from_env(
+        {**launched, "SHARDWIRE_RUN_ID": "r2", "SHARDWIRE_TRACE": "1"}
+    ).trace == str(Path("traces") / "r2")
+    assert WorkerConfig.from_env({**launched, "SHARDWIRE_TRACE_DIR": "d"}).trace is None
+
+
+def test_a_directory_in_shardwire_trace_is_refused_naming_the_new_variable(monkeypatch) -> None:
+    launched = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "1", "SHARDWIRE_TRACE": "/tmp/t"}
+    with pytest.raises(ValidationError, match="a directory goes in SHARDWIRE_TRACE_DIR"):
+        WorkerConfig.from_env(launched)
+    monkeypatch.setenv("SHARDWIRE_TRACE", "/tmp/t")
+    with pytest.raises(ValidationError, match="a directory goes in SHARDWIRE_TRACE_DIR"):
+        LaunchSettings()
+    monkeypatch.setenv("SHARDWIRE_TRACE", "yes")
+    assert LaunchSettings().trace is True

@@ -123,7 +123,8 @@ def worker_env(
         child_env["SHARDWIRE_INSECURE"] = "1"
     if settings.trace:
         where = Path(settings.trace_dir or Path("traces") / settings.run_id)
-        child_env["SHARDWIRE_TRACE"] = str(where.absolute())
+        child_env["SHARDWIRE_TRACE"] = "1"
+        child_env["SHARDWIRE_TRACE_DIR"] = str(where.absolute())
     return child_env
 
 

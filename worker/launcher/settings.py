@@ -12,6 +12,7 @@ from shardwire.protocol.history import parse_nnodes
 from shardwire.protocol.ports import port_range, port_value
 from shardwire.worker.launcher.cluster import NodePlace
 from shardwire.worker.launcher.secret import job_token
+from shardwire.worker.runtime.settings import trace_switch
 from shardwire.worker.runtime.tls import TlsFiles
 
 
@@ -80,6 +81,11 @@ class LaunchSettings(_Client):
         text = str(value)
         parse_nnodes(text)  # raises ValueError with the reason
         return text
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _trace(cls, value: object) -> object:
+        return trace_switch(value)
 
     @field_validator("peer_port_range", mode="before")
     @classmethod

@@ -6,11 +6,12 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from shardwire.protocol import ShardwireError, Token
+from shardwire.protocol import InvalidArgument, ShardwireError, Token
 from shardwire.protocol.auth import is_loopback, load_token
 from shardwire.protocol.ports import port_range
 from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
@@ -26,6 +27,20 @@ class NotLaunched(ShardwireError):
     ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK`` is set): there is no job to join. The
     message shows the command that starts it; :func:`shardwire.worker.run` prints it
     without a traceback and exits with status 2."""
+
+
+_SWITCH_WORDS = {"0", "1", "off", "on", "f", "t", "false", "true", "n", "y", "no", "yes"}
+
+
+def trace_switch(value: object) -> object:
+    """``SHARDWIRE_TRACE`` is a switch; a directory there (its meaning once) is refused
+    with the variable that takes it now."""
+    if isinstance(value, str) and value.strip().lower() not in _SWITCH_WORDS:
+        raise InvalidArgument(
+            f"SHARDWIRE_TRACE={value!r}: SHARDWIRE_TRACE is 1 or 0 (trace or not); "
+            "a directory goes in SHARDWIRE_TRACE_DIR"
+        )
+    return value
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -195,11 +210,22 @@ class WorkerEnv(BaseModel):
         validation_alias=_alias("SHARDWIRE_ARENA_SLOT_BYTES"),
         description="Each local rank's slot in a node arena, in bytes.",
     )
-    trace: str | None = Field(
-        default=None,
+    trace: bool = Field(
+        default=False,
         validation_alias=_alias("SHARDWIRE_TRACE"),
-        description="Write this rank's timeline into this directory (Chrome trace events).",
+        description="Record this rank's timeline (Chrome trace events) into SHARDWIRE_TRACE_DIR.",
     )
+    trace_dir: str | None = Field(
+        default=None,
+        validation_alias=_alias("SHARDWIRE_TRACE_DIR"),
+        description="Where SHARDWIRE_TRACE writes (unset: traces/RUN_ID in the current directory).",
+    )
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _trace(cls, value: object) -> object:
+        return trace_switch(value)
+
     agent_beats: str | None = Field(
         default=None,
         validation_alias=_alias("SHARDWIRE_AGENT_BEATS"),
@@ -327,6 +353,7 @@ class WorkerConfig:
             token=token,
             node_id=env.node_id or socket.gethostname(),
             bind_host=bind,
+            trace=(env.trace_dir or str(Path("traces") / env.run_id)) if env.trace else None,
             peer_ports=(
                 port_range(env.peer_port_range, "SHARDWIRE_PEER_PORT_RANGE")
                 if env.peer_port_range

@@ -1,6 +1,7 @@
 """Per-rank timelines in Chrome's trace-event format (Perfetto, chrome://tracing).
 
-Theory of operation: with ``SHARDWIRE_TRACE=DIR`` (``shardwire launch --trace``), the
+Theory of operation: with ``SHARDWIRE_TRACE=1`` and ``SHARDWIRE_TRACE_DIR=DIR``
+(``shardwire launch --trace``), the
 session makes a :class:`Tracer`; every collective (from the flight recorder: op, group,
 sequence, bytes, path), the FSDP phases (gathers waited for, forward, backward, the
 optimizer) and the user's spans (``with sw.span("data"):``) become complete events
