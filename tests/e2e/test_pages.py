@@ -1,0 +1,93 @@
+"""The pages' commands, run as written, print what the pages show: the README's first
+script (and what it does without a launcher) and the main job's output in getting
+started, whose every line but the times and rates must match."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from shardwire.worker.runtime.settings import LAUNCHER_VARIABLES
+
+from .cli import ROOT, SHARDWIRE, env
+
+pytestmark = pytest.mark.e2e
+
+# What varies from run to run, the times and rates: replaced by a mark on both sides.
+_VOLATILE = [
+    (r"samples/s \d+$", "samples/s <rate>"),
+    (r"^(\[rank0\]: (?:time_s|samples_per_s) +)\S+$", r"\1<time>"),
+    (r"^(\[rank0\]: comm_share_per_rank +)\[.*\]$", r"\1<shares>"),
+]
+
+
+def _steady(line: str) -> str:
+    for volatile, mark in _VOLATILE:
+        line = re.sub(volatile, mark, line)
+    return line
+
+
+def _block(page: str, first_line: str) -> list[str]:
+    """The lines of the console block of ``page`` that starts with ``first_line``."""
+    text = (ROOT / page).read_text()
+    for block in re.findall(r"```console\n(.*?)```", text, re.S):
+        lines = block.splitlines()
+        if lines and lines[0] == first_line:
+            return lines[1:]
+    raise AssertionError(f"no console block starting {first_line!r} in {page}")
+
+
+def test_the_main_job_prints_what_getting_started_shows(tmp_path) -> None:
+    sample = _block("docs/getting-started.md", "$ make run")
+    # make run is this command (the Makefile's run target, NPROC=4)
+    makefile = (ROOT / "Makefile").read_text()
+    assert "launch --standalone --nproc-per-node $(NPROC) examples/digits.py" in makefile
+    script = str(ROOT / "examples" / "digits.py")
+    done = subprocess.run(  # in a fresh directory, as a first run in a fresh clone
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4", script],
+        cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = [_steady(line) for line in done.stdout.splitlines()]
+    at = 0
+    for line in sample:
+        if line == "...":
+            continue
+        found = next((i for i in range(at, len(out)) if out[i] == _steady(line)), None)
+        assert found is not None, f"not printed (in this order): {line!r}\n" + done.stdout
+        at = found + 1
+
+
+def test_the_readme_first_script_runs_as_written(tmp_path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A first script", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    (tmp_path / "first.py").write_text(code)
+    (command,) = [
+        line.removeprefix("$ ")
+        for block in re.findall(r"```console\n(.*?)```", section, re.S)
+        for line in block.splitlines()
+        if line.startswith("$ ")
+    ]
+    argv = command.split()
+    assert argv[0] == ".venv/bin/shardwire"
+    done = subprocess.run(
+        [SHARDWIRE, *argv[1:]], cwd=tmp_path, env=env(), capture_output=True, text=True,
+        timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # every rank prints its rank and what its left neighbour sent: the sum 0+1+2+3
+    got = sorted(re.findall(r"^\[rank(\d)\]: (\d) \[6\. 6\. 6\. 6\.\]$", done.stdout, re.M))
+    assert got == [(str(r), str(r)) for r in range(4)], done.stdout
+    # and what the README says of it without a launcher
+    assert "stops at\nonce and prints the command above" in section
+    alone = subprocess.run(
+        [sys.executable, "first.py"], cwd=tmp_path, capture_output=True, text=True,
+        env={k: v for k, v in env().items() if k not in LAUNCHER_VARIABLES},
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert alone.returncode == 2
+    assert "shardwire launch --standalone --nproc-per-node 2 first.py" in alone.stderr
