@@ -3,7 +3,8 @@
 - ``docs/reference/cli.md``: every command's ``--help``, from the parsers themselves;
 - ``docs/reference/environment.md``: every environment variable, from the settings
   models (names, types, defaults and descriptions) and the flags' help texts;
-- ``docs/reference/api.md``: every public module's ``__all__``, and every error.
+- ``docs/reference/api.md``: every public module's ``__all__``, and every error;
+- the diagrams of ``scripts/diagrams.py`` (``docs/img/``).
 
     python scripts/docs_reference.py [--check]
 
@@ -25,6 +26,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from shardwire.worker.bench import BENCHES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from diagrams import FIGURES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ROOT / "docs" / "reference"
@@ -296,18 +300,16 @@ def main() -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if a page is out of date")
     args = p.parse_args()
     pages = {"cli.md": cli_page(), "environment.md": environment_page(), "api.md": api_page()}
-    stale = [
-        n
-        for n, text in pages.items()
-        if not (PAGES / n).is_file() or (PAGES / n).read_text() != text
-    ]
+    files = {PAGES / name: text for name, text in pages.items()}
+    files.update({ROOT / "docs" / name: draw() for name, draw in FIGURES.items()})
+    stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
     if args.check:
-        for name in stale:
-            print(f"docs/reference/{name} is out of date: run python scripts/docs_reference.py")
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is out of date: run python scripts/docs_reference.py")
         return 1 if stale else 0
-    PAGES.mkdir(parents=True, exist_ok=True)
-    for name, text in pages.items():
-        (PAGES / name).write_text(text)
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     return 0
 
 
