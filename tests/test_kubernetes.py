@@ -456,16 +456,23 @@ def _get(url: str) -> int:
         return 0
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(300)
-def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
-    control, http = _free_ports(2)
-    name = "kube"
-    docs = rendered(
-        "--name", name, "--nodes", "2", "--nproc-per-node", "2",
-        "--port", str(control), "--http-port", str(http),
-        "examples/digits.py", "--steps", "60", "--run-dir", str(tmp_path / "run"),
-    )  # fmt: skip
+# Each pod as a mount namespace: the image's files (this checkout) read-only, as
+# readOnlyRootFilesystem makes them, and /tmp an empty tmpfs, as the pod's emptyDir.
+# A pod that could write to the checkout exits 99 before it starts.
+_READ_ONLY_POD = (
+    'mount -o bind,ro "$0" "$0" && mount -t tmpfs -o size=256m tmpfs /tmp && cd "$0" '
+    '&& ! touch "$0/.read-only-probe" 2>/dev/null || exit 99; exec "$@"'
+)
+
+
+def _read_only(argv: list[str]) -> list[str]:
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _READ_ONLY_POD,
+            str(ROOT), *argv]  # fmt: skip
+
+
+def _run_pods(docs, name: str, tmp_path: Path, *, read_only: bool = False) -> list[Path]:
+    """Start the rendered pods' commands as local processes (workers first, as Kubernetes
+    may start them), wait for the job to end and return each pod's log."""
     secrets = {(f"{name}-token", "token"): "kubernetes-test-token"}
     services = {n for kind, n in docs if kind == "Service"}
     procs: list[subprocess.Popen] = []
@@ -478,13 +485,13 @@ def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
         logs.append(tmp_path / f"{pod_name}.log")
         with logs[-1].open("w") as log:
             proc = subprocess.Popen(
-                argv, env={**environ, **extra}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
-            )
+                _read_only(argv) if read_only else argv, env={**environ, **extra},
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            )  # fmt: skip
         procs.append(proc)
         return proc
 
     try:
-        # workers first, as Kubernetes may start them: they wait for the coordinator
         workers = [
             start(container(docs, name), f"{name}-{i}-x{i}z", JOB_COMPLETION_INDEX=str(i))
             for i in range(2)
@@ -510,7 +517,45 @@ def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+    return logs
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
+    control, http = _free_ports(2)
+    name = "kube"
+    docs = rendered(
+        "--name", name, "--nodes", "2", "--nproc-per-node", "2",
+        "--port", str(control), "--http-port", str(http),
+        "examples/digits.py", "--steps", "60", "--run-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    logs = _run_pods(docs, name, tmp_path)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers"] == 4
     # JOB_COMPLETION_INDEX is the node rank: pod 0 holds ranks 0 and 1
     assert "[rank0]:" in logs[0].read_text() and "[rank0]:" not in logs[1].read_text()
+
+
+def _documented_command() -> list[str]:
+    """The ``shardwire kubernetes`` command of the clusters page, as a user copies it."""
+    text = (ROOT / "docs" / "clusters.md").read_text().replace("\\\n", " ")
+    (line,) = [x for x in text.splitlines() if x.startswith("$ shardwire kubernetes ")]
+    command = line.removeprefix("$ ").split("|", 1)[0]
+    return shlex.split(command)[2:]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_the_clusters_page_example_runs_with_a_read_only_root(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a read-only root needs a mount namespace, made here as root")
+    probe = subprocess.run(_read_only(["true"]), capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only mount namespace here: {probe.stderr.strip()}")
+    argv = _documented_command()
+    assert argv[argv.index("--name") + 1] == "digits"
+    control, http = _free_ports(2)  # the documented ports may be taken on this machine
+    docs = rendered("--port", str(control), "--http-port", str(http), *argv)
+    logs = _run_pods(docs, "digits", tmp_path, read_only=True)
+    assert "held_out_accuracy" in logs[0].read_text()
