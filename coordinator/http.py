@@ -31,7 +31,8 @@ def status_json(
     rdzv: Rendezvous, now: float, wall: float, offset: int = 0, limit: int = API_PAGE
 ) -> dict:
     """The job for machines: state, rank rows ``offset`` onwards (at most ``limit``, and
-    ``total`` of them), recent events (wall-clock times), losses."""
+    ``total`` of them), recent events (wall-clock times), and rank 0's progress: steps
+    against the total with the time left, losses, held-out losses, throughput."""
     reply = rdzv.status(now, offset, max(1, min(limit, API_PAGE)))
     body = reply.model_dump(exclude={"kind"})
     for g in body["generations"]:
@@ -39,7 +40,7 @@ def status_json(
     return {
         **body,
         "events": [{"time": wall - (now - t), "text": text} for t, text in rdzv.events],
-        "losses": [{"step": s, "loss": loss} for s, loss in rdzv.losses],
+        **rdzv.curves.view(now, wall),
     }
 
 

@@ -18,6 +18,7 @@ from shardwire.coordinator.forming import assignments
 from shardwire.coordinator.generations import Generations
 from shardwire.coordinator.links import LinkTable
 from shardwire.coordinator.membership import JoinIndex, Shape
+from shardwire.coordinator.progress import Curves
 from shardwire.coordinator.state import (
     Action,
     Agent,
@@ -34,7 +35,6 @@ from shardwire.protocol.messages import Abort, Restart
 from shardwire.protocol.placement import Member
 
 _EVENTS = 200  # recent events kept for status pages
-_LOSSES = 2000  # rank 0's reported losses kept for the loss curve
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Lifecycle:
     _deadline: float | None = None  # for the generation to form, or the restart to end
     _last_call: float | None = None  # when waiting for more nodes ends
     events: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=_EVENTS))
-    losses: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_LOSSES))
+    curves: Curves = field(default_factory=Curves)  # rank 0's loss, held-out loss, pace
     stragglers: Stragglers = field(default_factory=Stragglers)  # the running generation's
     links: LinkTable = field(default_factory=LinkTable)  # its peer links, as ranks report them
 

@@ -77,8 +77,8 @@ class Liveness(Lifecycle):
         worker.last_seen = now
         self._beats.pop(conn, None)
         self._beats[conn] = None  # now the newest
-        if msg.loss is not None and msg.loss != worker.progress.loss and worker.rank == 0:
-            self.losses.append((msg.step, msg.loss))
+        if worker.rank == 0:
+            self.curves.add(now, worker.progress, msg)
         if msg.timings or msg.links:
             self.stragglers.add(worker.rank, msg.timings)
             self.links.add(worker.rank, msg.links)

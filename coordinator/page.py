@@ -1,8 +1,10 @@
 """The status page: static HTML whose script polls /api/status and /api/links every two
-seconds and draws the rank table, the straggler (the rank the others wait for, if one
-is), the slow link and a rank x rank heat map of the peer links (up to HEATMAP_RANKS
-ranks; the busiest links as a table at any size), rank 0's loss curve (SVG) and the
-event log."""
+seconds and draws the job's progress (step of the run's total, with the time left at the
+recent pace), the rank table, the straggler (the rank the others wait for, if one is),
+the slow link and a rank x rank heat map of the peer links (up to HEATMAP_RANKS ranks;
+the busiest links as a table at any size), rank 0's training and held-out loss, its
+throughput and its share of time spent waiting for collectives over the run (SVG) and
+the event log."""
 
 HEATMAP_RANKS = 64  # above this many ranks the page lists the busiest links only
 
@@ -30,6 +32,8 @@ STATUS_PAGE = """<!doctype html>
 <body>
 <h1>shardwire</h1>
 <div id="summary">loading...</div>
+<div id="progress"><progress id="progress-bar" max="1" value="0"></progress>
+  <span id="progress-text"></span></div>
 <div id="straggler" class="failed"></div>
 <table id="ranks">
   <thead><tr><th>rank</th><th>host</th><th>node</th><th>state</th><th>step</th>
@@ -50,8 +54,9 @@ STATUS_PAGE = """<!doctype html>
   <th>MB/s</th><th>round trip (ms)</th></tr></thead>
   <tbody></tbody>
 </table>
-<p class="note">A row is the sender, a column the receiver; darker means more bytes, less
-bandwidth or a longer round trip. Ranks of one node move their collectives through the
+<p class="note">A row is the sender, a column the receiver; darker means more bytes (from
+white for none to the busiest link, and never dark below 1 MiB), less bandwidth or a
+longer round trip. Ranks of one node move their collectives through the
 node's shared-memory arena, which is not a link: that traffic is in the rank table.</p>
 <h2>generations</h2>
 <table id="generations">
@@ -60,7 +65,10 @@ node's shared-memory arena, which is not a link: that traffic is in the rank tab
   <tbody></tbody>
 </table>
 <h2>loss (rank 0)</h2>
-<svg id="loss" width="640" height="240" role="img" aria-label="loss curve"></svg>
+<svg id="loss" width="640" height="240" role="img" aria-label="loss curves"></svg>
+<h2>throughput and waiting (rank 0)</h2>
+<svg id="throughput" width="640" height="200" role="img" aria-label="throughput"></svg>
+<svg id="waiting" width="640" height="160" role="img" aria-label="waiting share"></svg>
 <h2>events</h2>
 <div id="events"></div>
 <script>
@@ -71,41 +79,75 @@ function cell(text, cls) {
   if (cls) td.className = cls;
   return td;
 }
-function drawLoss(points) {
-  const svg = document.getElementById("loss");
-  const w = 640, h = 240, pad = 30;
-  svg.innerHTML = "";
-  if (points.length < 2) return;
-  const xs = points.map(p => p.step), ys = points.map(p => p.loss);
-  const x0 = Math.min(...xs), x1 = Math.max(...xs);
-  const y0 = Math.min(...ys), y1 = Math.max(...ys);
-  const sx = s => pad + (s - x0) / Math.max(x1 - x0, 1e-9) * (w - 2 * pad);
-  const sy = v => h - pad - (v - y0) / Math.max(y1 - y0, 1e-9) * (h - 2 * pad);
-  const path = points.map((p, i) => (i ? "L" : "M") + sx(p.step) + " " + sy(p.loss));
+// A line chart of named series ({name, color, points: [{x, y}]}) with a legend; the
+// y axis starts at zero where asked (heights compared), else at the lowest value.
+function drawChart(id, series, {fromZero = false, yMax = null, unit = ""} = {}) {
+  const svg = document.getElementById(id);
+  const w = +svg.getAttribute("width"), h = +svg.getAttribute("height"), pad = 34;
   const ns = "http://www.w3.org/2000/svg";
-  const line = document.createElementNS(ns, "path");
-  line.setAttribute("d", path.join(" "));
-  line.setAttribute("fill", "none");
-  line.setAttribute("stroke", "#1f77b4");
-  line.setAttribute("stroke-width", "2");
-  line.setAttribute("id", "loss-line");
-  svg.appendChild(line);
-  for (const [text, x, y] of [[y1.toFixed(3), 2, pad], [y0.toFixed(3), 2, h - pad],
-                              ["step " + x1, w - 90, h - 8]]) {
+  svg.innerHTML = "";
+  const shown = series.filter(s => s.points.length > 0);
+  const all = shown.flatMap(s => s.points);
+  if (all.length < 2) return;
+  const xs = all.map(p => p.x), ys = all.map(p => p.y);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs);
+  const y0 = fromZero ? 0 : Math.min(...ys), y1 = yMax === null ? Math.max(...ys) : yMax;
+  const sx = x => pad + (x - x0) / Math.max(x1 - x0, 1e-9) * (w - 2 * pad);
+  const sy = v => h - pad - (v - y0) / Math.max(y1 - y0, 1e-9) * (h - 2 * pad);
+  const text = (t, x, y, color) => {
     const label = document.createElementNS(ns, "text");
     label.setAttribute("x", x); label.setAttribute("y", y);
-    label.setAttribute("font-size", "11"); label.textContent = text;
+    label.setAttribute("font-size", "11"); label.textContent = t;
+    if (color) label.setAttribute("fill", color);
     svg.appendChild(label);
+  };
+  shown.forEach((s, i) => {
+    const line = document.createElementNS(ns, "path");
+    const d = s.points.map((p, j) => (j ? "L" : "M") + sx(p.x) + " " + sy(p.y));
+    line.setAttribute("d", d.join(" "));
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", s.color);
+    line.setAttribute("stroke-width", "2");
+    line.setAttribute("id", s.id);
+    svg.appendChild(line);
+    text("\u2014 " + s.name, w - 190, 14 + 14 * i, s.color);
+  });
+  const fmt = v => Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3);
+  text(fmt(y1) + unit, 2, pad, null);
+  text(fmt(y0) + unit, 2, h - pad, null);
+  text("step " + x1, w - 90, h - 8, null);
+}
+function duration(s) {
+  if (s < 60) return `${Math.round(s)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+function drawProgress(p, state) {
+  const bar = document.getElementById("progress-bar");
+  const label = document.getElementById("progress-text");
+  if (!p.total_steps) {
+    bar.style.display = "none";
+    label.textContent = p.step ? `step ${p.step} (the script gave no total)` : "";
+    return;
   }
+  bar.style.display = "";
+  bar.value = Math.min(1, p.step / p.total_steps);
+  const share = Math.floor(100 * p.step / p.total_steps);
+  const left = state !== "running" ? "" : p.eta_s === null ? ", time left: not known yet"
+    : `, about ${duration(p.eta_s)} left`;
+  label.textContent = `step ${p.step} of ${p.total_steps} (${share} %)${left}`;
 }
 const HEATMAP_RANKS = __HEATMAP_RANKS__;
 function shade(link, figure, lo, hi) {
   const v = link[figure];
   if (v === null || v === undefined) return "#eee";
-  const scale = x => figure === "bytes" ? Math.log(x + 1) : x;  // bytes span decades
-  let t = scale(v);
-  const a = scale(lo), b = scale(hi);
-  t = b > a ? (t - a) / (b - a) : 1;
+  if (figure === "bytes" && v === 0) return "#fff";
+  let t;
+  if (figure === "bytes") {  // from zero, and at least a MiB for the darkest: a link
+    t = v / Math.max(hi, MiB);  // that moved next to nothing is never dark
+  } else {
+    t = hi > lo ? (v - lo) / (hi - lo) : 1;
+  }
   if (figure === "bandwidth") t = 1 - t;  // slow links dark
   const light = Math.round(92 - 62 * t);
   return `hsl(210, 70%, ${light}%)`;
@@ -208,7 +250,21 @@ async function refresh() {
                      `(/api/status?offset=${s.offset + s.ranks.length})`, "text"));
       body.appendChild(tr);
     }
-    drawLoss(s.losses);
+    drawProgress(s.progress, s.state);
+    drawChart("loss", [
+      {name: "training loss", color: "#1f77b4", id: "loss-line",
+       points: s.losses.map(p => ({x: p.step, y: p.loss}))},
+      {name: "held-out loss", color: "#ff7f0e", id: "held-out-line",
+       points: s.held_out.map(p => ({x: p.step, y: p.loss}))}]);
+    drawChart("throughput", [
+      {name: "samples/s", color: "#2ca02c", id: "throughput-line",
+       points: s.throughput.filter(p => p.samples_per_s > 0)
+                           .map(p => ({x: p.step, y: p.samples_per_s}))}], {fromZero: true});
+    drawChart("waiting", [
+      {name: "waiting for collectives", color: "#d62728", id: "waiting-line",
+       points: s.throughput.filter(p => p.comm_share !== null)
+                           .map(p => ({x: p.step, y: 100 * p.comm_share}))}],
+      {fromZero: true, yMax: 100, unit: " %"});
     lastLinks = await (await fetch("/api/links")).json();
     drawLinks(lastLinks);
     document.getElementById("events").textContent = s.events.map(

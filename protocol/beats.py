@@ -30,8 +30,11 @@ class Progress(Msg):
     """
 
     step: int = 0
+    total_steps: int = 0  # the run's total, where the script knows it (0: unknown)
     samples_per_s: float = 0.0
     loss: float | None = None
+    held_out: float | None = None  # the latest held-out (evaluation) loss
+    comm_share: float | None = None  # of its time lately, spent waiting for collectives
     bytes_sent: int = 0
     bytes_received: int = 0
     busy_s: float = 0.0

@@ -45,16 +45,36 @@ class ProcessGroup(Group):
         self.interactive = interactive  # a person watches this job's output on a terminal
 
     def report_progress(
-        self, step: int, samples_per_s: float = 0.0, loss: float | None = None
+        self,
+        step: int,
+        samples_per_s: float = 0.0,
+        loss: float | None = None,
+        *,
+        total_steps: int = 0,
+        held_out: float | None = None,
+        comm_share: float | None = None,
     ) -> None:
         """Publish training progress (with this rank's traffic) to the coordinator's
-        status views: ``shardwire status``, the status page and ``/metrics``."""
+        status views: ``shardwire status``, the status page and ``/metrics``.
+
+        Args:
+            step: the step this rank finished.
+            samples_per_s: its recent throughput.
+            loss: its latest training loss.
+            total_steps: the run's total (0: unknown); the status page shows progress
+                against it and estimates the time left.
+            held_out: the latest held-out (evaluation) loss, drawn beside the training loss.
+            comm_share: the share of its recent time spent waiting for collectives.
+        """
         stats = self.transport.stats
         self._progress(
             Heartbeat(
                 step=step,
+                total_steps=total_steps,
                 samples_per_s=samples_per_s,
                 loss=loss,
+                held_out=held_out,
+                comm_share=comm_share,
                 bytes_sent=stats.bytes_sent,
                 bytes_received=stats.bytes_received,
             )

@@ -81,7 +81,7 @@ def test_an_agent_beats_for_its_own_node_and_the_running_generation_only() -> No
     rows = {row.rank: row for row in r.status(4.0).ranks}
     assert (rows[0].step, rows[1].step, rows[2].step) == (5, 6, 0)
     assert r.beats_via == {"worker": 0, "agent": 2}
-    assert list(r.losses) == [(5, 1.5)]  # rank 0's loss curve, as from its own beat
+    assert list(r.curves.losses) == [(5, 1.5)]  # rank 0's loss curve, as from its own beat
     assert r.node_beat(7, NodeBeat(beats=[_entry(3)]), now=4.0) == []  # not an agent
     assert r.beats_via["agent"] == 2
 

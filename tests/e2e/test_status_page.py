@@ -16,6 +16,8 @@ import pytest
 from shardwire.worker import init
 from tests.worker.cluster import coordinator, status_http, worker_config
 
+from .cli import ROOT, SHARDWIRE, env
+
 pytestmark = pytest.mark.e2e
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 FLAGS = [
@@ -74,7 +76,7 @@ async def test_status_page_renders_the_rank_table_and_loss_curve() -> None:
         try:
             await asyncio.wait_for(seen.wait(), 20)
             for _ in range(500):  # heartbeats travel on their own connections: bounded wait
-                if len(server.rendezvous.losses) == 20 and len(server.rendezvous.links) == 2:
+                if len(server.rendezvous.curves.losses) == 20 and len(server.rendezvous.links) == 2:
                     break
                 await asyncio.sleep(0.02)
             ARTIFACTS.mkdir(exist_ok=True)
@@ -95,3 +97,64 @@ async def test_status_page_renders_the_rank_table_and_loss_curve() -> None:
     assert sorted(cells) == [("0", "1"), ("1", "0")], dom[:4000]  # one cell per direction
     assert re.search(r"<tr><td>0</td><td>1</td><td class=\"text\">tcp</td>", dom)
     assert shot.stat().st_size > 10_000
+
+
+def _until(stream, needle: str) -> str:
+    """Lines of ``stream`` up to the first holding ``needle`` (the job's own end bounds
+    the wait: its output closes then)."""
+    seen = []
+    while line := stream.readline():
+        seen.append(line)
+        if needle in line:
+            return line
+    raise AssertionError(f"{needle!r} never came:\n" + "".join(seen[-40:]))
+
+
+_PROGRESS = re.compile(r'id="progress-text">step (\d+) of 400 \((\d+) %\), about ([^<]+) left<')
+
+
+def _line_points(dom: str, line_id: str) -> int:
+    path = re.search(rf'<path d="(M[^"]+)"[^>]*id="{line_id}"', dom)
+    return 0 if path is None else path.group(1).count("L") + 1
+
+
+def test_a_person_reads_progress_time_left_and_both_losses_during_charlm(tmp_path) -> None:
+    chromium()
+    job = subprocess.Popen(
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/charlm.py",
+         "--steps", "400", "--log-every", "20", "--dim", "32", "--layers", "2", "--heads",
+         "4", "--sample", "5", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert job.stdout is not None  # one stream: nothing fills up unread
+        line = _until(job.stdout, "status page on ")
+        url = line.rsplit(" ", 1)[-1].strip()
+        _until(job.stdout, "step 60/400")
+        first = asyncio.run(_browser("--dump-dom", url))
+        _until(job.stdout, "step 140/400")
+        second = asyncio.run(_browser("--dump-dom", url))
+        ARTIFACTS.mkdir(exist_ok=True)
+        asyncio.run(_browser(f"--screenshot={ARTIFACTS / 'status-page-charlm.png'}", url))
+    finally:
+        job.terminate()
+        job.communicate(timeout=60)
+    early, late = _PROGRESS.search(first), _PROGRESS.search(second)
+    assert early is not None, first[:3000]
+    assert late is not None, second[:3000]
+    # the step moves on, against the run's total, with an estimate of the time left
+    assert 60 <= int(early.group(1)) < int(late.group(1)) <= 400
+    assert int(late.group(2)) == int(late.group(1)) * 100 // 400
+    assert re.fullmatch(r"\d+ s|\d+ min \d+ s", late.group(3)), late.group(3)
+    # held-out loss beside the training loss, throughput and waiting over the run
+    assert _line_points(second, "held-out-line") >= _line_points(first, "held-out-line") + 2
+    assert _line_points(second, "loss-line") > _line_points(first, "loss-line")
+    assert _line_points(second, "throughput-line") >= 2
+    assert _line_points(second, "waiting-line") >= 2
+    assert "held-out loss" in second and "samples/s" in second
+    # the ranks share a node: their collectives go through the arena, and the links
+    # carry next to nothing, so no cell of the heat map is dark
+    shades = [
+        int(x) for x in re.findall(r'<rect id="link-\d-\d"[^>]*fill="hsl\(210, 70%, (\d+)%', second)
+    ]
+    assert shades and min(shades) >= 85, shades

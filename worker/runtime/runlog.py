@@ -79,6 +79,8 @@ class RunLog:
     _last: tuple[float, int] = (0.0, 0)  # (time, step) of the last record
     _told: tuple[float, int] = (0.0, 0)  # (time, step) of the last progress report
     _waited: float = 0.0  # WAITS.seconds() at the last record
+    _share: float | None = None  # this rank's share of time waiting, at the last record
+    _held_out: float | None = None  # the latest held-out loss the script logged
     _split_sum: list[tuple[float, float]] = field(default_factory=list)  # rank 0: per rank
 
     def __post_init__(self) -> None:
@@ -143,8 +145,8 @@ class RunLog:
         mine = [stats.bytes_sent, stats.bytes_received, comm, compute]
         traffic = await self.pg.gather_object(mine)
         rate = samples * (step - last_step) / max(now - last_time, 1e-9)
-        loss = metrics.get("loss")
-        self.pg.report_progress(step, rate, None if loss is None else float(loss))
+        self._share = comm / (comm + compute) if comm + compute else None
+        self._report(step, rate, metrics)
         self._told = (now, step)
         if traffic is None:  # not rank 0
             return
@@ -181,7 +183,20 @@ class RunLog:
             return
         self._told = (now, step)
         rate = samples * (step - told_step) / (now - told_time)
-        self.pg.report_progress(step, rate, None if loss is None else float(loss))
+        self._report(step, rate, {} if loss is None else {"loss": loss})
+
+    def _report(self, step: int, rate: float, metrics: dict[str, float]) -> None:
+        loss = metrics.get("loss")
+        if (held_out := metrics.get("held_out")) is not None:
+            self._held_out = float(held_out)
+        self.pg.report_progress(
+            step,
+            rate,
+            None if loss is None else float(loss),
+            total_steps=self.total_steps,
+            held_out=self._held_out,
+            comm_share=self._share,
+        )
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Write ``summary.json`` and print the final table (rank 0)."""
