@@ -1,5 +1,7 @@
-"""The documentation's diagrams, drawn from this source with matplotlib (no hand-drawn
-binaries): ``docs/img/architecture.svg``, a job of two nodes of two ranks each.
+"""The documentation's figures, drawn from this source with matplotlib (no hand-drawn
+binaries): ``docs/img/architecture.svg``, a job of two nodes of two ranks each, and
+``docs/img/digits-metrics.svg``, ``shardwire plot`` of the main job's run directory kept
+in ``docs/data`` (a real run's files).
 
 ``scripts/docs_reference.py`` writes them with the reference pages and ``--check`` holds
 the committed files to what this draws (the SVG is deterministic: fixed hash salt, no
@@ -8,6 +10,8 @@ date, text as paths)."""
 from __future__ import annotations
 
 import io
+import tempfile
+from pathlib import Path
 
 import matplotlib
 
@@ -100,4 +104,16 @@ def draw_architecture() -> plt.Figure:
     return fig
 
 
-FIGURES = {"img/architecture.svg": architecture}
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def digits_metrics() -> str:
+    """``shardwire plot`` of the main job's run directory kept in ``docs/data``."""
+    from shardwire.worker.launcher.plot import plot
+
+    with tempfile.TemporaryDirectory() as scratch:
+        out = plot(DOCS / "data" / "digits-full_shard-seed0", Path(scratch) / "metrics.svg")
+        return out.read_text()
+
+
+FIGURES = {"img/architecture.svg": architecture, "img/digits-metrics.svg": digits_metrics}

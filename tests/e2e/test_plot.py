@@ -44,3 +44,23 @@ def test_plot_writes_a_decodable_png_of_the_expected_size(tmp_path, split: bool)
 def test_plot_explains_a_missing_run_directory(tmp_path) -> None:
     result = shardwire("plot", str(tmp_path / "nope"))
     assert result.returncode == 1 and "metrics.jsonl does not exist" in result.stderr
+
+
+def test_every_panel_has_a_legend_and_throughput_starts_at_zero() -> None:
+    from shardwire.worker.launcher.plot import figure
+
+    records = [
+        {"step": s, "loss": 2.0 / s, "accuracy": s / 400, "samples_per_s": 1000.0 + s,
+         "comm_s": [0.01, 0.03], "compute_s": [0.04, 0.02],
+         **({"held_out": 2.5 / s} if s % 100 == 0 else {})}
+        for s in range(50, 350, 50)
+    ]  # fmt: skip
+    fig = figure(records, "run")
+    loss, throughput, breakdown, accuracy = fig.axes
+    labels = [t.get_text() for t in accuracy.get_legend().get_texts()]
+    assert labels == ["loss", "held-out loss", "accuracy"]
+    assert [t.get_text() for t in throughput.get_legend().get_texts()] == ["samples/s"]
+    assert breakdown.get_legend() is not None
+    assert throughput.get_ylim()[0] == 0 and breakdown.get_ylim()[0] == 0
+    held = [line for line in loss.get_lines() if line.get_label() == "held-out loss"]
+    assert list(held[0].get_xdata()) == [100, 200, 300]

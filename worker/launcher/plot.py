@@ -23,6 +23,8 @@ def load(run_dir: Path) -> list[dict]:
 
 
 def plot(run_dir: Path, out: Path) -> Path:
+    """Draw ``run_dir``'s curves into ``out`` (PNG, or SVG by its suffix: a deterministic
+    file, for documentation kept in a repository)."""
     try:
         import matplotlib
 
@@ -32,30 +34,51 @@ def plot(run_dir: Path, out: Path) -> Path:
         raise SystemExit(
             "shardwire plot needs matplotlib: pip install 'shardwire[examples]'"
         ) from None
-    records = load(run_dir)
+    fig = figure(load(run_dir), run_dir.name)
+    if out.suffix == ".svg":
+        with plt.rc_context({"svg.hashsalt": "shardwire", "svg.fonttype": "path"}):
+            fig.savefig(out, dpi=DPI, metadata={"Date": None})
+    else:
+        fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return out
+
+
+def figure(records: list[dict], title: str):
+    """The panels: loss (with held-out loss and accuracy where logged), throughput from
+    zero, and where the records carry it the time per step by rank; a legend on each."""
+    import matplotlib.pyplot as plt
+
     steps = [r["step"] for r in records]
     split = [r for r in records if "comm_s" in r and "compute_s" in r]
     fig, axes = plt.subplots(1, 3 if split else 2, figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
     left, right = axes[0], axes[1]
-    left.plot(steps, [r["loss"] for r in records], label="loss", color="tab:blue")
+    lines = left.plot(steps, [r["loss"] for r in records], label="loss", color="tab:blue")
+    held = [(r["step"], r["held_out"]) for r in records if r.get("held_out") is not None]
+    if held:
+        lines += left.plot(*zip(*held, strict=True), label="held-out loss", color="tab:purple")
     left.set_xlabel("step")
     left.set_ylabel("loss")
+    top = left  # the legend goes on the top axes, or a twin's curve hides it
     if any("accuracy" in r for r in records):
-        acc = left.twinx()
-        acc.plot(steps, [r.get("accuracy") for r in records], color="tab:green", label="accuracy")
+        acc = top = left.twinx()
+        lines += acc.plot(
+            steps, [r.get("accuracy") for r in records], color="tab:green", label="accuracy"
+        )
         acc.set_ylabel("accuracy")
+    top.legend(lines, [line.get_label() for line in lines], fontsize="small", loc="center right")
     left.set_title("loss")
-    right.plot(steps, [r["samples_per_s"] for r in records], color="tab:orange")
+    right.plot(steps, [r["samples_per_s"] for r in records], color="tab:orange", label="samples/s")
+    right.set_ylim(bottom=0)  # heights are compared: from zero
     right.set_xlabel("step")
     right.set_ylabel("samples / s")
     right.set_title("throughput")
+    right.legend(fontsize="small", loc="lower right")
     if split:
         _breakdown(axes[2], split)
-    fig.suptitle(run_dir.name)
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=DPI)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def _breakdown(ax, records: list[dict]) -> None:
