@@ -18,7 +18,7 @@ from shardwire.worker.group import ProcessGroup
 from shardwire.worker.runtime import trace
 from shardwire.worker.runtime.flight import FlightRecorder
 from shardwire.worker.runtime.liveness import ControlThread
-from shardwire.worker.runtime.settings import WorkerConfig
+from shardwire.worker.runtime.settings import WorkerConfig, check_launched
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
@@ -223,5 +223,8 @@ def init(config: WorkerConfig | None = None) -> Session:
         RendezvousError: the coordinator refused the join (the message says why).
         AuthFailed: the token does not match the coordinator's.
     """
-    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
-    return Session(config or WorkerConfig.from_env(os.environ, script=script))
+    if config is None:
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
+        check_launched(os.environ, script)
+        config = WorkerConfig.from_env(os.environ)
+    return Session(config)

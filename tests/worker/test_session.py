@@ -400,3 +400,15 @@ async def test_node_group_asked_twice_is_one_group_and_closes_with_the_session()
             assert len(transport.groups) == 0  # the session closed the world and its subgroups
 
         await asyncio.wait_for(asyncio.gather(worker(0), worker(1)), 30)
+
+
+def test_only_init_asks_for_a_launcher_and_names_the_script() -> None:
+    from shardwire.worker import NotLaunched
+    from shardwire.worker.runtime.settings import check_launched
+
+    with pytest.raises(NotLaunched, match="--nproc-per-node 2 mine.py\n"):
+        check_launched({"SHARDWIRE_TOKEN": "t"}, "mine.py")  # a token is not a launcher
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
+        check_launched({name: "1"}, "mine.py")
+    # torch's own rendezvous brings rank and size: its settings read without a launcher
+    assert WorkerConfig.from_env({"SHARDWIRE_TIMEOUT": "7"}).timeout == 7.0

@@ -43,6 +43,19 @@ def trace_switch(value: object) -> object:
     return value
 
 
+def check_launched(environ: Mapping[str, str], script: str) -> None:
+    """Raise :class:`NotLaunched`, showing how to launch ``script``, where no launcher
+    variable is set (torch's own rendezvous, which brings rank and size itself, does
+    not ask)."""
+    if not any(name in environ for name in LAUNCHER_VARIABLES):
+        raise NotLaunched(
+            f"no launcher started this process ({', '.join(LAUNCHER_VARIABLES)} are all "
+            f"unset), so there is no job to join; start it with\n"
+            f"    shardwire launch --standalone --nproc-per-node 2 {script}\n"
+            "or set MASTER_ADDR, MASTER_PORT and WORLD_SIZE to join a running coordinator"
+        )
+
+
 def _alias(*names: str) -> AliasChoices:
     return AliasChoices(*names)
 
@@ -332,18 +345,9 @@ class WorkerConfig:
     agent_beats: str | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], *, script: str = "train.py") -> WorkerConfig:
+    def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
         """Read the launcher's environment contract. A field of the same name in
-        :class:`WorkerEnv` and here is copied as is; only the fields below are derived.
-        Raises :class:`NotLaunched`, showing how to launch ``script``, where no launcher
-        variable is set."""
-        if not any(name in environ for name in LAUNCHER_VARIABLES):
-            raise NotLaunched(
-                f"no launcher started this process ({', '.join(LAUNCHER_VARIABLES)} are all "
-                f"unset), so there is no job to join; start it with\n"
-                f"    shardwire launch --standalone --nproc-per-node 2 {script}\n"
-                "or set MASTER_ADDR, MASTER_PORT and WORLD_SIZE to join a running coordinator"
-            )
+        :class:`WorkerEnv` and here is copied as is; only the fields below are derived."""
         env = WorkerEnv.model_validate(dict(environ))
         token = load_token(env.token.get_secret_value() if env.token else None, env.token_file)
         bind = env.bind_host or ("127.0.0.1" if is_loopback(env.master_addr) else "0.0.0.0")
