@@ -57,6 +57,25 @@ class CoordinatorUnreachable(ShardwireError):
     """No coordinator answered at the given address in time."""
 
 
+class _Tries:
+    """What connecting to the coordinator has met so far, said every few seconds while it
+    goes on (also while one attempt hangs: a firewall that drops the port answers nothing)."""
+
+    def __init__(self, waiting: str, timeout: float) -> None:
+        self.waiting, self.timeout = waiting, timeout
+        self.last = "no answer yet"
+
+    async def note(self, every: float) -> None:
+        """Log a line every ``every`` seconds until cancelled (when connecting ends)."""
+        start = time.monotonic()
+        while True:  # cancelled by connect(), whose wait is bounded
+            await asyncio.sleep(every)
+            log.warning(
+                "%s (%s), %.0f s of %g s; is it started, and is its port open to this host?",
+                self.waiting, self.last, time.monotonic() - start, self.timeout,
+            )  # fmt: skip
+
+
 async def _no_diagnosis() -> Diagnosis:
     return Diagnosis()
 
@@ -121,38 +140,30 @@ class ControlClient:
         resolve yet and refused or unroutable connections (the coordinator, or its
         host's DNS record, may still be starting: a scheduler starts every task at
         once) and "busy" refusals (a burst of joiners), with jittered backoff. While it
-        retries, a line every ``note_every`` seconds says what it waits for."""
+        waits, a line every ``note_every`` seconds says for what."""
         delay = 0.05
-        last = "nothing answered"
-        start = time.monotonic()
-        noted = start
+        tries = _Tries(f"{self._role}: waiting for the coordinator at {host}:{port}", timeout)
+        notes = asyncio.create_task(tries.note(note_every), name="shardwire-connect-notes")
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    if (now := time.monotonic()) - noted >= note_every:
-                        noted = now
-                        log.warning(
-                            "%s: waiting for the coordinator at %s:%d (%s), %.0f s of %g s; "
-                            "is it started, and is its port open to this host?",
-                            self._role, host, port, last, now - start, timeout,
-                        )  # fmt: skip
                     try:
                         await self._dial(host, port)
                         break
                     except RendezvousError as exc:
                         if exc.code != "busy":
                             raise
-                        last = "the coordinator was busy"
+                        tries.last = "the coordinator was busy"
                     except OSError as exc:
                         if (why := _not_yet(exc)) is None:
                             raise
-                        last = why
+                        tries.last = why
                     await asyncio.sleep(delay * (0.5 + random.random()))  # spread the retries
                     delay = min(delay * 2, 1.0)
         except TimeoutError:
             raise CoordinatorUnreachable(
                 f"no coordinator answered at {host}:{port} within {timeout:g} s "
-                f"(last attempt: {last})"
+                f"(last attempt: {tries.last})"
             ) from None
         except ssl.SSLError as exc:
             raise CoordinatorUnreachable(
@@ -165,6 +176,9 @@ class ControlClient:
             raise CoordinatorUnreachable(
                 f"the coordinator at {host}:{port} closed the connection during the handshake{hint}"
             ) from None
+        finally:
+            notes.cancel()
+            await asyncio.gather(notes, return_exceptions=True)
 
     async def _dial(self, host: str, port: int) -> FramedProtocol:
         """One attempt: connect and run the handshake (a fresh one: new nonce)."""

@@ -3,6 +3,7 @@ every few seconds instead of waiting in silence."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 
@@ -23,15 +24,15 @@ async def test_retries_to_a_refused_address_are_said_and_end_with_one_error(capl
     client = ControlClient(token=Token("t"), run_id="test", role="worker")
     caplog.set_level(logging.WARNING, logger="shardwire.worker")
     try:
-        with pytest.raises(CoordinatorUnreachable, match=f"at 127.0.0.1:{port} within 1 s"):
-            await client.connect("127.0.0.1", port, timeout=1.0, note_every=0.2)
+        with pytest.raises(CoordinatorUnreachable, match=f"at 127.0.0.1:{port} within 1.5 s"):
+            await client.connect("127.0.0.1", port, timeout=1.5, note_every=0.2)
     finally:
         await client.aclose()
     notes = [r.getMessage() for r in caplog.records if "waiting for the coordinator" in r.message]
     assert len(notes) >= 2, notes
     expected = f"worker: waiting for the coordinator at 127.0.0.1:{port} (Connection refused)"
     assert expected in notes[0]
-    assert "of 1 s" in notes[0]
+    assert "of 1.5 s" in notes[0]
 
 
 async def test_a_prompt_answer_is_not_announced(caplog) -> None:
@@ -44,3 +45,21 @@ async def test_a_prompt_answer_is_not_announced(caplog) -> None:
     finally:
         await client.aclose()
     assert not [r for r in caplog.records if "waiting for the coordinator" in r.getMessage()]
+
+
+async def test_a_coordinator_that_accepts_but_never_answers_is_waited_for_aloud(caplog) -> None:
+    # as an attempt that hangs (a firewall dropping the port answers nothing at all)
+    server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = ControlClient(token=Token("t"), run_id="test", role="agent")
+    caplog.set_level(logging.WARNING, logger="shardwire.worker")
+    try:
+        with pytest.raises(CoordinatorUnreachable, match="no answer yet"):
+            await client.connect("127.0.0.1", port, timeout=1.5, note_every=0.2)
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+    notes = [r.getMessage() for r in caplog.records if "waiting for the coordinator" in r.message]
+    assert len(notes) >= 3, notes
+    assert f"agent: waiting for the coordinator at 127.0.0.1:{port} (no answer yet)" in notes[0]
