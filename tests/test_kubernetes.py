@@ -456,11 +456,13 @@ def _get(url: str) -> int:
         return 0
 
 
-# Each pod as a mount namespace: the image's files (this checkout) read-only, as
-# readOnlyRootFilesystem makes them, and /tmp an empty tmpfs, as the pod's emptyDir.
-# A pod that could write to the checkout exits 99 before it starts.
+# Each pod as a mount namespace: /tmp an empty tmpfs, as the pod's emptyDir, and the
+# image's files (this checkout) read-only, as readOnlyRootFilesystem makes them. The
+# checkout is bound back from the shell's working directory, so a checkout under /tmp
+# (a CI clone) is not hidden by the tmpfs. A pod that could write to it exits 99.
 _READ_ONLY_POD = (
-    'mount -o bind,ro "$0" "$0" && mount -t tmpfs -o size=256m tmpfs /tmp && cd "$0" '
+    'cd "$0" && mount -t tmpfs -o size=256m tmpfs /tmp && mkdir -p "$0" '
+    '&& mount --no-canonicalize -o bind,ro /proc/self/cwd "$0" && cd "$0" '
     '&& ! touch "$0/.read-only-probe" 2>/dev/null || exit 99; exec "$@"'
 )
 
