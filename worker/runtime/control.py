@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import logging
 import os
 import random
 import socket
@@ -45,35 +44,14 @@ from shardwire.protocol.messages import (
     StatusRequest,
 )
 from shardwire.protocol.placement import PEER_PAGE, Member, PeerPage, PeerQuery, Placement
+from shardwire.worker.runtime.notes import FORM_HINT, NOTE_EVERY, WaitNotes
 from shardwire.worker.transport.framing import FramedProtocol, open_connection
 
 _CONTROL_LIMITS = Limits(max_payload=0)
-# Seconds between the lines that say a connection to the coordinator is still retried.
-NOTE_EVERY = 5.0
-log = logging.getLogger("shardwire.worker")
 
 
 class CoordinatorUnreachable(ShardwireError):
     """No coordinator answered at the given address in time."""
-
-
-class _Tries:
-    """What connecting to the coordinator has met so far, said every few seconds while it
-    goes on (also while one attempt hangs: a firewall that drops the port answers nothing)."""
-
-    def __init__(self, waiting: str, timeout: float) -> None:
-        self.waiting, self.timeout = waiting, timeout
-        self.last = "no answer yet"
-
-    async def note(self, every: float) -> None:
-        """Log a line every ``every`` seconds until cancelled (when connecting ends)."""
-        start = time.monotonic()
-        while True:  # cancelled by connect(), whose wait is bounded
-            await asyncio.sleep(every)
-            log.warning(
-                "%s (%s), %.0f s of %g s; is it started, and is its port open to this host?",
-                self.waiting, self.last, time.monotonic() - start, self.timeout,
-            )  # fmt: skip
 
 
 async def _no_diagnosis() -> Diagnosis:
@@ -132,6 +110,7 @@ class ControlClient:
         self._progress = Heartbeat()
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
         self._route: Callable[[Heartbeat], bool] | None = None  # heartbeats via the agent
+        self._where = "?"  # the coordinator's address, once connect() is called
 
     async def connect(
         self, host: str, port: int, *, timeout: float, note_every: float = NOTE_EVERY
@@ -141,25 +120,10 @@ class ControlClient:
         host's DNS record, may still be starting: a scheduler starts every task at
         once) and "busy" refusals (a burst of joiners), with jittered backoff. While it
         waits, a line every ``note_every`` seconds says for what."""
-        delay = 0.05
-        tries = _Tries(f"{self._role}: waiting for the coordinator at {host}:{port}", timeout)
-        notes = asyncio.create_task(tries.note(note_every), name="shardwire-connect-notes")
+        self._where = f"{host}:{port}"
+        tries = WaitNotes(f"{self._role}: waiting for the coordinator at {host}:{port}", timeout)
         try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    try:
-                        await self._dial(host, port)
-                        break
-                    except RendezvousError as exc:
-                        if exc.code != "busy":
-                            raise
-                        tries.last = "the coordinator was busy"
-                    except OSError as exc:
-                        if (why := _not_yet(exc)) is None:
-                            raise
-                        tries.last = why
-                    await asyncio.sleep(delay * (0.5 + random.random()))  # spread the retries
-                    delay = min(delay * 2, 1.0)
+            await tries.around(self._attempts(host, port, timeout, tries), note_every)
         except TimeoutError:
             raise CoordinatorUnreachable(
                 f"no coordinator answered at {host}:{port} within {timeout:g} s "
@@ -176,9 +140,25 @@ class ControlClient:
             raise CoordinatorUnreachable(
                 f"the coordinator at {host}:{port} closed the connection during the handshake{hint}"
             ) from None
-        finally:
-            notes.cancel()
-            await asyncio.gather(notes, return_exceptions=True)
+
+    async def _attempts(self, host: str, port: int, timeout: float, tries: WaitNotes) -> None:
+        """Dial until one attempt succeeds or ``timeout`` passes (TimeoutError)."""
+        delay = 0.05
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    await self._dial(host, port)
+                    return
+                except RendezvousError as exc:
+                    if exc.code != "busy":
+                        raise
+                    tries.last = "the coordinator was busy"
+                except OSError as exc:
+                    if (why := _not_yet(exc)) is None:
+                        raise
+                    tries.last = why
+                await asyncio.sleep(delay * (0.5 + random.random()))  # spread the retries
+                delay = min(delay * 2, 1.0)
 
     async def _dial(self, host: str, port: int) -> FramedProtocol:
         """One attempt: connect and run the handshake (a fresh one: new nonce)."""
@@ -262,9 +242,11 @@ class ControlClient:
             return get.result()
         raise JobAborted("the coordinator closed the connection")
 
-    async def join(self, msg: Join, *, timeout: float) -> Placement:
-        """Join and wait for this worker's placement (bounded by ``timeout``)."""
-        place: Placement = await self._request(msg, Placement, timeout)
+    async def join(self, msg: Join, *, timeout: float, note_every: float = NOTE_EVERY) -> Placement:
+        """Join and wait for this worker's placement (bounded by ``timeout``; said every
+        ``note_every`` seconds while the job forms)."""
+        tries = self._forming(f"world size {msg.world_size}", timeout)
+        place: Placement = await tries.around(self._request(msg, Placement, timeout), note_every)
         self._placed = place.generation
         return place
 
@@ -295,9 +277,17 @@ class ControlClient:
             seen.append((sent, reply.now, time.monotonic()))
         return estimate_offset(seen)
 
-    async def node_join(self, msg: NodeJoin, *, timeout: float) -> NodeAssignment:
-        """Join as a node agent and wait for the node rank."""
-        return await self._request(msg, NodeAssignment, timeout)
+    async def node_join(
+        self, msg: NodeJoin, *, timeout: float, note_every: float = NOTE_EVERY
+    ) -> NodeAssignment:
+        """Join as a node agent and wait for the node rank (said every ``note_every``
+        seconds while the job's nodes gather)."""
+        tries = self._forming(f"{msg.local_world_size} ranks on this node", timeout)
+        return await tries.around(self._request(msg, NodeAssignment, timeout), note_every)
+
+    def _forming(self, what: str, timeout: float) -> WaitNotes:
+        waiting = f"{self._role}: waiting for the job to form at {self._where}"
+        return WaitNotes(waiting, timeout, hint=FORM_HINT, last=f"joined, {what}")
 
     async def status(self, *, timeout: float) -> StatusReply:
         """Ask the coordinator for the job state (role "client" connections), page by

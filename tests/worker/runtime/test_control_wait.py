@@ -63,3 +63,28 @@ async def test_a_coordinator_that_accepts_but_never_answers_is_waited_for_aloud(
     notes = [r.getMessage() for r in caplog.records if "waiting for the coordinator" in r.message]
     assert len(notes) >= 3, notes
     assert f"agent: waiting for the coordinator at 127.0.0.1:{port} (no answer yet)" in notes[0]
+
+
+async def test_a_job_that_does_not_form_is_waited_for_aloud(caplog) -> None:
+    from shardwire.protocol import RendezvousError
+    from shardwire.protocol.messages import Join
+    from tests.worker.cluster import TOKEN, coordinator
+
+    caplog.set_level(logging.WARNING, logger="shardwire.worker")
+    async with coordinator(2) as server:  # a job of two; only one process joins
+        host, port = server.address
+        client = ControlClient(token=TOKEN, run_id="test", role="worker")
+        try:
+            await client.connect(host, port, timeout=10)
+            join = Join(world_size=2, node_id="n", local_rank=0, local_world_size=2,
+                        listen_host="", listen_port=1, requested_rank=None)  # fmt: skip
+            with pytest.raises(RendezvousError):
+                await client.join(join, timeout=1.5, note_every=0.2)
+        finally:
+            await client.aclose()
+    notes = [r.getMessage() for r in caplog.records if "waiting for the job to form" in r.message]
+    assert len(notes) >= 3, notes
+    assert (
+        f"worker: waiting for the job to form at {host}:{port} (joined, world size 2)" in (notes[0])
+    )
+    assert "are the job's other processes started?" in notes[0]
