@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -220,12 +221,10 @@ SECTIONS = [
     ("The coordinator", ["shardwire.coordinator"]),
     ("The wire protocol", ["shardwire.protocol"]),
 ]
-FOLDERS = {
-    "shardwire.protocol": "protocol",
-    "shardwire.coordinator": "coordinator",
-    "shardwire.worker": "worker",
-    "shardwire.torch": "torch_bridge",
-}
+# package -> folder, as the wheel maps them
+FOLDERS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"][
+    "setuptools"
+]["package-dir"]
 
 
 def module_file(module: str) -> Path:

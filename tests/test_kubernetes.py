@@ -27,7 +27,7 @@ from shardwire.worker.launcher.manifests import Deployment, default_shm_bytes, m
 from shardwire.worker.launcher.settings import LaunchSettings
 from shardwire.worker.launcher.yamldoc import dump_all, scalar
 
-from .e2e.cli import ROOT, SHARDWIRE
+from .e2e.cli import ROOT, SHARDWIRE, page_commands
 
 # The oldest release with everything the manifests use (podReplacementPolicy on by
 # default), and the newest the validator ships.
@@ -541,10 +541,9 @@ def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
 
 def _documented_command() -> list[str]:
     """The ``shardwire kubernetes`` command of the clusters page, as a user copies it."""
-    text = (ROOT / "docs" / "clusters.md").read_text().replace("\\\n", " ")
-    (line,) = [x for x in text.splitlines() if x.startswith("$ shardwire kubernetes ")]
-    command = line.removeprefix("$ ").split("|", 1)[0]
-    return shlex.split(command)[2:]
+    commands = page_commands((ROOT / "docs" / "clusters.md").read_text())
+    (command,) = [c for c in commands if c.startswith("shardwire kubernetes ")]
+    return shlex.split(command.split("|", 1)[0])[2:]
 
 
 @pytest.mark.e2e

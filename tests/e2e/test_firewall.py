@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, env
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, page_commands
 from .netns import SUBNET, inside
 
 pytestmark = pytest.mark.e2e
@@ -27,9 +27,7 @@ GUIDE = ROOT / "docs" / "guide" / "running.md"
 
 def guide_token(directory: Path) -> Path:
     """A token file made in ``directory`` by the running guide's own command."""
-    (command,) = [
-        line.removeprefix("$ ") for line in GUIDE.read_text().splitlines() if "umask 077" in line
-    ]
+    (command,) = [c for c in page_commands(GUIDE.read_text()) if "umask 077" in c]
     subprocess.run(["sh", "-c", command], cwd=directory, check=True, timeout=60)
     return directory / "token"
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from shardwire.worker.runtime.settings import LAUNCHER_VARIABLES
+from tests.worker.transport.fabric import free_port_range
 
 from .cli import ROOT, SCRIPTS, background, env, shardwire
 
@@ -39,27 +40,8 @@ def test_a_script_run_without_a_launcher_says_how_to_launch_it_at_once() -> None
     assert took < 60, took
 
 
-def _free_block(count: int) -> int:
-    import socket
-
-    for low in range(23000, 29000, 89):
-        socks = []
-        try:
-            for port in range(low, low + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return low
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    pytest.skip(f"no {count} consecutive free ports between 23000 and 29000")
-
-
 def test_peer_listeners_take_the_ports_of_the_range() -> None:
-    low = _free_block(3)
+    low, _ = free_port_range(3)
     result = shardwire(
         "launch", "--standalone", "--nproc-per-node", "3",
         "--peer-port-range", f"{low}-{low + 2}", str(SCRIPTS / "listening.py"),
@@ -73,7 +55,7 @@ def test_peer_listeners_take_the_ports_of_the_range() -> None:
 
 
 def test_the_range_is_read_from_the_environment_too() -> None:
-    low = _free_block(2)
+    low, _ = free_port_range(2)
     result = shardwire(
         "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "listening.py"),
         SHARDWIRE_PEER_PORT_RANGE=f"{low}-{low + 1}",

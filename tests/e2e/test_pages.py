@@ -12,7 +12,7 @@ import pytest
 
 from shardwire.worker.runtime.settings import LAUNCHER_VARIABLES
 
-from .cli import ROOT, SHARDWIRE, env
+from .cli import ROOT, SHARDWIRE, env, page_commands
 
 pytestmark = pytest.mark.e2e
 
@@ -66,12 +66,7 @@ def test_the_readme_first_script_runs_as_written(tmp_path) -> None:
     section = readme.split("## A first script", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     (tmp_path / "first.py").write_text(code)
-    (command,) = [
-        line.removeprefix("$ ")
-        for block in re.findall(r"```console\n(.*?)```", section, re.S)
-        for line in block.splitlines()
-        if line.startswith("$ ")
-    ]
+    (command,) = page_commands(section)
     argv = command.split()
     assert argv[0] == ".venv/bin/shardwire"
     done = subprocess.run(

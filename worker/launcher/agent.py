@@ -58,7 +58,7 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
     serve = False
     if not settings.standalone:  # under a scheduler: what it says, where the user did not
         settings, serve = with_scheduler(settings, node_place(os.environ), os.environ)
-    settings.peer_ports()  # a range too small for this node is refused before anything starts
+    settings.peer_ports()  # a malformed or too small range is refused before anything starts
     env = token_env(settings)
     tls = settings.tls_files()
     if tls is not None:  # the coordinator and the workers read the files from there

@@ -87,13 +87,6 @@ class LaunchSettings(_Client):
     def _trace(cls, value: object) -> object:
         return trace_switch(value)
 
-    @field_validator("peer_port_range", mode="before")
-    @classmethod
-    def _peer_ports(cls, value: object) -> object:
-        if value is not None:
-            port_range(str(value), "--peer-port-range")  # raises with the reason
-        return value
-
     def peer_ports(self) -> tuple[int, int] | None:
         """The peer port range, refused when it has fewer ports than this node's ranks."""
         if self.peer_port_range is None:

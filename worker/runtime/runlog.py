@@ -129,7 +129,7 @@ class RunLog:
             self._bar.update(1)
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items()})
         if step % self.every and step != self.total_steps:
-            self._tell(step, samples, metrics.get("loss"))
+            self._tell(step, samples, metrics)
             return
         stats = self.pg.transport.stats
         now = time.perf_counter()
@@ -174,7 +174,7 @@ class RunLog:
                 flush=True,
             )
 
-    def _tell(self, step: int, samples: int, loss: float | None) -> None:
+    def _tell(self, step: int, samples: int, metrics: dict[str, float]) -> None:
         """Live progress between records, at most every PROGRESS_EVERY_S (no collective:
         each rank tells the coordinator its own)."""
         now = time.perf_counter()
@@ -183,7 +183,7 @@ class RunLog:
             return
         self._told = (now, step)
         rate = samples * (step - told_step) / (now - told_time)
-        self._report(step, rate, {} if loss is None else {"loss": loss})
+        self._report(step, rate, metrics)
 
     def _report(self, step: int, rate: float, metrics: dict[str, float]) -> None:
         loss = metrics.get("loss")

@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
+
+import pytest
 
 from shardwire.protocol import Token
 from shardwire.protocol.placement import Placement
 from shardwire.worker.transport import AddressBook, MemoryHub, MeshConfig, TcpMesh, Transport
 
 TOKEN = Token("test-token")
+
+
+def free_port_range(count: int) -> tuple[int, int]:
+    """``count`` consecutive ports nothing listens on, below the kernel's ephemeral range
+    (so no connection of another test lands on them meanwhile)."""
+    for low in range(21000, 29000, 97):
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(low, low + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return low, low + count - 1
+    pytest.skip(f"no {count} consecutive free ports on 127.0.0.1 between 21000 and 29000")
 
 
 @contextlib.asynccontextmanager

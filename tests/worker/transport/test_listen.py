@@ -4,7 +4,6 @@ firewall admits (``--peer-port-range``), from the local rank's place in it on.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from pathlib import Path
 
@@ -15,22 +14,7 @@ from shardwire.protocol import InvalidArgument, Tag
 from shardwire.protocol.ports import port_range
 from shardwire.worker.transport import ListenFailed, MeshConfig, TcpMesh
 
-from .fabric import TOKEN, start_all
-
-
-def _free_range(count: int) -> tuple[int, int]:
-    """``count`` consecutive ports nothing listens on, below the kernel's ephemeral range
-    (so no connection of another test lands on them meanwhile)."""
-    for low in range(21000, 29000, 97):
-        with contextlib.ExitStack() as stack:
-            try:
-                for port in range(low, low + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return low, low + count - 1
-    pytest.skip(f"no {count} consecutive free ports on 127.0.0.1 between 21000 and 29000")
+from .fabric import TOKEN, free_port_range, start_all
 
 
 def _mesh(ports: tuple[int, int] | None) -> TcpMesh:
@@ -46,7 +30,7 @@ def _held(port: int) -> socket.socket:
 
 
 async def test_local_ranks_take_their_own_port_of_the_range_and_talk() -> None:
-    low, high = _free_range(3)
+    low, high = free_port_range(3)
     meshes = [_mesh((low, high)) for _ in range(3)]
     try:
         ports = [await m.listen(first=r) for r, m in enumerate(meshes)]
@@ -63,7 +47,7 @@ async def test_local_ranks_take_their_own_port_of_the_range_and_talk() -> None:
 
 
 async def test_a_port_in_use_is_skipped_and_the_search_wraps_around() -> None:
-    low, high = _free_range(3)
+    low, high = free_port_range(3)
     with _held(low + 2), _held(low + 1):
         mesh = _mesh((low, high))
         try:
@@ -73,7 +57,7 @@ async def test_a_port_in_use_is_skipped_and_the_search_wraps_around() -> None:
 
 
 async def test_a_full_range_fails_naming_the_range() -> None:
-    low, high = _free_range(2)
+    low, high = free_port_range(2)
     with _held(low), _held(high):
         mesh = _mesh((low, high))
         try:
