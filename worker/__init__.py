@@ -27,11 +27,11 @@ from shardwire.protocol import (
 )
 from shardwire.worker.api import Session, init
 from shardwire.worker.collectives import Group, ReduceOp, Work
-from shardwire.worker.group import ProcessGroup
-from shardwire.worker.mesh import Mesh, MeshError
+from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.observe.trace import span
+from shardwire.worker.parallelism import Mesh, MeshError
 from shardwire.worker.runtime.loop import run
 from shardwire.worker.runtime.settings import NotLaunched, WorkerConfig
-from shardwire.worker.runtime.trace import span
 
 __all__ = [
     "AuthFailed",

@@ -14,9 +14,9 @@ from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
 from shardwire.protocol.placement import Member
-from shardwire.worker.group import ProcessGroup
-from shardwire.worker.runtime import trace
-from shardwire.worker.runtime.flight import FlightRecorder
+from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.observe import trace
+from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.runtime.liveness import ControlThread
 from shardwire.worker.runtime.settings import WorkerConfig, check_launched
 from shardwire.worker.transport import shm

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
 from shardwire.worker.transport import shm
+from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES
 
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
 from .faults import job

@@ -5,6 +5,6 @@ barrier through it without frames or event-loop wake-ups (see ``programs`` and
 ``engine``); across nodes the groups keep to TCP.
 """
 
-from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES, ArenaSettings
+from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES, ArenaSettings
 
 __all__ = ["DEFAULT_SLOT_BYTES", "ArenaSettings"]

@@ -38,7 +38,7 @@ import time
 from shardwire.protocol.errors import InvalidState
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
 from shardwire.worker.arena.programs import Mismatch, Need, Program
-from shardwire.worker.collectives.split import Split
+from shardwire.worker.observe.split import Split
 
 _THREAD_SPIN = 50e-6  # the thread polls this long (yielding the CPU) before it sleeps
 _RELEASE_WAIT = 5.0  # a cancelled call waits this long for the engine to let go of it

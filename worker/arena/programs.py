@@ -43,9 +43,9 @@ import numpy as np
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.arena.board import DONE, READY, Board
-from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.collectives.ops import ReduceOp, finish
-from shardwire.worker.collectives.split import Split, reduce_with
+from shardwire.worker.kernels.reduce import ReduceOp, finish
+from shardwire.worker.kernels.segments import bounds
+from shardwire.worker.observe.split import Split, reduce_with
 
 # all_reduce payloads up to this size are reduced whole by every rank: one
 # synchronisation instead of two, for k-fold reads of a few KiB.

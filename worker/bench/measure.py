@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,12 @@ import numpy as np
 import shardwire.worker as sw
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench.timing import summarize
-from shardwire.worker.collectives.plan import choose
+from shardwire.worker.collectives.work import Pending
 
 MAX_ITERS = 20000
 
 
-def make_call(pg: sw.ProcessGroup, op: str, nbytes: int) -> Callable[[], Awaitable[Any]]:
+def make_call(pg: sw.ProcessGroup, op: str, nbytes: int) -> Callable[[], Pending[Any]]:
     n, numel = pg.world_size, nbytes // 4
     if op == "all_reduce":
         x = np.zeros(numel, np.float32)  # repeated in-place sums stay finite
@@ -48,7 +48,9 @@ async def agree_max(pg: sw.ProcessGroup, value: float) -> float:
 
 async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: float) -> dict:
     call = make_call(pg, op, nbytes)
-    await call()
+    first = call()
+    decision = first.decision  # the backend's own, as its calls run
+    await first
     start = time.perf_counter()
     await call()
     first = await agree_max(pg, time.perf_counter() - start)
@@ -71,15 +73,8 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
         op=op,
         n=pg.world_size,
         bytes=nbytes,
-        algorithm="arena"
-        if pg.gate is not None and pg.gate.arena is not None
-        else choose(
-            op,
-            nbytes,
-            pg.world_size,
-            nodes=pg.layout is not None,
-            crowded=pg.transport.topology.crowded,
-        ),
+        backend=decision.backend if decision else "",
+        algorithm=str(decision.algorithm) if decision else "",
     )
     return record
 

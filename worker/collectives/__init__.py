@@ -6,10 +6,10 @@ from shardwire.protocol import (
     CollectiveMismatch,
     CollectiveTimeout,
 )
-from shardwire.worker.collectives.core import DEFAULT_TIMEOUT, group_id_for
 from shardwire.worker.collectives.group import Group
-from shardwire.worker.collectives.ops import ReduceOp
+from shardwire.worker.collectives.roster import DEFAULT_TIMEOUT, group_id_for
 from shardwire.worker.collectives.work import Pending, Work
+from shardwire.worker.kernels.reduce import ReduceOp
 
 __all__ = [
     "DEFAULT_TIMEOUT",

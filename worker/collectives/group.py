@@ -1,39 +1,108 @@
-"""The collectives, as methods of :class:`Group` (torch-like names).
+"""A group of ranks that runs collectives: validation, sequence numbers, deadlines,
+poisoning, the flight recorder, and :class:`Pending`/:class:`Work` handles.
 
-Each method validates its arguments, names the call by a *signature* (op, dtype, sizes,
-reduction, root), and returns a :class:`Pending` call: ``await`` it for the result, or
-``.start()`` it for a :class:`Work` handle. The algorithm is picked by
-:func:`~shardwire.worker.collectives.plan.choose`; the tag scheme is written down there.
-The reductions and the large-payload movements live here, the rest in ``movement``.
+Each method checks its arguments and builds a frozen op descriptor
+(``collectives.requests``, ``backends.ops``) that the group hands to its *backend*,
+chosen once from the roster (``collectives.roster``): links, the node arena, or tiers
+over nodes. The backend decides the algorithm (a ``Decision``, shown by the flight
+recorder, the trace and :attr:`Pending.decision`) and moves the bytes.
+
+Every call gets the next sequence number of its group when it is made, so calls made in
+the same order on every rank line up even when they run concurrently. A call that fails
+(timeout, mismatch, cancellation, dead peer) poisons the group: the error is relayed to
+the other members, and every later call raises it (``collectives.calls``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
-from shardwire.protocol.errors import InvalidArgument
-from shardwire.worker.arena import programs
-from shardwire.worker.collectives import bruck, ring, small
-from shardwire.worker.collectives.args import dtype_name, flat, out_array, sizes_text
-from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.core import group_id_for
-from shardwire.worker.collectives.layout import bounds, offsets
-from shardwire.worker.collectives.leaders import Leaders
-from shardwire.worker.collectives.movement import Movement
-from shardwire.worker.collectives.ops import ReduceOp, check_op, finish
-from shardwire.worker.collectives.plan import GATHER_STEP, Algorithm
-from shardwire.worker.collectives.tiers import Runner, Tiers
-from shardwire.worker.collectives.work import Pending
+from shardwire.protocol import TransportClosed
+from shardwire.worker.backends.base import Backend
+from shardwire.worker.backends.call import Call
+from shardwire.worker.backends.ops import Barrier, Op
+from shardwire.worker.collectives import p2p, requests, roster
+from shardwire.worker.collectives.calls import Calls
+from shardwire.worker.collectives.roster import DEFAULT_TIMEOUT
+from shardwire.worker.collectives.work import Pending, Work
+from shardwire.worker.kernels.reduce import ReduceOp
+from shardwire.worker.kernels.scratch import ScratchPool
+from shardwire.worker.observe import trace
+from shardwire.worker.observe.flight import FlightRecorder
+from shardwire.worker.observe.split import Split
+from shardwire.worker.transport.base import Transport
+
+T = TypeVar("T")
 
 
-class Group(Movement):
-    """Collectives over a set of ranks. See :class:`GroupCore` for failure semantics."""
+class Group:
+    """Collectives over a set of ranks: ``ranks`` are its members' global ranks, this
+    process is group rank ``rank`` of ``size``.
+
+    ``backend`` asks for one backend (``links``, ``arena`` or ``tiered``) instead of the
+    one the roster picks; ``algorithms`` pins the links backend's algorithm per op
+    (``{"all_reduce": "ring"}``). Every member must ask alike (it is part of every
+    call's signature, so members that differ fail as a mismatch).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        ranks: Sequence[int] | None = None,
+        *,
+        group_id: int = 0,
+        timeout: float = DEFAULT_TIMEOUT,
+        recorder: FlightRecorder | None = None,
+        backend: str | None = None,
+        algorithms: Mapping[str, str] | None = None,
+    ):
+        members = roster.members(transport, ranks, group_id)
+        self.transport = transport
+        self.ranks = members
+        self.rank = members.index(transport.rank)
+        self.size = len(members)
+        self.group_id = group_id
+        self.timeout = timeout
+        self.choice = roster.Choice.of(backend, algorithms)
+        # the call of the parent group that this subgroup's calls are phases of, if any:
+        # part of their signatures, so a mismatch names the calls the user made
+        self.within = ""
+        self._seq = 0
+        self._works: set[Work] = set()
+        self.pool = ScratchPool()  # scratch buffers its calls reuse (hits, misses)
+        self._children: list[Group] = []  # subgroups this group created and closes
+        self._closed = False
+        self._backend: Backend | None = None
+        self._calls = Calls(self)
+        # Recent calls of this group and its subgroups, for hang diagnosis.
+        self.recorder = recorder or FlightRecorder()
+        transport.groups.add(self)  # unique per transport while the group lives
+
+    # ---- the backend, subgroups, lifecycle ---------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        """How this group's calls move their bytes, chosen from the roster on first use
+        (links until the transport knows which node every rank is on)."""
+        backend = self._backend
+        if backend is None:
+            backend, known = roster.backend_for(self)
+            if known:
+                self._backend = backend
+        return backend
 
     def new_group(
-        self, ranks: Sequence[int], *, name: str = "", timeout: float | None = None
+        self,
+        ranks: Sequence[int],
+        *,
+        name: str = "",
+        timeout: float | None = None,
+        backend: str | None = None,
+        algorithms: Mapping[str, str] | None = None,
     ) -> Group:
         """A subgroup; only its members call this. ``name`` tells apart groups with the
         same members. Each group has its own tag space, so groups run concurrently.
@@ -41,14 +110,8 @@ class Group(Movement):
         Asking again for a group that is still open (same members and name) returns that
         group. This group owns the subgroup: :meth:`aclose` closes it too."""
         global_ranks = [self.ranks[r] for r in ranks]
-        group_id = group_id_for(global_ranks, name)
-        live = self.transport.groups.get(group_id)
+        group_id, live = roster.open_group(self.transport, global_ranks, name, Group)
         if live is not None:
-            if not isinstance(live, Group) or list(live.ranks) != global_ranks:
-                raise InvalidArgument(
-                    f"group id {group_id} of ranks {global_ranks} (name {name!r}) collides "
-                    f"with open group {list(live.ranks)}; use another name"
-                )
             return live
         group = Group(
             self.transport,
@@ -56,27 +119,130 @@ class Group(Movement):
             group_id=group_id,
             timeout=self.timeout if timeout is None else timeout,
             recorder=self.recorder,
+            backend=backend,
+            algorithms=algorithms,
         )
-        self._adopt(group)
+        self._children.append(group)
         return group
 
     @property
-    def tiers(self) -> Tiers | Leaders | None:
-        """The subgroups of a group laid out over several nodes: lanes when every node
-        holds the same number of ranks (``collectives.tiers``), else node leaders
-        (``collectives.leaders``); None for a group on one node."""
-        layout = self.layout
-        if self._tiers is None and layout is not None:
-            even = len({len(ranks) for ranks in layout}) == 1
-            self._tiers = Tiers(self, layout) if even else Leaders(self, layout)
-        return self._tiers
+    def error(self) -> BaseException | None:
+        """The error that poisoned this group, if any."""
+        return self._calls.error
 
-    def _tiered(self, timeout: float | None) -> tuple[Tiers | Leaders | None, Runner | None, float]:
-        """(tiers, their runner for a call made now, its time limit), tiers None when the
-        group is flat."""
-        tiers = self.tiers
+    @property
+    def expiring(self) -> BaseException | None:
+        """The error of the parent call whose deadline cancels this subgroup's calls."""
+        return self._calls.expiring
+
+    @expiring.setter
+    def expiring(self, error: BaseException | None) -> None:
+        self._calls.expiring = error
+
+    def failed_now(self) -> BaseException | None:
+        """The error this group failed with, or that a peer ended a call under way with."""
+        return self._calls.failed_now()
+
+    def silent_now(self) -> list[int]:
+        """Global ranks the calls under way are waiting for."""
+        return self._calls.silent_now()
+
+    def fail(self, error: BaseException) -> None:
+        """Poison this group with ``error`` from outside its calls (a call of a group it
+        works with failed): its members are told, and its backend woken."""
+        self._calls.poison(error)
+        if self._backend is not None and self._calls.error is not None:
+            self._backend.poison(self._calls.error)
+
+    def transport_aborted(self, error: BaseException) -> None:
+        """The transport under this group was poisoned: wake its backend."""
+        if self._backend is not None:
+            self._backend.poison(error)
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> Work[T]:
+        """Run ``coro`` (a sequence of this group's calls) in the background, owned by
+        the group like a started call: :meth:`aclose` cancels it."""
+        task = asyncio.ensure_future(coro)
+        work = Work(task)
+        self._works.add(work)
+        task.add_done_callback(lambda _t: self._works.discard(work))
+        return work
+
+    async def aclose(self) -> None:
+        """Close the subgroups this group created, then cancel and await every collective
+        still running on it; later calls raise. Safe to call again, also after a close
+        that was itself cancelled (which propagates; the calls' own errors end here)."""
+        self._closed = True
+        for child in self._children:
+            await child.aclose()
+        works = list(self._works)
+        for work in works:
+            work.cancel()
+        await asyncio.gather(*(work.ended() for work in works))
+        if self._backend is not None:
+            self._backend.close()
+        self._calls.deadlines.close()
+        self.pool.clear()
+        self.transport.groups.remove(self)
+
+    # ---- making a call -----------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._closed:
+            raise TransportClosed(f"group {self.group_id} (ranks {list(self.ranks)}) is closed")
+        calls = self._calls
+        if calls.error is None:
+            calls.error = self.transport.group_error(self.group_id)
+        if calls.error is not None:
+            raise calls.error
+        if self.transport.error is not None:
+            raise self.transport.error
+
+    def _start(self, op: Op, timeout: float | None) -> Pending[Any]:
+        """Number the call, let the backend decide and place it, and return its handle."""
+        self._check()
+        self._seq += 1
+        seq = self._seq
+        backend = self.backend
+        decision = backend.decide(op)
+        signature = op.signature + self.choice.mark(op.kind)
+        if op.signs_decision:
+            signature = f"{signature}:{decision.algorithm}"
+        if self.within:
+            signature = f"{signature} in {self.within}"
         limit = self.timeout if timeout is None else timeout
-        return tiers, (tiers.reserve() if tiers is not None else None), limit
+        split = None
+        if trace.current() is not None:  # traced: where time goes
+            split = Split()
+            split.algorithm = decision.algorithm
+        start = self.recorder.clock()
+        if backend.express(op, seq, signature, limit, split):
+            self.recorder.ended(
+                group=self.group_id,
+                ranks=self.ranks,
+                op=op.kind,
+                seq=seq,
+                nbytes=op.nbytes,
+                start=start,
+                split=split,
+                path=decision.backend,
+            )
+            return Pending(self, None, value=op.result, decision=decision)
+        call = Call(
+            self.transport,
+            self.ranks,
+            self.rank,
+            self.group_id,
+            seq,
+            signature,
+            self.pool,
+            split=split,
+        )
+        launch = backend.launch(op, call, decision, limit)
+        run = self._calls.run(
+            call, launch.run, limit, op.nbytes, decision=decision, backend=backend
+        )
+        return Pending(self, run, launch.hurry, decision=decision)
 
     # ---- reductions --------------------------------------------------------------------
 
@@ -89,31 +255,7 @@ class Group(Movement):
         timeout: float | None = None,
     ) -> Pending[np.ndarray]:
         """Reduce ``x`` over the group; in place unless ``out`` is given. Returns it."""
-        op = op if type(op) is ReduceOp else ReduceOp(op)
-        check_op(op, x.dtype)
-        target = x if out is None else out_array(out, x.shape, x.dtype)
-        buf = flat(target, "x" if out is None else "out")
-        if out is not None:
-            np.copyto(target, x)
-        signature = f"all_reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}"
-        tiers, run, limit = self._tiered(timeout)
-
-        async def algorithm(c: Call) -> np.ndarray:
-            if tiers is not None and run is not None:
-                await run(c, lambda: tiers.all_reduce(c, buf, op, limit))
-                return target
-            how = c.choose("all_reduce", buf.nbytes)
-            if how == Algorithm.DOUBLING:
-                await small.all_reduce_doubling(c, buf, op)
-                finish(op, buf, c.size)
-            elif how == Algorithm.RING:
-                await ring.all_reduce(c, buf, op)
-            elif how == Algorithm.BRUCK:
-                await bruck.all_reduce(c, buf, op)
-            return target
-
-        plan = (lambda ctx: programs.all_reduce(ctx, buf, op, self.size), target)
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
+        return self._start(requests.all_reduce(x, op, out), timeout)
 
     def reduce_scatter(
         self,
@@ -125,57 +267,9 @@ class Group(Movement):
         timeout: float | None = None,
     ) -> Pending[np.ndarray]:
         """Reduce ``x`` (all chunks) over the group; rank r gets chunk r of axis 0.
-
-        Chunks are equal (``len(x)`` divisible by the group size) or ``sizes``.
-        """
-        op = op if type(op) is ReduceOp else ReduceOp(op)
-        check_op(op, x.dtype)
-        sizes = self._split(len(x) if x.ndim else 0, sizes, "reduce_scatter input")
-        row = math.prod(x.shape[1:])
-        segs = [(a * row, b * row) for a, b in offsets(sizes)]
-        src = flat(x, "x")
-        result = out_array(out, (sizes[self.rank], *x.shape[1:]), x.dtype)
-        signature = (
-            f"reduce_scatter:{dtype_name(x.dtype)}:{list(x.shape)}:{sizes_text(sizes)}:{op.value}"
-        )
-
-        tiers, run, limit = self._tiered(timeout)
-
-        async def algorithm(c: Call) -> np.ndarray:
-            if tiers is not None and run is not None:
-                await run(
-                    c,
-                    lambda: tiers.reduce_scatter(
-                        c, src, segs, result.reshape(-1), op=op, limit=limit
-                    ),
-                )
-                return result
-            a, b = segs[c.rank]
-            how = c.choose("reduce_scatter", x.nbytes)
-            if how == Algorithm.DIRECT:
-                parts = [src[s:e] for s, e in segs]
-                peers = [p for p in range(c.size) if p != c.rank]
-                got = await small.exchange(c, {p: parts[p] for p in peers}, dict.fromkeys(peers))
-                acc = result.reshape(-1)
-                np.copyto(acc, got[0] if c.rank else parts[0])
-                for p in range(1, c.size):
-                    c.combine(op, acc, got[p] if p != c.rank else parts[p], out=acc)
-            elif how in (Algorithm.RING, Algorithm.BRUCK):
-                acc = c.scratch(src.size, src.dtype)
-                scatter = ring.reduce_scatter if how == Algorithm.RING else bruck.reduce_scatter
-                await scatter(c, src, acc, segs, op)
-                np.copyto(result.reshape(-1), acc[a:b])
-            else:
-                np.copyto(result.reshape(-1), src[a:b])
-            finish(op, result, c.size)
-            return result
-
-        flat_result = result.reshape(-1)
-        plan = (
-            lambda ctx: programs.reduce_scatter(ctx, src, flat_result, segs, op, count=self.size),
-            result,
-        )
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
+        Chunks are equal (``len(x)`` divisible by the group size) or ``sizes``."""
+        request = requests.reduce_scatter(x, op, sizes, out, size=self.size, rank=self.rank)
+        return self._start(request, timeout)
 
     def reduce(
         self,
@@ -188,38 +282,7 @@ class Group(Movement):
     ) -> Pending[np.ndarray | None]:
         """Reduce ``x`` onto ``root``: root returns the result (in ``x`` unless ``out``);
         the others return None and keep ``x`` unchanged."""
-        op = op if type(op) is ReduceOp else ReduceOp(op)
-        check_op(op, x.dtype)
-        self._check_root(root)
-        src = flat(x, "x")
-        target = x if out is None else out_array(out, x.shape, x.dtype)
-        signature = f"reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}:{root}"
-
-        async def algorithm(c: Call) -> np.ndarray | None:
-            how = c.choose("reduce", x.nbytes)
-            if how == Algorithm.TREE:
-                work = src.copy()
-                await small.reduce_tree(c, work, op, root)
-            elif how == Algorithm.RING:
-                segs = bounds(src.size, c.size)
-                acc = c.scratch(src.size, src.dtype)
-                await ring.reduce_scatter(c, src, acc, segs, op)
-                a, b = segs[c.rank]
-                if c.rank == root:
-                    incoming = {p: acc[s:e] for p, (s, e) in enumerate(segs)}
-                    await small.exchange(c, {}, incoming, step=GATHER_STEP)
-                else:
-                    await c.send(root, acc[a:b], GATHER_STEP)
-                work = acc
-            else:
-                work = src.copy()
-            if c.rank != root:
-                return None
-            finish(op, work, c.size)
-            np.copyto(target.reshape(-1), work)
-            return target
-
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes)
+        return self._start(requests.reduce(x, op, root, out, self.size), timeout)
 
     # ---- data movement -----------------------------------------------------------------
 
@@ -231,67 +294,105 @@ class Group(Movement):
         out: np.ndarray | None = None,
         timeout: float | None = None,
     ) -> Pending[np.ndarray]:
-        """Concatenate every rank's ``x`` along axis 0 (rank order).
-
-        First dimensions are equal, or given for every rank in ``sizes``.
-        """
-        local = len(x) if x.ndim else 1
-        x2 = x.reshape(1) if x.ndim == 0 else x
-        sizes = [local] * self.size if sizes is None else list(sizes)
-        if len(sizes) != self.size or sizes[self.rank] != local:
-            raise InvalidArgument(
-                f"sizes {sizes} must list {self.size} first dimensions, this rank's being {local}"
-            )
-        row = math.prod(x2.shape[1:])
-        segs = [(a * row, b * row) for a, b in offsets(sizes)]
-        result = out_array(out, (sum(sizes), *x2.shape[1:]), x.dtype)
-        buf = flat(result, "out")
-        a, b = segs[self.rank]
-        src = flat(x2, "x")  # read while the call runs, like every collective's input
-        signature = f"all_gather:{dtype_name(x.dtype)}:{list(x2.shape[1:])}:{sizes_text(sizes)}"
-
-        tiers, run, limit = self._tiered(timeout)
-
-        async def algorithm(c: Call) -> np.ndarray:
-            np.copyto(buf[a:b], src)
-            if tiers is not None and run is not None:
-                await run(c, lambda: tiers.all_gather(c, buf, segs, limit))
-                return result
-            how = c.choose("all_gather", buf.nbytes)
-            if how == Algorithm.DIRECT:
-                mine = buf[a:b]
-                incoming = {p: buf[s:e] for p, (s, e) in enumerate(segs)}
-                await small.exchange(c, dict.fromkeys(range(c.size), mine), incoming)
-            elif how == Algorithm.RING:
-                await ring.all_gather(c, buf, segs)
-            elif how == Algorithm.BRUCK:
-                await bruck.all_gather(c, buf, segs)
-            return result
-
-        parts = [buf[s:e] for s, e in segs]
-        plan = (lambda ctx: programs.all_gather(ctx, parts, src), result)
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
+        """Concatenate every rank's ``x`` along axis 0 (rank order). First dimensions
+        are equal, or given for every rank in ``sizes``."""
+        return self._start(requests.all_gather(x, sizes, out, self.size, self.rank), timeout)
 
     def broadcast(
         self, x: np.ndarray, *, root: int = 0, timeout: float | None = None
     ) -> Pending[np.ndarray]:
         """Overwrite ``x`` on every rank with root's ``x`` (same shape and dtype)."""
-        self._check_root(root)
-        buf = flat(x, "x")
-        signature = f"broadcast:{dtype_name(x.dtype)}:{list(x.shape)}:{root}"
+        return self._start(requests.broadcast(x, root, self.size), timeout)
 
-        tiers, run, limit = self._tiered(timeout)
+    def gather(
+        self,
+        x: np.ndarray,
+        *,
+        root: int = 0,
+        sizes: Sequence[int] | None = None,
+        out: np.ndarray | None = None,
+        timeout: float | None = None,
+    ) -> Pending[np.ndarray | None]:
+        """Concatenate every rank's ``x`` along axis 0 on ``root`` (others get None)."""
+        request = requests.gather(x, root, sizes, out, size=self.size, rank=self.rank)
+        return self._start(request, timeout)
 
-        async def algorithm(c: Call) -> np.ndarray:
-            if tiers is not None and run is not None:
-                await run(c, lambda: tiers.broadcast(buf, root, limit))
-                return x
-            how = c.choose("broadcast", x.nbytes, crowded=self.transport.topology.crowded)
-            if how == Algorithm.TREE:
-                await small.broadcast_tree(c, buf, root)
-            elif how == Algorithm.CHAIN:
-                await ring.broadcast_chain(c, buf, root)
-            return x
+    def scatter(
+        self,
+        x: np.ndarray | None,
+        *,
+        root: int = 0,
+        sizes: Sequence[int] | None = None,
+        out: np.ndarray | None = None,
+        timeout: float | None = None,
+    ) -> Pending[np.ndarray]:
+        """Root splits ``x`` along axis 0 (equal chunks or ``sizes``); rank r gets chunk r.
+        Non-roots pass ``None`` (or an ``out`` array of their chunk's shape)."""
+        request = requests.scatter(x, root, sizes, out, size=self.size, rank=self.rank)
+        return self._start(request, timeout)
 
-        plan = (lambda ctx: programs.broadcast(ctx, buf, root), x)
-        return self._start(signature, algorithm, timeout=timeout, nbytes=x.nbytes, arena=plan)
+    def all_to_all(
+        self,
+        x: np.ndarray,
+        *,
+        send_splits: Sequence[int] | None = None,
+        recv_splits: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> Pending[np.ndarray]:
+        """Send part p of ``x`` (axis 0, equal or ``send_splits``) to rank p; return the
+        parts received, concatenated in rank order (into a buffer of ``recv_splits``
+        rows each, when given).
+
+        Above 8 ranks a call without ``recv_splits`` runs Bruck's algorithm: each rank
+        talks to about log2 n others and a block crosses about log2(n)/2 links, which
+        suits small blocks (counts, metadata). With ``recv_splits`` every block goes
+        straight to its rank, as large exchanges should. Every rank of a call must give
+        ``recv_splits`` or none must."""
+        request = requests.all_to_all(x, send_splits, recv_splits, self.size)
+        return self._start(request, timeout)
+
+    def barrier(self, *, timeout: float | None = None) -> Pending[None]:
+        """Return once every member has entered the barrier."""
+        return self._start(_BARRIER, timeout)
+
+    def broadcast_object(
+        self, obj: Any = None, *, root: int = 0, timeout: float | None = None
+    ) -> Pending[Any]:
+        """Root's small msgpack-able value, on every rank."""
+        return self._start(requests.objects(obj, "broadcast", root, self.size, self.rank), timeout)
+
+    def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> Pending[list[Any]]:
+        """Every rank's small msgpack-able value, as a list in rank order."""
+        return self._start(requests.objects(obj, "all", 0, self.size, self.rank), timeout)
+
+    def gather_object(
+        self, obj: Any, *, root: int = 0, timeout: float | None = None
+    ) -> Pending[list[Any] | None]:
+        """Every rank's small msgpack-able value, as a list in rank order on ``root``
+        (None elsewhere): the bytes grow with the group, not with its square; above 8
+        ranks they go up a binomial tree, so each rank talks to about log2 n others."""
+        return self._start(requests.objects(obj, "gather", root, self.size, self.rank), timeout)
+
+    # ---- point to point ----------------------------------------------------------------
+
+    def send(
+        self, x: np.ndarray, dst: int, *, tag: int = 0, timeout: float | None = None
+    ) -> Pending[None]:
+        """Send ``x`` to group rank ``dst``; ends when ``x`` may be reused."""
+        return p2p.send(self, x, dst, tag, self.timeout if timeout is None else timeout)
+
+    def recv(
+        self, src: int, *, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None
+    ) -> Pending[np.ndarray]:
+        """Receive the next message with ``tag`` from group rank ``src``."""
+        return p2p.recv(self, src, tag, out, self.timeout if timeout is None else timeout)
+
+    def recv_any(
+        self, *, tag: int = 0, out: np.ndarray | None = None, timeout: float | None = None
+    ) -> Pending[tuple[int, np.ndarray]]:
+        """Receive the next message with ``tag`` from any rank of the group: (its group
+        rank, the array). A receive naming its source is served first."""
+        return p2p.recv_any(self, tag, out, self.timeout if timeout is None else timeout)
+
+
+_BARRIER = Barrier()

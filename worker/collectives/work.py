@@ -8,10 +8,11 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from shardwire.protocol.errors import InvalidState
-from shardwire.worker.collectives.waits import WAITS, waited
+from shardwire.worker.observe.waits import WAITS, waited
 
 if TYPE_CHECKING:
-    from shardwire.worker.collectives.core import GroupCore
+    from shardwire.worker.backends.base import Decision
+    from shardwire.worker.collectives.group import Group
 
 T = TypeVar("T")
 
@@ -56,16 +57,18 @@ class Pending(Generic[T]):
     get a :class:`Work`; one or the other, once.
     """
 
-    __slots__ = ("_coro", "_group", "_on_start", "_taken", "_value")
+    __slots__ = ("_coro", "_group", "_on_start", "_taken", "_value", "decision")
 
     def __init__(
         self,
-        group: GroupCore,
+        group: Group,
         coro: Coroutine[Any, Any, T] | None,
         on_start: Callable[[], None] | None = None,
         value: Any = None,
+        decision: Decision | None = None,
     ):
         self._group = group
+        self.decision = decision  # how a collective runs (None: a point-to-point message)
         self._coro = coro  # None: the call already ended, with ``value``
         self._value = value
         self._taken = False

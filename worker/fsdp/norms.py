@@ -4,7 +4,7 @@ Each rank sums the squares of its gradient shards, separately for the parameters
 tensor-parallel layer splits (``PARTITIONED`` in ``nn.parallel``) and for the others,
 entry by entry of each unit's flat layout; the sums are completed over the shard group
 (shards are disjoint there, and copies across HYBRID_SHARD's replicas) and then over
-tensor and pipeline parallelism (:func:`~shardwire.worker.mesh.global_norm`).
+tensor and pipeline parallelism (:func:`~shardwire.worker.parallelism.global_norm`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardwire.worker.fsdp.strategy import Strategy
-from shardwire.worker.mesh import clip_scale, global_norm
 from shardwire.worker.nn.parallel import partitioned
+from shardwire.worker.parallelism import clip_scale, global_norm
 
 if TYPE_CHECKING:
     from shardwire.worker.fsdp.wrapper import FSDP

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardwire.worker.collectives import Group, Work
-from shardwire.worker.collectives.layout import bounds
 from shardwire.worker.fsdp import reshard, store
 from shardwire.worker.fsdp.store import CheckpointError
 from shardwire.worker.fsdp.unit import Unit
+from shardwire.worker.kernels.segments import bounds
 from shardwire.worker.nn.parallel import Partition, partitions
 
 if TYPE_CHECKING:

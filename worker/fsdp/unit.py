@@ -30,7 +30,7 @@ from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp.flat import FlatLayout
 from shardwire.worker.fsdp.offload import Offload, UnitSpill
 from shardwire.worker.fsdp.strategy import Strategy
-from shardwire.worker.runtime.trace import span
+from shardwire.worker.observe.trace import span
 
 _IN_MEMORY = Offload(params=False, grads=False, optimizer=False)
 

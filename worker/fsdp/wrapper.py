@@ -44,11 +44,11 @@ from shardwire.worker.fsdp.persist import Checkpointer, Resumed
 from shardwire.worker.fsdp.reducer import Reducer
 from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.fsdp.unit import Unit, UnitState
-from shardwire.worker.mesh import Mesh
 from shardwire.worker.nn.module import Module
+from shardwire.worker.observe.trace import span
 from shardwire.worker.optim.optimizers import Optimizer
+from shardwire.worker.parallelism import Mesh
 from shardwire.worker.runtime.loop import LoopBridge
-from shardwire.worker.runtime.trace import span
 
 
 class FSDPError(ShardwireError, RuntimeError):
@@ -106,7 +106,7 @@ class FSDP:
         cls, model: Module, group: Group | Mesh, *, optimizer: Optimizer, **options: Any
     ) -> FSDP:
         """Check that every rank wraps the same model, then shard it over ``group`` (or a
-        :class:`~shardwire.worker.mesh.Mesh`'s data-parallel group ``dp``).
+        :class:`~shardwire.worker.parallelism.Mesh`'s data-parallel group ``dp``).
 
         ``options`` are the fields of :class:`FSDPConfig` (strategy, policy, prefetch,
         prefetch_depth, prefetch_bytes, shard_size, mixed_precision, bucket_bytes,

@@ -30,7 +30,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "bench": ("shardwire.worker.bench", "time collectives or rendezvous, beside baselines"),
     "plot": ("shardwire.worker.launcher.plot", "draw a run directory's loss and throughput"),
     "health": ("shardwire.worker.launcher.health", "exit 0 if a coordinator is healthy"),
-    "trace": ("shardwire.worker.runtime.trace", "merge a traced job's timelines into one file"),
+    "trace": ("shardwire.worker.observe.trace", "merge a traced job's timelines into one file"),
     "kubernetes": (
         "shardwire.worker.launcher.kubernetes",
         "render Kubernetes manifests for a job of N nodes",

@@ -38,8 +38,7 @@ from numpy.typing import DTypeLike
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group
-from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.mesh import Mesh
+from shardwire.worker.kernels.segments import bounds
 from shardwire.worker.nn.attention import CausalSelfAttention
 from shardwire.worker.nn.layers import (
     GELU,
@@ -51,6 +50,7 @@ from shardwire.worker.nn.layers import (
 )
 from shardwire.worker.nn.module import Module, Sequential
 from shardwire.worker.nn.transformer import Block
+from shardwire.worker.parallelism import Mesh
 from shardwire.worker.runtime.loop import LoopBridge
 
 
@@ -118,7 +118,7 @@ class Partition:
 class ColumnParallelLinear(Module):
     """y = x W^T + b with the output features split over ``group`` (see the module).
 
-    ``group`` is the tensor-parallel group, or a :class:`~shardwire.worker.mesh.Mesh`
+    ``group`` is the tensor-parallel group, or a :class:`~shardwire.worker.parallelism.Mesh`
     (its ``tp``); the same for the other layers here.
 
     ``gather_output``: return every output feature (all-gather) instead of this rank's.

@@ -35,10 +35,10 @@ import numpy as np
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group
-from shardwire.worker.mesh import Mesh, clip_scale, global_norm
 from shardwire.worker.nn import schedules
 from shardwire.worker.nn.module import Module
 from shardwire.worker.nn.parallel import partitioned
+from shardwire.worker.parallelism import Mesh, clip_scale, global_norm
 
 Loss = Callable[[np.ndarray, np.ndarray], tuple[float, np.ndarray]]
 
@@ -110,7 +110,7 @@ class PipelineStage:
     one micro-batch; scale it for the whole batch, as for gradient accumulation).
     ``data_parallel``: the ranks running this same stage for other slices of the batch
     (pipeline x data parallel); each step ends by summing the stage's gradients over them.
-    ``group`` may be a :class:`~shardwire.worker.mesh.Mesh`: its ``pp`` holds the stages,
+    ``group`` may be a :class:`~shardwire.worker.parallelism.Mesh`: its ``pp`` holds the stages,
     its ``dp`` is ``data_parallel``, and clipping counts its tensor-parallel slices.
     ``module`` may be an FSDP object over ``group``'s mesh (one chunk): the stage is then
     sharded over the data-parallel ranks (see the module).

@@ -36,10 +36,10 @@ from shardwire.protocol import Token
 from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
 from shardwire.protocol.messages import Abort, Diagnosis, Heartbeat, Join
 from shardwire.protocol.placement import Member, Placement
+from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.runtime import stacks
 from shardwire.worker.runtime.beats import BeatRelay
 from shardwire.worker.runtime.control import ControlClient
-from shardwire.worker.runtime.flight import FlightRecorder
 
 T = TypeVar("T")
 log = logging.getLogger("shardwire.worker")

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shardwire.protocol import ShardwireError
-from shardwire.worker.collectives.waits import WAITS
-from shardwire.worker.group import ProcessGroup
+from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.observe.waits import WAITS
 
 _MAX_SIBLINGS = 10_000
 PROGRESS_EVERY_S = 1.0  # live progress between logged steps, at most this often

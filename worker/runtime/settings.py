@@ -14,8 +14,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, fiel
 from shardwire.protocol import InvalidArgument, ShardwireError, Token
 from shardwire.protocol.auth import is_loopback, load_token
 from shardwire.protocol.ports import port_range
-from shardwire.worker.arena.settings import DEFAULT_SLOT_BYTES
 from shardwire.worker.runtime.tls import TlsFiles
+from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES
 
 # What every launcher (shardwire's, torchrun, a scheduler's wrapper) sets; a process with
 # none of them was started by hand and has no job to join.
@@ -311,7 +311,7 @@ class WorkerConfig:
             to the coordinator.
         trace: a directory for this rank's timeline (``rank-R.json``, Chrome's
             trace-event format) and, from rank 0, the merged ``job.json``; None: no
-            timeline (see ``shardwire.worker.runtime.trace``).
+            timeline (see ``shardwire.worker.observe.trace``).
     """
 
     coordinator: tuple[str, int]

@@ -17,22 +17,71 @@ layout (:class:`~shardwire.worker.transport.place.Topology`).
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from shardwire.protocol import Tag, TransportClosed
+from shardwire.protocol import ShardwireError, Tag, TransportClosed
 from shardwire.protocol.errors import InvalidState
 from shardwire.worker.transport.groups import OpenGroups
-from shardwire.worker.transport.mailbox import Fold
 from shardwire.worker.transport.place import Place, Topology
-from shardwire.worker.transport.receive import Receive
 from shardwire.worker.transport.traffic import TransportStats
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_MAX_EARLY_BYTES = 1 << 30
 
-__all__ = ["DEFAULT_MAX_EARLY_BYTES", "DEFAULT_TIMEOUT", "Transport", "TransportStats"]
+__all__ = [
+    "DEFAULT_MAX_EARLY_BYTES",
+    "DEFAULT_TIMEOUT",
+    "Fold",
+    "Receive",
+    "Transport",
+    "TransportStats",
+    "TransportTimeout",
+]
+
+# A receive's reduction: fold(piece, at) combines ``piece`` (elements ``at`` onwards of
+# the message, flat) into the receiver's accumulator. Transports call it once with the
+# whole message, or piece by piece straight from where the bytes arrived (shared memory).
+Fold = Callable[[np.ndarray, int], None]
+
+
+class TransportTimeout(ShardwireError, TimeoutError):
+    """A send or receive did not complete within its timeout."""
+
+
+class Receive(abc.ABC):
+    """A posted receive (from :meth:`Transport.irecv`): ``wait()`` returns the array.
+
+    Attributes:
+        src: the global rank it receives from; tag: its tag; op: its call's signature.
+        received: set once ``wait()`` returned the array.
+        awaited_at: when ``wait()`` suspended for it (0: the payload was already here).
+    """
+
+    __slots__ = ()
+    src: int
+    tag: Tag
+    op: str
+    received: bool
+    awaited_at: float
+
+    @property
+    @abc.abstractmethod
+    def began(self) -> float:
+        """When the payload began to arrive, if after it was posted (else 0)."""
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether the payload is here (or the receive failed)."""
+
+    @abc.abstractmethod
+    async def wait(self) -> np.ndarray:
+        """The received array; raises on timeout, mismatch or a failed peer."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None:
+        """Withdraw the receive if its payload has not started arriving."""
 
 
 class Transport(abc.ABC):

@@ -35,6 +35,7 @@ from shardwire.protocol import MessageMismatch, Tag, TensorMeta, check_dtype
 from shardwire.protocol.codec import unpack_object
 from shardwire.protocol.errors import ProtocolError, relayed_error
 from shardwire.protocol.messages import Poison, decode_message
+from shardwire.worker.transport.base import Fold
 
 Key = tuple[int, Tag]
 Call = tuple[int, int]  # (group, seq)
@@ -73,12 +74,6 @@ class Inbound:
         """Whether pieces may go straight to the receive's fold (no copy into ``array``)."""
         p = self.posted
         return p is not None and p.fold is not None and self.error is None and not self.drop
-
-
-# A receive's reduction: fold(piece, at) combines ``piece`` (elements ``at`` onwards of
-# the message, flat) into the receiver's accumulator. Transports call it once with the
-# whole message, or piece by piece straight from where the bytes arrived (shared memory).
-Fold = Callable[[np.ndarray, int], None]
 
 
 def byte_view(array: np.ndarray) -> memoryview:

@@ -40,7 +40,7 @@ from shardwire.protocol.decoder import StagePool
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import Error, Failure, Hello, Leave
 from shardwire.protocol.placement import Placement
-from shardwire.worker.arena.settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
+from shardwire.worker.transport.arena_settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.framing import HANG_UP_GRACE, Refused, open_connection
 from shardwire.worker.transport.idle import IdleCloser

@@ -22,11 +22,16 @@ import numpy as np
 
 from shardwire.protocol import Tag, TensorMeta, TransportClosed, check_dtype
 from shardwire.protocol.errors import InvalidArgument, InvalidState
-from shardwire.worker.transport.base import DEFAULT_MAX_EARLY_BYTES, DEFAULT_TIMEOUT, Transport
-from shardwire.worker.transport.mailbox import Fold, Mailbox
+from shardwire.worker.transport.base import (
+    DEFAULT_MAX_EARLY_BYTES,
+    DEFAULT_TIMEOUT,
+    Fold,
+    Transport,
+)
+from shardwire.worker.transport.mailbox import Mailbox
 from shardwire.worker.transport.place import Place
 from shardwire.worker.transport.poll import BusyPoll
-from shardwire.worker.transport.receive import Receive, TransportTimeout
+from shardwire.worker.transport.receive import MailboxReceive, TransportTimeout
 from shardwire.worker.transport.relay import Relay
 
 log = logging.getLogger("shardwire.worker")
@@ -105,7 +110,7 @@ class MailboxTransport(Transport):
         out: np.ndarray | None = None,
         timeout: float | None = None,
         fold: Fold | None = None,
-    ) -> Receive:
+    ) -> MailboxReceive:
         self.check_usable()
         self._check_peer(src)
         if out is not None:
@@ -123,7 +128,7 @@ class MailboxTransport(Transport):
                 self._posted(src)
         limit = self.timeout if timeout is None else timeout
         nbytes = 0 if out is None else out.nbytes
-        return Receive(self, src, tag, op, posted, limit=limit, nbytes=nbytes)
+        return MailboxReceive(self, src, tag, op, posted, limit=limit, nbytes=nbytes)
 
     async def recv_any(
         self,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardwire.worker.arena.settings import ArenaSettings
+    from shardwire.worker.transport.arena_settings import ArenaSettings
 
 
 class NodeMap(Sequence[int]):

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardwire.protocol import ShardwireError, Tag
+from shardwire.protocol import Tag
+from shardwire.worker.transport.base import Receive, TransportTimeout
 from shardwire.worker.transport.mailbox import Posted
 from shardwire.worker.transport.poll import POLL_MAX_BYTES
 
@@ -19,12 +20,11 @@ if TYPE_CHECKING:
     from shardwire.worker.transport.messaging import MailboxTransport
 
 
-class TransportTimeout(ShardwireError, TimeoutError):
-    """A send or receive did not complete within its timeout."""
+__all__ = ["MailboxReceive", "TransportTimeout"]
 
 
-class Receive:
-    """A posted receive (from :meth:`Transport.irecv`)."""
+class MailboxReceive(Receive):
+    """A receive posted in the mailbox of a :class:`MailboxTransport`."""
 
     __slots__ = (
         "_posted",

@@ -32,7 +32,7 @@ from collections import deque
 from pathlib import Path
 
 from shardwire.protocol import ProtocolError
-from shardwire.worker.arena.region import (
+from shardwire.worker.transport.shmfiles import (
     SHM_DIR,
     attach_mapped,
     create_mapped,

@@ -16,10 +16,11 @@ import pytest
 
 from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, PeerFailed
 from shardwire.worker.arena.board import Board
-from shardwire.worker.arena.gate import GateState
-from shardwire.worker.arena.region import Geometry, Region, run_prefix, segment_names
+from shardwire.worker.arena.region import Geometry, Region
+from shardwire.worker.backends.arena import EXPRESS_BYTES
+from shardwire.worker.backends.gate import GateState
 from shardwire.worker.collectives import Group, ReduceOp
-from shardwire.worker.collectives.core import EXPRESS_BYTES
+from shardwire.worker.transport.shmfiles import run_prefix, segment_names
 from tests.worker.collectives.worlds import groups_over, on_all
 from tests.worker.transport.fabric import tcp_world
 
@@ -79,8 +80,8 @@ async def test_collectives_run_on_the_arena_and_match_numpy_across_chunks(n: int
         ragged = [np.full(s, float(r)) for r, s in enumerate(sizes)]
         gathered = await on_all(groups, lambda g: g.all_gather(ragged[g.rank], sizes=sizes))
         np.testing.assert_array_equal(gathered[0], np.concatenate(ragged))
-        engine = groups[0].gate.arena.engine
-        assert groups[0].gate.state is GateState.OPEN
+        engine = groups[0].backend.gate.arena.engine
+        assert groups[0].backend.gate.state is GateState.OPEN
         assert engine.inline_runs + engine.thread_runs >= 5 * 5 + 2
         assert segment_names("test") == []  # the name went once every rank had attached
         assert len(mapped()) == n  # one region, mapped once by each rank
@@ -115,8 +116,10 @@ async def test_groups_spanning_nodes_have_no_arena_of_their_own_node_groups_do()
         assert all(o.tolist() == [10.0] * 5 for o in out)
         out = await on_all(halves, lambda g: g.all_reduce(np.full(5, 1.0 + g.transport.rank)))
         assert [o[0] for o in out] == [3.0, 3.0, 7.0, 7.0]
-        assert world[0].gate is None
-        assert all(h.gate is not None and h.gate.state is GateState.OPEN for h in halves)
+        assert world[0].backend.name == "tiered"  # over two nodes: no arena of its own
+        assert all(
+            h.backend.gate is not None and h.backend.gate.state is GateState.OPEN for h in halves
+        )
         for g in world:
             await g.aclose()
 
@@ -127,7 +130,7 @@ async def test_a_region_that_cannot_be_made_is_one_warning_and_tcp_for_all(caplo
         xs = _inputs(3, 1000)
         got = await on_all(groups, lambda g: g.all_reduce(xs[g.rank].copy()))
         np.testing.assert_array_equal(got[2], sum(xs))
-        assert all(g.gate.state is GateState.UNAVAILABLE for g in groups)
+        assert all(g.backend.gate.state is GateState.UNAVAILABLE for g in groups)
         got = await on_all(groups, lambda g: g.all_gather(xs[g.rank]))  # still on TCP
         np.testing.assert_array_equal(got[1], np.concatenate(xs))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -140,7 +143,7 @@ async def test_a_failed_peer_wakes_a_sleeping_waiter_at_once() -> None:
     async with arena_groups(2, timeout=60) as groups:
         await on_all(groups, lambda g: g.barrier())  # opened
         waiting = groups[0].all_reduce(np.ones(4)).start()  # rank 1 never joins
-        engine = groups[0].gate.arena.engine
+        engine = groups[0].backend.gate.arena.engine
         for _ in range(3):  # the call's task runs, finds rank 1 absent, hands over
             await asyncio.sleep(0)
         assert engine.driver == "thread"  # whose spin is 50 us: then it sleeps on the futex
@@ -193,7 +196,7 @@ def test_a_rank_that_never_made_the_call_is_absent(tmp_path) -> None:
 async def test_a_started_call_runs_on_the_arena_thread_while_the_loop_computes() -> None:
     async with arena_groups(2) as groups:
         await on_all(groups, lambda g: g.barrier())  # the arena is open
-        engines = [g.gate.arena.engine for g in groups]
+        engines = [g.backend.gate.arena.engine for g in groups]
         before = [e.thread_runs for e in engines]
         # larger than an express call: a started call that size overlaps the loop's compute
         count = EXPRESS_BYTES // 8 + 1000

@@ -16,10 +16,10 @@ from shardwire.worker.arena.board import DONE, READY, Board
 from shardwire.worker.arena.engine import Engine
 from shardwire.worker.arena.programs import Need
 from shardwire.worker.arena.region import Geometry, Region
-from shardwire.worker.arena.settings import CROWDED_NAP
+from shardwire.worker.backends.arena import EXPRESS_BYTES
 from shardwire.worker.collectives import Group
-from shardwire.worker.collectives.core import EXPRESS_BYTES
 from shardwire.worker.transport import mesh as mesh_module
+from shardwire.worker.transport.arena_settings import CROWDED_NAP
 from tests.worker.arena.test_arena import arena_groups
 from tests.worker.collectives.worlds import on_all
 
@@ -31,7 +31,7 @@ async def _opened(groups: list[Group]) -> None:
 async def test_a_small_call_whose_peers_are_there_ends_before_it_is_awaited() -> None:
     async with arena_groups(2) as groups:
         await _opened(groups)
-        engines = [g.gate.arena.engine for g in groups]
+        engines = [g.backend.gate.arena.engine for g in groups]
         xs = [np.full(256, g.rank + 1.0) for g in groups]
         # rank 0 is first: its peer has not made the call, so the engine's thread takes it
         first = groups[0].all_reduce(xs[0])
@@ -94,7 +94,7 @@ async def test_only_a_crowded_node_lets_express_calls_nap(cpus: int, monkeypatch
         for g in groups:
             settings = g.transport.topology.arena
             assert settings is not None and settings.nap == (CROWDED_NAP if cpus == 1 else 0.0)
-            assert g.gate.arena.engine.nap == settings.nap
+            assert g.backend.gate.arena.engine.nap == settings.nap
 
 
 @pytest.mark.parametrize("nap", [0.0, 30.0])
@@ -134,8 +134,8 @@ async def test_a_large_call_awaited_when_its_peers_are_there_ends_where_it_is_aw
     count = EXPRESS_BYTES // 8 + 1000  # too large to run when made: it runs when awaited
     async with arena_groups(2) as groups:
         await _opened(groups)
-        engines = [g.gate.arena.engine for g in groups]
-        board = groups[1].gate.arena.board
+        engines = [g.backend.gate.arena.engine for g in groups]
+        board = groups[1].backend.gate.arena.board
         ready = board.value(0, READY)
         first = groups[0].all_gather(np.full(count, 1.0)).start()  # the thread runs it
         deadline = time.monotonic() + 30

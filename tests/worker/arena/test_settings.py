@@ -28,7 +28,7 @@ async def _opened(transport: str, slot: int) -> list[int | None]:
             async with init(config) as pg:
                 out = await pg.all_reduce(np.full(8, i + 1.0))
                 assert out.tolist() == [3.0] * 8
-                gate = pg.gate
+                gate = getattr(pg.backend, "gate", None)
                 return gate.arena.region.geometry.slot_bytes if gate and gate.arena else None
 
         return list(await asyncio.wait_for(asyncio.gather(worker(0), worker(1)), 60))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwire.worker.collectives import ReduceOp, ring
+from shardwire.worker.backends import ring
+from shardwire.worker.collectives import ReduceOp
 from shardwire.worker.transport import mailbox
 
 from .worlds import group_world, on_all

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.protocol import TransportClosed
+from shardwire.protocol import CollectiveMismatch, TransportClosed
 from shardwire.worker.collectives import Group
 
 from .worlds import KINDS, group_world, on_all
@@ -85,17 +85,27 @@ async def test_a_call_is_awaited_or_started_once(kind: str) -> None:
             await calls[0]
 
 
-async def test_the_algorithm_is_the_one_choose_names(kind: str, monkeypatch) -> None:
-    from shardwire.worker.collectives import call as call_module
-
-    asked: list[tuple[str, int, int]] = []
-
-    def forced(op: str, nbytes: int, size: int, *, nodes: bool = False, crowded=False) -> str:
-        asked.append((op, nbytes, size))
-        return "ring"  # even for a payload the thresholds call small
-
-    monkeypatch.setattr(call_module, "choose", forced)
+async def test_a_group_runs_the_algorithm_it_pins(kind: str) -> None:
     async with group_world(_messages(kind), 3) as groups:
-        out = await on_all(groups, lambda g: g.all_reduce(np.full(10, g.rank + 1.0)))
+        pinned = [
+            g.new_group(range(3), name="pinned", algorithms={"all_reduce": "ring"}) for g in groups
+        ]
+        calls = [g.all_reduce(np.full(10, g.rank + 1.0)) for g in pinned]
+        assert {str(c.decision) for c in calls} == {"links/ring"}  # the thresholds say doubling
+        out = await asyncio.gather(*calls)
+        plain = [g.all_reduce(np.full(10, g.rank + 1.0)) for g in groups]
+        assert {str(c.decision) for c in plain} == {"links/doubling"}
+        await asyncio.gather(*plain)
     assert all(o.tolist() == [6.0] * 10 for o in out)
-    assert asked[0] == ("all_reduce", 80, 3)
+
+
+async def test_members_that_pin_differently_fail_as_a_mismatch(kind: str) -> None:
+    async with group_world(_messages(kind), 2) as groups:
+        pins = [{"all_reduce": "ring"}, {}]
+        pinned = [
+            g.new_group(range(2), name="p", timeout=30.0, algorithms=pins[g.rank]) for g in groups
+        ]
+        results = await asyncio.gather(
+            *(g.all_reduce(np.ones(4)) for g in pinned), return_exceptions=True
+        )
+    assert all(isinstance(r, CollectiveMismatch) for r in results), results

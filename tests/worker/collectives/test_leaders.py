@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import CollectiveMismatch, CollectiveTimeout
+from shardwire.worker.backends.leaders import Leaders
 from shardwire.worker.collectives import Group, ReduceOp
-from shardwire.worker.collectives.leaders import Leaders
 
 from .test_nodes import across, checked_all_reduces, node_world
 from .test_oracle import check, data, oracle
@@ -50,7 +50,7 @@ async def _open(groups: list[Group]) -> None:
 async def test_all_reduce_goes_through_the_leaders(name: str) -> None:
     nodes = LAYOUTS[name]
     async with node_world(nodes) as (groups, sent):
-        assert all(isinstance(g.tiers, Leaders) for g in groups)
+        assert all(isinstance(g.backend, Leaders) for g in groups)
         await _open(groups)
         cases = [("float32", ReduceOp.SUM), ("float64", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
         async for _first in checked_all_reduces(name, groups, sent, cases, COUNT):

@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from shardwire.worker.collectives import Group, ReduceOp
-from shardwire.worker.collectives.layout import node_layout
-from shardwire.worker.collectives.plan import choose
+from shardwire.worker.collectives import Group, ReduceOp, requests
+from shardwire.worker.kernels.segments import node_layout
 from tests.worker.transport.fabric import tcp_world
 
 from .test_oracle import check, data, oracle
@@ -80,10 +79,29 @@ def test_layout_needs_several_nodes_and_one_with_company() -> None:
     assert node_layout(["a", "a", "a"]) is None  # one node
     assert node_layout(["a", "b", "c"]) is None  # one rank per node
     assert node_layout(["a", "a", "b"]) == [[0, 1], [2]]  # uneven: through the leaders
-    for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
-        assert choose(op, 4, 4, nodes=True) == "tiers"
-        assert choose(op, 1 << 30, 4, nodes=True) == "tiers"
-    assert choose("reduce", 1 << 30, 4, nodes=True) == "ring"
+
+
+async def test_a_group_over_nodes_decides_tiers_for_four_ops_and_links_for_the_rest() -> None:
+    async with node_world(LAYOUTS["2x2"]) as (groups, _sent):
+        x = np.ones(1 << 18, np.float32)
+        for g in groups:
+            assert g.backend.name == "tiered"
+        g = groups[0]
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+            for n in (4, 1 << 18):
+                assert str(g.backend.decide(_descriptor(op, x[:n], g))) == "tiered/tiers"
+        reduce = requests.reduce(x, "sum", 0, None, 4)
+        assert str(g.backend.decide(reduce)) == "links/ring"
+
+
+def _descriptor(op: str, x: np.ndarray, g) -> object:
+    if op == "all_reduce":
+        return requests.all_reduce(x, "sum", None)
+    if op == "all_gather":
+        return requests.all_gather(x, None, None, g.size, g.rank)
+    if op == "reduce_scatter":
+        return requests.reduce_scatter(x, "sum", None, None, size=g.size, rank=g.rank)
+    return requests.broadcast(x, 0, g.size)
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -92,7 +110,7 @@ async def test_all_reduce_crosses_nodes_once_per_lane(name: str) -> None:
     n, k = len(nodes), len(set(nodes))
     local = n // k
     async with node_world(nodes) as (groups, sent):
-        assert groups[0].layout is not None and len(groups[0].layout) == k
+        assert len(groups[0].backend.layout) == k
         cases = [("float32", ReduceOp.SUM), ("float32", ReduceOp.AVG), ("int64", ReduceOp.MAX)]
         async for first in checked_all_reduces(name, groups, sent, cases, COUNT):
             nbytes = first.nbytes
@@ -153,10 +171,10 @@ async def test_each_node_moves_its_share_through_its_arena() -> None:
         for r, got in enumerate(outs):
             check(got, oracle(inputs, ReduceOp.SUM), f"rank {r}")
         for g in groups:
-            assert g.tiers is not None
-            gate = g.tiers.local.gate
+            assert g.backend.name == "tiered"
+            gate = g.backend.local.backend.gate
             assert gate is not None and gate.arena is not None, "the node phases left the arena"
-            assert g.tiers.across.gate is None  # lanes cross nodes: TCP
+            assert g.backend.across.backend.name == "links"  # lanes cross nodes: TCP
         for r in range(4):  # nothing moved by message inside a node
             assert all(nodes[dst] != nodes[r] for dst, _ in sent[r])
 

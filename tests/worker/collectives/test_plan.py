@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from shardwire.worker.collectives.plan import ALL_REDUCE_SMALL, EXCHANGE_SMALL, choose
+import pytest
+
+from shardwire.protocol.errors import InvalidArgument
+from shardwire.worker.backends.plan import ALL_REDUCE_SMALL, EXCHANGE_SMALL, choose
+from shardwire.worker.collectives import roster
 
 
 def test_thresholds() -> None:
@@ -19,5 +23,13 @@ def test_thresholds() -> None:
 def test_a_crowded_node_broadcasts_by_tree() -> None:
     assert choose("broadcast", 64 << 20, 4, crowded=True) == "tree"
     assert choose("broadcast", 64 << 20, 4, crowded=False) == "chain"
-    assert choose("broadcast", 64 << 20, 4, nodes=True, crowded=True) == "tiers"
     assert choose("all_reduce", 64 << 20, 4, crowded=True) == "ring"
+
+
+def test_a_pin_the_links_backend_cannot_run_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="all_reduce runs by one of bruck, doubling, ring"):
+        roster.Choice.of(None, {"all_reduce": "chain"})
+    with pytest.raises(InvalidArgument, match="'all_to_all' has no algorithm to pin"):
+        roster.Choice.of(None, {"all_to_all": "bruck"})
+    with pytest.raises(InvalidArgument, match="backend must be one of links, arena, tiered"):
+        roster.Choice.of("gloo", None)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardwire.worker.backends.plan import choose
 from shardwire.worker.collectives import Group, ReduceOp
-from shardwire.worker.collectives.plan import choose
 from shardwire.worker.transport import MemoryHub
 
 from .test_oracle import check, data, gather_and_scatter, oracle, valid_ops

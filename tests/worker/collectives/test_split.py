@@ -9,9 +9,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.worker.collectives.split import Split
-from shardwire.worker.runtime import trace
-from shardwire.worker.runtime.flight import split_ms
+from shardwire.worker.observe import trace
+from shardwire.worker.observe.flight import split_ms
+from shardwire.worker.observe.split import Split
 
 from .worlds import group_world, on_all
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwire.worker.collectives.waits import WAITS, Waits
+from shardwire.worker.observe.waits import WAITS, Waits
 
 from .worlds import KINDS, group_world, on_all
 

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.worker.collectives.layout import bounds
+from shardwire.worker.kernels.segments import bounds
 from shardwire.worker.nn import Block, Linear, ReLU, Sequential
 from shardwire.worker.nn.parallel import ColumnParallelLinear, ParallelBlock, RowParallelLinear
 from tests.worker.collectives.worlds import KINDS, group_world

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import CollectiveTimeout
-from shardwire.worker.runtime.flight import FlightRecorder
+from shardwire.worker.observe.flight import FlightRecorder
 from tests.worker.collectives.worlds import group_world
 
 

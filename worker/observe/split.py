@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from shardwire.worker.collectives.ops import ReduceOp, combine
+from shardwire.worker.kernels.reduce import ReduceOp, combine
 
 
 class Split:
@@ -45,7 +45,7 @@ class Split:
         return self.wait_s + _union(self._intervals)
 
     def combine(self, op: ReduceOp, first: np.ndarray, second: np.ndarray, out: np.ndarray) -> None:
-        """:func:`~shardwire.worker.collectives.ops.combine`, timed."""
+        """:func:`~shardwire.worker.kernels.reduce.combine`, timed."""
         start = time.perf_counter()
         combine(op, first, second, out)
         self.reduce_s += time.perf_counter() - start

@@ -1,8 +1,8 @@
 """Hierarchical collectives for a group laid out over several nodes: each node's ranks
 work through their node arena, and only the *lanes* cross between nodes.
 
-With L ranks on each of k nodes (see :func:`~.layout.node_layout`; nodes of different
-sizes go through their leaders instead, see ``collectives.leaders``), the lane of a rank
+With L ranks on each of k nodes (``kernels.segments.node_layout``; nodes of different
+sizes go through their leaders instead, see ``backends.leaders``), the lane of a rank
 is its index j among its node's ranks; the ranks of lane j, one per node, form a
 cross-node subgroup. Every byte crosses between nodes once per phase, on all L lanes
 at once; the rest happens inside the nodes, where the node subgroup runs its calls on
@@ -18,46 +18,99 @@ the arena (or over its own links when the node has no arena):
 
 Both subgroups are made from the member lists alone (no messages), by every rank for
 the subgroups it belongs to. A group's hierarchical calls run one after another in call
-order (:meth:`Tiers.reserve`), so their subgroup calls are made in the same order on
+order (:meth:`TieredBackend.reserve`), so their subgroup calls are made in the same order on
 every rank however the caller awaits them. A subgroup call that fails poisons the whole
 group, so every member fails the same way.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from shardwire.protocol import ShardwireError
-from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.layout import bounds
-from shardwire.worker.collectives.ops import ReduceOp, finish
-
-if TYPE_CHECKING:
-    from shardwire.worker.collectives.group import Group
+from shardwire.worker.backends.base import Backend, Decision, Launch, Subgroup
+from shardwire.worker.backends.call import Call
+from shardwire.worker.backends.flat import LinksBackend
+from shardwire.worker.backends.ops import AllGather, AllReduce, Broadcast, Op, ReduceScatter
+from shardwire.worker.backends.plan import Algorithm
+from shardwire.worker.kernels.reduce import ReduceOp, finish
+from shardwire.worker.kernels.segments import bounds
 
 Segments = list[tuple[int, int]]
 # Runs one call's phases in the call's place in the group's order.
 Runner = Callable[[Call, Callable[[], Awaitable[None]]], Awaitable[None]]
+# Makes (or returns the open) subgroup of the given group ranks, by name.
+NewGroup = Callable[[list[int], str], Subgroup]
+_TIERED = Decision("tiered", Algorithm.TIERS)
 
 
-class Phases:
-    """The subgroups of a group laid out over nodes, and the order of its hierarchical
-    calls: the node's group (``local``) and the group this rank crosses nodes in
-    (``across``; None for a rank that does not cross)."""
+class TieredBackend(Backend):
+    """A group laid out over nodes: the node's group (``local``) and the group this rank
+    crosses nodes in (``across``; None for a rank that does not cross), and the order
+    of the group's tiered calls. The other ops run over the group's own links."""
 
-    def __init__(self, group: Group, layout: list[list[int]]) -> None:
-        self.group = group
+    __slots__ = ("_tail", "across", "index", "layout", "links", "local", "node", "on_failure")
+    name = "tiered"
+
+    def __init__(
+        self,
+        links: LinksBackend,
+        layout: list[list[int]],
+        *,
+        rank: int,
+        new_group: NewGroup,
+        group_id: int,
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        self.links = links
         self.layout = layout
+        self.on_failure = on_failure  # poisons the group these phases belong to
         self.node, self.index = next(
-            (n, ranks.index(group.rank)) for n, ranks in enumerate(layout) if group.rank in ranks
+            (n, ranks.index(rank)) for n, ranks in enumerate(layout) if rank in ranks
         )
-        self.local = group.new_group(layout[self.node], name=f"~node:{group.group_id}")
-        self.across: Group | None = None
+        self.local = new_group(layout[self.node], f"~node:{group_id}")
+        self.across: Subgroup | None = self._across(new_group, group_id)
         self._tail: asyncio.Future[None] | None = None
+
+    @abc.abstractmethod
+    def _across(self, new_group: NewGroup, group_id: int) -> Subgroup | None:
+        """The group this rank crosses nodes in (None: it does not cross)."""
+
+    def decide(self, op: Op) -> Decision:
+        return _TIERED if type(op) in _PHASED else self.links.decide(op)
+
+    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
+        if decision is not _TIERED:
+            return self.links.launch(op, call, decision, limit)
+        run = self.reserve()
+        phases = self._phases(op, call, limit)
+
+        async def tiered(c: Call) -> Any:
+            await run(c, phases)
+            return op.result
+
+        return Launch(tiered)
+
+    def _phases(self, op: Op, c: Call, limit: float) -> Callable[[], Awaitable[None]]:
+        if isinstance(op, AllReduce):
+            return lambda: self.all_reduce(c, op.buf, op.op, limit)
+        if isinstance(op, ReduceScatter):
+            return lambda: self.reduce_scatter(c, op.src, op.segs, op.out, op=op.op, limit=limit)
+        if isinstance(op, AllGather):
+
+            async def gather() -> None:
+                a, b = op.segs[c.rank]
+                np.copyto(op.buf[a:b], op.src)
+                await self.all_gather(c, op.buf, op.segs, limit)
+
+            return gather
+        assert isinstance(op, Broadcast)
+        return lambda: self.broadcast(op.buf, op.root, limit)
 
     def reserve(self) -> Runner:
         """Take the next place in the call order (when the call is made); returns how to
@@ -75,8 +128,9 @@ class Phases:
                     c.split.composed = True
                 await phases()
             except (ShardwireError, OSError) as exc:  # tell the node and the whole group
-                for group in (*self.subgroups(), self.group):
+                for group in self.subgroups():
                     group.fail(exc)
+                self.on_failure(exc)
                 raise
             finally:
                 if not mine.done():
@@ -84,21 +138,57 @@ class Phases:
 
         return run
 
-    def subgroups(self) -> list[Group]:
+    def subgroups(self) -> Sequence[Subgroup]:
         """The subgroups this rank's phases run in (the group's deadline asks them who
         its phases wait for)."""
         return [self.local] if self.across is None else [self.local, self.across]
 
+    @abc.abstractmethod
+    async def all_reduce(self, c: Call, buf: np.ndarray, op: ReduceOp, limit: float) -> None:
+        """``buf`` becomes its reduction over the group."""
 
-class Tiers(Phases):
+    @abc.abstractmethod
+    async def reduce_scatter(
+        self,
+        c: Call,
+        src: np.ndarray,
+        segs: Segments,
+        out: np.ndarray,
+        *,
+        op: ReduceOp,
+        limit: float,
+    ) -> None:
+        """``out`` (flat) gets segment ``segs[rank]`` of ``src`` reduced over the group."""
+
+    @abc.abstractmethod
+    async def all_gather(self, c: Call, buf: np.ndarray, segs: Segments, limit: float) -> None:
+        """Every ``buf[segs[r]]`` gets rank r's part (this rank filled its own)."""
+
+    @abc.abstractmethod
+    async def broadcast(self, buf: np.ndarray, root: int, limit: float) -> None:
+        """``buf`` becomes the root's on every rank."""
+
+
+_PHASED = frozenset({AllReduce, ReduceScatter, AllGather, Broadcast})
+
+
+class Lanes(TieredBackend):
     """Every node holds the same number of ranks: each lane crosses between nodes."""
 
-    def __init__(self, group: Group, layout: list[list[int]]) -> None:
-        super().__init__(group, layout)
-        self.lane = self.index
-        lane = [ranks[self.lane] for ranks in layout]
-        self.lanes = group.new_group(lane, name=f"~lane{self.lane}:{group.group_id}")
-        self.across = self.lanes
+    __slots__ = ()
+
+    def _across(self, new_group: NewGroup, group_id: int) -> Subgroup:
+        lane = [ranks[self.index] for ranks in self.layout]
+        return new_group(lane, f"~lane{self.index}:{group_id}")
+
+    @property
+    def lane(self) -> int:
+        return self.index
+
+    @property
+    def lanes(self) -> Subgroup:
+        assert self.across is not None
+        return self.across
 
     # ---- the four collectives --------------------------------------------------------
 

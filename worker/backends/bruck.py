@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.layout import bounds, offsets, paired
-from shardwire.worker.collectives.ops import ReduceOp, finish
+from shardwire.worker.backends.call import Call
+from shardwire.worker.kernels.reduce import ReduceOp, finish
+from shardwire.worker.kernels.segments import bounds, offsets, paired
 
 _AG_STEP = 1 << 20  # all_gather's message steps from here (reduce_scatter's from 0)
 

@@ -23,12 +23,11 @@ import asyncio
 
 import numpy as np
 
-from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.layout import bounds, pipeline_depth, sub
-from shardwire.worker.collectives.ops import ReduceOp, finish
-from shardwire.worker.collectives.plan import GATHER_STEP
-from shardwire.worker.transport.mailbox import Fold
-from shardwire.worker.transport.receive import Receive
+from shardwire.worker.backends.call import Call
+from shardwire.worker.backends.plan import GATHER_STEP
+from shardwire.worker.kernels.reduce import ReduceOp, finish
+from shardwire.worker.kernels.segments import bounds, pipeline_depth, sub
+from shardwire.worker.transport.base import Fold, Receive
 
 # Chunk size and lane count, from `shardwire bench collectives` on 2 cores over loopback:
 # 1 MiB chunks and up to 4 lanes gave the best 16-256 MiB all_reduce (smaller chunks

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 from shardwire.protocol.messages import CollectiveRecord
 from shardwire.protocol.ranks import to_runs
-from shardwire.worker.runtime import trace
+from shardwire.worker.observe import trace
 
 if TYPE_CHECKING:
-    from shardwire.worker.collectives.split import Split
+    from shardwire.worker.observe.split import Split
 
 CAPACITY = 32  # recent collectives kept per rank
 SHOWN = 16  # the newest ones a diagnosis carries
@@ -53,7 +53,7 @@ class _Entry:
     nbytes: int
     start: float
     pending: Pending | None  # asked on the event loop only
-    path: str = ""  # "arena" or "links" (peer connections and pair segments)
+    path: str = ""  # the backend that ran it: links, arena or tiered
     end: float | None = None
     outcome: str = "running"
     silent: tuple[int, ...] = ()  # not heard from, as of the end
@@ -99,11 +99,12 @@ class FlightRecorder:
         nbytes: int,
         start: float,
         split: Split | None = None,
+        path: str = "",
     ) -> None:
         """Record a collective that started at ``start`` and ended ``ok`` just now (one
         entry, one lock: the cost of a call that ran to its end at once)."""
         now = self._clock()
-        entry = _Entry(group, ranks, op, seq, nbytes, start, None, "arena", now, "ok", (), split)
+        entry = _Entry(group, ranks, op, seq, nbytes, start, None, path, now, "ok", (), split)
         with self._lock:
             self._ring.append(entry)
             self._done.append((group, len(ranks), seq, round((now - start) * 1e6)))

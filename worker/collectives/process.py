@@ -7,7 +7,7 @@ from collections.abc import Callable
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.messages import Heartbeat
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
-from shardwire.worker.runtime.flight import FlightRecorder
+from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport
 
 

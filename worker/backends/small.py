@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.layout import largest_power_of_two, paired
-from shardwire.worker.collectives.ops import ReduceOp
+from shardwire.worker.backends.call import Call
+from shardwire.worker.kernels.reduce import ReduceOp
+from shardwire.worker.kernels.segments import largest_power_of_two, paired
 
 _EMPTY = np.zeros(0, np.uint8)
 

@@ -3,7 +3,7 @@
 Calls are queued with the arena when they are *made* (not when awaited), so the arena
 runs them in the group's call order however the caller awaits them. Calls made while
 the arena is being opened wait in the gate; when it opens they are handed over in
-order, and if it cannot open each of them runs its TCP algorithm instead.
+order, and if it cannot open each of them runs on the group's links instead.
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from shardwire.protocol import ShardwireError
-from shardwire.worker.arena.arena import ArenaSettings, NodeArena, open_arena
 from shardwire.worker.arena.engine import Job
+from shardwire.worker.arena.node import NodeArena
 from shardwire.worker.arena.programs import Context, Program
-from shardwire.worker.collectives.split import Split
+from shardwire.worker.backends.call import Call
+from shardwire.worker.backends.opening import open_arena
+from shardwire.worker.observe.split import Split
+from shardwire.worker.transport.arena_settings import ArenaSettings
+from shardwire.worker.transport.traffic import TransportStats
 
 # The engine's own deadline trails the group's, which cancels the call first and names
 # the silent ranks; the engine's only stops a thread nobody waits for any more.
@@ -69,7 +73,7 @@ class Gate:
         settings: ArenaSettings,
         spawn: Callable[[Coroutine[Any, Any, None]], Any],
         what: str,
-        stats: Any,
+        stats: TransportStats,
     ) -> None:
         self.settings = settings
         self._stats = stats  # the transport's TransportStats: arena bytes count there too
@@ -81,7 +85,7 @@ class Gate:
         self._opening: Any = None  # the Work of the opening exchange
         self._failure: BaseException | None = None  # why opening failed
 
-    def enqueue(self, call: Any, build: Callable[[Context], Program], limit: float) -> Ticket:
+    def enqueue(self, call: Call, build: Callable[[Context], Program], limit: float) -> Ticket:
         """Place ``call`` (just made) in the arena's order."""
         ticket = Ticket(build, call.seq, call.signature, limit, call.split)
         if self.state is GateState.OPEN:
@@ -160,7 +164,7 @@ class Gate:
                 self.arena.count(self._stats)
         return True
 
-    async def _open(self, call: Any) -> None:
+    async def _open(self, call: Call) -> None:
         try:
             arena = await open_arena(call, self.settings, self._what)
         except BaseException as exc:  # kept for the calls that wait: nobody may await this

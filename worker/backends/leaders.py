@@ -2,7 +2,7 @@
 each node's first rank, its *leader*, crosses between nodes; everything else happens
 inside the node, through its arena.
 
-Lanes (``collectives.tiers``) need the same number of ranks on every node. Here one
+Lanes (``backends.tiered``) need the same number of ranks on every node. Here one
 cross-node subgroup, the leaders, carries each byte between nodes as often as the
 lanes would; the node phases move more bytes than the lanes' do, but through shared
 memory. Every rank of a node makes the same node calls in the same order; only the
@@ -21,26 +21,23 @@ leaders make the cross-node ones.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from shardwire.worker.collectives.call import Call
-from shardwire.worker.collectives.ops import ReduceOp, finish
-from shardwire.worker.collectives.tiers import Phases, Segments
-
-if TYPE_CHECKING:
-    from shardwire.worker.collectives.group import Group
+from shardwire.worker.backends.base import Subgroup
+from shardwire.worker.backends.call import Call
+from shardwire.worker.backends.tiered import NewGroup, Segments, TieredBackend
+from shardwire.worker.kernels.reduce import ReduceOp, finish
 
 
-class Leaders(Phases):
+class Leaders(TieredBackend):
     """The node and leader subgroups of a group over nodes of different sizes."""
 
-    def __init__(self, group: Group, layout: list[list[int]]) -> None:
-        super().__init__(group, layout)
-        if self.index == 0:
-            leaders = [ranks[0] for ranks in layout]
-            self.across = group.new_group(leaders, name=f"~leaders:{group.group_id}")
+    __slots__ = ()
+
+    def _across(self, new_group: NewGroup, group_id: int) -> Subgroup | None:
+        if self.index != 0:
+            return None
+        return new_group([ranks[0] for ranks in self.layout], f"~leaders:{group_id}")
 
     def _leader_scratch(self, c: Call, src: np.ndarray) -> np.ndarray:
         """Scratch for the node's reduction of ``src`` (empty except on the leader)."""

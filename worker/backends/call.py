@@ -10,13 +10,10 @@ from typing import Any
 import numpy as np
 
 from shardwire.protocol import Tag
-from shardwire.worker.collectives.ops import ReduceOp
-from shardwire.worker.collectives.plan import Algorithm, choose
-from shardwire.worker.collectives.scratch import ScratchPool
-from shardwire.worker.collectives.split import Split, reduce_with
-from shardwire.worker.transport.base import Transport
-from shardwire.worker.transport.mailbox import Fold
-from shardwire.worker.transport.receive import Receive
+from shardwire.worker.kernels.reduce import ReduceOp
+from shardwire.worker.kernels.scratch import ScratchPool
+from shardwire.worker.observe.split import Split, reduce_with
+from shardwire.worker.transport.base import Fold, Receive, Transport
 
 # No transport-level timer: the call's own deadline (the group timeout) bounds every
 # wait and turns into CollectiveTimeout with the ranks not heard from. One timer per call
@@ -101,17 +98,9 @@ class Call:
         return receive
 
     def combine(self, op: ReduceOp, first: np.ndarray, second: np.ndarray, *, out: np.ndarray):
-        """``out = first (op) second`` (:func:`~shardwire.worker.collectives.ops.combine`),
+        """``out = first (op) second`` (:func:`~shardwire.worker.kernels.reduce.combine`),
         timed when the job is traced."""
         reduce_with(self.split, op, first, second, out)
-
-    def choose(self, op: str, nbytes: int, *, crowded: bool = False) -> Algorithm:
-        """The algorithm this call uses (:func:`~shardwire.worker.collectives.plan.choose`),
-        noted in its split when the job is traced."""
-        how = choose(op, nbytes, self.size, crowded=crowded)
-        if self.split is not None:
-            self.split.algorithm = how
-        return how
 
     def waits(self) -> None:
         """Add the time this call's receives waited for their payloads to its split."""

@@ -2,8 +2,9 @@
 
 Algorithms
 ----------
-:func:`choose` is the one place that picks an algorithm from the op, the payload size
-and the group size; the collectives dispatch on its answer and the benchmark reports it.
+:func:`choose` is where the links backend (``backends.flat``) picks an algorithm from the
+op, the payload size and the group size; its :class:`~.base.Decision` goes with the call
+to the flight recorder, the trace and the benchmarks.
 Up to the thresholds below the latency-optimal algorithms win. Measured with
 `shardwire bench collectives` on 2 cores over loopback: all_reduce by recursive doubling vs
 ring at 2 ranks: 256 KiB 230 vs 365 us, 512 KiB 359 vs 433 us, 1 MiB 1636 vs 641 us; at
@@ -11,7 +12,7 @@ ring at 2 ranks: 256 KiB 230 vs 365 us, 512 KiB 359 vs 433 us, 1 MiB 1636 vs 641
 beat the ring for all_gather / reduce_scatter up to 1 MiB.
 
 A group whose ranks sit on several nodes, the same number (two or more) on each, runs
-all_reduce, all_gather, reduce_scatter and broadcast in tiers (``collectives.tiers``):
+all_reduce, all_gather, reduce_scatter and broadcast in tiers (``backends.tiered``):
 inside each node through the node's subgroup (its arena), across nodes only on lanes,
 at every size.
 
@@ -50,7 +51,7 @@ GATHER_STEP = 1 << 30
 # Scale: a direct exchange connects a rank to every other, so only small groups use it;
 # a ring moves nbytes/size per hop in 2(size - 1) hops, so it is used only while a hop
 # carries at least RING_MIN_HOP bytes. Otherwise the logarithmic algorithms of
-# ``collectives.bruck`` run (ceil(log2 n) rounds, peers at distances 2^k). At 8 ranks
+# ``backends.bruck`` run (ceil(log2 n) rounds, peers at distances 2^k). At 8 ranks
 # and below nothing changed: the ring's hops there are at least 64 KiB above the
 # small-size thresholds.
 DIRECT_MAX = 8
@@ -60,34 +61,30 @@ RING_MIN_HOP = 64 * 1024
 # them know, and a block's size is not that (it differs from rank to rank). A block
 # crosses about log2(n)/2 links, so large exchanges should pass recv_splits, which sends
 # every block straight to its rank.
-TIERED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
 
 class Algorithm(enum.StrEnum):
     """What :func:`choose` answers (its value is the name traces and benchmarks show)."""
 
     LOCAL = "local"  # a group of one: nothing moves
-    TIERS = "tiers"  # a group over several nodes: node phases (``collectives.tiers``)
-    DOUBLING = "doubling"  # recursive doubling (``collectives.small``)
-    TREE = "tree"  # a binomial tree (``collectives.small``)
+    TIERS = "tiers"  # a group over several nodes: node phases (``backends.tiered``)
+    DOUBLING = "doubling"  # recursive doubling (``backends.small``)
+    TREE = "tree"  # a binomial tree (``backends.small``)
     DIRECT = "direct"  # every rank to every rank at once
-    RING = "ring"  # ``collectives.ring``
-    BRUCK = "bruck"  # logarithmic rounds (``collectives.bruck``)
-    CHAIN = "chain"  # a pipelined chain (broadcast, ``collectives.ring``)
+    RING = "ring"  # ``backends.ring``
+    BRUCK = "bruck"  # logarithmic rounds (``backends.bruck``)
+    CHAIN = "chain"  # a pipelined chain (broadcast, ``backends.ring``)
+    DISSEMINATION = "dissemination"  # barrier rounds of empty messages (``backends.small``)
+    ARENA = "arena"  # the node arena's program of the op (``arena.programs``)
 
 
-def choose(
-    op: str, nbytes: int, size: int, *, nodes: bool = False, crowded: bool = False
-) -> Algorithm:
-    """The algorithm a call of ``op`` moving ``nbytes`` (the whole buffer) uses in a group
-    of ``size``: local, doubling, ring, bruck, direct, tree or chain; tiers for the four
-    ops that a group laid out over several nodes (``nodes``) runs hierarchically
-    (``collectives.tiers``). ``crowded``: this node runs more ranks than it has CPUs
-    (see CROWDED_BROADCAST)."""
+def choose(op: str, nbytes: int, size: int, *, crowded: bool = False) -> Algorithm:
+    """The algorithm the links backend runs a call of ``op`` moving ``nbytes`` (the whole
+    buffer) by, in a group of ``size``: local, doubling, ring, bruck, direct, tree or
+    chain. ``crowded``: this node runs more ranks than it has CPUs (see
+    CROWDED_BROADCAST)."""
     if size == 1:
         return Algorithm.LOCAL
-    if nodes and op in TIERED:
-        return Algorithm.TIERS
     ring = nbytes // size >= RING_MIN_HOP  # else a ring is many hops of a few bytes
     if op in ("all_reduce", "reduce"):
         small = Algorithm.DOUBLING if op == "all_reduce" else Algorithm.TREE
@@ -105,3 +102,16 @@ def choose(
     if op == "all_to_all" and size > DIRECT_MAX:
         return Algorithm.BRUCK  # log2 n peers; a block crosses about log2(n)/2 links
     return Algorithm.DIRECT
+
+
+# The algorithms the links backend runs each op by: what a group may pin
+# (``Group(algorithms=...)``) instead of :func:`choose`'s answer.
+CHOICES: dict[str, frozenset[Algorithm]] = {
+    "all_reduce": frozenset({Algorithm.DOUBLING, Algorithm.RING, Algorithm.BRUCK}),
+    "reduce_scatter": frozenset({Algorithm.DIRECT, Algorithm.RING, Algorithm.BRUCK}),
+    "all_gather": frozenset({Algorithm.DIRECT, Algorithm.RING, Algorithm.BRUCK}),
+    "broadcast": frozenset({Algorithm.TREE, Algorithm.CHAIN}),
+    "reduce": frozenset({Algorithm.TREE, Algorithm.RING}),
+    "gather": frozenset({Algorithm.TREE, Algorithm.DIRECT}),
+    "scatter": frozenset({Algorithm.TREE, Algorithm.DIRECT}),
+}
