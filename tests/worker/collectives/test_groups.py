@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.protocol import TransportClosed
+from shardwire.protocol import InvalidState, TransportClosed
 from shardwire.worker.collectives import Group
 
 from .worlds import KINDS, group_world, on_all
@@ -81,7 +81,7 @@ async def test_a_call_is_awaited_or_started_once(kind: str) -> None:
         works = [c.start() for c in calls]
         results = await asyncio.gather(*(w.wait() for w in works))
         assert [r.tolist() for r in results] == [[3.0] * 3] * 2
-        with pytest.raises(RuntimeError, match="already awaited or started"):
+        with pytest.raises(InvalidState, match="already awaited or started"):
             await calls[0]
 
 
