@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from shardwire.coordinator.__main__ import rendezvous_config, settings_from
+from shardwire.protocol import InvalidArgument
 from shardwire.worker.launcher.cli import launch_settings, parser
 from shardwire.worker.launcher.hosted import coordinator_command
 from shardwire.worker.launcher.settings import LaunchSettings
@@ -19,7 +20,7 @@ def test_coordinator_flags_configure_the_rendezvous() -> None:
     assert (config.max_restarts, config.min_nodes, config.last_call) == (2, 1, 7.5)
     plain = rendezvous_config(settings_from([]))
     assert (plain.max_restarts, plain.min_nodes, plain.last_call) == (None, None, 3.0)
-    with pytest.raises(ValueError, match="MIN:MAX"):
+    with pytest.raises(InvalidArgument, match="MIN:MAX"):
         settings_from(["--nnodes", "two"])
 
 

@@ -6,6 +6,7 @@ import asyncio
 import random
 
 import pytest
+from pydantic import ValidationError
 
 from shardwire.coordinator import JobState
 from shardwire.protocol import PROTOCOL_VERSION, ClientHandshake, Token
@@ -270,7 +271,7 @@ async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> N
         page = server.rendezvous.status(0.0, 600, STATUS_PAGE)
         assert [r.rank for r in page.ranks] == list(range(600, 700)) and page.total == world
         assert len(message_bytes(server.rendezvous.status(0.0, 0, STATUS_PAGE))) < MAX_META_BYTES
-        with pytest.raises(ValueError):
+        with pytest.raises(ValidationError, match="limit\n  Input should be less than or equal to"):
             StatusRequest(limit=STATUS_PAGE + 1)
         monitor = ControlClient(token=TOKEN, run_id="test", role="client")
         try:

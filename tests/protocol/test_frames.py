@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tracemalloc
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -23,7 +25,14 @@ from shardwire.protocol import (
     encode_head,
 )
 from shardwire.protocol.decoder import STAGE_BYTES, StagePool
-from shardwire.protocol.frames import MAGIC, PREFIX, PROTOCOL_VERSION
+from shardwire.protocol.frames import (
+    MAGIC,
+    MAX_META_BYTES,
+    PREFIX,
+    PREFIX_SIZE,
+    PROTOCOL_VERSION,
+    Frame,
+)
 
 
 def data_frame(payload: bytes, **meta) -> bytes:
@@ -140,39 +149,170 @@ def test_decoder_stays_broken_after_a_violation() -> None:
         decoder.feed(b"more")
 
 
-_VALID = data_frame(b"\x01\x02\x03\x04", seq=1) + encode_head(FrameKind.CONTROL, {"kind": "leave"})
+_DATA = data_frame(b"\x01\x02\x03\x04", seq=1)
+_CONTROL = encode_head(FrameKind.CONTROL, {"kind": "leave"})
+_VALID = _DATA + _CONTROL
+_SENT = [
+    (FrameKind.DATA, {"op": "x", "seq": 1}, b"\x01\x02\x03\x04"),
+    (FrameKind.CONTROL, {"kind": "leave"}, b""),
+]
+_SPANS = [(0, len(_DATA), 4), (len(_DATA), len(_VALID), 0)]  # start, end, payload bytes
+_FUZZ_LIMITS = Limits(max_payload=1 << 20)
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=512))
-def test_random_bytes_only_raise_protocol_errors(blob: bytes) -> None:
-    try:
-        FrameDecoder(limits=Limits(max_payload=1 << 20)).feed(blob)
-    except ProtocolError:
-        pass
+def _fuzz_decoder() -> FrameDecoder:
+    return FrameDecoder(limits=_FUZZ_LIMITS, stage_bytes=SMALL_STAGE)
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, len(_VALID) * 8 - 1), st.integers(1, len(_VALID)))
-def test_bit_flips_and_truncation_only_raise_protocol_errors(bit: int, cut: int) -> None:
-    wire = bytearray(_VALID)
-    wire[bit // 8] ^= 1 << (bit % 8)
-    try:
-        FrameDecoder(limits=Limits(max_payload=1 << 20)).feed(bytes(wire[:cut]))
-    except ProtocolError:
-        pass
+def _refusal(prefix: bytes) -> tuple[type[ProtocolError], str] | None:
+    """The error the format (the table in ``protocol.frames``) refuses a whole prefix
+    with, written out here apart from ``parse_prefix``; None if the prefix is valid."""
+    magic, version, kind, meta_len, payload_len = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        return ProtocolError, "bad frame magic"
+    if version != PROTOCOL_VERSION:
+        return VersionMismatch, "protocol version mismatch"
+    if kind not in (1, 2, 3):
+        return ProtocolError, f"unknown frame kind {kind}"
+    if meta_len > _FUZZ_LIMITS.max_meta or payload_len > _FUZZ_LIMITS.max_payload:
+        return FrameTooLarge, "exceeds limit"
+    if kind != FrameKind.DATA and payload_len:
+        return ProtocolError, "frame carries"
+    return None
+
+
+def _received(frames: list[Frame]) -> list[tuple[FrameKind, dict, bytes]]:
+    return [(f.kind, f.meta, bytes(f.payload)) for f in frames]
+
+
+def test_random_bytes_are_refused_by_their_prefix() -> None:
+    seen: Counter[str] = Counter()
+
+    tail = st.binary(min_size=PREFIX_SIZE, max_size=512)
+    valid_prefix = st.builds(
+        lambda kind, meta_len, payload_len: _prefix(
+            kind=kind, meta_len=meta_len, payload_len=payload_len * (kind == FrameKind.DATA)
+        ),
+        st.sampled_from(list(FrameKind)),
+        st.integers(0, 64),
+        st.integers(0, 64),
+    )
+
+    @settings(max_examples=400, deadline=None, derandomize=True, database=None)
+    @given(
+        st.one_of(
+            st.binary(max_size=PREFIX_SIZE - 1),
+            tail,
+            tail.map(lambda b: MAGIC + b),
+            tail.map(lambda b: MAGIC + bytes([PROTOCOL_VERSION]) + b),
+            st.tuples(valid_prefix, tail).map(b"".join),
+        )
+    )
+    def check(blob: bytes) -> None:
+        decoder = _fuzz_decoder()
+        if len(blob) < PREFIX_SIZE:  # no prefix to judge yet
+            assert decoder.feed(blob) == [] and decoder.mid_frame == bool(blob)
+            seen["short"] += 1
+            return
+        refusal = _refusal(blob[:PREFIX_SIZE])
+        if refusal is not None:
+            with pytest.raises(refusal[0], match=refusal[1]):
+                decoder.feed(blob)
+            seen["refused"] += 1
+            return
+        try:  # a valid prefix: the meta decoder judges what follows
+            decoder.feed(blob)
+        except ProtocolError:
+            seen["refused by the meta"] += 1
+        else:
+            seen["accepted"] += 1
+
+    check()
+    assert seen["refused"] >= 100, seen  # most long inputs: bad magic, version or kind
+    assert min(seen[k] for k in ("short", "refused by the meta", "accepted")) > 0, seen
+
+
+def _flip_verdict(byte: int, mask: int, cut: int) -> tuple[type[ProtocolError], str] | str:
+    """What the decoder must make of ``_VALID`` with ``byte`` XOR ``mask``, cut after
+    ``cut`` bytes: a refusal; "unharmed" when the flipped part (prefix, meta or payload)
+    of its frame is not complete, as the decoder judges a part only once it has all of
+    it; "payload" for a flipped payload bit (without a checksum it arrives as flipped);
+    "open" for a flipped meta byte or a length still within the limits (msgpack and
+    the bytes that follow decide)."""
+    if byte >= cut:
+        return "unharmed"
+    start, end, payload = next(span for span in _SPANS if span[0] <= byte < span[1])
+    offset, meta_end = byte - start, end - payload
+    if offset < PREFIX_SIZE:
+        part_end = start + PREFIX_SIZE
+    else:
+        part_end = meta_end if byte < meta_end else end
+    if cut < part_end:
+        return "unharmed"
+    if offset < PREFIX_SIZE:
+        prefix = bytearray(_VALID[start : start + PREFIX_SIZE])
+        prefix[offset] ^= mask
+        return _refusal(bytes(prefix)) or "open"
+    return "payload" if byte >= meta_end else "open"
+
+
+def test_bit_flips_are_refused_as_the_format_says_and_cut_frames_are_awaited() -> None:
+    seen: Counter[str] = Counter()
+    refused_whole: set[tuple[int, int]] = set()
+    ends = [end for _, end, _ in _SPANS]
+    for byte, bit, cut in itertools.product(range(len(_VALID)), range(8), range(len(_VALID) + 1)):
+        wire = bytearray(_VALID)
+        wire[byte] ^= 1 << bit
+        verdict = _flip_verdict(byte, 1 << bit, cut)
+        decoder = _fuzz_decoder()
+        if isinstance(verdict, tuple):
+            with pytest.raises(verdict[0], match=verdict[1]):
+                decoder.feed(bytes(wire[:cut]))
+            seen["refused"] += 1
+            if cut == len(_VALID):
+                refused_whole.add((byte, bit))
+            continue
+        whole = [sent for sent, (_, end, _) in zip(_SENT, _SPANS, strict=True) if end <= cut]
+        if verdict == "open":
+            before = sum(end <= byte for end in ends)  # frames ahead of the damaged one
+            try:
+                got = _received(decoder.feed(bytes(wire[:cut])))
+            except ProtocolError:
+                seen["open: refused"] += 1
+            else:
+                assert got[:before] == whole[:before], (byte, bit, cut)
+                seen["open: accepted"] += 1
+            continue
+        if verdict == "payload":
+            whole[0] = (FrameKind.DATA, _SENT[0][1], bytes(wire[len(_DATA) - 4 : len(_DATA)]))
+        assert _received(decoder.feed(bytes(wire[:cut]))) == whole, (byte, bit, cut, verdict)
+        assert decoder.mid_frame == (cut not in (0, *ends)), (byte, bit, cut)
+        seen[verdict] += 1
+    # Flips in magic and version refuse either frame, and so does every flip of the data
+    # frame's kind (no other kind carries a payload) and all but one of the control
+    # frame's (1 -> 3 is a well-formed handshake frame).
+    for start, _, _ in _SPANS:
+        assert {(start + b, bit) for b in range(3) for bit in range(8)} <= refused_whole
+    assert {(3, bit) for bit in range(8)} <= refused_whole
+    control_kind = {bit for byte, bit in refused_whole if byte == len(_DATA) + 3}
+    assert control_kind == {0, 2, 3, 4, 5, 6, 7}
+    assert min(seen[v] for v in ("unharmed", "payload", "open: accepted", "open: refused")) > 0
+    assert seen["refused"] >= 2 * 24 + 8 + 7, seen
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1))
 def test_oversized_lengths_are_refused_without_buffering(meta_len: int, payload_len: int) -> None:
-    decoder = FrameDecoder(limits=Limits(max_payload=1 << 20))
-    try:
-        decoder.feed(_prefix(meta_len=meta_len, payload_len=payload_len))
-    except ProtocolError:
-        return
-    assert meta_len <= 64 * 1024 and payload_len <= 1 << 20
-    assert decoder.mid_frame
+    decoder = FrameDecoder(limits=_FUZZ_LIMITS)
+    prefix = _prefix(meta_len=meta_len, payload_len=payload_len)
+    if meta_len > MAX_META_BYTES or payload_len > 1 << 20:
+        with pytest.raises(FrameTooLarge, match="exceeds limit"):
+            decoder.feed(prefix)
+    elif meta_len == 0:  # complete at once, and no bytes are no map
+        with pytest.raises(ProtocolError, match="undecodable meta map"):
+            decoder.feed(prefix)
+    else:
+        assert decoder.feed(prefix) == [] and decoder.mid_frame
 
 
 def test_frames_are_handed_over_before_the_next_header_is_parsed() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from shardwire.protocol import InvalidArgument
 from shardwire.worker.bench.rendezvous import main, measure
 
 
@@ -29,5 +30,5 @@ def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
 def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts() -> None:
     import pytest
 
-    with pytest.raises(ValueError, match="60 workers do not fill nodes of 8"):
+    with pytest.raises(InvalidArgument, match="60 workers do not fill nodes of 8"):
         measure(60, 2, 8)

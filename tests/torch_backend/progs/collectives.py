@@ -316,7 +316,8 @@ def groups(r: int, n: int) -> None:
 def main() -> None:
     init(sys.argv[1])
     r, n = dist.get_rank(), dist.get_world_size()
-    assert dist.get_backend() in ("shardwire", "cpu:shardwire"), dist.get_backend()
+    backend = "cpu:shardwire" if sys.argv[1] == "cpu" else "shardwire"  # as init named it
+    assert dist.get_backend() == backend, (dist.get_backend(), backend)
     reductions(r, n)
     rooted_and_scattered(r, n)
     movement(r, n)

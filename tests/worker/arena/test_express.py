@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from shardwire.protocol import CollectiveMismatch, CollectiveTimeout
+from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, InvalidState
 from shardwire.worker.arena.board import DONE, READY, Board
 from shardwire.worker.arena.engine import Engine
 from shardwire.worker.arena.programs import Need
@@ -55,7 +55,7 @@ async def test_an_ended_call_can_still_be_started_and_awaited_once() -> None:
         work = second.start()
         assert work.done()
         assert (await work.wait()).tolist() == [0.0, 1.0, 2.0, 3.0]
-        with pytest.raises(RuntimeError, match="already"):
+        with pytest.raises(InvalidState, match="already awaited or started"):
             await second
         await first
 

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.protocol import CollectiveMismatch, TransportClosed
+from shardwire.protocol import CollectiveMismatch, InvalidArgument, InvalidState, TransportClosed
 from shardwire.worker.collectives import Group
 
 from .worlds import KINDS, group_world, on_all
@@ -48,7 +48,7 @@ async def test_asking_twice_for_a_subgroup_returns_the_same_group(kind: str) -> 
 
 async def test_a_second_group_with_a_live_id_is_refused(kind: str) -> None:
     async with group_world(kind, 2) as groups:
-        with pytest.raises(ValueError, match="group id 0 is already used on rank 0"):
+        with pytest.raises(InvalidArgument, match="group id 0 is already used on rank 0"):
             Group(groups[0].transport)
 
 
@@ -81,7 +81,7 @@ async def test_a_call_is_awaited_or_started_once(kind: str) -> None:
         works = [c.start() for c in calls]
         results = await asyncio.gather(*(w.wait() for w in works))
         assert [r.tolist() for r in results] == [[3.0] * 3] * 2
-        with pytest.raises(RuntimeError, match="already awaited or started"):
+        with pytest.raises(InvalidState, match="already awaited or started"):
             await calls[0]
 
 

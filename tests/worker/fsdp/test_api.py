@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from shardwire.protocol import InvalidArgument
 from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp import (
     FSDP,
@@ -201,7 +202,7 @@ async def test_sync_gradients_reduces_outside_gradients_like_backward() -> None:
 
 async def test_update_shards_checks_sizes() -> None:
     async with fsdp_world(2, Strategy.SHARD_GRAD_OP, "sgd") as ranks:
-        with pytest.raises(ValueError, match="expected 4 shards"):
+        with pytest.raises(InvalidArgument, match="expected 4 shards"):
             await ranks[0].update_shards([np.zeros(1)])
         bad = [s.copy() for s, _ in ranks[0].shards()]
         bad[1] = np.zeros(3)
@@ -290,5 +291,5 @@ async def test_no_shard_with_top_k_at_ratio_one_equals_no_compression() -> None:
 def test_compression_is_for_no_shard_only() -> None:
     from shardwire.worker.training.compression import Float16
 
-    with pytest.raises(ValueError, match="compression works with NO_SHARD, not FULL_SHARD"):
+    with pytest.raises(InvalidArgument, match="compression works with NO_SHARD, not FULL_SHARD"):
         FSDPConfig(strategy=Strategy.FULL_SHARD, compression=Float16())

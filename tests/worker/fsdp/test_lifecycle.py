@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from shardwire.protocol import InvalidArgument
 from shardwire.worker.collectives import Work
 from shardwire.worker.fsdp import FSDPConfig, Strategy
 from shardwire.worker.fsdp.unit import GradState, Unit
@@ -118,7 +119,7 @@ async def test_reduce_depth_bounds_the_reductions_in_flight(depth, monkeypatch) 
 
 
 def test_reduce_depth_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="reduce_depth"):
+    with pytest.raises(InvalidArgument, match="reduce_depth"):
         FSDPConfig(reduce_depth=0)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardwire.protocol import InvalidArgument
 from shardwire.worker.fsdp import FSDP, Offload, Strategy
 from tests.worker.transport.fabric import WORLDS
 
@@ -141,7 +142,7 @@ async def test_checkpoint_round_trip_keeps_offloaded_state_in_files(tmp_path: Pa
 
 
 def test_a_missing_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(InvalidArgument, match="not a directory"):
         Offload(directory=tmp_path / "absent")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardwire.protocol import InvalidArgument
 from shardwire.worker.nn import (
     GELU,
     Block,
@@ -195,9 +196,9 @@ def test_ignored_targets_count_for_nothing_and_match_finite_differences() -> Non
 
 @pytest.mark.parametrize("target", [-1, 4, 99])
 def test_out_of_range_targets_are_refused(target: int) -> None:
-    with pytest.raises(ValueError, match=f"target {target} is outside \\[0, 4\\)"):
+    with pytest.raises(InvalidArgument, match=f"target {target} is outside \\[0, 4\\)"):
         softmax_cross_entropy(np.zeros((2, 4)), np.array([0, target]))
-    with pytest.raises(ValueError, match="outside"):  # -100 is a target like any other
+    with pytest.raises(InvalidArgument, match="outside"):  # -100 is a target like any other
         softmax_cross_entropy(np.zeros((2, 4)), np.array([0, -100]), ignore_index=None)
 
 

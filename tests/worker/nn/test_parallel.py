@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from shardwire.protocol import InvalidState
 from shardwire.worker.kernels.segments import bounds
 from shardwire.worker.nn import Block, Linear, ReLU, Sequential
 from shardwire.worker.nn.parallel import ColumnParallelLinear, ParallelBlock, RowParallelLinear
@@ -124,7 +125,7 @@ async def test_a_column_then_row_mlp_equals_the_single_process_one(kind: str, si
 async def test_calling_on_the_event_loop_is_refused() -> None:
     async with group_world("memory", 1) as groups:
         layer = ColumnParallelLinear(D_IN, D_OUT, groups[0], rng=np.random.default_rng(0))
-        with pytest.raises(RuntimeError, match="off the event loop"):
+        with pytest.raises(InvalidState, match="off the event loop"):
             layer.forward(X)
 
 

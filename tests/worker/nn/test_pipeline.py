@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.protocol import PeerFailed
+from shardwire.protocol import InvalidArgument, PeerFailed
 from shardwire.worker.nn import GELU, Linear, ReLU, Sequential, mse
 from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage, split_into_stages
 from tests.worker.collectives.worlds import KINDS, group_world
@@ -38,7 +38,7 @@ def test_stages_are_contiguous_and_balanced() -> None:
     seven = split_into_stages(7, 3)  # seven equal layers: the heaviest stage holds three
     assert sorted(len(r) for r in seven) == [2, 2, 3]
     assert [r.start for r in seven[1:]] == [r.stop for r in seven[:-1]] and seven[-1].stop == 7
-    with pytest.raises(ValueError, match="cannot split 2 layers into 3 stages"):
+    with pytest.raises(InvalidArgument, match="cannot split 2 layers into 3 stages"):
         split_into_stages([1, 1], 3)
 
 
@@ -127,13 +127,13 @@ async def test_an_interleaved_pipeline_equals_gradient_accumulation(
 
 
 def test_schedules_that_cannot_run_are_refused() -> None:
-    with pytest.raises(ValueError, match="multiples of the 2 stages, got 3"):
+    with pytest.raises(InvalidArgument, match="multiples of the 2 stages, got 3"):
         PipelineParallelConfig(2, 3, "interleaved", chunks=2)
-    with pytest.raises(ValueError, match="at least 2 chunks"):
+    with pytest.raises(InvalidArgument, match="at least 2 chunks"):
         PipelineParallelConfig(2, 4, "interleaved")
-    with pytest.raises(ValueError, match="2 chunks per rank need the interleaved schedule"):
+    with pytest.raises(InvalidArgument, match="2 chunks per rank need the interleaved schedule"):
         PipelineParallelConfig(2, 4, "1f1b", chunks=2)
-    with pytest.raises(ValueError, match="at least 2 stages"):
+    with pytest.raises(InvalidArgument, match="at least 2 stages"):
         PipelineParallelConfig(1, 4, "interleaved", chunks=2)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardwire.protocol import InvalidArgument
 from shardwire.worker.optim import SGD, AdamW, warmup_cosine
 
 
@@ -79,5 +80,5 @@ def test_warmup_then_cosine() -> None:
 def test_state_shape_mismatch_is_an_error() -> None:
     opt = AdamW(lr=0.1)
     opt.step([np.ones(2)], [np.ones(2)])
-    with pytest.raises(ValueError, match="holds state for 1 arrays, step got 2"):
+    with pytest.raises(InvalidArgument, match="holds state for 1 arrays, step got 2"):
         opt.step([np.ones(2), np.ones(2)], [np.ones(2), np.ones(2)])

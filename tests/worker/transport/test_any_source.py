@@ -11,6 +11,7 @@ import pytest
 
 from shardwire.protocol import MessageMismatch, PeerFailed, Tag
 from shardwire.worker.transport import TransportTimeout
+from tests.waiting import until
 from tests.worker.collectives.worlds import group_world
 
 from .fabric import WORLDS
@@ -20,11 +21,15 @@ pytestmark = pytest.mark.parametrize("kind", sorted(WORLDS))
 
 async def test_a_message_already_here_is_taken_with_its_source(kind: str) -> None:
     async with WORLDS[kind](3) as (a, b, c):
-        await c.send(0, np.array([2.0]), tag=Tag(0, 7))
-        await asyncio.sleep(0.05)  # held as an early arrival
+        await c.send(0, np.array([20.0]), tag=Tag(0, 7))
+        await until(lambda: a.mailbox.early_bytes > 0, "rank 2's message held by rank 0")
         src, got = await a.recv_any(tag=Tag(0, 7), timeout=30)
-        assert (src, got.tolist()) == (2, [2.0])
-        assert b.rank == 1
+        assert (src, got.tolist()) == (c.rank, [20.0])
+        assert a.mailbox.early_bytes == 0
+        await b.send(0, np.array([10.0]), tag=Tag(0, 7))  # the same tag, now from rank 1
+        await until(lambda: a.mailbox.early_bytes > 0, "rank 1's message held by rank 0")
+        src, got = await a.recv_any(tag=Tag(0, 7), timeout=30)
+        assert (src, got.tolist()) == (b.rank, [10.0])
 
 
 async def test_every_sender_is_received_once_whoever_comes_first(kind: str) -> None:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from shardwire.protocol import MessageMismatch, PeerFailed, Tag, TransportClosed
+from shardwire.protocol import InvalidArgument, MessageMismatch, PeerFailed, Tag, TransportClosed
 from shardwire.worker.transport import TransportTimeout
 
 from .fabric import WORLDS
@@ -144,7 +144,7 @@ async def test_closed_transport_refuses(kind: str) -> None:
 
 async def test_invalid_peer_is_rejected(kind: str) -> None:
     async with WORLDS[kind](2) as (a, _b):
-        with pytest.raises(ValueError, match="peer 0 is not another rank"):
+        with pytest.raises(InvalidArgument, match="peer 0 is not another rank"):
             await a.send(0, np.zeros(1), tag=Tag(0, 0))
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from shardwire.protocol import FrameKind, PeerFailed, Tag, encode_head
+from shardwire.protocol import FrameKind, PeerFailed, ProtocolError, Tag, encode_head
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.shmlink import CHUNK_KEY, CREDIT_KEY, SHM_KEY, SHM_MIN_BYTES
 
@@ -110,24 +111,24 @@ def test_attach_refuses_a_foreign_name_a_wrong_nonce_and_an_open_mode(tmp_path: 
     name = segment.path.name
     try:
         assert (segment.path.stat().st_mode & 0o777) == 0o600
-        with pytest.raises(Exception, match="not one of this run"):
+        with pytest.raises(ProtocolError, match="not one of this run"):
             shm.Segment.attach(
                 "other", name, slots=2, slot_bytes=4096, nonce=nonce, directory=tmp_path
             )
-        with pytest.raises(Exception, match="not one of this run"):
+        with pytest.raises(ProtocolError, match="not one of this run"):
             shm.Segment.attach(
                 "test", "../" + name, slots=2, slot_bytes=4096, nonce=nonce, directory=tmp_path
             )
-        with pytest.raises(Exception, match="nonce"):
+        with pytest.raises(ProtocolError, match=r"not the one offered \(nonce differs\)"):
             shm.Segment.attach(
                 "test", name, slots=2, slot_bytes=4096, nonce=b"x" * 16, directory=tmp_path
             )
-        with pytest.raises(Exception, match="bytes"):
+        with pytest.raises(ProtocolError, match="holds 12288 bytes, 16384 offered"):
             shm.Segment.attach(
                 "test", name, slots=3, slot_bytes=4096, nonce=nonce, directory=tmp_path
             )
         os.chmod(segment.path, 0o644)
-        with pytest.raises(Exception, match="readable by others"):
+        with pytest.raises(ProtocolError, match="readable by others"):
             shm.Segment.attach(
                 "test", name, slots=2, slot_bytes=4096, nonce=nonce, directory=tmp_path
             )
@@ -141,9 +142,12 @@ def test_slots_and_lengths_are_checked() -> None:
     try:
         segment.unlink()
         assert len(segment.slot(1, 4096)) == 4096
-        for slot, length in ((2, 1), (-1, 1), (0, 0), (0, 4097), ("0", 1), (0, 1.5)):
-            with pytest.raises(Exception, match="slot|chunk"):
-                segment.slot(slot, length)  # type: ignore[arg-type]
+        for slot in (2, -1, "0"):
+            with pytest.raises(ProtocolError, match=re.escape(f"slot {slot!r} outside 0..1")):
+                segment.slot(slot, 1)  # type: ignore[arg-type]
+        for length in (0, 4097, 1.5):
+            with pytest.raises(ProtocolError, match=re.escape(f"chunk of {length!r} bytes (slot")):
+                segment.slot(0, length)  # type: ignore[arg-type]
     finally:
         segment.close()
 
@@ -266,5 +270,5 @@ async def test_an_offer_never_answered_fails_the_send_within_the_connect_timeout
     monkeypatch.setattr(PeerConnection, "_on_control", deaf)
     async with shm_world(2, connect_timeout=0.5) as (a, _b):
         x = np.ones(SHM_MIN_BYTES, dtype=np.uint8)
-        with pytest.raises(ConnectionError, match="rank 1 did not answer the shared-memory"):
+        with pytest.raises(ConnectionResetError, match="rank 1 did not answer the shared-memory"):
             await asyncio.wait_for(a.send(1, x, tag=Tag(1, 0)), 30)

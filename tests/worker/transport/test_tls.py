@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from shardwire.coordinator.tls import server_context
-from shardwire.protocol import PeerFailed, ShardwireError
+from shardwire.protocol import PeerFailed
 from shardwire.worker import init
 from shardwire.worker.collectives import Group
-from shardwire.worker.runtime.control import ControlClient
+from shardwire.worker.runtime.control import ControlClient, CoordinatorUnreachable
 from shardwire.worker.runtime.tls import TlsConfigError, TlsFiles
 from shardwire.worker.transport import MeshConfig, TcpMesh
 from tests.e2e.abuse import FlipProxy
@@ -43,17 +43,36 @@ async def test_a_job_runs_over_tls_with_exact_results(certificates) -> None:
             np.testing.assert_array_equal(r, np.arange(300_000.0) * 6)
 
 
-@pytest.mark.parametrize("who", ["plain", "stranger"])
+def _credentials(certificates, who: str) -> TlsFiles | None:
+    """A client's TLS files: none ("plain"); another CA's certificate and trust, so it
+    refuses the job's certificate too ("stranger"); another CA's certificate trusting the
+    job's CA, so only the job's side can refuse it ("impostor")."""
+    stranger = certificates.stranger
+    if who == "impostor":
+        return TlsFiles(cert=stranger.cert, key=stranger.key, ca=certificates.member.ca)
+    return None if who == "plain" else stranger
+
+
+# asyncio (and uvloop) drops a connection whose TLS handshake fails without sending the
+# alert, so a refused client sees the connection closed, not a TLS error.
+@pytest.mark.parametrize(
+    ("who", "refusal"),
+    [
+        ("plain", r"closed the connection during the handshake; if it uses TLS, set SHARDWIRE"),
+        ("stranger", r"TLS handshake with the coordinator .* failed \(CERTIFICATE_VERIFY_FAILED"),
+        ("impostor", r"closed the connection during the handshake$"),
+    ],
+)
 async def test_the_coordinator_refuses_clients_without_the_jobs_certificate(
-    certificates, who
+    certificates, who, refusal
 ) -> None:
     async with coordinator(1, tls=_coordinator_tls(certificates.member)) as server:
-        tls = None if who == "plain" else certificates.stranger.client_context()
+        files = _credentials(certificates, who)
+        tls = files.client_context() if files is not None else None
         client = ControlClient(token=CLUSTER_TOKEN, run_id="test", role="client", tls=tls)
         try:
-            with pytest.raises((ShardwireError, ConnectionError, ssl.SSLError, TimeoutError)):
+            with pytest.raises(CoordinatorUnreachable, match=refusal):
                 await client.connect(*server.address, timeout=5)
-                await client.status(timeout=5)
         finally:
             await client.aclose()
 
@@ -94,14 +113,20 @@ async def _mesh_pair(certs, dialer: TlsFiles | None, detour: FlipProxy | None = 
     return meshes
 
 
-@pytest.mark.parametrize("who", ["plain", "stranger"])
+@pytest.mark.parametrize(
+    ("who", "refusal"),
+    [
+        ("plain", r"\(connection closed\)"),
+        ("stranger", r"\(\[SSL: CERTIFICATE_VERIFY_FAILED\]"),
+        ("impostor", r"\(connection closed\)"),
+    ],
+)
 async def test_a_peer_listener_refuses_dialers_without_the_jobs_certificate(
-    certificates, who
+    certificates, who, refusal
 ) -> None:
-    dialer = None if who == "plain" else certificates.stranger
-    meshes = await _mesh_pair(certificates, dialer)
+    meshes = await _mesh_pair(certificates, _credentials(certificates, who))
     try:
-        with pytest.raises(ShardwireError):
+        with pytest.raises(PeerFailed, match=f"no connection with rank 0 at .* {refusal}"):
             async with asyncio.timeout(30):
                 await meshes[1].ensure([0])
         assert meshes[0].connection(1) is None  # the dialer never got in
@@ -126,8 +151,12 @@ async def test_with_tls_a_flipped_byte_breaks_the_link_instead_of_the_result(
                 *(g.all_reduce(x.copy()) for g in groups), return_exceptions=True
             )
         assert proxy.flipped == 1
-        assert isinstance(results[0], PeerFailed), results  # the TLS record failed its MAC
-        assert not any(isinstance(r, np.ndarray) and not np.array_equal(r, 2 * x) for r in results)
+        # 1.6 MB take the ring; the flip lands in the half rank 1 sends in its
+        # reduce-scatter, so rank 0 refuses that record and rank 1 never receives rank
+        # 0's reduced half: neither rank returns a result.
+        assert isinstance(results[0], PeerFailed) and results[0].rank == 1, results
+        assert "DECRYPTION_FAILED_OR_BAD_RECORD_MAC" in results[0].reason, results
+        assert isinstance(results[1], PeerFailed) and results[1].rank == 0, results
     finally:
         await close_all(groups, meshes, [proxy])
 
