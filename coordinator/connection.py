@@ -1,6 +1,6 @@
 """One client connection of the coordinator: an asyncio protocol, no task per connection.
 
-Bytes in become events in the sans-IO :class:`~shardwire.protocol.session.Session`,
+Bytes in become events in the sans-IO :class:`~shardwire.protocol.channel.Channel`,
 which answers the handshake itself (with the pure
 :class:`~shardwire.protocol.ServerHandshake`); once the client is authenticated its
 messages go to the server (``Host.received``), which feeds the rendezvous state machine
@@ -27,8 +27,8 @@ from shardwire.protocol import (
     VersionMismatch,
     message_bytes,
 )
+from shardwire.protocol.channel import Authenticated, Channel, HandshakeRefused
 from shardwire.protocol.messages import Error, Hello, Message
-from shardwire.protocol.session import Authenticated, HandshakeRefused, Session
 
 log = logging.getLogger("shardwire.coordinator")
 
@@ -57,7 +57,7 @@ class ControlConnection(asyncio.Protocol):
         self._idle = idle_timeout
         self._handshake_timeout = handshake_timeout
         # the stage grows on demand, up to a control frame
-        self._session = Session(ServerHandshake(token, accept=host.hello), limits=_CONTROL_LIMITS)
+        self._session = Channel(ServerHandshake(token, accept=host.hello), limits=_CONTROL_LIMITS)
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0

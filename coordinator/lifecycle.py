@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.forming import assignments
 from shardwire.coordinator.generations import Generations
-from shardwire.coordinator.links import LinkTable
+from shardwire.coordinator.linktable import LinkTable
 from shardwire.coordinator.membership import JoinIndex, Shape
 from shardwire.coordinator.progress import Curves
 from shardwire.coordinator.state import (

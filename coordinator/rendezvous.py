@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.forming import agreement_problem, placements
-from shardwire.coordinator.links import LinkTable
+from shardwire.coordinator.linktable import LinkTable
 from shardwire.coordinator.liveness import Liveness
 from shardwire.coordinator.membership import (
     JoinIndex,

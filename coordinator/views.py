@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from shardwire.coordinator import links
+from shardwire.coordinator import linktable
 from shardwire.coordinator.state import JobState
 from shardwire.coordinator.stragglers import describe
 from shardwire.protocol.messages import RankStatus, StatusReply
@@ -68,7 +68,7 @@ def _straggler(rdzv: Rendezvous) -> str:
 
 def _slow_link(rdzv: Rendezvous, now: float) -> str:
     slow = rdzv.links.slow(now)
-    return "" if slow is None else links.describe(slow, lambda rank: host_of(rdzv, rank))
+    return "" if slow is None else linktable.describe(slow, lambda rank: host_of(rdzv, rank))
 
 
 def host_of(rdzv: Rendezvous, rank: int) -> str:
@@ -111,6 +111,6 @@ def links_json(rdzv: Rendezvous, limit: int = API_LINKS, now: float | None = Non
             "what": slow.what,
             "value": slow.value,
             "median": slow.median,
-            "text": links.describe(slow, lambda rank: host_of(rdzv, rank)),
+            "text": linktable.describe(slow, lambda rank: host_of(rdzv, rank)),
         },
     }

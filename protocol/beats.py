@@ -18,7 +18,7 @@ from pydantic import Field
 
 from shardwire.protocol.codec import pack_meta
 from shardwire.protocol.fields import Msg, Rank, Str, Text
-from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
+from shardwire.protocol.linkreports import LINKS_PER_BEAT, LinkReport
 
 
 class Progress(Msg):

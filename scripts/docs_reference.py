@@ -149,9 +149,9 @@ def environment_page() -> str:
     from shardwire.coordinator.__main__ import parser as coordinator_parser
     from shardwire.coordinator.settings import CoordinatorSettings
     from shardwire.worker.launcher.cli import parser as launch_parser
-    from shardwire.worker.launcher.settings import LaunchSettings, StatusSettings
+    from shardwire.worker.launcher.options import LaunchSettings, StatusSettings
     from shardwire.worker.launcher.status import parser as status_parser
-    from shardwire.worker.runtime.settings import WorkerEnv
+    from shardwire.worker.runtime.worker_config import WorkerEnv
 
     status_help = _flag_help(status_parser())
     sections = [

@@ -24,7 +24,7 @@ from shardwire.coordinator.__main__ import settings_from
 from shardwire.worker.launcher.cli import parser as worker_parser
 from shardwire.worker.launcher.kubernetes import main, render
 from shardwire.worker.launcher.manifests import Deployment, default_shm_bytes, manifests, quantity
-from shardwire.worker.launcher.settings import LaunchSettings
+from shardwire.worker.launcher.options import LaunchSettings
 from shardwire.worker.launcher.yamldoc import dump_all, scalar
 
 from .e2e.cli import ROOT, SHARDWIRE, page_commands

@@ -34,11 +34,41 @@ RULES = [
             "shardwire.worker.transport.framing",
         ],
     ),
+    (
+        "worker/backends",
+        [
+            "socket",
+            "shardwire.worker.transport.mesh",
+            "shardwire.worker.transport.memory",
+            "shardwire.worker.transport.framing",
+        ],
+    ),
     ("worker/fsdp", ["shardwire.worker.transport"]),
     ("worker/nn", ["shardwire.worker.transport"]),
     ("worker/optim", ["shardwire.worker.transport"]),
 ]
 BANNED_EVERYWHERE = ["pickle", "marshal", "cPickle", "dill", "cloudpickle"]
+
+# The worker's packages (and top-level modules), lowest first: each imports only those
+# listed before it, TYPE_CHECKING imports included (DESIGN.md section 11a). Packages on
+# one line stand side by side and do not import each other.
+WORKER_LAYERS = [
+    ["kernels"],  # reductions, segments, scratch: numpy only
+    ["observe"],  # the trace, the flight recorder, where a call's time goes
+    ["transport"],  # point-to-point messages: TCP, shared memory, in memory
+    ["arena"],  # the node's shared region and its programs
+    ["backends"],  # how a group's calls move bytes: links, arena, tiers
+    ["collectives"],  # the group: validation, sequence, deadlines, poisoning
+    ["parallelism", "optim"],  # the dp x pp x tp mesh; optimizers
+    ["nn"],  # layers, tensor and pipeline parallelism
+    ["training"],  # data-parallel helpers, compression
+    ["fsdp"],
+    ["runtime"],  # joining the job: control channel, liveness, settings
+    ["api"],
+    ["__init__"],
+    ["launcher"],
+    ["bench"],
+]
 
 
 def _imports(path: Path) -> set[str]:
@@ -76,6 +106,57 @@ def test_layering(folder: str, banned: list[str]) -> None:
             if any(name == b or name.startswith(b + ".") for b in banned):
                 offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert offenders == []
+
+
+def _worker_unit(path: Path) -> str:
+    rel = path.relative_to(ROOT / "worker").parts
+    return rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")
+
+
+def _worker_targets(path: Path) -> set[str]:
+    """The worker packages and modules ``path`` imports (by their unit name)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = (
+                [node.module]
+                if node.module != "shardwire.worker"
+                else [f"shardwire.worker.{a.name}" for a in node.names]
+            )
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["shardwire", "worker"]:
+                found.add(parts[2] if len(parts) > 2 else "__init__")
+    return found
+
+
+def test_every_worker_package_has_a_layer() -> None:
+    units = {_worker_unit(p) for p in (ROOT / "worker").rglob("*.py")}
+    assert units == {u for layer in WORKER_LAYERS for u in layer}
+
+
+def test_worker_imports_point_down_the_layers() -> None:
+    level = {u: i for i, layer in enumerate(WORKER_LAYERS) for u in layer}
+    offenders = []
+    for path in sorted((ROOT / "worker").rglob("*.py")):
+        unit = _worker_unit(path)
+        for target in _worker_targets(path) - {unit}:
+            if target in level and level[target] >= level[unit]:
+                offenders.append(f"{path.relative_to(ROOT)} ({unit}) imports {target}")
+    assert offenders == []
+
+
+def test_the_transport_contract_knows_nothing_of_its_engines() -> None:
+    engines = {"mailbox", "messaging", "receive", "mesh", "memory", "framing", "peer", "shm"}
+    imported = {
+        name.rsplit(".", 1)[-1]
+        for name in _imports(ROOT / "worker" / "transport" / "base.py")
+        if name.startswith("shardwire.worker.transport.")
+    }
+    assert imported & engines == set()
 
 
 def test_no_pickle_and_no_bare_folder_imports() -> None:

@@ -10,7 +10,7 @@ from shardwire.coordinator.__main__ import rendezvous_config, settings_from
 from shardwire.protocol import InvalidArgument
 from shardwire.worker.launcher.cli import launch_settings, parser
 from shardwire.worker.launcher.hosted import coordinator_command
-from shardwire.worker.launcher.settings import LaunchSettings
+from shardwire.worker.launcher.options import LaunchSettings
 
 
 def test_coordinator_flags_configure_the_rendezvous() -> None:

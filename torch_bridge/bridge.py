@@ -28,7 +28,7 @@ from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.join import Joined, through_coordinator, through_store
 from shardwire.torch.store import JobStore
 from shardwire.worker.collectives import Group
-from shardwire.worker.runtime.settings import WorkerConfig
+from shardwire.worker.runtime.worker_config import WorkerConfig
 
 # Variables only shardwire's launcher (or a user joining a shardwire job) sets.
 _JOB_MARKERS = ("SHARDWIRE_RUN_ID", "SHARDWIRE_TOKEN", "SHARDWIRE_TOKEN_FILE")

@@ -30,7 +30,7 @@ from shardwire.protocol.placement import Placement
 from shardwire.worker.api import Session, mesh_config
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.process import ProcessGroup
-from shardwire.worker.runtime.settings import WorkerConfig
+from shardwire.worker.runtime.worker_config import WorkerConfig
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import TcpMesh
 

@@ -31,7 +31,7 @@ from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe.trace import span
 from shardwire.worker.parallelism import Mesh, MeshError
 from shardwire.worker.runtime.loop import run
-from shardwire.worker.runtime.settings import NotLaunched, WorkerConfig
+from shardwire.worker.runtime.worker_config import NotLaunched, WorkerConfig
 
 __all__ = [
     "AuthFailed",

@@ -18,7 +18,7 @@ from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe import trace
 from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.runtime.liveness import ControlThread
-from shardwire.worker.runtime.settings import WorkerConfig, check_launched
+from shardwire.worker.runtime.worker_config import WorkerConfig, check_launched
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh

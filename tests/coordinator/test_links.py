@@ -11,9 +11,9 @@ import numpy as np
 
 from shardwire.coordinator import Rendezvous, RendezvousConfig
 from shardwire.coordinator.http import METRICS_LINKS, MetricsCollector
-from shardwire.coordinator.links import TIMED_MIN, LinkTable, describe
+from shardwire.coordinator.linktable import TIMED_MIN, LinkTable, describe
 from shardwire.coordinator.views import links_json, status_reply
-from shardwire.protocol.links import LinkReport
+from shardwire.protocol.linkreports import LinkReport
 from shardwire.protocol.messages import Heartbeat, Join
 from shardwire.worker import init
 from tests.worker.cluster import coordinator, status_http, worker_config
@@ -203,7 +203,7 @@ def test_shardwire_status_prints_the_slow_link() -> None:
 
 
 def test_views_are_computed_at_most_once_a_refresh_while_reports_keep_coming() -> None:
-    from shardwire.coordinator.links import REFRESH_S
+    from shardwire.coordinator.linktable import REFRESH_S
 
     table = LinkTable()
     table.add(0, [LinkReport(peer=1, path="tcp", bytes_sent=10)])

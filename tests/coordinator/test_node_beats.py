@@ -7,7 +7,7 @@ from shardwire.protocol import FrameDecoder, Limits
 from shardwire.protocol.beats import NODE_BEATS, Heartbeat, NodeBeat, RankBeat, pack_beats
 from shardwire.protocol.control import frame_message, message_bytes
 from shardwire.protocol.frames import MAX_META_BYTES
-from shardwire.protocol.links import LinkReport
+from shardwire.protocol.linkreports import LinkReport
 from shardwire.protocol.messages import Abort, Join, NodeJoin
 
 from .test_rendezvous import start

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from shardwire.worker.runtime.settings import LAUNCHER_VARIABLES
+from shardwire.worker.runtime.worker_config import LAUNCHER_VARIABLES
 
 from .cli import ROOT, SHARDWIRE, env, page_commands
 

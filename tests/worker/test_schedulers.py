@@ -19,9 +19,9 @@ from shardwire.worker.launcher.cluster import (
     rank_place,
 )
 from shardwire.worker.launcher.direct import placed
+from shardwire.worker.launcher.options import LaunchSettings, with_scheduler
 from shardwire.worker.launcher.secret import job_token, secret_path
-from shardwire.worker.launcher.settings import LaunchSettings, with_scheduler
-from shardwire.worker.runtime.settings import WorkerConfig
+from shardwire.worker.runtime.worker_config import WorkerConfig
 
 
 def slurm(node: str, **more: str) -> dict[str, str]:

@@ -107,14 +107,15 @@ class ArenaBackend(Backend):
             ticket = started[1]
         else:
             ticket = self.gate.enqueue(call, build, limit)
-        gate, fallback = self.gate, self.links.runner(op, self.links.decide(op).algorithm)
+        gate, links = self.gate, self.links
 
         async def run(c: Call) -> Any:
             c.probes.append(lambda: gate.waiting(ticket))
             c.failures.append(lambda: gate.relayed(ticket))
             if await gate.run(ticket, c.stalled):
                 return op.result
-            return await fallback(c)  # the arena could not be made: the links
+            # the arena could not be made: the links
+            return await links.runner(op, links.decide(op).algorithm)(c)
 
         return Launch(run, lambda: gate.hurry(ticket))
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from shardwire.worker.collectives.threads import LoopBridge
 from shardwire.worker.nn.module import Module
-from shardwire.worker.runtime.loop import LoopBridge
 
 
 def hook_module(

@@ -34,6 +34,7 @@ import numpy as np
 from shardwire.protocol.errors import InvalidArgument, ShardwireError
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.agree import differing_from_root
+from shardwire.worker.collectives.threads import LoopBridge
 from shardwire.worker.fsdp import checkpoint, memory, norms
 from shardwire.worker.fsdp.config import FSDPConfig
 from shardwire.worker.fsdp.flat import FlatLayout
@@ -48,7 +49,6 @@ from shardwire.worker.nn.module import Module
 from shardwire.worker.observe.trace import span
 from shardwire.worker.optim.optimizers import Optimizer
 from shardwire.worker.parallelism import Mesh
-from shardwire.worker.runtime.loop import LoopBridge
 
 
 class FSDPError(ShardwireError, RuntimeError):

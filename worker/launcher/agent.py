@@ -34,7 +34,7 @@ from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
 from shardwire.worker.launcher.jobcard import cards_dir, publish, withdraw
-from shardwire.worker.launcher.settings import LaunchSettings, with_scheduler
+from shardwire.worker.launcher.options import LaunchSettings, with_scheduler
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
 from shardwire.worker.runtime.beats import NodeBeats
 from shardwire.worker.runtime.control import ControlClient

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from shardwire.protocol import ShardwireError
 from shardwire.worker.launcher.agent import run_node
 from shardwire.worker.launcher.direct import run_rank
-from shardwire.worker.launcher.settings import LaunchSettings
+from shardwire.worker.launcher.options import LaunchSettings
 from shardwire.worker.runtime.loop import run
 
 _EPILOG = "Every flag can also be given as SHARDWIRE_<FLAG> (e.g. SHARDWIRE_NPROC_PER_NODE=4)."

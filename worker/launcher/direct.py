@@ -28,8 +28,8 @@ from pydantic import SecretStr
 from shardwire.worker.launcher.agent import token_env, worker_env
 from shardwire.worker.launcher.cluster import RankPlace, rank_place
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
+from shardwire.worker.launcher.options import LaunchSettings
 from shardwire.worker.launcher.secret import job_token
-from shardwire.worker.launcher.settings import LaunchSettings
 from shardwire.worker.transport import shm
 
 # After rank 0's script ends, the longest its coordinator may wait for the other ranks.

@@ -11,7 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from shardwire.protocol import ShardwireError
-from shardwire.worker.launcher.settings import LaunchSettings
+from shardwire.worker.launcher.options import LaunchSettings
 
 _COORDINATOR_START_TIMEOUT = 30.0
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardwire.worker.arena.region import Geometry
-from shardwire.worker.runtime.settings import WorkerEnv
+from shardwire.worker.runtime.worker_config import WorkerEnv
 from shardwire.worker.transport.shm import Segment
 
 MiB = 1 << 20

@@ -12,7 +12,7 @@ from shardwire.protocol.auth import load_token
 from shardwire.protocol.history import describe
 from shardwire.protocol.messages import StatusReply
 from shardwire.worker.launcher.jobcard import cards_dir, lookup
-from shardwire.worker.launcher.settings import StatusSettings
+from shardwire.worker.launcher.options import StatusSettings
 from shardwire.worker.runtime.control import ControlClient
 from shardwire.worker.runtime.loop import run
 

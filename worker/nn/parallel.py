@@ -38,6 +38,7 @@ from numpy.typing import DTypeLike
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group
+from shardwire.worker.collectives.threads import LoopBridge
 from shardwire.worker.kernels.segments import bounds
 from shardwire.worker.nn.attention import CausalSelfAttention
 from shardwire.worker.nn.layers import (
@@ -51,7 +52,6 @@ from shardwire.worker.nn.layers import (
 from shardwire.worker.nn.module import Module, Sequential
 from shardwire.worker.nn.transformer import Block
 from shardwire.worker.parallelism import Mesh
-from shardwire.worker.runtime.loop import LoopBridge
 
 
 class _Bridge:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from shardwire.protocol import Token
-from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
+from shardwire.protocol.linkreports import LINKS_PER_BEAT, LinkReport
 from shardwire.protocol.messages import Abort, Diagnosis, Heartbeat, Join
 from shardwire.protocol.placement import Member, Placement
 from shardwire.worker.observe.flight import FlightRecorder

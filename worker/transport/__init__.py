@@ -2,7 +2,7 @@
 
 from shardwire.worker.transport.base import Receive, Transport, TransportStats, TransportTimeout
 from shardwire.worker.transport.book import AddressBook
-from shardwire.worker.transport.links import ConnectFailed
+from shardwire.worker.transport.dialing import ConnectFailed
 from shardwire.worker.transport.listen import ListenFailed
 from shardwire.worker.transport.memory import MemoryHub, MemoryTransport
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh

@@ -1,6 +1,6 @@
 """A framed, authenticated connection as an ``asyncio.BufferedProtocol``.
 
-A thin shell around the sans-IO :class:`~shardwire.protocol.session.Session`, which
+A thin shell around the sans-IO :class:`~shardwire.protocol.channel.Channel`, which
 frames, authenticates and turns bytes into events. The kernel writes received bytes
 straight into the buffer the session's decoder names: the prefix and meta into small
 internal buffers, tensor payloads into their destination arrays (the receive path
@@ -31,8 +31,8 @@ from shardwire.protocol import (
     StagePool,
     message_bytes,
 )
+from shardwire.protocol.channel import Authenticated, Channel, Handshake
 from shardwire.protocol.messages import Error, Message
-from shardwire.protocol.session import Authenticated, Handshake, Session
 
 # How long a hanging-up connection waits for the peer to close its side.
 HANG_UP_GRACE = 2.0
@@ -55,7 +55,7 @@ class FramedProtocol(asyncio.BufferedProtocol):
         self._on_message = on_message
         # until the peer is authenticated it gets handshake limits and a small stage;
         # then ``limits``, and bursts read into stages borrowed from ``stages``
-        self.session = Session(
+        self.session = Channel(
             handshake,
             limits=limits,
             allocator=self._allocate,

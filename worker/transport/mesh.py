@@ -42,9 +42,9 @@ from shardwire.protocol.messages import Error, Failure, Hello, Leave
 from shardwire.protocol.placement import Placement
 from shardwire.worker.transport.arena_settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
 from shardwire.worker.transport.book import AddressBook
+from shardwire.worker.transport.dialing import CROSSED, Links
 from shardwire.worker.transport.framing import HANG_UP_GRACE, Refused, open_connection
 from shardwire.worker.transport.idle import IdleCloser
-from shardwire.worker.transport.links import CROSSED, Links
 from shardwire.worker.transport.listen import bind_listener
 from shardwire.worker.transport.messaging import MailboxTransport
 from shardwire.worker.transport.peer import PeerConnection

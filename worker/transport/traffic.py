@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-from shardwire.protocol.links import LINKS_PER_BEAT, LinkReport
+from shardwire.protocol.linkreports import LINKS_PER_BEAT, LinkReport
 
 Path = Literal["tcp", "shm"]
 TIMED_BYTES = 256 * 1024  # received payloads this large are timed (several reads each)

@@ -9,7 +9,7 @@ import pytest
 
 from shardwire.protocol import Tag
 from shardwire.worker import init
-from shardwire.worker.runtime.settings import WorkerConfig
+from shardwire.worker.runtime.worker_config import WorkerConfig
 from shardwire.worker.transport.poll import (
     POLL_MAX_BYTES,
     BusyPoll,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import Tag
-from shardwire.protocol.links import LINKS_PER_BEAT
+from shardwire.protocol.linkreports import LINKS_PER_BEAT
 from shardwire.protocol.messages import Heartbeat
 from shardwire.worker.transport.shmlink import SHM_MIN_BYTES
 from shardwire.worker.transport.traffic import TIMED_BYTES, Traffic, kernel_rtt_us

@@ -18,24 +18,24 @@ from shardwire.protocol import (
     encode_head,
     message_bytes,
 )
+from shardwire.protocol.channel import AUTHENTICATED, Channel, HandshakeRefused
 from shardwire.protocol.messages import Error, Leave
-from shardwire.protocol.session import AUTHENTICATED, HandshakeRefused, Session
 
 LIMITS = Limits(max_payload=1 << 20)
 
 
-def _client(token: str = "t") -> Session:
-    return Session(ClientHandshake(Token(token), role="peer", run_id="r", rank=1), limits=LIMITS)
+def _client(token: str = "t") -> Channel:
+    return Channel(ClientHandshake(Token(token), role="peer", run_id="r", rank=1), limits=LIMITS)
 
 
-def _server(token: str = "t", **kw) -> Session:
+def _server(token: str = "t", **kw) -> Channel:
     landed: list[bytearray] = []
 
     def allocate(header):
         landed.append(bytearray(header.payload_len))
         return memoryview(landed[-1])
 
-    session = Session(
+    session = Channel(
         ServerHandshake(Token(token), accept=lambda _hello: None),
         limits=LIMITS,
         allocator=allocate,
@@ -46,7 +46,7 @@ def _server(token: str = "t", **kw) -> Session:
     return session
 
 
-def _connect(client: Session, server: Session) -> list:
+def _connect(client: Channel, server: Channel) -> list:
     """Pass bytes both ways until neither has any; the events each saw, in order."""
     seen: list = []
     for _ in range(4):  # hello, challenge, proof, welcome

@@ -34,7 +34,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from shardwire.protocol.links import LinkReport
+from shardwire.protocol.linkreports import LinkReport
 
 PER_RANK = 256  # links kept per reporting rank
 LINKS = 1 << 16  # links kept in all

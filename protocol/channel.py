@@ -4,10 +4,10 @@ and of the workers (``worker.transport.framing``) are thin shells around it.
 
 Theory of operation
 -------------------
-A shell hands the session what the socket read, either through :meth:`Session.get_buffer`
-and :meth:`Session.buffer_updated` (a buffered protocol: tensor payloads land straight in
-the arrays the allocator names) or as a byte string (:meth:`Session.receive_data`), then
-takes events until :meth:`Session.next_event` returns None:
+A shell hands the session what the socket read, either through :meth:`Channel.get_buffer`
+and :meth:`Channel.buffer_updated` (a buffered protocol: tensor payloads land straight in
+the arrays the allocator names) or as a byte string (:meth:`Channel.receive_data`), then
+takes events until :meth:`Channel.next_event` returns None:
 
 * a :class:`~shardwire.protocol.frames.Frame` of kind DATA: a tensor, after the
   handshake only;
@@ -16,12 +16,12 @@ takes events until :meth:`Session.next_event` returns None:
 * a control :class:`~shardwire.protocol.messages.Message`, after the handshake only.
 
 Handshake messages never leave the session: it answers them itself and queues the reply,
-which the shell writes (:meth:`Session.data_to_send`) after every batch of events, and
+which the shell writes (:meth:`Channel.data_to_send`) after every batch of events, and
 before it closes on an error. A handshake the pure handshake refuses raises
 :class:`HandshakeRefused` with the refusal already queued; any other violation raises
 the :class:`~shardwire.protocol.errors.ProtocolError` that names it. A server may
 ``hold`` handshake messages (a worker that has no rank yet cannot judge a peer's); they
-are answered by :meth:`Session.release_held`.
+are answered by :meth:`Channel.release_held`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class HandshakeRefused(ProtocolError):
         self.reply = reply
 
 
-class Session:
+class Channel:
     """One connection's framing and handshake. ``limits``, ``stage_bytes`` and
     ``stages`` apply once authenticated (until then handshake limits and a small stage);
     ``allocator`` names where a data frame's payload goes; ``hold`` says whether a

@@ -1,5 +1,5 @@
 """What a worker reports of its peer links with its heartbeats (see
-``worker/transport/traffic.py`` and ``coordinator/links.py``)."""
+``worker/transport/traffic.py`` and ``coordinator/linktable.py``)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from shardwire.protocol.history import parse_nnodes
 from shardwire.protocol.ports import port_range, port_value
 from shardwire.worker.launcher.cluster import NodePlace
 from shardwire.worker.launcher.secret import job_token
-from shardwire.worker.runtime.settings import trace_switch
 from shardwire.worker.runtime.tls import TlsFiles
+from shardwire.worker.runtime.worker_config import trace_switch
 
 
 class _Client(BaseSettings):

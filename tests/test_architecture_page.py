@@ -1,0 +1,113 @@
+"""The architecture page's "Follow a tensor" is the call path the code takes.
+
+Each ``<!-- path: NAME -->`` list on the page names, step by step, the objects an
+all_reduce passes through on one backend. Here that all_reduce runs on a world laid out
+for that backend under a profiler, and every object the page names must be one the
+call went through: in the page's order for the sending paths, at all for the receiving
+one. Every named class must also be defined in the file the page gives for it.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardwire.worker.collectives import Group
+from tests.worker.transport.fabric import tcp_world
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "architecture.md"
+STEP = re.compile(r"^\d+\. `(\w+)`(?: \(`([\w/.]+\.py)`)?", re.M)
+# How each path's world is laid out: the node of every rank.
+WORLDS = {
+    "links": [0, 1],
+    "links-receive": [0, 1],
+    "arena": [0, 0],
+    "tiered": [0, 0, 1, 1],
+}
+MAX_OBJECTS = 6  # a reader follows any call through at most this many objects
+
+
+def _paths() -> dict[str, list[tuple[str, str | None]]]:
+    text = PAGE.read_text()
+    found = {}
+    for name, body in re.findall(r"<!-- path: ([\w-]+) -->\n(.*?)<!-- end -->", text, re.S):
+        found[name] = STEP.findall(body)
+    return found
+
+
+def test_the_page_follows_every_backend_in_few_objects() -> None:
+    paths = _paths()
+    assert set(paths) == set(WORLDS)
+    for name, steps in paths.items():
+        assert 1 < len(steps) <= MAX_OBJECTS, (name, steps)
+
+
+def test_every_named_class_is_defined_where_the_page_says() -> None:
+    for steps in _paths().values():
+        for cls, file in steps:
+            if not file:
+                continue
+            folder = {"protocol": "protocol"}.get(file.split("/")[0], "worker")
+            path = ROOT / (file if folder == "protocol" else f"worker/{file}")
+            tree = ast.parse(path.read_text())
+            defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+            assert cls in defined, f"{cls} is not defined in {file}"
+
+
+def _profiler(seen: list[str]) -> Callable[..., Any]:
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event != "call" or not frame.f_globals.get("__name__", "").startswith("shardwire."):
+            return
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            name = type(owner).__name__
+            if not seen or seen[-1] != name:
+                seen.append(name)
+
+    return profile
+
+
+async def _traced_all_reduce(nodes: list[int]) -> list[str]:
+    seen: list[str] = []
+    async with tcp_world(len(nodes), arena=True, nodes=nodes, timeout=30.0) as meshes:
+        groups = [Group(m, timeout=30.0) for m in meshes]
+        xs = [np.ones(1 << 18, np.float32) for _ in groups]
+        try:
+            await asyncio.gather(*(g.all_reduce(x) for g, x in zip(groups, xs, strict=True)))
+            profile = _profiler(seen)
+            threading.setprofile(profile)
+            sys.setprofile(profile)
+            try:
+                await asyncio.gather(*(g.all_reduce(x) for g, x in zip(groups, xs, strict=True)))
+            finally:
+                sys.setprofile(None)
+                threading.setprofile(None)  # type: ignore[arg-type]
+        finally:
+            for g in groups:
+                await g.aclose()
+    return seen
+
+
+def _in_order(wanted: list[str], seen: list[str]) -> bool:
+    it = iter(seen)
+    return all(any(name == s for s in it) for name in wanted)
+
+
+@pytest.mark.parametrize("path", sorted(WORLDS))
+async def test_the_page_names_the_objects_the_call_passes_through(path: str) -> None:
+    wanted = [cls for cls, _file in _paths()[path]]
+    seen = await _traced_all_reduce(WORLDS[path])
+    missing = [name for name in wanted if name not in seen]
+    assert missing == [], f"{path}: the call never passed through {missing}"
+    if path != "links-receive":  # arrivals interleave with the sends
+        assert _in_order(wanted, seen), f"{path}: {wanted} out of order in {seen}"
