@@ -19,7 +19,15 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from shardwire.torch.reductions import Reductions
-from shardwire.torch.tensors import Staged, check_sizes, joined, split_into, stage_all
+from shardwire.torch.tensors import (
+    Staged,
+    check_count,
+    check_like,
+    check_sizes,
+    joined,
+    split_into,
+    stage_all,
+)
 from shardwire.torch.work import BridgeWork
 
 
@@ -73,14 +81,18 @@ class ShardwireProcessGroup(Reductions):
         inputs: list[torch.Tensor],
         opts: Any = None,
     ) -> BridgeWork:
+        """``output_lists[i][k]``: rank k's ``inputs[i]``."""
         opts = opts or AllgatherOptions()
         g = self._group
         ins = stage_all(inputs, "allgather input", reduce=False)
         outs = [
             stage_all(lst, "allgather output", reduce=False, load=False) for lst in output_lists
         ]
+        check_count("allgather outputs", len(outs), len(ins), "lists")
         for i, lst in zip(ins, outs, strict=True):
-            check_sizes("allgather outputs", sum(o.array.size for o in lst), i.array.size * g.size)
+            check_count("allgather outputs", len(lst), g.size, "tensors, one per rank")
+            for o in lst:
+                check_like("allgather output", o, i)
         bufs = [np.empty(i.array.size * g.size, i.array.dtype) for i in ins]
         limit = self._limit(opts)
 
@@ -97,7 +109,37 @@ class ShardwireProcessGroup(Reductions):
         flat_outs = [t for lst in output_lists for t in lst]
         return self._submit("allgather", calls, flat_outs, timeout=limit, finish=finish)
 
-    allgather_coalesced = allgather
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: Any = None,
+    ) -> BridgeWork:
+        """``output_lists[k][i]``: rank k's ``inputs[i]`` (one list per rank, unlike
+        :meth:`allgather`), all in one exchange of the inputs laid end to end."""
+        opts = opts or AllgatherOptions()
+        g = self._group
+        ins = stage_all(inputs, "allgather_coalesced input", reduce=False)
+        outs = [
+            stage_all(lst, "allgather_coalesced output", reduce=False, load=False)
+            for lst in output_lists
+        ]
+        check_count("allgather_coalesced outputs", len(outs), g.size, "lists, one per rank")
+        for lst in outs:
+            check_count("allgather_coalesced outputs", len(lst), len(ins), "tensors")
+            for o, i in zip(lst, ins, strict=True):
+                check_like("allgather_coalesced output", o, i)
+        x = np.concatenate([i.flat() for i in ins]) if ins else np.empty(0, np.uint8)
+        buf = np.empty(x.size * g.size, x.dtype)
+        limit = self._limit(opts)
+        flat_outs = [o for lst in outs for o in lst]
+        return self._submit(
+            "allgather_coalesced",
+            lambda: [g.all_gather(x, out=buf, timeout=limit)],
+            [t for lst in output_lists for t in lst],
+            timeout=limit,
+            finish=lambda: split_into(buf, flat_outs),
+        )
 
     # ---- all-to-all, gather, scatter ---------------------------------------------------
 

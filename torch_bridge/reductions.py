@@ -18,7 +18,7 @@ class Reductions(BridgeBase):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         opts = opts or dist.AllreduceOptions()
-        how = reduction(opts.reduceOp, "allreduce")
+        how = reduction(opts.reduceOp, "allreduce", tensors)
         staged = stage_all(tensors, "allreduce", reduce=True)
         limit = self._limit(opts)
         g = self._group
@@ -36,7 +36,7 @@ class Reductions(BridgeBase):
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         opts = opts or dist.ReduceOptions()
-        how = reduction(opts.reduceOp, "reduce")
+        how = reduction(opts.reduceOp, "reduce", tensors)
         root = opts.rootRank
         staged = stage_all(tensors, "reduce", reduce=True)
         limit = self._limit(opts)
@@ -62,7 +62,7 @@ class Reductions(BridgeBase):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> BridgeWork:
         opts = opts or dist.ReduceScatterOptions()
-        how = reduction(opts.reduceOp, "reduce_scatter")
+        how = reduction(opts.reduceOp, "reduce_scatter", inputs)
         ins = stage_all(inputs, "reduce_scatter input", reduce=True)
         outs = stage_all(outputs, "reduce_scatter output", reduce=True, load=False)
         for i, o in zip(ins, outs, strict=True):
@@ -87,7 +87,7 @@ class Reductions(BridgeBase):
         opts: Any = None,
     ) -> BridgeWork:
         opts = opts or dist.ReduceScatterOptions()
-        how = reduction(opts.reduceOp, "reduce_scatter")
+        how = reduction(opts.reduceOp, "reduce_scatter", outputs)
         outs = stage_all(outputs, "reduce_scatter output", reduce=True, load=False)
         sources = [joined(parts, "reduce_scatter input", reduce=True) for parts in input_lists]
         for (_, sizes), o in zip(sources, outs, strict=True):

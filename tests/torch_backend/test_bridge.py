@@ -61,6 +61,46 @@ def test_bfloat16_reduces_in_float32_and_moves_as_bytes():
     np.testing.assert_array_equal(m.array, t.view(torch.int16).numpy())
 
 
+def test_float8_moves_as_bytes_and_is_not_reduced():
+    t = torch.tensor([1.5, -2.0], dtype=torch.float8_e4m3fn)
+    m = Staged(t, "broadcast", reduce=False)
+    assert m.array.dtype == np.uint8 and not m.staged
+    with pytest.raises(UnsupportedTensor, match="all_reduce.*float8"):
+        Staged(t, "all_reduce", reduce=True)
+
+
+def test_a_complex_tensor_reduces_as_its_parts_and_comes_back():
+    t = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    s = Staged(t, "reduce", reduce=True)
+    assert s.array.dtype == np.float32 and s.array.shape == (2, 2) and not s.staged
+    strided = torch.tensor([1 + 2j, 0, 3 - 1j], dtype=torch.complex128)[::2]
+    staged = Staged(strided, "reduce", reduce=True)
+    staged.array *= 2
+    staged.finish()
+    assert strided.tolist() == [2 + 4j, 6 - 2j]
+    with pytest.raises(UnsupportedTensor, match="view_as_real"):
+        Staged(t, "gather", reduce=False)  # gloo refuses it too
+
+
+def test_a_transposed_bfloat16_tensor_reduces_through_contiguous_staging():
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).t()
+    s = Staged(t, "all_reduce", reduce=True)
+    assert s.array.flags.c_contiguous
+    s.array += 1
+    s.finish()
+    assert t.tolist() == [[1, 4], [2, 5], [3, 6]]
+
+
+def test_reduce_ops_gloo_refuses_are_refused_by_dtype():
+    z = torch.zeros(2, dtype=torch.complex64)
+    assert reduction(dist.ReduceOp.AVG, "x", [z]).op is ReduceOp.AVG
+    with pytest.raises(TypeError, match="MAX is not defined on complex"):
+        reduction(dist.ReduceOp.MAX, "reduce", [z])
+    if hasattr(dist._make_nccl_premul_sum(0.5), "factor"):
+        with pytest.raises(TypeError, match="PREMUL_SUM needs a floating"):
+            reduction(dist._make_nccl_premul_sum(0.5), "x", [torch.zeros(2, dtype=torch.int32)])
+
+
 def test_a_tensor_on_another_device_is_refused_naming_the_op():
     with pytest.raises(UnsupportedTensor, match="all_gather.*meta"):
         Staged(torch.empty(3, device="meta"), "all_gather", reduce=False)
