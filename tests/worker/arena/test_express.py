@@ -20,12 +20,17 @@ from shardwire.worker.backends.arena import EXPRESS_BYTES
 from shardwire.worker.collectives import Group
 from shardwire.worker.transport import mesh as mesh_module
 from shardwire.worker.transport.arena_settings import CROWDED_NAP
+from tests.waiting import until
 from tests.worker.arena.test_arena import arena_groups
 from tests.worker.collectives.worlds import on_all
 
 
 async def _opened(groups: list[Group]) -> None:
+    """The groups' arenas are open and every engine is idle again: a thread that ran the
+    last call lets go of the queue a moment after that call's waiter is woken."""
     await on_all(groups, lambda g: g.barrier())
+    engines = [g.backend.gate.arena.engine for g in groups]
+    await until(lambda: all(e.driver is None for e in engines), "the arena engines idle")
 
 
 async def test_a_small_call_whose_peers_are_there_ends_before_it_is_awaited() -> None:

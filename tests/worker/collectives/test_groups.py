@@ -5,12 +5,14 @@ cancellation."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
 from shardwire.protocol import CollectiveMismatch, InvalidArgument, InvalidState, TransportClosed
 from shardwire.worker.collectives import Group
+from shardwire.worker.transport import TransportTimeout
 
 from .worlds import KINDS, group_world, on_all
 
@@ -109,3 +111,26 @@ async def test_members_that_pin_differently_fail_as_a_mismatch(kind: str) -> Non
             *(g.all_reduce(np.ones(4)) for g in pinned), return_exceptions=True
         )
     assert all(isinstance(r, CollectiveMismatch) for r in results), results
+
+
+async def test_point_to_point_calls_are_pending_calls_with_their_own_timeout(kind: str) -> None:
+    async with group_world(_messages(kind), 3, timeout=30.0) as groups:
+        a, b, c = groups
+        sending = a.send(np.arange(4.0), 2, tag=7).start()  # started like a collective
+        receiving = c.recv(0, tag=7)
+        assert receiving.decision is None  # no backend decides a point-to-point message
+        assert (await receiving).tolist() == [0.0, 1.0, 2.0, 3.0]
+        await sending.wait()
+        await b.send(np.ones(2), 2, tag=8)
+        src, got = await c.recv_any(tag=8, timeout=5.0)
+        assert (src, got.tolist()) == (1, [1.0, 1.0])
+        started = time.monotonic()
+        with pytest.raises(TransportTimeout, match="timed out after 0.2 s"):
+            await c.recv(1, tag=9, timeout=0.2)  # the call's own limit, not the group's 30 s
+        with pytest.raises(TransportTimeout):
+            await c.recv_any(tag=9, timeout=0.2)
+        assert time.monotonic() - started < 10.0
+        with pytest.raises(InvalidArgument, match="dst 3 is not a rank of this group of 3"):
+            a.send(np.ones(1), 3)
+        with pytest.raises(InvalidArgument, match="tag must be in"):
+            a.recv(1, tag=-1)
