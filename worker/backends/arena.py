@@ -44,18 +44,38 @@ Build = Callable[[Context], Program]
 
 def program(op: Op, size: int) -> Build | None:
     """The arena program of ``op`` in a group of ``size``; None if the arena has none."""
-    if isinstance(op, AllReduce):
-        return lambda ctx: programs.all_reduce(ctx, op.buf, op.op, size)
-    if isinstance(op, ReduceScatter):
-        return lambda ctx: programs.reduce_scatter(ctx, op.src, op.out, op.segs, op.op, count=size)
-    if isinstance(op, AllGather):
-        parts = [op.buf[s:e] for s, e in op.segs]
-        return lambda ctx: programs.all_gather(ctx, parts, op.src)
-    if isinstance(op, Broadcast):
-        return lambda ctx: programs.broadcast(ctx, op.buf, op.root)
-    if isinstance(op, Barrier):
-        return programs.barrier
-    return None
+    make = _PROGRAMS.get(type(op))
+    return None if make is None else make(op, size)
+
+
+def _all_reduce(op: AllReduce, size: int) -> Build:
+    return lambda ctx: programs.all_reduce(ctx, op.buf, op.op, size)
+
+
+def _reduce_scatter(op: ReduceScatter, size: int) -> Build:
+    return lambda ctx: programs.reduce_scatter(ctx, op.src, op.out, op.segs, op.op, count=size)
+
+
+def _all_gather(op: AllGather, size: int) -> Build:
+    parts = [op.buf[s:e] for s, e in op.segs]
+    return lambda ctx: programs.all_gather(ctx, parts, op.src)
+
+
+def _broadcast(op: Broadcast, size: int) -> Build:
+    return lambda ctx: programs.broadcast(ctx, op.buf, op.root)
+
+
+def _barrier(op: Barrier, size: int) -> Build:
+    return programs.barrier
+
+
+_PROGRAMS: dict[type, Callable[[Any, int], Build]] = {
+    AllReduce: _all_reduce,
+    ReduceScatter: _reduce_scatter,
+    AllGather: _all_gather,
+    Broadcast: _broadcast,
+    Barrier: _barrier,
+}
 
 
 class ArenaBackend(Backend):
@@ -79,7 +99,7 @@ class ArenaBackend(Backend):
 
     def decide(self, op: Op) -> Decision:
         state = self.gate.state
-        if state is GateState.UNAVAILABLE or type(op) not in _SERVED:
+        if state is GateState.UNAVAILABLE or type(op) not in _PROGRAMS:
             return self.links.decide(op)
         return _ARENA
 
@@ -124,6 +144,3 @@ class ArenaBackend(Backend):
 
     def close(self) -> None:
         self.gate.close()
-
-
-_SERVED = frozenset({AllReduce, ReduceScatter, AllGather, Broadcast, Barrier})

@@ -68,6 +68,7 @@ class Group:
         self.group_id = group_id
         self.timeout = timeout
         self.choice = roster.Choice.of(backend, algorithms)
+        self._asked = self.choice.asked  # read on every call
         # the call of the parent group that this subgroup's calls are phases of, if any:
         # part of their signatures, so a mismatch names the calls the user made
         self.within = ""
@@ -203,9 +204,9 @@ class Group:
         self._check()
         self._seq += 1
         seq = self._seq
-        backend = self.backend
+        backend = self._backend or self.backend
         decision = backend.decide(op)
-        signature = op.signature + self.choice.mark(op.kind)
+        signature = op.signature + self.choice.mark(op.kind) if self._asked else op.signature
         if op.signs_decision:
             signature = f"{signature}:{decision.algorithm}"
         if self.within:

@@ -49,7 +49,8 @@ def split(length: int, sizes: Sequence[int] | None, size: int, what: str) -> lis
 
 
 def all_reduce(x: np.ndarray, op: ReduceOp | str, out: np.ndarray | None) -> ops.AllReduce:
-    op = reduction(op, x.dtype)
+    op = op if type(op) is ReduceOp else ReduceOp(op)  # inline: the most frequent call
+    check_op(op, x.dtype)
     target = x if out is None else out_array(out, x.shape, x.dtype)
     buf = flat(target, "x" if out is None else "out")
     if out is not None:

@@ -104,10 +104,13 @@ class Choice:
         marks = {op: f"@{how}" for op, how in pinned.items()}
         return cls(backend, pinned, marks, f"@{backend}" if backend else "")
 
+    @property
+    def asked(self) -> bool:
+        """Whether the group asked for anything (else its signatures carry no marks)."""
+        return self is not _DEFAULT
+
     def mark(self, kind: str) -> str:
-        """What a call of ``kind`` adds to its signature ("" when nothing was asked)."""
-        if self is _DEFAULT:
-            return ""
+        """What a call of ``kind`` adds to its signature."""
         return self.every + self.marks.get(kind, "")
 
 

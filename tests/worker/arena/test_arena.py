@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, PeerFailed
+from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, InvalidArgument, PeerFailed
 from shardwire.worker.arena.board import Board
 from shardwire.worker.arena.region import Geometry, Region
 from shardwire.worker.backends.arena import EXPRESS_BYTES
@@ -208,3 +208,16 @@ async def test_a_started_call_runs_on_the_arena_thread_while_the_loop_computes()
         for work in works:
             out = await work.wait()
             np.testing.assert_array_equal(out, np.repeat([1.0, 2.0], count))
+
+
+async def test_a_group_that_asks_for_links_stays_off_its_arena() -> None:
+    async with arena_groups(2) as groups:
+        links = [g.new_group([0, 1], name="by links", backend="links") for g in groups]
+        calls = [g.all_reduce(np.full(5, 1.0 + g.rank)) for g in links]
+        assert {str(c.decision) for c in calls} == {"links/doubling"}
+        assert [o.tolist() for o in await asyncio.gather(*calls)] == [[3.0] * 5] * 2
+        calls = [g.all_reduce(np.full(5, 1.0 + g.rank)) for g in groups]
+        assert {str(c.decision) for c in calls} == {"arena/arena"}
+        await asyncio.gather(*calls)
+        with pytest.raises(InvalidArgument, match="backend 'tiered' needs group"):
+            groups[0].new_group([0, 1], name="tiered", backend="tiered").barrier()
