@@ -35,10 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = ROOT / "docs" / "reference"
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 COMMANDS = ["launch", "worker", "run", "coordinator", "status", "checkpoint", "bench", "plot"]
-COMMANDS += ["health", "trace", "kubernetes"]
+COMMANDS += ["health", "trace", "kubernetes", "chaos"]
 # Read outside the settings models: named here with what they do.
 OTHERS = {
     "SHARDWIRE_BENCH_DIR": "Where `shardwire bench` keeps its side environments' files.",
+    "SHARDWIRE_CHAOS": "Set by `shardwire chaos` for the job it runs: the fault plan's path. "
+    "A rank started with it injects the plan's faults that hit it; without it, nothing "
+    "of the injector runs.",
+    "SHARDWIRE_CHAOS_LOG": "Set by `shardwire chaos`: the file where the ranks note each "
+    "fault they inject and what they learned of failures (unset: the plan's path + `.log`).",
     "XDG_CONFIG_HOME": "Where the user's secret lies from which a Slurm job's token is "
     "derived (`$XDG_CONFIG_HOME/shardwire/secret`; unset: `~/.config/shardwire/secret`).",
     "XDG_RUNTIME_DIR": "Where `launch --standalone` leaves its job's card for `shardwire "
@@ -294,11 +299,43 @@ def api_page() -> str:
     return "\n".join(out) + "\n"
 
 
+def chaos_page() -> str:
+    """The fault plan's schema, from its models."""
+    from shardwire.worker.chaos.plan import KINDS, MAX_FAULTS, Fault, Plan
+
+    out = ["# Chaos plan", "", "Generated from `shardwire.worker.chaos.plan`; see the guide"]
+    out += ["[Test your job's failures](../guide/chaos.md). A plan is a TOML file (`.toml`)"]
+    out += ["or YAML (any other name); an unknown key or a bad value stops `shardwire chaos`"]
+    out += ["before the job starts, naming the field.", "", "## The plan", ""]
+    out += ["| key | default | meaning |", "|---|---|---|"]
+    meanings = {
+        "seed": 'an integer: it draws the ranks of `rank = "random"` faults (the same seed, '
+        "the same ranks)",
+        "faults": f"the faults (below), 1 to {MAX_FAULTS}",
+        "expect": "`survive` (the job exits 0) or `fail` (it does not); checked by the verdict",
+        "expect_within_s": 'seconds: with `expect = "fail"`, the job is over within this long '
+        "of the first fault",
+    }
+    for name, field in Plan.model_fields.items():
+        default = "required" if field.is_required() else f"`{field.default!r}`"
+        out.append(f"| `{name}` | {default} | {meanings[name]} |")
+    out += ["", "## A fault", "", "| key | default | meaning |", "|---|---|---|"]
+    for name, field in Fault.model_fields.items():
+        default = "required" if field.is_required() else f"`{field.default!r}`"
+        text = field.description or "one of the kinds below"
+        out.append(f"| `{name}` | {default} | {text} |")
+    out += ["", "Give exactly one of `step` and `after_s`.", "", "## Kinds", ""]
+    out += ["| kind | what happens |", "|---|---|"]
+    out += [f"| `{kind}` | {what} |" for kind, what in KINDS.items()]
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a page is out of date")
     args = p.parse_args()
     pages = {"cli.md": cli_page(), "environment.md": environment_page(), "api.md": api_page()}
+    pages["chaos-plan.md"] = chaos_page()
     files = {PAGES / name: text for name, text in pages.items()}
     files.update({ROOT / "docs" / name: draw() for name, draw in FIGURES.items()})
     stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]

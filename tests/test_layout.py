@@ -64,6 +64,7 @@ WORKER_LAYERS = [
     ["training"],  # data-parallel helpers, compression
     ["fsdp"],
     ["runtime"],  # joining the job: control channel, liveness, settings
+    ["chaos"],  # fault plans, their injection into a rank, the verdict
     ["api"],
     ["__init__"],
     ["launcher"],

@@ -178,7 +178,9 @@ class Staged:
                 if load
                 else torch.empty_like(alias, memory_format=torch.contiguous_format)
             )
-        self.array = (alias if self._staging is None else self._staging).numpy()
+        held = self._staging if self._staging is not None else alias
+        assert held is not None  # no alias means a staging copy was made
+        self.array = held.numpy()
 
     @property
     def staged(self) -> bool:

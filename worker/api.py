@@ -14,6 +14,7 @@ from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
 from shardwire.protocol.placement import Member
+from shardwire.worker.chaos import inject
 from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe import trace
 from shardwire.worker.observe.flight import FlightRecorder
@@ -66,6 +67,7 @@ class Session:
         self._mesh: TcpMesh | None = None
         self._control: ControlThread | None = None
         self._rank = -1
+        self._chaos: inject.Injector | None = None  # a chaos plan's faults for this rank
 
     async def __aenter__(self) -> ProcessGroup:
         try:
@@ -136,24 +138,29 @@ class Session:
             interactive=cfg.interactive,
             recorder=recorder,
         )
+        self._chaos = inject.from_environment(os.environ, self.group)
         return self.group
 
     def _peer_failed(self, error: PeerFailed) -> None:
+        if self._chaos is not None:
+            self._chaos.noticed(error)
         if self._control is not None:
             self._control.report_peer_failure(error.rank, error.reason)
 
     def _aborted(self, msg: Abort | None) -> None:
         if self._mesh is None:
             return
+        error: JobAborted | PeerFailed
         if msg is None:
             host, port = self.config.coordinator
-            self._mesh.abort(JobAborted(f"lost the coordinator at {host}:{port}"))
+            error = JobAborted(f"lost the coordinator at {host}:{port}")
         elif msg.rank == self._rank:
-            self._mesh.abort(JobAborted(f"stopped by the coordinator: {msg.reason}"))
+            error = JobAborted(f"stopped by the coordinator: {msg.reason}")
         else:
-            self._mesh.abort(
-                PeerFailed(rank=msg.rank, reason=msg.reason, remote_traceback=msg.traceback)
-            )
+            error = PeerFailed(rank=msg.rank, reason=msg.reason, remote_traceback=msg.traceback)
+        if self._chaos is not None:
+            self._chaos.noticed(error)
+        self._mesh.abort(error)
 
     async def __aexit__(
         self,
@@ -161,6 +168,8 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._chaos is not None:
+            self._chaos.ended(exc)
         tracer = trace.current()
         if tracer is not None:
             trace.install(None)

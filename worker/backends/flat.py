@@ -250,7 +250,7 @@ async def _objects(op: Objects, c: Call, how: Algorithm) -> Any:
         await c.send(op.root, mine, 0)
         return None
     everyone = range(c.size)
-    sending = dict.fromkeys(everyone, mine) if op.mode == "all" else {}
-    got = await small.exchange(c, sending, dict.fromkeys(everyone))
-    got[c.rank] = mine
-    return [unpack_object(got[p].tobytes()) for p in everyone]
+    sending: dict[int, np.ndarray] = dict.fromkeys(everyone, mine) if op.mode == "all" else {}
+    blobs_in = await small.exchange(c, sending, dict.fromkeys(everyone))
+    blobs_in[c.rank] = mine
+    return [unpack_object(blobs_in[p].tobytes()) for p in everyone]

@@ -48,9 +48,9 @@ async def agree_max(pg: sw.ProcessGroup, value: float) -> float:
 
 async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: float) -> dict:
     call = make_call(pg, op, nbytes)
-    first = call()
-    decision = first.decision  # the backend's own, as its calls run
-    await first
+    warm = call()
+    decision = warm.decision  # the backend's own, as its calls run
+    await warm
     start = time.perf_counter()
     await call()
     first = await agree_max(pg, time.perf_counter() - start)

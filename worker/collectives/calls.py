@@ -130,8 +130,10 @@ class Calls:
         waiting = call.silent_ranks()
         if not waiting:
             others: Sequence[Subgroup] = backend.subgroups()
-            relayed = _failure(call) or next(
-                (e for g in (self, *others) if (e := g.failed_now())), None
+            relayed = (
+                _failure(call)
+                or self.failed_now()
+                or next((e for g in others if (e := g.failed_now())), None)
             )
             if relayed is not None:
                 return relayed

@@ -42,6 +42,7 @@ class ProcessGroup(Group):
         self.node_rank = node_rank
         self.generation = generation
         self._progress = progress or (lambda _heartbeat: None)
+        self._watchers: list[Callable[[int], None]] = []  # told each step reported
         self.interactive = interactive  # a person watches this job's output on a terminal
 
     def report_progress(
@@ -79,6 +80,18 @@ class ProcessGroup(Group):
                 bytes_received=stats.bytes_received,
             )
         )
+        self.step_finished(step)
+
+    def step_finished(self, step: int) -> None:
+        """This rank finished ``step`` (the run log says so every step, and
+        :meth:`report_progress` too): the watchers are told."""
+        for watcher in self._watchers:
+            watcher(step)
+
+    def watch_steps(self, watcher: Callable[[int], None]) -> None:
+        """Call ``watcher(step)`` at each :meth:`step_finished` (what it raises, that
+        raises)."""
+        self._watchers.append(watcher)
 
     @property
     def nnodes(self) -> int:

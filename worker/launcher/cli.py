@@ -30,6 +30,10 @@ TOOLS: dict[str, tuple[str, str]] = {
     "bench": ("shardwire.worker.bench", "time collectives or rendezvous, beside baselines"),
     "plot": ("shardwire.worker.launcher.plot", "draw a run directory's loss and throughput"),
     "health": ("shardwire.worker.launcher.health", "exit 0 if a coordinator is healthy"),
+    "chaos": (
+        "shardwire.worker.chaos.command",
+        "run a job with a fault plan and say what each fault cost it",
+    ),
     "trace": ("shardwire.worker.observe.trace", "merge a traced job's timelines into one file"),
     "kubernetes": (
         "shardwire.worker.launcher.kubernetes",

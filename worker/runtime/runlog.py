@@ -125,6 +125,7 @@ class RunLog:
 
         Every rank must call this with the same ``step``: the record gathers traffic.
         """
+        self.pg.step_finished(step)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items()})

@@ -64,6 +64,7 @@ async def main() -> None:
             x = await pg.all_reduce(np.full(size, float(step + pg.rank)))
             total += float(x[0])
             print(f"step {step} {x[0]:g}", flush=True)
+            pg.report_progress(step)  # a chaos plan's step faults fire here
             if delay:
                 await asyncio.sleep(delay)
         print(f"done {total:g}", flush=True)

@@ -1,0 +1,133 @@
+"""``shardwire chaos``: every kind of process fault injected into a real 4-rank job, as a
+user runs it, and seen in the verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, page_commands
+
+pytestmark = pytest.mark.e2e
+
+CASES = {
+    # kind: (the fault's table, the plan's expectation, the rank the others must name)
+    "kill": ("rank = 2\nstep = 5", 'expect = "fail"\nexpect_within_s = 20', 2),
+    "raise": ("rank = 1\nstep = 5", 'expect = "fail"\nexpect_within_s = 20', 1),
+    "term": ("rank = 3\nstep = 5", 'expect = "fail"\nexpect_within_s = 20', 3),
+    "stop": ("rank = 1\nafter_s = 1.0\nfor_s = 1.0", 'expect = "survive"', None),
+    "block": ("rank = 0\nstep = 5\nfor_s = 1.0", 'expect = "survive"', None),
+}
+
+
+def _chaos(tmp_path, plan: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    (tmp_path / "plan.toml").write_text(plan)
+    verdict = tmp_path / "verdict.json"
+    done = subprocess.run(
+        [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), *extra]
+        + ["--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
+        + [str(SCRIPTS / "steps.py")],
+        env=env(STEPS="30", STEP_DELAY="0.1"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    return done, (json.loads(verdict.read_text()) if verdict.exists() else {})
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_each_fault_is_injected_and_judged(tmp_path, kind: str) -> None:
+    where, expect, named = CASES[kind]
+    plan = f'seed = 1\n{expect}\n\n[[faults]]\nkind = "{kind}"\n{where}\n'
+    done, outcome = _chaos(tmp_path, plan)
+    assert done.returncode == 0, done.stderr[-3000:]  # the plan's expectation held
+    (fault,) = outcome["faults"]
+    assert fault["injected"], done.stderr[-3000:]
+    assert fault["rank"] == int(where.split()[2])
+    if named is None:  # survived: every rank ended well and the job exited 0
+        assert outcome["survived"] and set(outcome["ranks_ended"].values()) == {"ok"}
+        assert "detected_by" not in fault
+    else:
+        assert not outcome["survived"]
+        assert fault["named_rank"] == named, fault
+        assert fault["detected_by"] != named and fault["detected_after_s"] < 20
+    assert f"fault 0 ({kind}) on rank {fault['rank']}" in done.stderr
+
+
+def test_an_expectation_that_does_not_hold_fails_the_command(tmp_path) -> None:
+    plan = 'expect = "survive"\n[[faults]]\nkind = "kill"\nrank = 1\nstep = 3\n'
+    done, outcome = _chaos(tmp_path, plan)
+    assert done.returncode == 1
+    assert "expected: survive: did NOT hold" in done.stderr
+    assert outcome["faults"][0]["injected"] and not outcome["held"]
+
+
+def test_a_bad_plan_stops_before_the_job_starts(tmp_path) -> None:
+    done, outcome = _chaos(tmp_path, '[[faults]]\nkind = "kill"\nrank = 1\n')
+    assert done.returncode == 2 and outcome == {}
+    assert "faults.0: Value error, give exactly one of step and after_s" in done.stderr
+    assert "[coordinator]" not in done.stderr  # nothing was started
+
+
+def test_a_job_without_a_plan_injects_and_notes_nothing(tmp_path) -> None:
+    log = tmp_path / "chaos.jsonl"  # a log named, but no plan: nothing may run
+    done = subprocess.run(
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "steps.py")],
+        env=env(STEPS="3", SHARDWIRE_CHAOS_LOG=str(log)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not log.exists()
+
+
+def _guide_command() -> str:
+    (command,) = page_commands((ROOT / "docs" / "guide" / "chaos.md").read_text())
+    return command
+
+
+@pytest.mark.parametrize(
+    "plan", ["rank-dies.toml", "rank-stalls.toml", "script-raises.yaml"], ids=str
+)
+def test_the_guide_runs_each_example_plan_against_digits(tmp_path, plan: str) -> None:
+    command = _guide_command().replace("rank-dies.toml", plan)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # the page's paths, as written
+    args = shlex.split(command)
+    assert args[0] == "shardwire"
+    done = subprocess.run(
+        [SHARDWIRE, *args[1:]],
+        env=env(PATH=f"{Path(SHARDWIRE).parent}:{os.environ.get('PATH', '')}"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]  # the example's expectation held
+    outcome = json.loads((tmp_path / "verdict.json").read_text())
+    assert outcome["held"] and outcome["faults"][0]["injected"]
+    if plan == "rank-dies.toml":  # what the page shows, but for times and the error's words
+        shown = (ROOT / "docs" / "guide" / "chaos.md").read_text()
+        sample = re.search(r"```text\n(.*?)```", shown, re.S)
+        assert sample is not None
+        printed = done.stderr[done.stderr.index("chaos verdict") :].strip()
+        assert _steady(printed) == _steady(sample.group(1).strip())
+
+
+def _steady(text: str) -> str:
+    text = re.sub(r"\d+\.\d+ s", "<s>", text)
+    return re.sub(r"\((\w+): [^)]*\)", r"(\1: <why>)", text)

@@ -1,0 +1,156 @@
+"""Fault plans: the schema, its errors naming the field, the seeded schedule, and the
+verdict drawn from a chaos log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardwire.worker.chaos.inject import from_environment, read_log
+from shardwire.worker.chaos.plan import PlanError, load
+from shardwire.worker.chaos.verdict import table, verdict
+
+TOML = """
+seed = 3
+expect = "fail"
+expect_within_s = 5
+
+[[faults]]
+kind = "kill"
+rank = 1
+step = 20
+
+[[faults]]
+kind = "stop"
+rank = "random"
+after_s = 4.0
+for_s = 2.0
+"""
+
+YAML = """
+seed: 3
+expect: fail
+expect_within_s: 5
+faults:
+  - {kind: kill, rank: 1, step: 20}
+  - {kind: stop, rank: random, after_s: 4.0, for_s: 2.0}
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_toml_and_yaml_say_the_same_plan(tmp_path) -> None:
+    a = load(_write(tmp_path, "p.toml", TOML))
+    b = load(_write(tmp_path, "p.yaml", YAML))
+    assert a == b
+    assert [f.kind for f in a.faults] == ["kill", "stop"]
+    assert a.faults[1].for_s == 2.0 and a.expect == "fail"
+
+
+def test_the_same_seed_draws_the_same_ranks(tmp_path) -> None:
+    plan = load(_write(tmp_path, "p.toml", TOML))
+    first = [(s.index, s.rank) for s in plan.schedule(64)]
+    assert first == [(s.index, s.rank) for s in plan.schedule(64)]
+    assert first[0] == (0, 1)
+    draws = {plan.model_copy(update={"seed": seed}).schedule(64)[1].rank for seed in range(20)}
+    assert len(draws) > 5  # the random rank does depend on the seed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[[faults]]\nkind = 'kill'\nrank = 1\nstep = 2\nwhen = 3\n",
+            "faults.0.when: Extra inputs",
+        ),
+        ("[[faults]]\nkind = 'explode'\nrank = 1\nstep = 2\n", "faults.0.kind: Input should be"),
+        ("[[faults]]\nkind = 'kill'\nrank = 1\n", "faults.0: Value error, give exactly one of"),
+        ("[[faults]]\nkind = 'kill'\nrank = 1\nstep = 2\nafter_s = 1\n", "exactly one of"),
+        ("[[faults]]\nkind = 'stop'\nrank = 1\nstep = 2\n", "a stop fault needs for_s > 0"),
+        ("[[faults]]\nkind = 'kill'\nrank = -1\nstep = 2\n", "rank must be 0 or more"),
+        ("seed = 1\n", "faults: Field required"),
+        ("expect = 'maybe'\n[[faults]]\nkind = 'kill'\nrank = 0\nstep = 1\n", "expect: Input"),
+        ("[[faults\n", "is not valid TOML"),
+    ],
+)
+def test_a_bad_plan_is_refused_naming_the_field(tmp_path, text: str, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        load(_write(tmp_path, "bad.toml", text))
+
+
+def test_a_rank_outside_the_world_and_a_missing_file_are_refused(tmp_path) -> None:
+    plan = load(_write(tmp_path, "p.toml", TOML))
+    with pytest.raises(PlanError, match=r"faults.0.rank: 1 is not a rank of 1"):
+        plan.schedule(1)
+    with pytest.raises(PlanError, match="cannot read the plan"):
+        load(tmp_path / "absent.toml")
+    with pytest.raises(PlanError, match="is not valid YAML"):
+        load(_write(tmp_path, "p.yaml", "faults: [unclosed"))
+
+
+def test_without_a_plan_no_injector_is_made() -> None:
+    assert from_environment({}, group=None) is None  # type: ignore[arg-type]
+
+
+def _entries(t0: float) -> list[dict]:
+    return [{"rank": r, "t": t0 + 0.1, "event": "joined", "world": 4} for r in range(4)] + [
+        {"rank": 1, "t": t0 + 2.0, "event": "injected", "fault": 0, "kind": "kill", "step": 20},
+        {
+            "rank": 3,
+            "t": t0 + 2.3,
+            "event": "noticed",
+            "outcome": "PeerFailed",
+            "message": "rank 1 failed: connection closed without goodbye",
+        },
+        {
+            "rank": 0,
+            "t": t0 + 2.4,
+            "event": "ended",
+            "outcome": "PeerFailed",
+            "message": "rank 1 failed: its process died (signal 9)",
+        },
+        {
+            "rank": 3,
+            "t": t0 + 2.6,
+            "event": "ended",
+            "outcome": "JobAborted",
+            "message": "stopped by the coordinator",
+        },
+        {"rank": 2, "t": t0 + 3.0, "event": "ended", "outcome": "JobAborted", "message": ""},
+    ]
+
+
+def test_the_verdict_says_when_and_who_noticed(tmp_path) -> None:
+    plan = load(_write(tmp_path, "p.toml", TOML))
+    outcome = verdict(plan, _entries(100.0), exit_code=1, started=100.0, finished=103.5)
+    kill, stop = outcome["faults"]
+    assert kill["injected"] and kill["rank"] == 1 and kill["step"] == 20
+    assert kill["injected_at_s"] == 2.0 and kill["detected_after_s"] == 0.3
+    assert (kill["detected_by"], kill["named_rank"]) == (3, 1)
+    assert not stop["injected"]
+    assert outcome["expectation"] == "fail within 5 s" and outcome["held"]
+    assert not outcome["survived"]
+    assert "noticed after 0.30 s by rank 3" in table(outcome)
+
+
+def test_an_expectation_that_failed_is_said(tmp_path) -> None:
+    plan = load(
+        _write(tmp_path, "p.toml", TOML.replace("expect_within_s = 5", "expect_within_s = 0.5"))
+    )
+    assert verdict(plan, _entries(0.0), exit_code=1, started=0.0, finished=2.4)["held"]
+    assert not verdict(plan, _entries(0.0), exit_code=1, started=0.0, finished=3.0)["held"]
+    assert not verdict(plan, _entries(0.0), exit_code=0, started=0.0, finished=2.4)["held"]
+    survive = plan.model_copy(update={"expect": "survive"})
+    assert verdict(survive, _entries(0.0), exit_code=0, started=0.0, finished=9.0)["held"]
+
+
+def test_a_log_line_cut_short_by_a_kill_is_skipped(tmp_path) -> None:
+    log = tmp_path / "chaos.jsonl"
+    log.write_text('{"rank": 0, "t": 1, "event": "joined"}\n{"rank": 1, "t": 2, "ev')
+    assert read_log(log) == [{"rank": 0, "t": 1, "event": "joined"}]
+    assert read_log(tmp_path / "none.jsonl") == []

@@ -1,0 +1,1 @@
+"""Fault injection a user points at their own job: plans, injection, verdicts."""

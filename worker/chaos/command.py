@@ -1,0 +1,94 @@
+"""``shardwire chaos PLAN -- COMMAND``: run a job with a fault plan, then judge it.
+
+The plan is checked before anything starts (a bad field is one line naming it, exit
+status 2). The command (``shardwire launch ...``, ``shardwire worker ...``) runs as a
+child with the plan's path in ``SHARDWIRE_CHAOS`` and a fresh chaos log in
+``SHARDWIRE_CHAOS_LOG``, so the ranks it starts inject their own faults. SIGINT and
+SIGTERM are passed on to it. When it ends, the verdict is printed, written as JSON
+(``--verdict``), and the exit status says whether the plan's expectation held (0) or
+not (1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from shardwire.worker.chaos.inject import LOG_VARIABLE, PLAN_VARIABLE, read_log
+from shardwire.worker.chaos.plan import PlanError, load
+from shardwire.worker.chaos.verdict import table, verdict
+
+
+def run(plan_path: str, command: list[str], verdict_path: str | None) -> int:
+    try:
+        plan = load(plan_path)
+    except PlanError as exc:
+        print(f"shardwire chaos: {exc}", file=sys.stderr)
+        return 2
+    if not command:
+        print("shardwire chaos: give the job's command after --", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="shardwire-chaos-") as scratch:
+        log = Path(scratch) / "chaos.jsonl"
+        env = {
+            **os.environ,
+            PLAN_VARIABLE: str(Path(plan_path).absolute()),
+            LOG_VARIABLE: str(log),
+        }
+        started = time.time()
+        try:
+            child = subprocess.Popen(command, env=env)  # noqa: S603 - the user's own command
+        except OSError as exc:
+            print(f"shardwire chaos: cannot start {command[0]}: {exc}", file=sys.stderr)
+            return 2
+        forwarded = {sig: signal.signal(sig, _forward(child)) for sig in _FORWARDED}
+        try:
+            code = child.wait()
+        finally:
+            for sig, previous in forwarded.items():
+                signal.signal(sig, previous)
+        outcome = verdict(plan, read_log(log), code, started, time.time())
+    print(table(outcome), file=sys.stderr, flush=True)
+    if verdict_path:
+        Path(verdict_path).write_text(json.dumps(outcome, indent=2))
+    return 0 if outcome["held"] else 1
+
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM)
+
+
+def _forward(child: subprocess.Popen) -> Callable[[int, FrameType | None], None]:
+    def handler(sig: int, _frame: FrameType | None) -> None:
+        if child.poll() is None:
+            child.send_signal(sig)
+
+    return handler
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        at = argv.index("--")
+        own, command = argv[:at], argv[at + 1 :]
+    else:
+        own, command = argv, []
+    p = argparse.ArgumentParser(
+        prog="shardwire chaos",
+        usage="shardwire chaos PLAN [--verdict PATH] -- COMMAND ...",
+        description=__doc__,
+        epilog="example:\n  shardwire chaos kill.toml --verdict verdict.json -- "
+        "shardwire launch --standalone --nproc-per-node 4 train.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("plan", help="the fault plan (TOML, or YAML)")
+    p.add_argument("--verdict", help="also write the verdict here, as JSON")
+    args = p.parse_args(own)
+    return run(args.plan, command, args.verdict)

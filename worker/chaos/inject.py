@@ -1,0 +1,168 @@
+"""Injecting a plan's faults into this rank, from inside its own process.
+
+Only :func:`from_environment` installs an injector, and only when the person who started
+the job gave a plan (``shardwire chaos PLAN -- ...`` sets ``SHARDWIRE_CHAOS`` to the
+plan's path for the processes it starts). Without it nothing here runs: no wrapper, no
+task, no check on any path.
+
+A fault at a step fires when this rank finishes that step (``pg.step_finished``, which
+the run log calls every step and ``pg.report_progress`` calls too), or the first step
+reported after it; a
+fault at a time fires that long after the rank joined, from a task the injector owns.
+A ``raise`` at a step raises out of ``report_progress``; at a time, it poisons the
+rank's transport, so its collectives raise it.
+Before acting, the injector appends what it does to the chaos log (one JSON line:
+fault, rank, step, time), and marks it on the timeline when the job is traced. The
+log also gets one line when the rank's session ends, with how it ended: that is how
+``shardwire chaos`` learns who detected a fault, when, and what they named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardwire.protocol import ShardwireError
+from shardwire.worker.chaos.plan import Plan, Scheduled, load
+from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.observe import trace
+
+PLAN_VARIABLE = "SHARDWIRE_CHAOS"
+LOG_VARIABLE = "SHARDWIRE_CHAOS_LOG"
+
+
+class InjectedFault(ShardwireError):
+    """A ``raise`` fault of a chaos plan, raised on purpose in this rank."""
+
+
+class Injector:
+    """This rank's faults of a plan, fired by step or by time."""
+
+    def __init__(self, plan: Plan, group: ProcessGroup, log: Path) -> None:
+        self.group = group
+        self.rank = group.rank
+        self.log = log
+        self.started = time.time()
+        fired = fired_faults(log)  # a restarted job does not get a fault twice
+        mine = [
+            s
+            for s in plan.schedule(group.world_size)
+            if s.rank == self.rank and s.index not in fired
+        ]
+        self.by_step = sorted(
+            (s for s in mine if s.fault.step is not None), key=lambda s: s.fault.step or 0
+        )
+        self._tasks = [
+            asyncio.ensure_future(self._at(s)) for s in mine if s.fault.after_s is not None
+        ]
+        if self.by_step:  # only then: a rank without step faults reports as it always does
+            group.watch_steps(self._stepped)
+        self.note({"event": "joined", "world": group.world_size, "generation": group.generation})
+
+    def _stepped(self, step: int) -> None:
+        while self.by_step and (self.by_step[0].fault.step or 0) <= step:
+            self.fire(self.by_step.pop(0), step)  # a step passed unreported still counts
+
+    async def _at(self, scheduled: Scheduled) -> None:
+        assert scheduled.fault.after_s is not None
+        await asyncio.sleep(scheduled.fault.after_s)
+        self.fire(scheduled, None)
+
+    def fire(self, scheduled: Scheduled, step: int | None) -> None:
+        fault = scheduled.fault
+        self.note({"event": "injected", "fault": scheduled.index, "kind": fault.kind, "step": step})
+        tracer = trace.current()
+        if tracer is not None:
+            now = time.perf_counter()
+            args = {"fault": scheduled.index, "kind": fault.kind}
+            tracer.add(f"fault: {fault.kind}", "chaos", now, now, args)
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.kind == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif fault.kind == "stop":
+            _resume_later(fault.for_s)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault.kind == "block":
+            time.sleep(fault.for_s)  # on the event loop's thread, on purpose
+        else:
+            error = InjectedFault(f"fault {scheduled.index} of the chaos plan ({fault.kind})")
+            if step is not None:
+                raise error  # out of report_progress, into the script
+            self.group.transport.abort(error)  # its collectives raise it from now on
+
+    def note(self, entry: dict[str, Any]) -> None:
+        """Append ``entry`` (with this rank and the time) to the chaos log."""
+        line = json.dumps({"rank": self.rank, "t": time.time(), **entry}) + "\n"
+        with self.log.open("a") as out:  # one write: lines of the ranks do not interleave
+            out.write(line)
+
+    def noticed(self, error: BaseException) -> None:
+        """This rank learned that the job failed (any thread): the error goes to the log,
+        before anything may stop the process."""
+        self.note({"event": "noticed", **_described(error)})
+
+    def ended(self, error: BaseException | None) -> None:
+        """The rank's session is over: how it ended goes to the log."""
+        for task in self._tasks:
+            task.cancel()
+        if error is None:
+            self.note({"event": "ended", "outcome": "ok"})
+        else:
+            self.note({"event": "ended", **_described(error)})
+
+
+def _described(error: BaseException) -> dict[str, str]:
+    message = str(error).splitlines()[0] if str(error) else ""
+    return {"outcome": type(error).__name__, "message": message[:500]}
+
+
+def read_log(log: Path) -> list[dict[str, Any]]:
+    """The entries of a chaos log (a line cut short by a kill is skipped)."""
+    entries = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in log.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    entries.append(entry)
+    return entries
+
+
+def fired_faults(log: Path) -> set[int]:
+    """The plan's faults the log says were injected already."""
+    return {e["fault"] for e in read_log(log) if e.get("event") == "injected"}
+
+
+def _resume_later(seconds: float) -> None:
+    """A process that sends this one SIGCONT in ``seconds`` (a stopped process cannot)."""
+    code = "import os, signal, sys, time; time.sleep(float(sys.argv[2])); " + (
+        "os.kill(int(sys.argv[1]), signal.SIGCONT)"
+    )
+    subprocess.Popen(  # noqa: S603 - our own interpreter and code, no shell
+        [sys.executable, "-c", code, str(os.getpid()), str(seconds)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def from_environment(environ: Mapping[str, str], group: ProcessGroup) -> Injector | None:
+    """The injector of the plan this process was started with; None without one."""
+    path = environ.get(PLAN_VARIABLE)
+    if not path:
+        return None
+    log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
+    with contextlib.suppress(OSError):
+        log.parent.mkdir(parents=True, exist_ok=True)
+    return Injector(load(path), group, log)

@@ -1,0 +1,126 @@
+"""A fault plan: what to break in a job, where and when, and what the job should do.
+
+A plan is a local file (TOML, or YAML) given by the person who starts the job; nothing
+that arrives over the network can enable injection. It is a seeded list of faults::
+
+    seed = 7
+    expect = "fail"          # or "survive"; checked by ``shardwire chaos``
+    expect_within_s = 10     # every rank out within this long of the first fault
+
+    [[faults]]
+    kind = "kill"            # kill, stop, term, raise, block
+    rank = 1                 # or "random": drawn from the seed
+    step = 20                # when that rank reports step 20 ... (or after_s = 3.5)
+
+    [[faults]]
+    kind = "stop"
+    rank = "random"
+    after_s = 4.0            # ... or this long after the rank joined
+    for_s = 2.0              # stop and block last this long
+
+The same plan and seed give the same schedule (:meth:`Plan.schedule`): the same faults
+on the same ranks at the same steps.
+"""
+
+from __future__ import annotations
+
+import random
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shardwire.protocol.errors import InvalidArgument
+
+Kind = Literal["kill", "stop", "term", "raise", "block"]
+KINDS: dict[str, str] = {
+    "kill": "SIGKILL to the rank's process",
+    "stop": "SIGSTOP to the rank's process, SIGCONT after for_s seconds",
+    "term": "SIGTERM to the rank's process (it leaves as a stopped job would)",
+    "raise": "InjectedFault raised in the rank's script where it reports the step",
+    "block": "the rank's event loop blocked for for_s seconds",
+}
+MAX_FAULTS = 100
+
+
+class PlanError(InvalidArgument):
+    """A plan file that cannot be read or does not follow the schema (names the field)."""
+
+
+class Fault(BaseModel):
+    """One fault: its kind, the rank it hits, and when (a step or a time)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Kind
+    rank: int | Literal["random"] = Field(description="the rank it hits, or random")
+    step: int | None = Field(None, ge=0, description="when the rank reports this step")
+    after_s: float | None = Field(None, ge=0, description="seconds after the rank joined")
+    for_s: float = Field(0.0, ge=0, le=3600, description="how long stop and block last")
+
+    @model_validator(mode="after")
+    def _when(self) -> Fault:
+        if (self.step is None) == (self.after_s is None):
+            raise ValueError("give exactly one of step and after_s")
+        if self.kind in ("stop", "block") and self.for_s <= 0:
+            raise ValueError(f"a {self.kind} fault needs for_s > 0")
+        if isinstance(self.rank, int) and self.rank < 0:
+            raise ValueError("rank must be 0 or more")
+        return self
+
+
+class Plan(BaseModel):
+    """A seeded list of faults and what the job should do under them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = 0
+    faults: list[Fault] = Field(min_length=1, max_length=MAX_FAULTS)
+    expect: Literal["survive", "fail"] | None = None
+    expect_within_s: float | None = Field(None, gt=0)
+
+    def schedule(self, world_size: int) -> list[Scheduled]:
+        """Every fault with its rank drawn (the same for the same seed and world)."""
+        rng = random.Random(self.seed)
+        out = []
+        for index, fault in enumerate(self.faults):
+            rank = rng.randrange(world_size) if fault.rank == "random" else fault.rank
+            if rank >= world_size:
+                raise PlanError(f"faults.{index}.rank: {rank} is not a rank of {world_size}")
+            out.append(Scheduled(index=index, fault=fault, rank=rank))
+        return out
+
+
+class Scheduled(BaseModel):
+    """A fault of the plan on the rank it hits."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    fault: Fault
+    rank: int
+
+
+def load(path: str | Path) -> Plan:
+    """Read and check the plan at ``path`` (``.toml``, else YAML)."""
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise PlanError(f"cannot read the plan {source}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text) if source.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise PlanError(f"{source} is not valid {_format(source)}: {exc}") from None
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the plan"
+        raise PlanError(f"{source}: {where}: {first['msg']}") from None
+
+
+def _format(source: Path) -> str:
+    return "TOML" if source.suffix == ".toml" else "YAML"
