@@ -26,14 +26,16 @@ CASES = {
 }
 
 
-def _chaos(tmp_path, plan: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _chaos(
+    tmp_path, plan: str, *extra: str, transport: str = "auto"
+) -> tuple[subprocess.CompletedProcess, dict]:
     (tmp_path / "plan.toml").write_text(plan)
     verdict = tmp_path / "verdict.json"
     done = subprocess.run(
         [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), *extra]
         + ["--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
         + [str(SCRIPTS / "steps.py")],
-        env=env(STEPS="30", STEP_DELAY="0.1"),
+        env=env(STEPS="30", STEP_DELAY="0.1", SIZE="4096", SHARDWIRE_TRANSPORT=transport),
         capture_output=True,
         text=True,
         timeout=180,
@@ -131,3 +133,27 @@ def test_the_guide_runs_each_example_plan_against_digits(tmp_path, plan: str) ->
 def _steady(text: str) -> str:
     text = re.sub(r"\d+\.\d+ s", "<s>", text)
     return re.sub(r"\((\w+): [^)]*\)", r"(\1: <why>)", text)
+
+
+NETWORK = {
+    # kind: (the fault's table, the expectation, the rank the others must name)
+    "delay": ("rank = 1\nstep = 3\nfor_s = 1.0\ndelay_s = 0.05", 'expect = "survive"', None),
+    "blackhole": ("rank = 2\nstep = 3\nfor_s = 1.0\npeer = 3", 'expect = "survive"', None),
+    "flip": ("rank = 1\nstep = 3\npeer = 0", 'expect = "fail"\nexpect_within_s = 20', 1),
+    "reset": ("rank = 0\nstep = 3", 'expect = "fail"\nexpect_within_s = 20', 0),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NETWORK))
+def test_each_network_fault_is_injected_into_the_ranks_own_links(tmp_path, kind: str) -> None:
+    where, expect, named = NETWORK[kind]
+    plan = f'seed = 1\n{expect}\n\n[[faults]]\nkind = "{kind}"\n{where}\n'
+    # sockets only (no node arena), and payloads large enough to corrupt (SIZE)
+    done, outcome = _chaos(tmp_path, plan, transport="tcp")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (fault,) = outcome["faults"]
+    assert fault["injected"] and fault["step"] >= 3
+    if named is not None:
+        assert fault["named_rank"] == named, fault
+    else:
+        assert outcome["survived"]

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from shardwire.protocol import ShardwireError
-from shardwire.worker.chaos.plan import Plan, Scheduled, load
+from shardwire.worker.chaos.links import LinkFaults
+from shardwire.worker.chaos.plan import NETWORK, Plan, Scheduled, load
 from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe import trace
 
@@ -58,6 +59,9 @@ class Injector:
             for s in plan.schedule(group.world_size)
             if s.rank == self.rank and s.index not in fired
         ]
+        self.links = None
+        if any(s.fault.kind in NETWORK for s in mine):  # only then: nothing before send
+            self.links = LinkFaults(group.transport, plan.seed)
         self.by_step = sorted(
             (s for s in mine if s.fault.step is not None), key=lambda s: s.fault.step or 0
         )
@@ -85,7 +89,10 @@ class Injector:
             now = time.perf_counter()
             args = {"fault": scheduled.index, "kind": fault.kind}
             tracer.add(f"fault: {fault.kind}", "chaos", now, now, args)
-        if fault.kind == "kill":
+        if fault.kind in NETWORK:
+            assert self.links is not None
+            self.links.start(fault)
+        elif fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault.kind == "term":
             os.kill(os.getpid(), signal.SIGTERM)

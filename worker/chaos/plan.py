@@ -34,14 +34,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from shardwire.protocol.errors import InvalidArgument
 
-Kind = Literal["kill", "stop", "term", "raise", "block"]
+Kind = Literal[
+    "kill", "stop", "term", "raise", "block", "delay", "throttle", "blackhole", "reset", "flip"
+]
 KINDS: dict[str, str] = {
     "kill": "SIGKILL to the rank's process",
     "stop": "SIGSTOP to the rank's process, SIGCONT after for_s seconds",
     "term": "SIGTERM to the rank's process (it leaves as a stopped job would)",
     "raise": "InjectedFault raised in the rank's script where it reports the step",
     "block": "the rank's event loop blocked for for_s seconds",
+    "delay": "every message the rank sends (to peer, or to all) waits delay_s plus up to "
+    "jitter_s more, for for_s seconds",
+    "throttle": "what the rank sends (to peer, or to all) is held to rate_mbps megabits "
+    "per second, for for_s seconds",
+    "blackhole": "what the rank sends (to peer, or to all) is held, not delivered, for "
+    "for_s seconds, then goes",
+    "reset": "the rank's connection to peer (or to all) is reset (TCP RST)",
+    "flip": "one byte of the next message the rank sends (to peer, or to anyone) is flipped",
 }
+NETWORK = frozenset({"delay", "throttle", "blackhole", "reset", "flip"})
+TIMED = frozenset({"stop", "block", "delay", "throttle", "blackhole"})
 MAX_FAULTS = 100
 
 
@@ -58,16 +70,30 @@ class Fault(BaseModel):
     rank: int | Literal["random"] = Field(description="the rank it hits, or random")
     step: int | None = Field(None, ge=0, description="when the rank reports this step")
     after_s: float | None = Field(None, ge=0, description="seconds after the rank joined")
-    for_s: float = Field(0.0, ge=0, le=3600, description="how long stop and block last")
+    for_s: float = Field(
+        0.0, ge=0, le=3600, description="how long stop, block, delay, throttle, blackhole last"
+    )
+    peer: int | None = Field(None, ge=0, description="network faults: the link to this rank")
+    delay_s: float = Field(0.0, ge=0, le=60, description="delay: added to every message")
+    jitter_s: float = Field(0.0, ge=0, le=60, description="delay: up to this much more")
+    rate_mbps: float = Field(0.0, ge=0, description="throttle: the link's rate")
 
     @model_validator(mode="after")
     def _when(self) -> Fault:
         if (self.step is None) == (self.after_s is None):
             raise ValueError("give exactly one of step and after_s")
-        if self.kind in ("stop", "block") and self.for_s <= 0:
+        if self.kind in TIMED and self.for_s <= 0:
             raise ValueError(f"a {self.kind} fault needs for_s > 0")
         if isinstance(self.rank, int) and self.rank < 0:
             raise ValueError("rank must be 0 or more")
+        if self.kind == "delay" and self.delay_s + self.jitter_s <= 0:
+            raise ValueError("a delay fault needs delay_s or jitter_s > 0")
+        if self.kind == "throttle" and self.rate_mbps <= 0:
+            raise ValueError("a throttle fault needs rate_mbps > 0")
+        if self.peer is not None and self.kind not in NETWORK:
+            raise ValueError(f"peer is for network faults, not {self.kind}")
+        if self.peer is not None and self.peer == self.rank:
+            raise ValueError("peer must be another rank than rank")
         return self
 
 
@@ -89,6 +115,8 @@ class Plan(BaseModel):
             rank = rng.randrange(world_size) if fault.rank == "random" else fault.rank
             if rank >= world_size:
                 raise PlanError(f"faults.{index}.rank: {rank} is not a rank of {world_size}")
+            if fault.peer is not None and fault.peer >= world_size:
+                raise PlanError(f"faults.{index}.peer: {fault.peer} is not a rank of {world_size}")
             out.append(Scheduled(index=index, fault=fault, rank=rank))
         return out
 
