@@ -55,6 +55,7 @@ KINDS: dict[str, str] = {
 NETWORK = frozenset({"delay", "throttle", "blackhole", "reset", "flip"})
 TIMED = frozenset({"stop", "block", "delay", "throttle", "blackhole"})
 MAX_FAULTS = 100
+COORDINATOR = -1  # the rank of a fault scheduled on the coordinator
 
 
 class PlanError(InvalidArgument):
@@ -67,7 +68,9 @@ class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Kind
-    rank: int | Literal["random"] = Field(description="the rank it hits, or random")
+    rank: int | Literal["random", "coordinator"] = Field(
+        description="the rank it hits, random, or the coordinator (kill, stop, term at a time)"
+    )
     step: int | None = Field(None, ge=0, description="when the rank reports this step")
     after_s: float | None = Field(None, ge=0, description="seconds after the rank joined")
     for_s: float = Field(
@@ -86,6 +89,10 @@ class Fault(BaseModel):
             raise ValueError(f"a {self.kind} fault needs for_s > 0")
         if isinstance(self.rank, int) and self.rank < 0:
             raise ValueError("rank must be 0 or more")
+        if self.rank == "coordinator" and self.kind not in ("kill", "stop", "term"):
+            raise ValueError(f"the coordinator takes kill, stop and term, not {self.kind}")
+        if self.rank == "coordinator" and self.after_s is None:
+            raise ValueError("a fault on the coordinator is timed: give after_s")
         if self.kind == "delay" and self.delay_s + self.jitter_s <= 0:
             raise ValueError("a delay fault needs delay_s or jitter_s > 0")
         if self.kind == "throttle" and self.rate_mbps <= 0:
@@ -107,11 +114,22 @@ class Plan(BaseModel):
     expect: Literal["survive", "fail"] | None = None
     expect_within_s: float | None = Field(None, gt=0)
 
+    def on_coordinator(self) -> list[Scheduled]:
+        """The faults that hit the coordinator."""
+        return [
+            Scheduled(index=i, fault=f, rank=COORDINATOR)
+            for i, f in enumerate(self.faults)
+            if f.rank == "coordinator"
+        ]
+
     def schedule(self, world_size: int) -> list[Scheduled]:
         """Every fault with its rank drawn (the same for the same seed and world)."""
         rng = random.Random(self.seed)
         out = []
         for index, fault in enumerate(self.faults):
+            if fault.rank == "coordinator":
+                out.append(Scheduled(index=index, fault=fault, rank=COORDINATOR))
+                continue
             rank = rng.randrange(world_size) if fault.rank == "random" else fault.rank
             if rank >= world_size:
                 raise PlanError(f"faults.{index}.rank: {rank} is not a rank of {world_size}")
@@ -128,7 +146,7 @@ class Scheduled(BaseModel):
 
     index: int
     fault: Fault
-    rank: int
+    rank: int  # COORDINATOR for the coordinator
 
 
 def load(path: str | Path) -> Plan:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shardwire.worker.chaos.plan import Plan
+from shardwire.worker.chaos.plan import COORDINATOR, Plan
 
 _NAMED = re.compile(r"\brank (\d+)\b")
 
@@ -35,7 +35,7 @@ def verdict(
         if hit is not None:
             record.update(
                 injected=True,
-                rank=hit["rank"],
+                rank=hit["rank"] if hit["rank"] != COORDINATOR else "coordinator",
                 step=hit.get("step"),
                 injected_at_s=round(hit["t"] - started, 3),
             )
@@ -87,7 +87,8 @@ def table(outcome: dict) -> str:
         if not f["injected"]:
             lines.append(f"  fault {f['fault']} ({f['kind']}): never injected")
             continue
-        where = f"rank {f['rank']}" + (f" at step {f['step']}" if f["step"] is not None else "")
+        who = "the coordinator" if f["rank"] == "coordinator" else f"rank {f['rank']}"
+        where = who + (f" at step {f['step']}" if f["step"] is not None else "")
         seen = "not noticed by another rank"
         if "detected_by" in f:
             seen = (

@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from shardwire.protocol import ShardwireError
+from shardwire.worker.chaos.supervise import coordinator_faults
 from shardwire.worker.launcher.options import LaunchSettings
 
 _COORDINATOR_START_TIMEOUT = 30.0
@@ -64,6 +65,7 @@ async def own_coordinator(
     )
     assert proc.stderr is not None
     pump: asyncio.Task[None] | None = None
+    chaos: asyncio.Task[None] | None = None
     try:
         async with asyncio.timeout(_COORDINATOR_START_TIMEOUT):
             first = (await proc.stderr.readline()).decode().strip()
@@ -72,6 +74,7 @@ async def own_coordinator(
         host, _, port = first.rsplit(" ", 1)[-1].rpartition(":")
         print(f"[coordinator]: listening on {host}:{port}", file=sys.stderr, flush=True)
         pump = asyncio.create_task(_echo(proc.stderr, "[coordinator]: "))
+        chaos = coordinator_faults(os.environ, proc.pid)  # None without a plan that says so
         yield host, int(port)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(linger):
@@ -85,10 +88,11 @@ async def own_coordinator(
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-        if pump is not None:
-            pump.cancel()
-            # The pump's own cancellation ends here; the closer's would propagate.
-            await asyncio.gather(pump, return_exceptions=True)
+        for task in (pump, chaos):
+            if task is not None:
+                task.cancel()
+                # The task's own cancellation ends here; the closer's would propagate.
+                await asyncio.gather(task, return_exceptions=True)
 
 
 async def _echo(stream: asyncio.StreamReader, prefix: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardwire.worker.chaos.inject import from_environment, read_log
-from shardwire.worker.chaos.plan import PlanError, load
+from shardwire.worker.chaos.plan import COORDINATOR, PlanError, load
 from shardwire.worker.chaos.verdict import table, verdict
 
 TOML = """
@@ -76,6 +76,18 @@ def test_the_same_seed_draws_the_same_ranks(tmp_path) -> None:
         ("seed = 1\n", "faults: Field required"),
         ("expect = 'maybe'\n[[faults]]\nkind = 'kill'\nrank = 0\nstep = 1\n", "expect: Input"),
         ("[[faults\n", "is not valid TOML"),
+        (
+            "[[faults]]\nkind = 'raise'\nrank = 'coordinator'\nafter_s = 1\n",
+            "the coordinator takes kill, stop and term, not raise",
+        ),
+        (
+            "[[faults]]\nkind = 'kill'\nrank = 'coordinator'\nstep = 1\n",
+            "a fault on the coordinator is timed: give after_s",
+        ),
+        ("[[faults]]\nkind = 'kill'\nrank = 1\nstep = 1\npeer = 2\n", "peer is for network"),
+        ("[[faults]]\nkind = 'delay'\nrank = 1\nstep = 1\nfor_s = 1\n", "delay_s or jitter_s"),
+        ("[[faults]]\nkind = 'throttle'\nrank = 1\nstep = 1\nfor_s = 1\n", "rate_mbps > 0"),
+        ("[[faults]]\nkind = 'reset'\nrank = 1\nstep = 1\npeer = 1\n", "another rank than"),
     ],
 )
 def test_a_bad_plan_is_refused_naming_the_field(tmp_path, text: str, message: str) -> None:
@@ -91,6 +103,15 @@ def test_a_rank_outside_the_world_and_a_missing_file_are_refused(tmp_path) -> No
         load(tmp_path / "absent.toml")
     with pytest.raises(PlanError, match="is not valid YAML"):
         load(_write(tmp_path, "p.yaml", "faults: [unclosed"))
+
+
+def test_coordinator_faults_are_apart_from_the_ranks_draws(tmp_path) -> None:
+    with_coordinator = TOML + '\n[[faults]]\nkind = "kill"\nrank = "coordinator"\nafter_s = 9\n'
+    plan = load(_write(tmp_path, "c.toml", with_coordinator))
+    (on,) = plan.on_coordinator()
+    assert (on.index, on.rank) == (2, COORDINATOR)
+    before = load(_write(tmp_path, "p.toml", TOML)).schedule(8)
+    assert [s.rank for s in plan.schedule(8)][:2] == [s.rank for s in before]
 
 
 def test_without_a_plan_no_injector_is_made() -> None:
