@@ -39,9 +39,6 @@ COMMANDS += ["health", "trace", "kubernetes", "chaos"]
 # Read outside the settings models: named here with what they do.
 OTHERS = {
     "SHARDWIRE_BENCH_DIR": "Where `shardwire bench` keeps its side environments' files.",
-    "SHARDWIRE_CHAOS": "Set by `shardwire chaos` for the job it runs: the fault plan's path. "
-    "A rank started with it injects the plan's faults that hit it; without it, nothing "
-    "of the injector runs.",
     "SHARDWIRE_CHAOS_LOG": "Set by `shardwire chaos`: the file where the ranks note each "
     "fault they inject and what they learned of failures (unset: the plan's path + `.log`).",
     "XDG_CONFIG_HOME": "Where the user's secret lies from which a Slurm job's token is "

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from shardwire.worker.chaos.inject import read_log
+
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env, page_commands
 
 pytestmark = pytest.mark.e2e
@@ -175,3 +177,45 @@ def test_the_launcher_injects_faults_into_its_coordinator(tmp_path, kind: str) -
         assert "lost the coordinator" in fault["error"]
     else:
         assert outcome["survived"]
+
+
+def test_launch_chaos_injects_a_plan_without_a_verdict(tmp_path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[faults]]\nkind = "kill"\nrank = 1\nstep = 3\n')
+    done = subprocess.run(
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "--chaos", str(plan)]
+        + [str(SCRIPTS / "steps.py")],
+        env=env(STEPS="30", STEP_DELAY="0.05"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "rank 1 (local rank 1)" in done.stderr and "SIGKILL" in done.stderr
+    (injected,) = [e for e in read_log(Path(f"{plan}.log")) if e["event"] == "injected"]
+    assert (injected["rank"], injected["fault"], injected["step"]) == (1, 0, 3)
+
+
+def test_a_traced_job_shows_each_fault_on_its_timeline(tmp_path) -> None:
+    plan = 'expect = "survive"\n[[faults]]\nkind = "block"\nrank = 1\nstep = 3\nfor_s = 0.3\n'
+    (tmp_path / "plan.toml").write_text(plan)
+    done = subprocess.run(
+        [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--", SHARDWIRE, "launch"]
+        + ["--standalone", "--nproc-per-node", "2", "--trace", "--run-id", "traced"]
+        + [str(SCRIPTS / "steps.py")],
+        env=env(STEPS="10"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = json.loads((tmp_path / "traces" / "traced" / "job.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    faults = [e for e in events if e.get("cat") == "chaos"]
+    assert [(f["name"], f["args"]["fault"]) for f in faults] == [("fault: block", 0)]

@@ -86,7 +86,7 @@ class Injector:
         self.note({"event": "injected", "fault": scheduled.index, "kind": fault.kind, "step": step})
         tracer = trace.current()
         if tracer is not None:
-            now = time.perf_counter()
+            now = time.monotonic()
             args = {"fault": scheduled.index, "kind": fault.kind}
             tracer.add(f"fault: {fault.kind}", "chaos", now, now, args)
         if fault.kind in NETWORK:
@@ -162,6 +162,14 @@ def _resume_later(seconds: float) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def chaos_env(plan: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that hand the plan at ``plan`` (checked here: a bad plan stops the
+    launch) to the processes a launcher starts, with the log they note into."""
+    load(plan)
+    path = str(Path(plan).absolute())
+    return {PLAN_VARIABLE: path, LOG_VARIABLE: environ.get(LOG_VARIABLE) or f"{path}.log"}
 
 
 def from_environment(environ: Mapping[str, str], group: ProcessGroup) -> Injector | None:

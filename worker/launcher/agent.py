@@ -30,6 +30,7 @@ from pathlib import Path
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import load_token, read_token_file
 from shardwire.protocol.messages import NodeAssignment, NodeJoin
+from shardwire.worker.chaos.inject import chaos_env
 from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
@@ -60,6 +61,8 @@ async def run_node(settings: LaunchSettings, argv: list[str]) -> int:
         settings, serve = with_scheduler(settings, node_place(os.environ), os.environ)
     settings.peer_ports()  # a malformed or too small range is refused before anything starts
     env = token_env(settings)
+    if settings.chaos:  # checked before anything starts; the ranks and launcher inject it
+        env.update(chaos_env(settings.chaos, os.environ))
     tls = settings.tls_files()
     if tls is not None:  # the coordinator and the workers read the files from there
         env.update(tls.env())

@@ -70,6 +70,12 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help="restart the job's processes from the latest checkpoint after this many "
         "failures at most (0)",
     )
+    p.add_argument(
+        "--chaos",
+        metavar="PLAN",
+        help="inject the faults of this plan file into this node's ranks (and the "
+        "coordinator it starts); `shardwire chaos` also judges them",
+    )
     _add_rank_flags(p)
 
 

@@ -74,7 +74,8 @@ async def own_coordinator(
         host, _, port = first.rsplit(" ", 1)[-1].rpartition(":")
         print(f"[coordinator]: listening on {host}:{port}", file=sys.stderr, flush=True)
         pump = asyncio.create_task(_echo(proc.stderr, "[coordinator]: "))
-        chaos = coordinator_faults(os.environ, proc.pid)  # None without a plan that says so
+        # None without a plan that says so
+        chaos = coordinator_faults({**os.environ, **env}, proc.pid)
         yield host, int(port)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(linger):
