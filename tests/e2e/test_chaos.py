@@ -219,3 +219,12 @@ def test_a_traced_job_shows_each_fault_on_its_timeline(tmp_path) -> None:
     events = events["traceEvents"] if isinstance(events, dict) else events
     faults = [e for e in events if e.get("cat") == "chaos"]
     assert [(f["name"], f["args"]["fault"]) for f in faults] == [("fault: block", 0)]
+
+
+def test_a_rank_whose_file_limit_is_lowered_runs_with_that_limit(tmp_path) -> None:
+    plan = 'expect = "survive"\n[[faults]]\nkind = "nofile"\nrank = 1\nstep = 3\nlimit = 200\n'
+    done, outcome = _chaos(tmp_path, plan)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert outcome["faults"][0]["injected"]
+    limits = sorted(re.findall(r"^\[rank(\d)\]: nofile (\d+)$", done.stdout, re.M))
+    assert limits[1] == ("1", "200") and limits[0][1] != "200"

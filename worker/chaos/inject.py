@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
+import secrets
 import signal
 import subprocess
 import sys
@@ -36,6 +38,9 @@ from shardwire.worker.chaos.links import LinkFaults
 from shardwire.worker.chaos.plan import NETWORK, Plan, Scheduled, load
 from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe import trace
+from shardwire.worker.transport.base import Transport
+from shardwire.worker.transport.mesh import TcpMesh
+from shardwire.worker.transport.shmfiles import SHM_DIR, run_prefix
 
 PLAN_VARIABLE = "SHARDWIRE_CHAOS"
 LOG_VARIABLE = "SHARDWIRE_CHAOS_LOG"
@@ -101,6 +106,11 @@ class Injector:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.kind == "block":
             time.sleep(fault.for_s)  # on the event loop's thread, on purpose
+        elif fault.kind == "nofile":
+            _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fault.limit, hard))
+        elif fault.kind == "shm_fill":
+            fill_shm(self.group.transport, fault.percent)
         else:
             error = InjectedFault(f"fault {scheduled.index} of the chaos plan ({fault.kind})")
             if step is not None:
@@ -131,6 +141,25 @@ class Injector:
 def _described(error: BaseException) -> dict[str, str]:
     message = str(error).splitlines()[0] if str(error) else ""
     return {"outcome": type(error).__name__, "message": message[:500]}
+
+
+def fill_shm(transport: Transport, percent: float, directory: Path = SHM_DIR) -> int:
+    """Fill ``directory`` to ``percent`` % with a file named for the run (the node agent
+    removes the run's files when the job ends); returns the bytes taken."""
+    run_id = transport.config.run_id if isinstance(transport, TcpMesh) else "shardwire"
+    stats = os.statvfs(directory)
+    total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
+    wanted = int(total * percent / 100) - (total - free)
+    if wanted <= 0:
+        return 0
+    path = directory / f"{run_prefix(run_id)}-{secrets.token_hex(16)}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with contextlib.suppress(OSError):  # a full directory: as full as it would go
+            os.posix_fallocate(fd, 0, wanted)
+    finally:
+        os.close(fd)
+    return wanted
 
 
 def read_log(log: Path) -> list[dict[str, Any]]:

@@ -35,7 +35,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from shardwire.protocol.errors import InvalidArgument
 
 Kind = Literal[
-    "kill", "stop", "term", "raise", "block", "delay", "throttle", "blackhole", "reset", "flip"
+    "kill",
+    "stop",
+    "term",
+    "raise",
+    "block",
+    "delay",
+    "throttle",
+    "blackhole",
+    "reset",
+    "flip",
+    "nofile",
+    "shm_fill",
 ]
 KINDS: dict[str, str] = {
     "kill": "SIGKILL to the rank's process",
@@ -51,6 +62,9 @@ KINDS: dict[str, str] = {
     "for_s seconds, then goes",
     "reset": "the rank's connection to peer (or to all) is reset (TCP RST)",
     "flip": "one byte of the next message the rank sends (to peer, or to anyone) is flipped",
+    "nofile": "the rank's open-file limit lowered to limit (what it opens next may fail)",
+    "shm_fill": "/dev/shm filled to percent % by a file of the run (removed with the run's "
+    "shared memory)",
 }
 NETWORK = frozenset({"delay", "throttle", "blackhole", "reset", "flip"})
 TIMED = frozenset({"stop", "block", "delay", "throttle", "blackhole"})
@@ -80,6 +94,8 @@ class Fault(BaseModel):
     delay_s: float = Field(0.0, ge=0, le=60, description="delay: added to every message")
     jitter_s: float = Field(0.0, ge=0, le=60, description="delay: up to this much more")
     rate_mbps: float = Field(0.0, ge=0, description="throttle: the link's rate")
+    limit: int = Field(0, ge=0, description="nofile: the open-file limit")
+    percent: float = Field(0.0, ge=0, le=100, description="shm_fill: how full /dev/shm gets")
 
     @model_validator(mode="after")
     def _when(self) -> Fault:
@@ -97,6 +113,10 @@ class Fault(BaseModel):
             raise ValueError("a delay fault needs delay_s or jitter_s > 0")
         if self.kind == "throttle" and self.rate_mbps <= 0:
             raise ValueError("a throttle fault needs rate_mbps > 0")
+        if self.kind == "nofile" and self.limit < 3:
+            raise ValueError("a nofile fault needs limit >= 3 (stdin, stdout, stderr)")
+        if self.kind == "shm_fill" and self.percent <= 0:
+            raise ValueError("a shm_fill fault needs percent > 0")
         if self.peer is not None and self.kind not in NETWORK:
             raise ValueError(f"peer is for network faults, not {self.kind}")
         if self.peer is not None and self.peer == self.rank:

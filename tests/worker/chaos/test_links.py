@@ -85,3 +85,23 @@ async def test_a_reset_breaks_the_connection_for_both_ends() -> None:
         LinkFaults(world[0], seed=0).start(_fault("reset", peer=1))
         with pytest.raises(PeerFailed):
             await world[1].recv(0, tag=Tag(0, 2, 0), timeout=10)
+
+
+def test_shm_fill_fills_to_the_percent_with_a_file_of_the_run() -> None:
+    import os
+
+    from shardwire.worker.chaos.inject import fill_shm
+    from shardwire.worker.transport.shmfiles import SHM_DIR, segment_names
+
+    stats = os.statvfs(SHM_DIR)
+    total = stats.f_blocks * stats.f_frsize
+    used = total - stats.f_bavail * stats.f_frsize
+    target = min(99.0, 100 * used / total + 0.5)  # half a percent more than now
+    before = set(segment_names("shardwire"))
+    taken = fill_shm(None, target)  # type: ignore[arg-type]
+    (made,) = set(segment_names("shardwire")) - before
+    try:
+        assert made.stat().st_size == taken > 0
+        assert abs(taken - (total * target / 100 - used)) < total / 100
+    finally:
+        made.unlink()

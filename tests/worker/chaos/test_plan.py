@@ -88,6 +88,8 @@ def test_the_same_seed_draws_the_same_ranks(tmp_path) -> None:
         ("[[faults]]\nkind = 'delay'\nrank = 1\nstep = 1\nfor_s = 1\n", "delay_s or jitter_s"),
         ("[[faults]]\nkind = 'throttle'\nrank = 1\nstep = 1\nfor_s = 1\n", "rate_mbps > 0"),
         ("[[faults]]\nkind = 'reset'\nrank = 1\nstep = 1\npeer = 1\n", "another rank than"),
+        ("[[faults]]\nkind = 'nofile'\nrank = 1\nstep = 1\nlimit = 2\n", "limit >= 3"),
+        ("[[faults]]\nkind = 'shm_fill'\nrank = 1\nstep = 1\n", "percent > 0"),
     ],
 )
 def test_a_bad_plan_is_refused_naming_the_field(tmp_path, text: str, message: str) -> None:
