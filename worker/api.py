@@ -181,6 +181,10 @@ class Session:
         if self._control is not None:
             if exc is None:
                 self._control.leave()
+            elif isinstance(exc, PeerFailed) and 0 <= exc.rank != self._rank:
+                # a survivor names the rank it saw fail before its own connection closes:
+                # the coordinator must not take that close for the root cause
+                self._control.report_peer_failure(exc.rank, exc.reason)
             elif not isinstance(exc, JobAborted):  # a survivor is not the root cause
                 await self._report(exc, "".join(traceback.format_exception(exc_type, exc, tb)))
         await self._release()

@@ -29,7 +29,7 @@ CASES = {
 
 
 def _chaos(
-    tmp_path, plan: str, *extra: str, transport: str = "auto"
+    tmp_path, plan: str, *extra: str, transport: str = "auto", **more: str
 ) -> tuple[subprocess.CompletedProcess, dict]:
     (tmp_path / "plan.toml").write_text(plan)
     verdict = tmp_path / "verdict.json"
@@ -37,7 +37,7 @@ def _chaos(
         [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), *extra]
         + ["--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
         + [str(SCRIPTS / "steps.py")],
-        env=env(STEPS="30", STEP_DELAY="0.1", SIZE="4096", SHARDWIRE_TRANSPORT=transport),
+        env=env(STEPS="30", STEP_DELAY="0.1", SIZE="4096", SHARDWIRE_TRANSPORT=transport, **more),
         capture_output=True,
         text=True,
         timeout=180,
@@ -223,7 +223,7 @@ def test_a_traced_job_shows_each_fault_on_its_timeline(tmp_path) -> None:
 
 def test_a_rank_whose_file_limit_is_lowered_runs_with_that_limit(tmp_path) -> None:
     plan = 'expect = "survive"\n[[faults]]\nkind = "nofile"\nrank = 1\nstep = 3\nlimit = 200\n'
-    done, outcome = _chaos(tmp_path, plan)
+    done, outcome = _chaos(tmp_path, plan, SHOW_NOFILE="1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert outcome["faults"][0]["injected"]
     limits = sorted(re.findall(r"^\[rank(\d)\]: nofile (\d+)$", done.stdout, re.M))

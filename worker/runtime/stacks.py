@@ -21,10 +21,8 @@ import shardwire.protocol
 
 _FRAMES = 24  # innermost frames kept per stack
 _TEXT = 8000  # characters of stack text kept in all (the message field holds 8192)
-_OURS = {
-    os.path.dirname(os.path.abspath(__file__)),  # the worker package
-    os.path.dirname(os.path.abspath(shardwire.protocol.__file__ or "")),
-}
+# the shardwire package, all of it (wherever it is installed or put on the path)
+_OURS = {os.path.dirname(os.path.dirname(os.path.abspath(shardwire.protocol.__file__ or "")))}
 _LIBRARY = tuple(
     {
         os.path.abspath(p)
