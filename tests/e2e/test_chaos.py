@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardwire.worker.chaos.inject import read_log
+from shardwire.worker.transport.shmfiles import SHM_DIR, segment_names
 
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env, page_commands
 
@@ -29,13 +30,14 @@ CASES = {
 
 
 def _chaos(
-    tmp_path, plan: str, *extra: str, transport: str = "auto", **more: str
+    tmp_path, plan: str, *extra: str, transport: str = "auto", run_id: str = "", **more: str
 ) -> tuple[subprocess.CompletedProcess, dict]:
     (tmp_path / "plan.toml").write_text(plan)
     verdict = tmp_path / "verdict.json"
     done = subprocess.run(
         [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), *extra]
         + ["--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
+        + (["--run-id", run_id] if run_id else [])
         + [str(SCRIPTS / "steps.py")],
         env=env(STEPS="30", STEP_DELAY="0.1", SIZE="4096", SHARDWIRE_TRANSPORT=transport, **more),
         capture_output=True,
@@ -78,7 +80,7 @@ def test_an_expectation_that_does_not_hold_fails_the_command(tmp_path) -> None:
 def test_a_bad_plan_stops_before_the_job_starts(tmp_path) -> None:
     done, outcome = _chaos(tmp_path, '[[faults]]\nkind = "kill"\nrank = 1\n')
     assert done.returncode == 2 and outcome == {}
-    assert "faults.0: Value error, give exactly one of step and after_s" in done.stderr
+    assert "faults.0: Value error, give exactly one of step, after_s and every_s" in done.stderr
     assert "[coordinator]" not in done.stderr  # nothing was started
 
 
@@ -99,7 +101,8 @@ def test_a_job_without_a_plan_injects_and_notes_nothing(tmp_path) -> None:
 
 
 def _guide_command() -> str:
-    (command,) = page_commands((ROOT / "docs" / "guide" / "chaos.md").read_text())
+    commands = page_commands((ROOT / "docs" / "guide" / "chaos.md").read_text())
+    (command,) = [c for c in commands if c.startswith("shardwire chaos")]
     return command
 
 
@@ -140,6 +143,7 @@ def _steady(text: str) -> str:
 NETWORK = {
     # kind: (the fault's table, the expectation, the rank the others must name)
     "delay": ("rank = 1\nstep = 3\nfor_s = 1.0\ndelay_s = 0.05", 'expect = "survive"', None),
+    "throttle": ("rank = 3\nstep = 3\nfor_s = 1.0\nrate_mbps = 50", 'expect = "survive"', None),
     "blackhole": ("rank = 2\nstep = 3\nfor_s = 1.0\npeer = 3", 'expect = "survive"', None),
     "flip": ("rank = 1\nstep = 3\npeer = 0", 'expect = "fail"\nexpect_within_s = 20', 1),
     "reset": ("rank = 0\nstep = 3", 'expect = "fail"\nexpect_within_s = 20', 0),
@@ -228,3 +232,50 @@ def test_a_rank_whose_file_limit_is_lowered_runs_with_that_limit(tmp_path) -> No
     assert outcome["faults"][0]["injected"]
     limits = sorted(re.findall(r"^\[rank(\d)\]: nofile (\d+)$", done.stdout, re.M))
     assert limits[1] == ("1", "200") and limits[0][1] != "200"
+
+
+def test_shm_fill_during_a_job_is_swept_with_the_run(tmp_path) -> None:
+    stats = os.statvfs(SHM_DIR)
+    used = 100 * (1 - stats.f_bavail / stats.f_blocks)
+    plan = 'expect = "survive"\n[[faults]]\nkind = "shm_fill"\nrank = 0\nstep = 2\n'
+    plan += f"percent = {min(99.0, used + 1.0):.2f}\n"
+    done, outcome = _chaos(tmp_path, plan, run_id="chaos-fill")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert outcome["faults"][0]["injected"] and outcome["survived"]
+    assert segment_names("chaos-fill") == []  # the node agent removed the filler with the run
+
+
+def test_bench_goodput_trains_through_random_kills_beside_a_clean_run(tmp_path) -> None:
+    out = tmp_path / "goodput.json"
+    done = subprocess.run(
+        [SHARDWIRE, "bench", "goodput", "--nproc", "2", "--every", "3", "--minutes", "0.2"]
+        + ["--save-every", "5", "--json", str(out)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["finished"] and result["faults"] >= 1, result
+    assert 0 < result["goodput"] <= 1.5
+    assert len(result["recovery_s"]) >= 1 and all(r > 0 for r in result["recovery_s"])
+    assert result["steps_lost"] >= 0
+    assert "goodput" in done.stdout
+
+
+def test_the_goodput_figures_on_the_guide_are_the_kept_benchmark_s() -> None:
+    kept = json.loads((ROOT / "docs" / "data" / "bench" / "goodput.json").read_text())
+    r = kept["result"]
+    page = (ROOT / "docs" / "guide" / "chaos.md").read_text()
+    assert kept["benchmark"] in page  # the command shown is the one that was run
+    said = (
+        f"{r['faults']} kills in {r['faulty_s']:.0f} s cost {r['goodput']:.2f} of the "
+        f"fault-free speed, {r['steps_lost']} steps computed twice, and "
+        f"{min(r['recovery_s']):.2f} to {max(r['recovery_s']):.2f} s"
+    )
+    assert said in " ".join(page.split())
+    assert {"date", "commit", "machine"} <= set(kept)

@@ -49,6 +49,10 @@ BENCHES = {
         "shardwire.worker.bench.trace",
         "what a timeline costs in tokens/s (run in a checkout)",
     ),
+    "goodput": (
+        "shardwire.worker.bench.goodput",
+        "charlm with a random fault every F seconds beside no faults (run in a checkout)",
+    ),
 }
 _EXAMPLES = """examples:
   shardwire bench collectives --world 2 4 --sizes 4096 1048576 --compare-mpi

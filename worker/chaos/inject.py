@@ -37,6 +37,7 @@ from shardwire.protocol import ShardwireError
 from shardwire.worker.chaos.links import LinkFaults
 from shardwire.worker.chaos.plan import NETWORK, Plan, Scheduled, load
 from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.fsdp.store import SlowDisk
 from shardwire.worker.observe import trace
 from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.mesh import TcpMesh
@@ -58,12 +59,20 @@ class Injector:
         self.rank = group.rank
         self.log = log
         self.started = time.time()
-        fired = fired_faults(log)  # a restarted job does not get a fault twice
+        entries = read_log(log)
+        fired = _fired(entries)  # a restarted job does not get a fault twice
+        # every_s faults count from the job's start: the first rank that ever joined
+        self.epoch = min(
+            (e["t"] for e in entries if e.get("event") == "joined"), default=self.started
+        )
+        self.last_step: int | None = None
         mine = [
             s
             for s in plan.schedule(group.world_size)
-            if s.rank == self.rank and s.index not in fired
+            if s.rank == self.rank and (s.index, s.occurrence) not in fired
         ]
+        # an every_s occurrence due while the job was down (restarting) hits nothing
+        mine = [s for s in mine if s.at_s is None or self.epoch + s.at_s > self.started]
         self.links = None
         if any(s.fault.kind in NETWORK for s in mine):  # only then: nothing before send
             self.links = LinkFaults(group.transport, plan.seed)
@@ -71,24 +80,32 @@ class Injector:
             (s for s in mine if s.fault.step is not None), key=lambda s: s.fault.step or 0
         )
         self._tasks = [
-            asyncio.ensure_future(self._at(s)) for s in mine if s.fault.after_s is not None
+            asyncio.ensure_future(self._at(s))
+            for s in mine
+            if s.fault.after_s is not None or s.at_s is not None
         ]
-        if self.by_step:  # only then: a rank without step faults reports as it always does
+        if mine:  # only then: a rank without faults steps as it always does
             group.watch_steps(self._stepped)
         self.note({"event": "joined", "world": group.world_size, "generation": group.generation})
 
     def _stepped(self, step: int) -> None:
+        if self.last_step is None:  # this process's first step: when the job got going again
+            self.note({"event": "stepped", "step": step, "generation": self.group.generation})
+        self.last_step = step
         while self.by_step and (self.by_step[0].fault.step or 0) <= step:
             self.fire(self.by_step.pop(0), step)  # a step passed unreported still counts
 
     async def _at(self, scheduled: Scheduled) -> None:
-        assert scheduled.fault.after_s is not None
-        await asyncio.sleep(scheduled.fault.after_s)
-        self.fire(scheduled, None)
+        if scheduled.at_s is not None:  # from the job's start
+            await asyncio.sleep(max(0.0, self.epoch + scheduled.at_s - time.time()))
+        else:
+            await asyncio.sleep(scheduled.fault.after_s or 0.0)
+        self.fire(scheduled, self.last_step)
 
     def fire(self, scheduled: Scheduled, step: int | None) -> None:
         fault = scheduled.fault
-        self.note({"event": "injected", "fault": scheduled.index, "kind": fault.kind, "step": step})
+        entry = {"event": "injected", "fault": scheduled.index, "kind": fault.kind, "step": step}
+        self.note({**entry, "occurrence": scheduled.occurrence})
         tracer = trace.current()
         if tracer is not None:
             now = time.monotonic()
@@ -111,6 +128,8 @@ class Injector:
             resource.setrlimit(resource.RLIMIT_NOFILE, (fault.limit, hard))
         elif fault.kind == "shm_fill":
             fill_shm(self.group.transport, fault.percent)
+        elif fault.kind == "slow_disk":
+            SlowDisk.delay_s, SlowDisk.until = fault.delay_s, time.monotonic() + fault.for_s
         else:
             error = InjectedFault(f"fault {scheduled.index} of the chaos plan ({fault.kind})")
             if step is not None:
@@ -174,9 +193,13 @@ def read_log(log: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def fired_faults(log: Path) -> set[int]:
-    """The plan's faults the log says were injected already."""
-    return {e["fault"] for e in read_log(log) if e.get("event") == "injected"}
+def fired_faults(log: Path) -> set[tuple[int, int]]:
+    """The plan's faults (index, occurrence) the log says were injected already."""
+    return _fired(read_log(log))
+
+
+def _fired(entries: list[dict[str, Any]]) -> set[tuple[int, int]]:
+    return {(e["fault"], e.get("occurrence", 0)) for e in entries if e.get("event") == "injected"}
 
 
 def _resume_later(seconds: float) -> None:
@@ -198,7 +221,11 @@ def chaos_env(plan: str, environ: Mapping[str, str]) -> dict[str, str]:
     launch) to the processes a launcher starts, with the log they note into."""
     load(plan)
     path = str(Path(plan).absolute())
-    return {PLAN_VARIABLE: path, LOG_VARIABLE: environ.get(LOG_VARIABLE) or f"{path}.log"}
+    log = environ.get(LOG_VARIABLE)  # ``shardwire chaos`` made a fresh one
+    if not log:
+        log = f"{path}.log"
+        Path(log).write_text("")  # a new job: its faults all fire again
+    return {PLAN_VARIABLE: path, LOG_VARIABLE: log}
 
 
 def from_environment(environ: Mapping[str, str], group: ProcessGroup) -> Injector | None:

@@ -47,6 +47,7 @@ Kind = Literal[
     "flip",
     "nofile",
     "shm_fill",
+    "slow_disk",
 ]
 KINDS: dict[str, str] = {
     "kill": "SIGKILL to the rank's process",
@@ -65,9 +66,13 @@ KINDS: dict[str, str] = {
     "nofile": "the rank's open-file limit lowered to limit (what it opens next may fail)",
     "shm_fill": "/dev/shm filled to percent % by a file of the run (removed with the run's "
     "shared memory)",
+    "slow_disk": "each checkpoint file the rank writes is held delay_s seconds first, for "
+    "for_s seconds",
 }
 NETWORK = frozenset({"delay", "throttle", "blackhole", "reset", "flip"})
-TIMED = frozenset({"stop", "block", "delay", "throttle", "blackhole"})
+PROCESS = frozenset({"kill", "term", "stop", "raise", "block"})
+MAX_OCCURRENCES = 2_000  # of one every_s fault (at every_s = 30: over 16 hours)
+TIMED = frozenset({"stop", "block", "delay", "throttle", "blackhole", "slow_disk"})
 MAX_FAULTS = 100
 COORDINATOR = -1  # the rank of a fault scheduled on the coordinator
 
@@ -87,11 +92,19 @@ class Fault(BaseModel):
     )
     step: int | None = Field(None, ge=0, description="when the rank reports this step")
     after_s: float | None = Field(None, ge=0, description="seconds after the rank joined")
+    every_s: float | None = Field(
+        None,
+        gt=0,
+        description="at random: the mean seconds between occurrences (drawn from the seed, "
+        "from the job's start; each occurrence draws its own rank when rank is random)",
+    )
     for_s: float = Field(
         0.0, ge=0, le=3600, description="how long stop, block, delay, throttle, blackhole last"
     )
     peer: int | None = Field(None, ge=0, description="network faults: the link to this rank")
-    delay_s: float = Field(0.0, ge=0, le=60, description="delay: added to every message")
+    delay_s: float = Field(
+        0.0, ge=0, le=60, description="delay: added to every message; slow_disk: to every file"
+    )
     jitter_s: float = Field(0.0, ge=0, le=60, description="delay: up to this much more")
     rate_mbps: float = Field(0.0, ge=0, description="throttle: the link's rate")
     limit: int = Field(0, ge=0, description="nofile: the open-file limit")
@@ -99,18 +112,22 @@ class Fault(BaseModel):
 
     @model_validator(mode="after")
     def _when(self) -> Fault:
-        if (self.step is None) == (self.after_s is None):
-            raise ValueError("give exactly one of step and after_s")
+        if sum(w is not None for w in (self.step, self.after_s, self.every_s)) != 1:
+            raise ValueError("give exactly one of step, after_s and every_s")
+        if self.every_s is not None and self.kind not in PROCESS:
+            raise ValueError(f"every_s is for kill, term, stop, raise and block, not {self.kind}")
         if self.kind in TIMED and self.for_s <= 0:
             raise ValueError(f"a {self.kind} fault needs for_s > 0")
         if isinstance(self.rank, int) and self.rank < 0:
             raise ValueError("rank must be 0 or more")
         if self.rank == "coordinator" and self.kind not in ("kill", "stop", "term"):
             raise ValueError(f"the coordinator takes kill, stop and term, not {self.kind}")
-        if self.rank == "coordinator" and self.after_s is None:
+        if self.rank == "coordinator" and self.after_s is None:  # every_s, step: refused
             raise ValueError("a fault on the coordinator is timed: give after_s")
         if self.kind == "delay" and self.delay_s + self.jitter_s <= 0:
             raise ValueError("a delay fault needs delay_s or jitter_s > 0")
+        if self.kind == "slow_disk" and self.delay_s <= 0:
+            raise ValueError("a slow_disk fault needs delay_s > 0")
         if self.kind == "throttle" and self.rate_mbps <= 0:
             raise ValueError("a throttle fault needs rate_mbps > 0")
         if self.kind == "nofile" and self.limit < 3:
@@ -142,6 +159,19 @@ class Plan(BaseModel):
             if f.rank == "coordinator"
         ]
 
+    def occurrences(self, index: int, world_size: int) -> list[Scheduled]:
+        """The occurrences of the ``every_s`` fault ``index``: times from the job's start
+        and ranks drawn from the seed (the same for the same seed, fault and world)."""
+        fault = self.faults[index]
+        assert fault.every_s is not None
+        rng = random.Random(f"{self.seed}:{index}")
+        at, out = 0.0, []
+        for k in range(MAX_OCCURRENCES):
+            at += rng.expovariate(1.0 / fault.every_s)
+            rank = rng.randrange(world_size) if fault.rank == "random" else fault.rank
+            out.append(Scheduled(index=index, fault=fault, rank=rank, occurrence=k, at_s=at))
+        return out
+
     def schedule(self, world_size: int) -> list[Scheduled]:
         """Every fault with its rank drawn (the same for the same seed and world)."""
         rng = random.Random(self.seed)
@@ -149,6 +179,13 @@ class Plan(BaseModel):
         for index, fault in enumerate(self.faults):
             if fault.rank == "coordinator":
                 out.append(Scheduled(index=index, fault=fault, rank=COORDINATOR))
+                continue
+            if fault.every_s is not None:  # its own draws: the others' stay as they were
+                if isinstance(fault.rank, int) and fault.rank >= world_size:
+                    raise PlanError(
+                        f"faults.{index}.rank: {fault.rank} is not a rank of {world_size}"
+                    )
+                out.extend(self.occurrences(index, world_size))
                 continue
             rank = rng.randrange(world_size) if fault.rank == "random" else fault.rank
             if rank >= world_size:
@@ -167,6 +204,8 @@ class Scheduled(BaseModel):
     index: int
     fault: Fault
     rank: int  # COORDINATOR for the coordinator
+    occurrence: int = 0  # of an every_s fault
+    at_s: float | None = None  # of an every_s fault: seconds from the job's start
 
 
 def load(path: str | Path) -> Plan:

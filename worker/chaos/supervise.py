@@ -32,7 +32,7 @@ def coordinator_faults(environ: Mapping[str, str], pid: int) -> asyncio.Task[Non
         return None
     log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
     fired = fired_faults(log)
-    faults = [s for s in load(path).on_coordinator() if s.index not in fired]
+    faults = [s for s in load(path).on_coordinator() if (s.index, 0) not in fired]
     if not faults:
         return None
     return asyncio.ensure_future(_inject(faults, pid, log))

@@ -22,35 +22,23 @@ def verdict(
     plan: Plan, entries: list[dict[str, Any]], exit_code: int, started: float, finished: float
 ) -> dict:
     """The verdict of a job that ran from ``started`` to ``finished`` (wall clock)."""
-    injected = {e["fault"]: e for e in entries if e.get("event") == "injected"}
+    hits = sorted((e for e in entries if e.get("event") == "injected"), key=lambda e: e["t"])
     ended = sorted((e for e in entries if e.get("event") == "ended"), key=lambda e: e["t"])
     heard = sorted(
         (e for e in entries if e.get("event") in ("noticed", "ended") and e["outcome"] != "ok"),
         key=lambda e: e["t"],
     )
+    # when each generation of processes got going: their first step
+    stepped = sorted((e for e in entries if e.get("event") == "stepped"), key=lambda e: e["t"])
     faults = []
     for index, fault in enumerate(plan.faults):
-        record: dict[str, Any] = {"fault": index, "kind": fault.kind, "injected": False}
-        hit = injected.get(index)
-        if hit is not None:
-            record.update(
-                injected=True,
-                rank=hit["rank"] if hit["rank"] != COORDINATOR else "coordinator",
-                step=hit.get("step"),
-                injected_at_s=round(hit["t"] - started, 3),
+        mine = [h for h in hits if h["fault"] == index]
+        if not mine:
+            faults.append({"fault": index, "kind": fault.kind, "injected": False})
+        for hit in mine:
+            faults.append(
+                _record(index, fault.kind, hit, heard=heard, stepped=stepped, started=started)
             )
-            noticed = next(
-                (e for e in heard if e["t"] >= hit["t"] and e["rank"] != hit["rank"]), None
-            )
-            if noticed is not None:
-                named = _NAMED.search(noticed.get("message", ""))
-                record.update(
-                    detected_after_s=round(noticed["t"] - hit["t"], 3),
-                    detected_by=noticed["rank"],
-                    named_rank=int(named.group(1)) if named else None,
-                    error=f"{noticed['outcome']}: {noticed.get('message', '')}",
-                )
-        faults.append(record)
     outcome = {
         "seed": plan.seed,
         "exit_code": exit_code,
@@ -59,12 +47,49 @@ def verdict(
         "faults": faults,
         "ranks_ended": {str(e["rank"]): e["outcome"] for e in ended},
     }
-    outcome["expectation"], outcome["held"] = _expectation(plan, injected, finished, exit_code)
+    first = hits[0]["t"] if hits else None
+    outcome["expectation"], outcome["held"] = _expectation(plan, first, finished, exit_code)
     return outcome
 
 
+def _record(
+    index: int,
+    kind: str,
+    hit: dict[str, Any],
+    *,
+    heard: list[dict[str, Any]],
+    stepped: list[dict[str, Any]],
+    started: float,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "fault": index,
+        "kind": kind,
+        "injected": True,
+        "occurrence": hit.get("occurrence", 0),
+        "rank": hit["rank"] if hit["rank"] != COORDINATOR else "coordinator",
+        "step": hit.get("step"),
+        "injected_at_s": round(hit["t"] - started, 3),
+    }
+    noticed = next((e for e in heard if e["t"] >= hit["t"] and e["rank"] != hit["rank"]), None)
+    if noticed is not None:
+        named = _NAMED.search(noticed.get("message", ""))
+        record.update(
+            detected_after_s=round(noticed["t"] - hit["t"], 3),
+            detected_by=noticed["rank"],
+            named_rank=int(named.group(1)) if named else None,
+            error=f"{noticed['outcome']}: {noticed.get('message', '')}",
+        )
+        # restarted: the first step of a later generation, and how far back it resumed
+        again = next((e for e in stepped if e["t"] > noticed["t"]), None)
+        if again is not None:
+            record["recovery_s"] = round(again["t"] - hit["t"], 3)
+            if hit.get("step") is not None:
+                record["steps_lost"] = max(0, hit["step"] - again["step"] + 1)
+    return record
+
+
 def _expectation(
-    plan: Plan, injected: dict[int, dict], finished: float, exit_code: int
+    plan: Plan, first: float | None, finished: float, exit_code: int
 ) -> tuple[str, bool]:
     if plan.expect is None:
         return "none given", True
@@ -72,11 +97,10 @@ def _expectation(
         return "survive", exit_code == 0
     within = plan.expect_within_s
     text = "fail" + (f" within {within:g} s" if within else "")
-    if exit_code == 0 or not injected:
+    if exit_code == 0 or first is None:
         return text, False
     if within is None:
         return text, True
-    first = min(e["t"] for e in injected.values())
     return text, finished - first <= within
 
 
@@ -95,6 +119,8 @@ def table(outcome: dict) -> str:
                 f"noticed after {f['detected_after_s']:.2f} s by rank {f['detected_by']}"
                 f" ({f['error'][:120]})"
             )
+        if "recovery_s" in f:
+            seen += f"; training again after {f['recovery_s']:.2f} s"
         lines.append(
             f"  fault {f['fault']} ({f['kind']}) on {where}, {f['injected_at_s']:.2f} s in: {seen}"
         )

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +87,21 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
+class SlowDisk:
+    """Seconds every rank file's write is held (a chaos plan's ``slow_disk`` fault sets
+    it; 0, never set, without one)."""
+
+    delay_s = 0.0
+    until = 0.0  # time.monotonic() when the slowness ends
+
+
 def write_rank_file(
     directory: Path, rank: int, tensors: dict[str, np.ndarray], nonce: str
 ) -> dict[str, dict[str, Any]]:
     """Write and fsync this rank's file; return each key's digest and byte range. The
     digests are computed in a second thread while the bytes are being written."""
+    if SlowDisk.delay_s and time.monotonic() < SlowDisk.until:
+        time.sleep(SlowDisk.delay_s)  # a slow disk, on purpose (this is a writer thread)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / rank_file(rank)
     partial = final.with_suffix(".tmp")

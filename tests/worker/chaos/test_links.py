@@ -105,3 +105,20 @@ def test_shm_fill_fills_to_the_percent_with_a_file_of_the_run() -> None:
         assert abs(taken - (total * target / 100 - used)) < total / 100
     finally:
         made.unlink()
+
+
+def test_a_slow_disk_holds_each_checkpoint_file_while_it_lasts(tmp_path) -> None:
+    from shardwire.worker.fsdp.store import SlowDisk, write_rank_file
+
+    tensors = {"w": np.arange(8.0)}
+    try:
+        SlowDisk.delay_s, SlowDisk.until = 0.3, time.monotonic() + 30
+        start = time.monotonic()
+        write_rank_file(tmp_path / "a", 0, tensors, "n")
+        assert time.monotonic() - start >= 0.3
+        SlowDisk.until = time.monotonic()  # over
+        start = time.monotonic()
+        write_rank_file(tmp_path / "b", 0, tensors, "n")
+        assert time.monotonic() - start < 0.25
+    finally:
+        SlowDisk.delay_s, SlowDisk.until = 0.0, 0.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardwire.worker.chaos.inject import from_environment, read_log
-from shardwire.worker.chaos.plan import COORDINATOR, PlanError, load
+from shardwire.worker.chaos.plan import COORDINATOR, MAX_OCCURRENCES, PlanError, load
 from shardwire.worker.chaos.verdict import table, verdict
 
 TOML = """
@@ -69,7 +69,12 @@ def test_the_same_seed_draws_the_same_ranks(tmp_path) -> None:
             "faults.0.when: Extra inputs",
         ),
         ("[[faults]]\nkind = 'explode'\nrank = 1\nstep = 2\n", "faults.0.kind: Input should be"),
-        ("[[faults]]\nkind = 'kill'\nrank = 1\n", "faults.0: Value error, give exactly one of"),
+        (
+            "[[faults]]\nkind = 'kill'\nrank = 1\n",
+            "faults.0: Value error, give exactly one of step, after_s",
+        ),
+        ("[[faults]]\nkind = 'kill'\nrank = 1\nstep = 1\nevery_s = 3\n", "exactly one of"),
+        ("[[faults]]\nkind = 'flip'\nrank = 1\nevery_s = 3\n", "every_s is for kill"),
         ("[[faults]]\nkind = 'kill'\nrank = 1\nstep = 2\nafter_s = 1\n", "exactly one of"),
         ("[[faults]]\nkind = 'stop'\nrank = 1\nstep = 2\n", "a stop fault needs for_s > 0"),
         ("[[faults]]\nkind = 'kill'\nrank = -1\nstep = 2\n", "rank must be 0 or more"),
@@ -90,6 +95,7 @@ def test_the_same_seed_draws_the_same_ranks(tmp_path) -> None:
         ("[[faults]]\nkind = 'reset'\nrank = 1\nstep = 1\npeer = 1\n", "another rank than"),
         ("[[faults]]\nkind = 'nofile'\nrank = 1\nstep = 1\nlimit = 2\n", "limit >= 3"),
         ("[[faults]]\nkind = 'shm_fill'\nrank = 1\nstep = 1\n", "percent > 0"),
+        ("[[faults]]\nkind = 'slow_disk'\nrank = 1\nstep = 1\nfor_s = 5\n", "delay_s > 0"),
     ],
 )
 def test_a_bad_plan_is_refused_naming_the_field(tmp_path, text: str, message: str) -> None:
@@ -114,6 +120,20 @@ def test_coordinator_faults_are_apart_from_the_ranks_draws(tmp_path) -> None:
     assert (on.index, on.rank) == (2, COORDINATOR)
     before = load(_write(tmp_path, "p.toml", TOML)).schedule(8)
     assert [s.rank for s in plan.schedule(8)][:2] == [s.rank for s in before]
+
+
+def test_every_s_faults_are_drawn_from_the_seed_alone(tmp_path) -> None:
+    text = "seed = 5\n[[faults]]\nkind = 'kill'\nrank = 'random'\nevery_s = 30\n"
+    plan = load(_write(tmp_path, "r.toml", text))
+    first = plan.schedule(4)
+    assert len(first) == MAX_OCCURRENCES
+    assert [(s.rank, s.at_s) for s in first] == [(s.rank, s.at_s) for s in plan.schedule(4)]
+    times = [s.at_s or 0.0 for s in first]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert 25 < sum(gaps) / len(gaps) < 35  # the mean time between faults
+    assert {s.rank for s in first} == {0, 1, 2, 3}
+    other = plan.model_copy(update={"seed": 6}).schedule(4)
+    assert [s.at_s for s in other[:5]] != [s.at_s for s in first[:5]]
 
 
 def test_without_a_plan_no_injector_is_made() -> None:
