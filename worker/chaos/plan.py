@@ -163,12 +163,12 @@ class Plan(BaseModel):
         """The occurrences of the ``every_s`` fault ``index``: times from the job's start
         and ranks drawn from the seed (the same for the same seed, fault and world)."""
         fault = self.faults[index]
-        assert fault.every_s is not None
+        assert fault.every_s is not None and fault.rank != "coordinator"  # refused at load
         rng = random.Random(f"{self.seed}:{index}")
         at, out = 0.0, []
         for k in range(MAX_OCCURRENCES):
             at += rng.expovariate(1.0 / fault.every_s)
-            rank = rng.randrange(world_size) if fault.rank == "random" else fault.rank
+            rank = rng.randrange(world_size) if fault.rank == "random" else int(fault.rank)
             out.append(Scheduled(index=index, fault=fault, rank=rank, occurrence=k, at_s=at))
         return out
 
