@@ -10,6 +10,7 @@ date, text as paths)."""
 from __future__ import annotations
 
 import io
+import json
 import tempfile
 from pathlib import Path
 
@@ -44,9 +45,13 @@ def _arrow(ax, start, end, *, color, style="-", both=False, width=1.2):
 def architecture() -> str:
     """A coordinator, two nodes (each a node agent and two worker processes sharing a node
     arena), the control connections and the lanes between the nodes, as SVG text."""
+    return _svg(draw_architecture())
+
+
+def _svg(fig: plt.Figure) -> str:
+    """``fig`` as SVG text that is the same on every run (no date, fixed ids)."""
     plt.rcParams["svg.hashsalt"] = "shardwire"
     plt.rcParams["svg.fonttype"] = "path"
-    fig = draw_architecture()
     out = io.StringIO()
     fig.savefig(out, format="svg", metadata={"Date": None}, bbox_inches="tight")
     plt.close(fig)
@@ -116,4 +121,41 @@ def digits_metrics() -> str:
         return out.read_text()
 
 
-FIGURES = {"img/architecture.svg": architecture, "img/digits-metrics.svg": digits_metrics}
+def slowdemo_timeline() -> str:
+    """The why-slow run's timeline (``docs/data/slowdemo-trace.json``): a few steps of
+    the four ranks' all_reduce slices, each split into waiting, reducing and moving."""
+    doc = json.loads((DOCS / "data" / "slowdemo-trace.json").read_text())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    begins = {(e["pid"], e["id"]): e for e in events if e.get("ph") == "b"}
+    slices = []
+    for e in events:
+        b = begins.get((e.get("pid"), e.get("id")))
+        if e.get("ph") == "e" and b is not None and 20 < b["args"]["seq"] <= 25:
+            slices.append((b["pid"], b["ts"], e["ts"], b["args"]))
+    origin = min(s[1] for s in slices)
+    fig, ax = plt.subplots(figsize=(8.0, 2.6))
+    colors = {"wait_ms": "#c8c8c8", "reduce_ms": "#d62728", "move_ms": "#1f77b4"}
+    for rank, start, end, args in slices:
+        at = (start - origin) / 1000
+        scale = (end - start) / 1000 / max(1e-9, sum(args[k] for k in colors))
+        for key, color in colors.items():
+            width = args[key] * scale
+            ax.barh(rank, width, left=at, height=0.6, color=color, edgecolor="none")
+            at += width
+    ax.set_yticks(range(4), [f"rank {r}" for r in range(4)])
+    ax.invert_yaxis()
+    ax.set_xlim(left=0)
+    ax.set_xlabel("ms (all_reduce calls 21 to 25)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    labels = ["waiting for peers", "reducing", "moving bytes"]
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 1.25), ncol=3,
+              frameon=False, fontsize=8)  # fmt: skip
+    fig.tight_layout()
+    return _svg(fig)
+
+
+FIGURES = {
+    "img/architecture.svg": architecture,
+    "img/digits-metrics.svg": digits_metrics,
+    "img/slowdemo-timeline.svg": slowdemo_timeline,
+}
