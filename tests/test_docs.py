@@ -115,3 +115,12 @@ def test_the_readme_is_short_and_its_links_lead_somewhere() -> None:
     assert len(links) >= 10
     assert [link for link in links if not (ROOT / link).exists()] == []
     assert "make run" in readme and "make test" in readme
+
+
+def test_the_status_page_screenshot_is_the_test_s_chromium_picture() -> None:
+    image = ROOT / "docs" / "img" / "status-page.png"
+    head = image.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    assert (width, height) == (1000, 800)  # the window size the status page test gives
+    assert "](img/status-page.png)" in (ROOT / "docs" / "why-slow.md").read_text()
