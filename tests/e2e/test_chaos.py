@@ -19,6 +19,23 @@ from .cli import ROOT, SCRIPTS, SHARDWIRE, env, page_commands
 
 pytestmark = pytest.mark.e2e
 
+
+def _run(
+    command: list[str], cwd: Path, timeout: float, **extra: str
+) -> subprocess.CompletedProcess:
+    """``command`` run as a user runs it: in ``cwd``, the environment plus ``extra``."""
+    return subprocess.run(
+        command,
+        env=env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
 CASES = {
     # kind: (the fault's table, the plan's expectation, the rank the others must name)
     "kill": ("rank = 2\nstep = 5", 'expect = "fail"\nexpect_within_s = 20', 2),
@@ -34,18 +51,18 @@ def _chaos(
 ) -> tuple[subprocess.CompletedProcess, dict]:
     (tmp_path / "plan.toml").write_text(plan)
     verdict = tmp_path / "verdict.json"
-    done = subprocess.run(
+    done = _run(
         [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), *extra]
         + ["--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
         + (["--run-id", run_id] if run_id else [])
         + [str(SCRIPTS / "steps.py")],
-        env=env(STEPS="30", STEP_DELAY="0.1", SIZE="4096", SHARDWIRE_TRANSPORT=transport, **more),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        check=False,
+        tmp_path,
+        180,
+        STEPS="30",
+        STEP_DELAY="0.1",
+        SIZE="4096",
+        SHARDWIRE_TRANSPORT=transport,
+        **more,
     )
     return done, (json.loads(verdict.read_text()) if verdict.exists() else {})
 
@@ -86,15 +103,12 @@ def test_a_bad_plan_stops_before_the_job_starts(tmp_path) -> None:
 
 def test_a_job_without_a_plan_injects_and_notes_nothing(tmp_path) -> None:
     log = tmp_path / "chaos.jsonl"  # a log named, but no plan: nothing may run
-    done = subprocess.run(
+    done = _run(
         [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "steps.py")],
-        env=env(STEPS="3", SHARDWIRE_CHAOS_LOG=str(log)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        check=False,
+        tmp_path,
+        120,
+        STEPS="3",
+        SHARDWIRE_CHAOS_LOG=str(log),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert not log.exists()
@@ -114,15 +128,11 @@ def test_the_guide_runs_each_example_plan_against_digits(tmp_path, plan: str) ->
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # the page's paths, as written
     args = shlex.split(command)
     assert args[0] == "shardwire"
-    done = subprocess.run(
+    done = _run(
         [SHARDWIRE, *args[1:]],
-        env=env(PATH=f"{Path(SHARDWIRE).parent}:{os.environ.get('PATH', '')}"),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        check=False,
+        tmp_path,
+        240,
+        PATH=f"{Path(SHARDWIRE).parent}:{os.environ.get('PATH', '')}",
     )
     assert done.returncode == 0, done.stderr[-3000:]  # the example's expectation held
     outcome = json.loads((tmp_path / "verdict.json").read_text())
@@ -186,16 +196,13 @@ def test_the_launcher_injects_faults_into_its_coordinator(tmp_path, kind: str) -
 def test_launch_chaos_injects_a_plan_without_a_verdict(tmp_path) -> None:
     plan = tmp_path / "plan.toml"
     plan.write_text('[[faults]]\nkind = "kill"\nrank = 1\nstep = 3\n')
-    done = subprocess.run(
+    done = _run(
         [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "--chaos", str(plan)]
         + [str(SCRIPTS / "steps.py")],
-        env=env(STEPS="30", STEP_DELAY="0.05"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        check=False,
+        tmp_path,
+        120,
+        STEPS="30",
+        STEP_DELAY="0.05",
     )
     assert done.returncode != 0
     assert "rank 1 (local rank 1)" in done.stderr and "SIGKILL" in done.stderr
@@ -206,17 +213,13 @@ def test_launch_chaos_injects_a_plan_without_a_verdict(tmp_path) -> None:
 def test_a_traced_job_shows_each_fault_on_its_timeline(tmp_path) -> None:
     plan = 'expect = "survive"\n[[faults]]\nkind = "block"\nrank = 1\nstep = 3\nfor_s = 0.3\n'
     (tmp_path / "plan.toml").write_text(plan)
-    done = subprocess.run(
+    done = _run(
         [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--", SHARDWIRE, "launch"]
         + ["--standalone", "--nproc-per-node", "2", "--trace", "--run-id", "traced"]
         + [str(SCRIPTS / "steps.py")],
-        env=env(STEPS="10"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        check=False,
+        tmp_path,
+        120,
+        STEPS="10",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     events = json.loads((tmp_path / "traces" / "traced" / "job.json").read_text())
@@ -247,16 +250,11 @@ def test_shm_fill_during_a_job_is_swept_with_the_run(tmp_path) -> None:
 
 def test_bench_goodput_trains_through_random_kills_beside_a_clean_run(tmp_path) -> None:
     out = tmp_path / "goodput.json"
-    done = subprocess.run(
+    done = _run(
         [SHARDWIRE, "bench", "goodput", "--nproc", "2", "--every", "3", "--minutes", "0.2"]
         + ["--save-every", "5", "--json", str(out)],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        check=False,
+        ROOT,
+        600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
