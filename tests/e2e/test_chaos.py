@@ -97,7 +97,7 @@ def test_an_expectation_that_does_not_hold_fails_the_command(tmp_path) -> None:
 def test_a_bad_plan_stops_before_the_job_starts(tmp_path) -> None:
     done, outcome = _chaos(tmp_path, '[[faults]]\nkind = "kill"\nrank = 1\n')
     assert done.returncode == 2 and outcome == {}
-    assert "faults.0: Value error, give exactly one of step, after_s and every_s" in done.stderr
+    assert "faults.0: give exactly one of step, after_s and every_s" in done.stderr
     assert "[coordinator]" not in done.stderr  # nothing was started
 
 

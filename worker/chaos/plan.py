@@ -31,6 +31,7 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from shardwire.protocol.errors import InvalidArgument
 
@@ -77,6 +78,11 @@ MAX_FAULTS = 100
 COORDINATOR = -1  # the rank of a fault scheduled on the coordinator
 
 
+def _bad(message: str) -> PydanticCustomError:
+    """A plan's field that breaks a rule: pydantic names the field, with ``message``."""
+    return PydanticCustomError("plan", message)
+
+
 class PlanError(InvalidArgument):
     """A plan file that cannot be read or does not follow the schema (names the field)."""
 
@@ -113,31 +119,31 @@ class Fault(BaseModel):
     @model_validator(mode="after")
     def _when(self) -> Fault:
         if sum(w is not None for w in (self.step, self.after_s, self.every_s)) != 1:
-            raise ValueError("give exactly one of step, after_s and every_s")
+            raise _bad("give exactly one of step, after_s and every_s")
         if self.every_s is not None and self.kind not in PROCESS:
-            raise ValueError(f"every_s is for kill, term, stop, raise and block, not {self.kind}")
+            raise _bad(f"every_s is for kill, term, stop, raise and block, not {self.kind}")
         if self.kind in TIMED and self.for_s <= 0:
-            raise ValueError(f"a {self.kind} fault needs for_s > 0")
+            raise _bad(f"a {self.kind} fault needs for_s > 0")
         if isinstance(self.rank, int) and self.rank < 0:
-            raise ValueError("rank must be 0 or more")
+            raise _bad("rank must be 0 or more")
         if self.rank == "coordinator" and self.kind not in ("kill", "stop", "term"):
-            raise ValueError(f"the coordinator takes kill, stop and term, not {self.kind}")
+            raise _bad(f"the coordinator takes kill, stop and term, not {self.kind}")
         if self.rank == "coordinator" and self.after_s is None:  # every_s, step: refused
-            raise ValueError("a fault on the coordinator is timed: give after_s")
+            raise _bad("a fault on the coordinator is timed: give after_s")
         if self.kind == "delay" and self.delay_s + self.jitter_s <= 0:
-            raise ValueError("a delay fault needs delay_s or jitter_s > 0")
+            raise _bad("a delay fault needs delay_s or jitter_s > 0")
         if self.kind == "slow_disk" and self.delay_s <= 0:
-            raise ValueError("a slow_disk fault needs delay_s > 0")
+            raise _bad("a slow_disk fault needs delay_s > 0")
         if self.kind == "throttle" and self.rate_mbps <= 0:
-            raise ValueError("a throttle fault needs rate_mbps > 0")
+            raise _bad("a throttle fault needs rate_mbps > 0")
         if self.kind == "nofile" and self.limit < 3:
-            raise ValueError("a nofile fault needs limit >= 3 (stdin, stdout, stderr)")
+            raise _bad("a nofile fault needs limit >= 3 (stdin, stdout, stderr)")
         if self.kind == "shm_fill" and self.percent <= 0:
-            raise ValueError("a shm_fill fault needs percent > 0")
+            raise _bad("a shm_fill fault needs percent > 0")
         if self.peer is not None and self.kind not in NETWORK:
-            raise ValueError(f"peer is for network faults, not {self.kind}")
+            raise _bad(f"peer is for network faults, not {self.kind}")
         if self.peer is not None and self.peer == self.rank:
-            raise ValueError("peer must be another rank than rank")
+            raise _bad("peer must be another rank than rank")
         return self
 
 

@@ -71,7 +71,7 @@ def test_the_same_seed_draws_the_same_ranks(tmp_path) -> None:
         ("[[faults]]\nkind = 'explode'\nrank = 1\nstep = 2\n", "faults.0.kind: Input should be"),
         (
             "[[faults]]\nkind = 'kill'\nrank = 1\n",
-            "faults.0: Value error, give exactly one of step, after_s",
+            "faults.0: give exactly one of step, after_s",
         ),
         ("[[faults]]\nkind = 'kill'\nrank = 1\nstep = 1\nevery_s = 3\n", "exactly one of"),
         ("[[faults]]\nkind = 'flip'\nrank = 1\nevery_s = 3\n", "every_s is for kill"),
