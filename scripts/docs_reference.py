@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 from shardwire.worker.bench import BENCHES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_pages  # noqa: E402
 from diagrams import FIGURES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,6 +336,8 @@ def main() -> int:
     pages["chaos-plan.md"] = chaos_page()
     files = {PAGES / name: text for name, text in pages.items()}
     files.update({ROOT / "docs" / name: draw() for name, draw in FIGURES.items()})
+    files[bench_pages.PAGE] = bench_pages.page()
+    files[ROOT / "docs" / "img" / "collectives-latency.svg"] = bench_pages.plot()
     stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
     if args.check:
         for path in stale:
