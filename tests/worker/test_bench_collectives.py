@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardwire.worker.bench import collectives
+from shardwire.worker.transport.shmfiles import SHM_DIR
 
 _MEDIANS = {"auto": 0.001, "tcp": 0.004, "mpi-shm": 0.0005, "mpi-tcp": 0.002}
 
@@ -20,6 +22,8 @@ def _fake_run(seen: list[str], commands: list[list[str]] | None = None):
             commands.append(cmd)
         if cmd[0].endswith("mpirun"):
             kind = "mpi-tcp" if "tcp,self" in cmd else "mpi-shm"
+            # as Open MPI's shared-memory component can: a segment left behind
+            (SHM_DIR / f"sm_segment.shardwire-test.{os.getpid()}.{kind}").write_bytes(b"x")
             times = [_MEDIANS[kind]] * 5
             cell = {"n": int(cmd[cmd.index("-n") + 1]), "op": "all_reduce", "bytes": 1 << 20}
             cell["times"] = times
@@ -70,6 +74,7 @@ def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(
     assert "Open MPI busbw" in out and "Open MPI tcp busbw" in out
     (row,) = json.loads(out_json.read_text())["rows"]
     assert row["vs_mpi"] == pytest.approx(0.5) and row["vs_mpi_tcp"] == pytest.approx(2.0)
+    assert not list(SHM_DIR.glob(f"sm_segment.shardwire-test.{os.getpid()}.*"))  # removed
 
 
 def test_compare_mpi_without_mpi4py_says_how_to_get_it(monkeypatch, capsys) -> None:

@@ -12,6 +12,7 @@ Prints median latency, algorithm and bus bandwidth per cell as a table, and writ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarize
+from shardwire.worker.transport.shmfiles import SHM_DIR
 
 
 def _shardwire_cells(
@@ -80,8 +82,22 @@ def _mpi_cells(n: int, config: dict, python: str, tmp: str, *, tcp_only: bool) -
         cmd += ["--mca", "btl", "tcp,self"]
     cmd += ["-n", str(n), python, mpi_module.__file__, out, json.dumps(config)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
+    before = _mpi_segments()
+    try:
+        subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
+    finally:  # Open MPI's shared-memory component can leave its segment behind: ours go
+        for leftover in _mpi_segments() - before:
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
     return _summarized(out)
+
+
+def _mpi_segments() -> set[Path]:
+    """Open MPI's shared-memory segments in /dev/shm now (``sm_segment.*``)."""
+    try:
+        return set(SHM_DIR.glob("sm_segment.*"))
+    except OSError:
+        return set()
 
 
 def side_python(requested: str | None, venv: str, probe: str) -> str | None:
