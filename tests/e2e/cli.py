@@ -27,17 +27,24 @@ def env(**extra: str) -> dict[str, str]:
     return {**base, **extra}
 
 
-def shardwire(*args: str, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:
+def run(
+    command: list[str], *, cwd: Path = ROOT, timeout: float = 90, **extra: str
+) -> subprocess.CompletedProcess:
+    """``command`` run as a user runs it: in ``cwd``, the environment plus ``extra``."""
     return subprocess.run(
-        [SHARDWIRE, *args],
+        command,
         check=False,
         env=env(**extra),
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=ROOT,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
+
+
+def shardwire(*args: str, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:
+    return run([SHARDWIRE, *args], timeout=timeout, **extra)
 
 
 def background(*args: str, **extra: str) -> subprocess.Popen:

@@ -15,7 +15,7 @@ import pytest
 from shardwire.worker.chaos.inject import read_log
 from shardwire.worker.transport.shmfiles import SHM_DIR, segment_names
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, env, page_commands
+from .cli import ROOT, SCRIPTS, SHARDWIRE, page_commands, run
 
 pytestmark = pytest.mark.e2e
 
@@ -23,17 +23,7 @@ pytestmark = pytest.mark.e2e
 def _run(
     command: list[str], cwd: Path, timeout: float, **extra: str
 ) -> subprocess.CompletedProcess:
-    """``command`` run as a user runs it: in ``cwd``, the environment plus ``extra``."""
-    return subprocess.run(
-        command,
-        env=env(**extra),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    return run(command, cwd=cwd, timeout=timeout, **extra)
 
 
 CASES = {

@@ -81,7 +81,7 @@ _PROGRAMS: dict[type, Callable[[Any, int], Build]] = {
 class ArenaBackend(Backend):
     """The node arena of a group on one node, and its links for the rest."""
 
-    __slots__ = ("_started", "gate", "links", "size")
+    __slots__ = ("_handed", "gate", "links", "size")
     name = "arena"
 
     def __init__(
@@ -95,7 +95,9 @@ class ArenaBackend(Backend):
         self.links = links
         self.size = links.size
         self.gate = Gate(settings, spawn, what, stats)
-        self._started: tuple[int, Ticket] | None = None  # express began it: launch waits
+        # what express built for call ``seq`` and did not finish (its ticket, when it
+        # started it): launch takes it over instead of building the program again
+        self._handed: tuple[int, Build, Ticket | None] | None = None
 
     def decide(self, op: Op) -> Decision:
         state = self.gate.state
@@ -113,20 +115,20 @@ class ArenaBackend(Backend):
             ticket = self.gate.express(seq, signature, build, limit, split)
         if ticket is True:
             return True
-        if isinstance(ticket, Ticket):
-            self._started = (seq, ticket)
+        self._handed = (seq, build, ticket if isinstance(ticket, Ticket) else None)
         return False
 
     def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
         if decision is not _ARENA:
             return self.links.launch(op, call, decision, limit)
-        build = program(op, self.size)
-        assert build is not None
-        started, self._started = self._started, None
-        if started is not None and started[0] == call.seq:
-            ticket = started[1]
+        handed, self._handed = self._handed, None
+        if handed is not None and handed[0] == call.seq:
+            _, build, started = handed
         else:
-            ticket = self.gate.enqueue(call, build, limit)
+            built, started = program(op, self.size), None
+            assert built is not None
+            build = built
+        ticket = started if started is not None else self.gate.enqueue(call, build, limit)
         gate, links = self.gate, self.links
 
         async def run(c: Call) -> Any:
