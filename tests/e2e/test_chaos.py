@@ -142,12 +142,13 @@ def _steady(text: str) -> str:
 
 
 NETWORK = {
-    # kind: (the fault's table, the expectation, the rank the others must name)
+    # kind: (the fault's table, the expectation, the ranks the others may name): a reset
+    # link is lost at both its ends, so either end may be the first to report it
     "delay": ("rank = 1\nstep = 3\nfor_s = 1.0\ndelay_s = 0.05", 'expect = "survive"', None),
     "throttle": ("rank = 3\nstep = 3\nfor_s = 1.0\nrate_mbps = 50", 'expect = "survive"', None),
     "blackhole": ("rank = 2\nstep = 3\nfor_s = 1.0\npeer = 3", 'expect = "survive"', None),
-    "flip": ("rank = 1\nstep = 3\npeer = 0", 'expect = "fail"\nexpect_within_s = 20', 1),
-    "reset": ("rank = 0\nstep = 3", 'expect = "fail"\nexpect_within_s = 20', 0),
+    "flip": ("rank = 1\nstep = 3\npeer = 0", 'expect = "fail"\nexpect_within_s = 20', {1}),
+    "reset": ("rank = 0\nstep = 3\npeer = 1", 'expect = "fail"\nexpect_within_s = 20', {0, 1}),
 }
 
 
@@ -161,7 +162,7 @@ def test_each_network_fault_is_injected_into_the_ranks_own_links(tmp_path, kind:
     (fault,) = outcome["faults"]
     assert fault["injected"] and fault["step"] >= 3
     if named is not None:
-        assert fault["named_rank"] == named, fault
+        assert fault["named_rank"] in named, fault
     else:
         assert outcome["survived"]
 
