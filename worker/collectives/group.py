@@ -170,16 +170,17 @@ class Group:
         return work
 
     async def aclose(self) -> None:
-        """Close the subgroups this group created, then cancel and await every collective
-        still running on it; later calls raise. Safe to call again, also after a close
-        that was itself cancelled (which propagates; the calls' own errors end here)."""
+        """Cancel and await every collective still running on this group, then close the
+        subgroups it created (its calls may be running theirs: a tiered call's phases);
+        later calls raise. Safe to call again, also after a close that was itself
+        cancelled (which propagates; the calls' own errors end here)."""
         self._closed = True
-        for child in self._children:
-            await child.aclose()
         works = list(self._works)
         for work in works:
             work.cancel()
         await asyncio.gather(*(work.ended() for work in works))
+        for child in self._children:
+            await child.aclose()
         if self._backend is not None:
             self._backend.close()
         self._calls.deadlines.close()

@@ -107,11 +107,22 @@ def _fits(held: np.ndarray | None, value: np.ndarray) -> TypeGuard[np.ndarray]:
 
 
 class SGD(Optimizer):
-    """SGD with momentum (PyTorch's form: v = m v + g; p -= lr v) and L2 weight decay."""
+    """SGD with momentum (PyTorch's form: v = m v + g; p -= lr v) and L2 weight decay;
+    ``nesterov=True`` steps along g + m v instead (PyTorch's Nesterov form)."""
 
-    def __init__(self, *, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+    def __init__(
+        self,
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ):
         super().__init__(lr=lr, weight_decay=weight_decay)
+        if nesterov and momentum <= 0:
+            raise InvalidArgument(f"Nesterov momentum needs momentum > 0, got {momentum}")
         self.momentum = momentum
+        self.nesterov = nesterov
 
     def _prepare(self, params: Sequence[np.ndarray]) -> None:
         if self.momentum:
@@ -123,7 +134,7 @@ class SGD(Optimizer):
             v = self.state[i]["velocity"]
             v *= self.momentum
             v += d
-            d = v
+            d = d + self.momentum * v if self.nesterov else v
         p[...] -= lr * d
 
 

@@ -11,6 +11,9 @@ contributions back into their sum:
   all-gather each, and each rank adds them up in rank order.
 * :class:`Float16` sends float16 and adds the ranks' values up in float32 (or the
   gradient's own wider dtype).
+* :class:`Quantized` sends int8 or int4 codes with a float32 scale per block and adds
+  the ranks' values up in float64, the same sum on every rank
+  (:mod:`shardwire.worker.training.quantize`).
 
 Codecs keep per-tensor state (the residual), keyed by the tensor's position in the
 gradient list, so one codec serves one model.
@@ -24,6 +27,7 @@ import numpy as np
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group
+from shardwire.worker.training import quantize
 
 
 class Codec:
@@ -93,12 +97,38 @@ class Float16(Codec):
         return everyone.astype(wide).sum(axis=0).astype(grad.dtype).reshape(grad.shape)
 
 
+class Quantized(Codec):
+    """Send ``bits``-bit codes (8 or 4) with a float32 scale per ``block`` values; add the
+    ranks' values up in float64, in rank order (bit-identical on every rank)."""
+
+    def __init__(self, bits: int = 8, *, block: int = 256) -> None:
+        quantize.layout(0, bits=bits, block=block)  # checks both
+        self.bits = bits
+        self.block = block
+
+    def layout(self, count: int) -> quantize.Layout:
+        return quantize.layout(count, bits=self.bits, block=self.block)
+
+    def wire_bytes(self, grad: np.ndarray) -> int:
+        return self.layout(grad.size).nbytes
+
+    async def sum(self, group: Group, index: int, grad: np.ndarray) -> np.ndarray:
+        shape = self.layout(grad.size)
+        everyone = await group.all_gather(quantize.encode(grad, shape).reshape(1, -1))
+        return quantize.decode_sum(everyone, shape).astype(grad.dtype).reshape(grad.shape)
+
+
 def parse(spec: str) -> Codec | None:
-    """A codec from a command-line spec: ``none``, ``fp16`` or ``topk:RATIO``."""
+    """A codec from a command-line spec: ``none``, ``fp16``, ``int8``, ``int4`` or
+    ``topk:RATIO``."""
     if spec in ("", "none"):
         return None
     if spec == "fp16":
         return Float16()
+    if spec in ("int8", "int4"):
+        return Quantized(int(spec[3:]))
     if spec.startswith("topk:"):
         return TopK(float(spec.removeprefix("topk:")))
-    raise InvalidArgument(f"unknown compression {spec!r}: none, fp16 or topk:RATIO")
+    raise InvalidArgument(
+        f"unknown compression {spec!r}: none, fp16, int8, int4 or topk:RATIO"
+    )

@@ -157,6 +157,19 @@ async def test_group_close_cancels_forgotten_handles(kind: str) -> None:
         assert len(after) < len(before) and after <= before
 
 
+async def test_closing_groups_with_started_two_tier_calls_ends_them_before_their_phases(
+    kind: str,
+) -> None:
+    # a started call of a tiered group runs its phases on the node and lane subgroups:
+    # the group ends its calls before it closes them (and unmaps the node's region)
+    async with group_world(kind, 4, timeout=20) as groups:
+        works = [g.all_reduce(np.ones(5000)).start() for g in groups]
+        await asyncio.sleep(0)  # the calls begin their first phase
+        for g in groups:
+            await g.aclose()
+        assert all(w.done() for w in works)
+
+
 async def test_argument_errors_are_clear(kind: str) -> None:
     """Raised at the call, as ShardwireErrors that are also ValueError / TypeError."""
     async with group_world(kind, 2) as groups:

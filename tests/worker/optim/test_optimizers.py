@@ -22,6 +22,20 @@ def test_sgd_momentum_and_weight_decay_match_the_formula() -> None:
     np.testing.assert_allclose(p, expected, rtol=1e-15)
 
 
+def test_sgd_nesterov_matches_the_formula() -> None:
+    p = np.array([1.0, -2.0])
+    opt = SGD(lr=0.7, momentum=0.9, nesterov=True)
+    v = np.zeros(2)
+    expected = p.copy()
+    for g in (np.array([0.5, 0.5]), np.array([-1.0, 2.0]), np.array([0.25, -0.5])):
+        v = 0.9 * v + g
+        expected = expected - 0.7 * (g + 0.9 * v)
+        opt.step([p], [g])
+    np.testing.assert_allclose(p, expected, rtol=1e-15)
+    with pytest.raises(InvalidArgument, match="Nesterov momentum needs momentum > 0"):
+        SGD(lr=0.1, nesterov=True)
+
+
 def test_adamw_matches_the_formula() -> None:
     p = np.array([0.3, -0.7, 1.1])
     opt = AdamW(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
