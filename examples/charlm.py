@@ -33,6 +33,8 @@ from shardwire.worker.nn.parallel import ParallelBlock
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runtime.runlog import RunLog
 
+from outer import Replicas, add_arguments  # beside this script
+
 
 def corpus() -> tuple[np.ndarray, list[str]]:
     import pydoc_data.topics
@@ -126,15 +128,17 @@ async def build(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> FSDP:
 
 
 async def resume(
-    args: argparse.Namespace, pg: sw.ProcessGroup, fsdp: FSDP, draw, run_dir: str
+    args: argparse.Namespace, pg: sw.ProcessGroup, fsdp: FSDP, draw, replicas: Replicas
 ) -> tuple[int, float, RunLog]:
     """The step and loss to go on from (the latest checkpoint in --checkpoint-dir, with
     the data order ``draw`` and the dropout streams; else the start) and the run's log."""
     step, loss = 0, float("nan")
-    ckpt = args.checkpoint_dir
+    ckpt = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir)
     if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
         resumed = await fsdp.load(ckpt, rngs={"draw": draw})
         step, loss = resumed.step, resumed.extra["loss"]
+        replicas.resume(args.checkpoint_dir, step)
+    run_dir = f"runs/charlm-seed{args.seed}"
     log = RunLog(
         pg,
         Path(args.run_dir or run_dir),
@@ -151,18 +155,20 @@ async def main(args: argparse.Namespace) -> None:
         data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
         cut = int(len(data) * 0.9)
         train, held = data[:cut], data[cut:]
-        mesh = sw.Mesh(pg, dp=args.dp, pp=args.pp, tp=args.tp)
+        replicas = Replicas(args, pg)  # one of every rank, or DiLoCo's (--diloco)
+        mesh = sw.Mesh(replicas.inner, dp=args.dp, pp=args.pp, tp=args.tp)
         if args.pp > 1:
             from lm_pipeline import train_pipeline  # beside this script
 
             await train_pipeline(args, pg, mesh, (train, held, len(chars)))
             return
         fsdp = await build(args, mesh, vocab=len(chars))
+        await replicas.start(fsdp)
         dp = mesh.dp
         draw = np.random.default_rng(args.seed + 1)  # the data order
-        step, loss, log = await resume(args, pg, fsdp, draw, f"runs/charlm-seed{args.seed}")
-        ckpt, saving = args.checkpoint_dir, None
-        mine = np.array_split(np.arange(args.batch), dp.size)[dp.rank]
+        step, loss, log = await resume(args, pg, fsdp, draw, replicas)
+        ckpt, saving = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir), None
+        mine, share = replicas.rows(args.batch, dp)
         deadline = time.monotonic() + args.minutes * 60
         start, first = time.perf_counter(), step
         while step < args.steps:
@@ -173,10 +179,11 @@ async def main(args: argparse.Namespace) -> None:
             )
             fsdp.zero_grad()
             logits = await fsdp.forward(ids)
-            part, dlogits = softmax_cross_entropy(logits, targets, denom=args.batch * args.context)
+            part, dlogits = softmax_cross_entropy(logits, targets, denom=share * args.context)
             await fsdp.backward(dlogits)
             await fsdp.clip_grad_norm(1.0)  # the whole model's norm, in every layout
             await fsdp.step(lr=lr)
+            await replicas.step()  # DiLoCo's outer sync, when one is due
             step += 1
             loss = float((await dp.all_reduce(np.array([part])))[0])
             metrics = {"loss": loss, "lr": lr}
@@ -187,6 +194,7 @@ async def main(args: argparse.Namespace) -> None:
                 saving = await fsdp.save(
                     ckpt, step=step, extra={"loss": loss}, rngs={"draw": draw}, blocking=False
                 )
+                await replicas.save(args.checkpoint_dir, step, keep=None)
             # every rank agrees to stop, so all of them leave the loop at the same step
             out_of_time = time.monotonic() > deadline
             if (await pg.all_reduce(np.array([out_of_time], np.int64)))[0]:
@@ -194,6 +202,7 @@ async def main(args: argparse.Namespace) -> None:
                 break
         if saving is not None:
             await saving.wait()
+        await replicas.finish()  # DiLoCo: every replica ends with the global model
         elapsed = time.perf_counter() - start
         held_loss = await held_out_loss(fsdp, dp, held, context=args.context)
         text = await sample(
@@ -238,7 +247,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--run-dir")
     p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
     p.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
-    return p.parse_args()
+    add_arguments(p)
+    args = p.parse_args()
+    if args.diloco and args.pp > 1:
+        p.error("--diloco runs FSDP (and --tp) inside each replica, not pipelines (--pp)")
+    return args
 
 
 if __name__ == "__main__":

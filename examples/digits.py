@@ -29,6 +29,8 @@ from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runtime.runlog import RunLog
 from shardwire.worker.training import compression
 
+from outer import Replicas, add_arguments  # beside this script
+
 
 def load(seed: int, test_fraction: float = 0.2):
     from sklearn.datasets import load_digits  # bundled with scikit-learn, no download
@@ -78,21 +80,24 @@ async def main(args: argparse.Namespace) -> None:
             data = (x_train, y_train, x_test, y_test)
             await train_aggregated(args, pg, data, make_model(args.hidden, args.seed))
             return
+        replicas = Replicas(args, pg)  # one of every rank, or DiLoCo's (--diloco)
         fsdp = await FSDP.create(
             make_model(args.hidden, args.seed),
-            pg,
+            replicas.inner,
             strategy=args.strategy,
             optimizer=AdamW(lr=args.lr, weight_decay=1e-4),
             policy=by_type(Linear),
             compression=compression.parse(args.compress),
         )
+        await replicas.start(fsdp)
         run_dir = Path(args.run_dir or f"runs/digits-{args.strategy}-seed{args.seed}")
         draw = np.random.default_rng(args.seed + 1)  # the data order
         first, last_loss, saving = 0, float("nan"), None
-        ckpt = args.checkpoint_dir
+        ckpt = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir)
         if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
             resumed = await fsdp.load(ckpt, rngs={"draw": draw})
             first, last_loss = resumed.step, resumed.extra["loss"]
+            replicas.resume(args.checkpoint_dir, first)
         log = RunLog(
             pg,
             run_dir,
@@ -101,7 +106,7 @@ async def main(args: argparse.Namespace) -> None:
             next_free=args.run_dir is None,
             resume_from=first or None,
         )
-        mine = np.array_split(np.arange(args.batch), pg.world_size)[pg.rank]
+        mine, share = replicas.rows(args.batch, fsdp.group)
         start = time.perf_counter()
         for step in range(first, args.steps):
             with sw.span("data"):  # on the rank's timeline when traced (--trace)
@@ -109,10 +114,12 @@ async def main(args: argparse.Namespace) -> None:
             lr = warmup_cosine(step, base_lr=args.lr, warmup=args.steps // 10, total=args.steps)
             fsdp.zero_grad()
             logits = await fsdp.forward(x_train[batch])
-            loss, dlogits = softmax_cross_entropy(logits, y_train[batch], denom=args.batch)
+            loss, dlogits = softmax_cross_entropy(logits, y_train[batch], denom=share)
             await fsdp.backward(dlogits)
             await fsdp.step(lr=lr)
-            total = await pg.all_reduce(np.array([loss]))  # every rank's share of the loss
+            await replicas.step()  # DiLoCo's outer sync, when one is due
+            # every rank's share of the global batch's mean loss
+            total = await pg.all_reduce(np.array([loss * (share / args.batch)]))
             last_loss = float(total[0])
             metrics = {"loss": last_loss, "lr": lr}
             if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
@@ -127,8 +134,10 @@ async def main(args: argparse.Namespace) -> None:
                     keep=args.keep,
                     blocking=False,  # written while training goes on
                 )
+                await replicas.save(args.checkpoint_dir, step + 1, args.keep)
         if saving is not None:
             await saving.wait()
+        await replicas.finish()  # DiLoCo: every replica ends with the global model
         elapsed = time.perf_counter() - start
         acc = await accuracy(fsdp, pg, x_test, y_test)
         memory = await pg.all_gather_object(sum(fsdp.memory_stats()["held"].values()))
@@ -175,7 +184,10 @@ def parse() -> argparse.Namespace:
         help="gradient compression: none, fp16 or topk:RATIO (with --aggregator allreduce "
         "or --strategy no_shard)",
     )
+    add_arguments(p)
     args = p.parse_args()
+    if args.diloco and args.aggregator:
+        p.error("--diloco trains with FSDP inside each replica; drop --aggregator")
     if args.compress != "none" and args.aggregator == "ps":
         p.error("--compress works with --aggregator allreduce or --strategy no_shard")
     if args.compress != "none" and not args.aggregator and args.strategy != "no_shard":

@@ -29,16 +29,18 @@ so a run resumed from it continues bit for bit.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from shardwire.protocol.errors import InvalidArgument, InvalidState
 from shardwire.worker.collectives import Group
+from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.collectives.work import Work
 from shardwire.worker.nn.module import Module
 from shardwire.worker.optim.optimizers import SGD
+from shardwire.worker.training import outer_state
 from shardwire.worker.training import quantize as blocks
 
 
@@ -276,6 +278,14 @@ class DiLoCo:
             }
         return state
 
+    async def save(self, path: str | Path) -> None:
+        """Write the outer state to ``path`` (safetensors, atomically)."""
+        outer_state.write(path, await self.state_dict())
+
+    def load(self, path: str | Path) -> None:
+        """Adopt the outer state :meth:`save` wrote to ``path``."""
+        self.load_state_dict(outer_state.read(path))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Adopt a state from :meth:`state_dict` (same model, group size and fragments);
         the model's own parameters are restored by its checkpoint, not here."""
@@ -307,8 +317,23 @@ def _copied(state: dict[str, Any]) -> dict[str, Any]:
     return {"steps": state["steps"], "state": [{k: v.copy() for k, v in s.items()} for s in state["state"]]}
 
 
-def split_batch(batch: int, ranks: Sequence[int], world: int) -> int:
-    """How many of a global batch's rows the ``ranks`` hold when it is split over
-    ``world`` ranks by ``numpy.array_split`` (a replica's share, for its loss's mean)."""
-    sizes = [len(part) for part in np.array_split(np.arange(batch), world)]
-    return sum(sizes[r] for r in ranks)
+def replica_groups(pg: ProcessGroup, replicas: int) -> tuple[Group, Group]:
+    """(inner group, outer group) for ``replicas`` replicas of consecutive ranks: the
+    ranks of this rank's replica, and the ranks holding the same place in every replica."""
+    if replicas < 1 or pg.world_size % replicas:
+        raise InvalidArgument(
+            f"{replicas} DiLoCo replicas do not divide the {pg.world_size} ranks evenly"
+        )
+    size = pg.world_size // replicas
+    return pg.node_group(local_world_size=size), pg.cross_node_group(local_world_size=size)
+
+
+def replica_rows(
+    batch: int, *, replica: int, replicas: int, rank: int, size: int
+) -> tuple[np.ndarray, int]:
+    """A global batch of ``batch`` rows split over ``replicas`` replicas of ``size`` data
+    ranks each: the rows this rank (``rank`` within its replica) takes, and how many its
+    replica takes (the count its loss is the mean over)."""
+    parts = np.array_split(np.arange(batch), replicas * size)
+    first = replica * size
+    return parts[first + rank], sum(len(p) for p in parts[first : first + size])

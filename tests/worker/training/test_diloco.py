@@ -15,10 +15,10 @@ from shardwire.protocol import InvalidArgument
 from shardwire.worker.collectives import Group
 from shardwire.worker.nn import Linear, ReLU, Sequential, mse
 from shardwire.worker.optim import SGD
-from shardwire.worker.training import quantize
+from shardwire.worker.training import outer_state, quantize
 from shardwire.worker.training.aggregation import AllReduceAggregator, distributed_train_step
 from shardwire.worker.training.compression import Quantized, parse
-from shardwire.worker.training.diloco import DiLoCo, Phase, split_batch
+from shardwire.worker.training.diloco import DiLoCo, Phase, replica_rows
 from tests.worker.collectives.worlds import KINDS, group_world, on_all
 
 SIZES = (7, 5, 9)  # three arrays, so fragments cut across them
@@ -189,7 +189,9 @@ def test_bad_options_are_refused_naming_the_option(options, words) -> None:
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-async def test_a_run_resumed_mid_round_from_the_state_continues_bit_for_bit(overlap) -> None:
+async def test_a_run_resumed_mid_round_from_the_state_continues_bit_for_bit(
+    tmp_path, overlap
+) -> None:
     world, steps, cut = 2, 11, 6  # 6 is a sync step: with overlap, an exchange is in flight
     options = {"every": 3, "fragments": 3, "overlap": overlap, "quantize": "int8", "block": 4}
     async with group_world("memory", world) as groups:
@@ -197,6 +199,9 @@ async def test_a_run_resumed_mid_round_from_the_state_continues_bit_for_bit(over
     async with group_world("memory", world) as groups:
         first = await _replicas(groups, cut, **options)
         states = await on_all(groups, lambda g: first[g.rank].state_dict())
+        if overlap:  # through the file a restarted run reads
+            await on_all(groups, lambda g: first[g.rank].save(tmp_path / f"r{g.rank}.st"))
+            states = [outer_state.read(tmp_path / f"r{r}.st") for r in range(world)]
         arrays = [[a.copy() for a in o.model.arrays] for o in first]  # type: ignore[union-attr]
     assert (states[0]["flight"] is not None) is overlap
     async with group_world("memory", world) as groups:  # a new process, as after a restart
@@ -262,6 +267,16 @@ def test_block_quantization_stays_within_half_a_scale(bits, count) -> None:
     assert np.all(quantize.decode(buffer, shape)[: count // 3] == 0.0)
 
 
+def test_a_state_file_of_another_kind_is_refused(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(2)}, str(tmp_path / "other.st"))
+    with pytest.raises(outer_state.OuterStateError, match="not a DiLoCo state file"):
+        outer_state.read(tmp_path / "other.st")
+    with pytest.raises(outer_state.OuterStateError, match="cannot read DiLoCo state"):
+        outer_state.read(tmp_path / "missing.st")
+
+
 def test_block_quantization_refuses_what_it_cannot_carry() -> None:
     shape = quantize.layout(4, bits=8, block=4)
     with pytest.raises(InvalidArgument, match="NaN or infinity"):
@@ -285,5 +300,8 @@ async def test_the_quantized_codec_sums_gradients_the_same_on_every_rank() -> No
 
 
 def test_a_replicas_share_of_a_split_batch() -> None:
-    # 10 rows over 4 ranks: 3, 3, 2, 2; a replica of ranks 2 and 3 holds 4
-    assert split_batch(10, [2, 3], 4) == 4 and split_batch(10, [0, 1], 4) == 6
+    # 10 rows over 2 replicas of 2 data ranks: 3, 3 | 2, 2
+    rows, count = replica_rows(10, replica=1, replicas=2, rank=0, size=2)
+    assert rows.tolist() == [6, 7] and count == 4
+    rows, count = replica_rows(10, replica=0, replicas=2, rank=1, size=2)
+    assert rows.tolist() == [3, 4, 5] and count == 6
