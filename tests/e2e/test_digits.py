@@ -139,12 +139,12 @@ def test_make_run_passes_with_a_busy_process_per_core_and_no_bytecode_writes(tmp
     assert "Traceback" not in result.stderr
 
 
-def _digits(tmp_path, name: str) -> list[str]:
+def _digits(tmp_path, name: str, *flags: str) -> list[str]:
     where = tmp_path / name
     return [
         SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
         "--steps", "400", "--log-every", "25", "--save-every", "50",
-        "--checkpoint-dir", str(where / "ckpt"), "--run-dir", str(where / "run"),
+        "--checkpoint-dir", str(where / "ckpt"), "--run-dir", str(where / "run"), *flags,
     ]  # fmt: skip
 
 
@@ -160,12 +160,18 @@ def _records(tmp_path, name: str) -> tuple[dict, dict]:
     return run_records(tmp_path / name / "run")
 
 
+# DiLoCo: two replicas of one rank, whose outer state (global parameters, Nesterov
+# momentum, a fragment's exchange in flight at the save) resumes with the checkpoint
+DILOCO = ("--diloco", "10", "--fragments", "2", "--overlap", "--outer-quantize", "int8")
+
+
+@pytest.mark.parametrize("flags", [(), DILOCO], ids=["fsdp", "diloco"])
 def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_run(
-    tmp_path,
+    tmp_path, flags
 ) -> None:
-    _finish(_digits(tmp_path, "straight"))
+    _finish(_digits(tmp_path, "straight", *flags))
     killed = subprocess.Popen(
-        _digits(tmp_path, "killed"),
+        _digits(tmp_path, "killed", *flags),
         cwd=ROOT,
         env=env(),
         stdout=subprocess.PIPE,
@@ -184,13 +190,17 @@ def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_
     finally:
         os.killpg(killed.pid, signal.SIGKILL)  # launcher, coordinator and workers at once
         killed.wait(timeout=60)
-    again = _finish(_digits(tmp_path, "killed"))  # the same command again
+    again = _finish(_digits(tmp_path, "killed", *flags))  # the same command again
     assert "resuming" in again.stdout
     straight, summary = _records(tmp_path, "straight")
     resumed, summary_resumed = _records(tmp_path, "killed")
     assert resumed == straight  # every logged loss, learning rate and accuracy, bit for bit
     for key in ("final_loss", "held_out_accuracy"):
         assert summary_resumed[key] == summary[key]
+    if flags:  # each replica's checkpoints, and the outer state beside them
+        states = sorted(p.name for p in (tmp_path / "killed" / "ckpt").glob("replica-*/diloco/*"))
+        assert states == sorted(f"step-{s:08d}-rank-{r}.st" for r in (0, 1) for s in (350, 400))
+        assert summary["held_out_accuracy"] >= 0.9
 
 
 def _summary(tmp_path, name: str, *flags: str) -> dict:
