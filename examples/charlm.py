@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from outer import Replicas, add_arguments  # beside this script
 
 import shardwire.worker as sw
 from shardwire.worker.collectives import Group
@@ -32,8 +33,6 @@ from shardwire.worker.nn import Block, Module, TransformerLM, softmax_cross_entr
 from shardwire.worker.nn.parallel import ParallelBlock
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runtime.runlog import RunLog
-
-from outer import Replicas, add_arguments  # beside this script
 
 
 def corpus() -> tuple[np.ndarray, list[str]]:
@@ -150,6 +149,16 @@ async def resume(
     return step, loss, log
 
 
+async def save(args, fsdp: FSDP, replicas: Replicas, *, step: int, loss: float, draw):
+    """A checkpoint of this step, written while training goes on (and DiLoCo's state)."""
+    saving = await fsdp.save(
+        replicas.checkpoints(args.checkpoint_dir), step=step, extra={"loss": loss},
+        rngs={"draw": draw}, blocking=False,
+    )  # fmt: skip
+    await replicas.save(args.checkpoint_dir, step, keep=None)
+    return saving
+
+
 async def main(args: argparse.Namespace) -> None:
     async with sw.init() as pg:
         data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
@@ -191,10 +200,7 @@ async def main(args: argparse.Namespace) -> None:
                 metrics["held_out"] = await held_out_loss(fsdp, dp, held, context=args.context)
             await log.step(step, samples=args.batch, **metrics)
             if ckpt and step % args.save_every == 0:
-                saving = await fsdp.save(
-                    ckpt, step=step, extra={"loss": loss}, rngs={"draw": draw}, blocking=False
-                )
-                await replicas.save(args.checkpoint_dir, step, keep=None)
+                saving = await save(args, fsdp, replicas, step=step, loss=loss, draw=draw)
             # every rank agrees to stop, so all of them leave the loop at the same step
             out_of_time = time.monotonic() > deadline
             if (await pg.all_reduce(np.array([out_of_time], np.int64)))[0]:
@@ -218,6 +224,7 @@ async def main(args: argparse.Namespace) -> None:
                 "train_loss": round(loss, 4),
                 "held_out_nats_per_char": round(held_loss, 4),
                 "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
+                **replicas.summary(),
             }
         )
         if pg.rank == 0:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from outer import Replicas, add_arguments  # beside this script
 
 import shardwire.worker as sw
 from shardwire.worker.fsdp import FSDP, Strategy, by_type, latest_checkpoint
@@ -28,8 +29,6 @@ from shardwire.worker.nn import Linear, Module, ReLU, Sequential, softmax_cross_
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runtime.runlog import RunLog
 from shardwire.worker.training import compression
-
-from outer import Replicas, add_arguments  # beside this script
 
 
 def load(seed: int, test_fraction: float = 0.2):
@@ -156,6 +155,7 @@ async def main(args: argparse.Namespace) -> None:
                 "comm_MiB_per_rank": [round(t / 2**20, 2) for t in traffic],
                 "memory_MiB_per_rank": [round(m / 2**20, 3) for m in memory],
                 "run_dir": str(log.run_dir),
+                **replicas.summary(),
             }
         )
 
@@ -181,8 +181,8 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--compress",
         default="none",
-        help="gradient compression: none, fp16 or topk:RATIO (with --aggregator allreduce "
-        "or --strategy no_shard)",
+        help="gradient compression: none, fp16, int8, int4 or topk:RATIO (with --aggregator "
+        "allreduce or --strategy no_shard)",
     )
     add_arguments(p)
     args = p.parse_args()

@@ -74,6 +74,18 @@ class Replicas:
         if self.diloco is not None:
             await self.diloco.finish()
 
+    def summary(self) -> dict:
+        """What the run's summary says of the outer synchronisation (nothing without it)."""
+        if self.diloco is None:
+            return {}
+        return {
+            "diloco": {"every": self.args.diloco, "replicas": self.count,
+                       "fragments": self.args.fragments, "overlap": self.args.overlap,
+                       "quantize": self.args.outer_quantize},
+            "outer_sent_bytes": self.diloco.sent_bytes,
+            "outer_largest_exchange_bytes": self.diloco.largest_sent,
+        }  # fmt: skip
+
     def checkpoints(self, directory: str) -> str:
         """Where this replica's checkpoints go (each replica has its own parameters)."""
         return str(Path(directory) / f"replica-{self.index}") if self.diloco else directory

@@ -30,6 +30,7 @@ from shardwire.worker.bench import BENCHES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_pages  # noqa: E402
+import slowlink_pages  # noqa: E402
 from diagrams import FIGURES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,6 +218,10 @@ SECTIONS = [
         "Training without FSDP",
         ["shardwire.worker.training.aggregation", "shardwire.worker.training.compression"],
     ),
+    (
+        "Training over slow links (DiLoCo)",
+        ["shardwire.worker.training.diloco", "shardwire.worker.training.quantize"],
+    ),
     ("Run directories", ["shardwire.worker.runtime.runlog"]),
     ("Transports", ["shardwire.worker.transport"]),
     ("The node arena", ["shardwire.worker.arena"]),
@@ -338,6 +343,8 @@ def main() -> int:
     files.update({ROOT / "docs" / name: draw() for name, draw in FIGURES.items()})
     files[bench_pages.PAGE] = bench_pages.page()
     files[ROOT / "docs" / "img" / "collectives-latency.svg"] = bench_pages.plot()
+    files[slowlink_pages.PAGE] = slowlink_pages.page()
+    files[slowlink_pages.PLOT] = slowlink_pages.plot()
     stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
     if args.check:
         for path in stale:

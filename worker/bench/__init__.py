@@ -49,6 +49,10 @@ BENCHES = {
         "shardwire.worker.bench.trace",
         "what a timeline costs in tokens/s (run in a checkout)",
     ),
+    "slowlink": (
+        "shardwire.worker.bench.slowlink",
+        "charlm on emulated hosts at link rates: data parallel, DiLoCo, streaming int8 (root)",
+    ),
     "goodput": (
         "shardwire.worker.bench.goodput",
         "charlm with a random fault every F seconds beside no faults (run in a checkout)",

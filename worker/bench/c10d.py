@@ -7,7 +7,9 @@ so it runs outside shardwire's environment too:
     python c10d.py OUT.json '{"n": 2, "ops": [...], "sizes": [...], "target_s": 1.0,
                               "backend": "gloo"}'
 
-It writes per-cell times (the slowest rank's, per iteration) as JSON.
+It writes per-cell times (the slowest rank's, per iteration) as JSON. Across hosts, one
+process per rank, the config also names ``rank``, ``master`` (rank 0's address), ``port``
+and ``ifname`` (the interface gloo uses).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def _cell(dist, torch, op: str, nbytes: int, *, n: int, target_s: float) -> dict
 
 
 def _worker(rank: int, n: int, port: int, config: dict, out_path: str) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    master = config.get("master", "127.0.0.1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", config.get("ifname", "lo"))
     import torch
     import torch.distributed as dist
 
@@ -92,7 +95,7 @@ def _worker(rank: int, n: int, port: int, config: dict, out_path: str) -> None:
     if backend == "shardwire":
         import shardwire.torch  # noqa: F401  (registers the backend)
     torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=n)
     records = [
         _cell(dist, torch, op, nbytes, n=n, target_s=config["target_s"])
         for op in config["ops"]
@@ -110,6 +113,9 @@ def main() -> None:
 
     out_path, config = sys.argv[1], json.loads(sys.argv[2])
     n = config["n"]
+    if "rank" in config:  # one rank of a job across hosts
+        _worker(config["rank"], n, config["port"], config, out_path)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         partial = os.path.join(tmp, "cells.json")
         mp.spawn(_worker, args=(n, _free_port(), config, partial), nprocs=n, join=True)

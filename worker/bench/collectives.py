@@ -4,7 +4,10 @@ on N local processes, next to baselines measured in the same invocation, size by
 shared memory off (``--compare-tcp``), Open MPI through mpi4py with its shared-memory
 transport and again with ``--mca btl tcp,self`` (``--compare-mpi``), torch's gloo
 (``--compare-gloo``), and torch.distributed over the shardwire backend
-(``--compare-torch``: what a torch user of shardwire gets, against gloo).
+(``--compare-torch``: what a torch user of shardwire gets, against gloo). With
+``--hosts N --link RATE`` (root) the ranks run on N emulated hosts whose links are shaped
+to RATE, beside gloo, and bus bandwidth is printed as a fraction of the link's rate
+(:mod:`shardwire.worker.bench.across`).
 
 Prints median latency, algorithm and bus bandwidth per cell as a table, and writes JSON.
 """
@@ -22,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from shardwire.worker.bench import across
 from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes
@@ -37,7 +41,7 @@ def _shardwire_cells(
     module_args = ["shardwire.worker.bench.measure", out, json.dumps(config)]
     env = {**os.environ, "SHARDWIRE_TRANSPORT": transport}
     if nodes > 1:
-        run_nodes(module_args, n, nodes, env)
+        run_nodes(["-m", *module_args], n, nodes, env)
     else:
         cmd = [sys.executable, "-m", "shardwire.worker.launcher.cli", "launch", "--standalone",
                "--nproc-per-node", str(n), "-m", *module_args]  # fmt: skip
@@ -273,6 +277,14 @@ def parser() -> argparse.ArgumentParser:
         help="simulate this many nodes on this host (one agent each, its own node id): "
         "a node arena inside a node, TCP across, tiered algorithms",
     )
+    p.add_argument(
+        "--hosts", type=int, nargs="+",
+        help="run on this many emulated hosts (network namespaces on a bridge; root)",
+    )  # fmt: skip
+    p.add_argument(
+        "--link", help="with --hosts: shape each host's link to this rate (100mbit, 1gbit)"
+    )
+    p.add_argument("--ranks-per-host", type=int, default=1, help="with --hosts: ranks on each host")
     p.add_argument("--json", help="write all rows here")
     return p
 
@@ -305,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         if torch_python is None:
             print("--compare-torch: torch is not installed here (make torch)", file=sys.stderr)
             return 2
+    if args.link and not args.hosts:
+        print("--link shapes the links of emulated hosts: give --hosts too", file=sys.stderr)
+        return 2
+    if args.hosts:
+        return _across(args, config, gloo_python)
     pythons = {"gloo": gloo_python, "mpi": mpi_python, "torch": torch_python}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -317,6 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     _print_table(rows, raw)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "raw_two_way_Bps": raw}, indent=2))
+    return 0
+
+
+def _across(args: argparse.Namespace, config: dict, gloo: str | None) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = across.run(
+            args.hosts, per_host=args.ranks_per_host, rate=args.link, config=config,
+            gloo=gloo, tmp=tmp,
+        )  # fmt: skip
+    across.print_table(rows, args.link)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "link": args.link}, indent=2))
     return 0
 
 

@@ -88,28 +88,40 @@ def coordinator_port(port_file: Path, coordinator: subprocess.Popen, limit: floa
 
 
 def run_nodes(
-    module_args: list[str], nproc: int, nodes: int, env: dict[str, str], *, timeout: float = 3600
+    target: list[str],
+    nproc: int,
+    nodes: int,
+    env: dict[str, str],
+    *,
+    timeout: float = 3600,
+    hosts: list[tuple[list[str], str]] | None = None,
 ) -> None:
-    """Run ``-m MODULE ARGS`` as one job of ``nproc`` workers on ``nodes`` simulated nodes
-    of this host: a coordinator and one ``shardwire worker`` agent per node, each with
-    its own node id (shared memory inside a node, TCP across)."""
+    """Run ``target`` (``-m MODULE ARGS``, or a script and its arguments) as one job of
+    ``nproc`` workers on ``nodes`` nodes: a
+    coordinator and one ``shardwire worker`` agent per node, each with its own node id
+    (shared memory inside a node, TCP across). The nodes are simulated on this host, or
+    are ``hosts``: per node, a command prefix that runs inside it and its address (the
+    coordinator runs in the first)."""
     if nproc % nodes:
         raise InvalidArgument(f"{nproc} workers do not split evenly over {nodes} nodes")
+    where = hosts or [([], "127.0.0.1")] * nodes
     cli = [sys.executable, "-m", "shardwire.worker.launcher.cli"]
     env = {**env, "SHARDWIRE_TOKEN": secrets.token_hex(16)}
     with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
         port_file = Path(tmp) / "port"
+        first, bind = where[0]
         coordinator = subprocess.Popen(
-            [*cli, "coordinator", "--port", "0", "--port-file", str(port_file),
-             "--world-size", str(nproc)],
+            [*first, *cli, "coordinator", "--host", bind, "--port", "0", "--port-file",
+             str(port_file), "--world-size", str(nproc), "--http-port", "-1"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         agents: list[subprocess.Popen] = []
         try:
-            address = f"127.0.0.1:{coordinator_port(port_file, coordinator)}"
+            address = f"{bind}:{coordinator_port(port_file, coordinator)}"
             agents = [
                 subprocess.Popen(
                     [
+                        *where[i][0],
                         *cli,
                         "worker",
                         "--coordinator",
@@ -120,8 +132,7 @@ def run_nodes(
                         str(nproc // nodes),
                         "--node-id",
                         f"node-{i}",
-                        "-m",
-                        *module_args,
+                        *target,
                     ],
                     env=env,
                     stdout=subprocess.DEVNULL,

@@ -1,2 +1,2 @@
-"""Training without FSDP: gradient aggregation (all_reduce, parameter server, top-k) and
-gradient compression."""
+"""Training without FSDP: gradient aggregation (all_reduce, parameter server, top-k),
+gradient compression, and DiLoCo's outer synchronisation for slow links."""

@@ -129,6 +129,4 @@ def parse(spec: str) -> Codec | None:
         return Quantized(int(spec[3:]))
     if spec.startswith("topk:"):
         return TopK(float(spec.removeprefix("topk:")))
-    raise InvalidArgument(
-        f"unknown compression {spec!r}: none, fp16, int8, int4 or topk:RATIO"
-    )
+    raise InvalidArgument(f"unknown compression {spec!r}: none, fp16, int8, int4 or topk:RATIO")

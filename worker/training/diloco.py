@@ -43,6 +43,8 @@ from shardwire.worker.optim.optimizers import SGD
 from shardwire.worker.training import outer_state
 from shardwire.worker.training import quantize as blocks
 
+__all__ = ["DiLoCo", "Phase", "Sharded", "replica_groups", "replica_rows"]
+
 
 class Sharded(Protocol):
     """A model trained as shards (FSDP): its parameter shards, and a way to replace them."""
@@ -131,6 +133,7 @@ class DiLoCo:
         # whether each fragment of this replica differs from the global parameters
         self.behind = [False] * fragments
         self.sent_bytes = 0  # payload bytes this rank contributed to outer exchanges
+        self.largest_sent = 0  # the largest of them in one exchange (the peak to carry)
         self._flight: _Flight | None = None
 
     def _layout(self, count: int) -> blocks.Layout:
@@ -225,6 +228,7 @@ class DiLoCo:
             payload = blocks.encode(delta, self._layout(hi - lo))
             pending = self.group.all_gather(payload.reshape(1, -1))
         self.sent_bytes += payload.nbytes
+        self.largest_sent = max(self.largest_sent, payload.nbytes)
         self._flight = _Flight(fragment, self.steps, sent, pending.start(), None)
 
     async def _received(self) -> np.ndarray:
@@ -314,7 +318,10 @@ class DiLoCo:
 
 
 def _copied(state: dict[str, Any]) -> dict[str, Any]:
-    return {"steps": state["steps"], "state": [{k: v.copy() for k, v in s.items()} for s in state["state"]]}
+    return {
+        "steps": state["steps"],
+        "state": [{k: v.copy() for k, v in s.items()} for s in state["state"]],
+    }
 
 
 def replica_groups(pg: ProcessGroup, replicas: int) -> tuple[Group, Group]:

@@ -59,7 +59,9 @@ async def test_every_step_with_outer_sgd_of_rate_one_is_plain_data_parallel() ->
                         opts[r].step(params, [g for _, g in m.named_grads()])
                         await outer[r].step()
                     else:
-                        await distributed_train_step(models[r], _batch(r, step), mse, aggs[r], opts[r])
+                        await distributed_train_step(
+                            models[r], _batch(r, step), mse, aggs[r], opts[r]
+                        )
 
             await asyncio.gather(*(rank(r) for r in range(world)))
         return [[p.copy() for _, p in m.named_parameters()] for m in models]
@@ -242,13 +244,16 @@ async def test_quantized_syncs_give_every_rank_the_same_bits_within_the_bound(bi
             groups, 8, every=4, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
             quantize=f"int{bits}", block=4,
         )  # fmt: skip
-        plain = await _replicas(groups, 8, every=4, outer_lr=1.0, outer_momentum=0.0, nesterov=False)
+        plain = await _replicas(
+            groups, 8, every=4, outer_lr=1.0, outer_momentum=0.0, nesterov=False
+        )
     for outer in outers[1:]:
         assert outer.global_params.tobytes() == outers[0].global_params.tobytes()
     # int8 sends a byte per value and int4 half of one (21 values padded to 6 blocks of
     # 4), plus a float32 scale per block
     per_sync = 24 * bits // 8 + 4 * 6
     assert outers[0].sent_bytes == 2 * per_sync and plain[0].sent_bytes == 2 * 8 * sum(SIZES)
+    assert outers[0].largest_sent == per_sync and plain[0].largest_sent == 8 * sum(SIZES)
     drift = np.abs(outers[0].global_params - plain[0].global_params).max()
     assert 0 < drift < (0.05 if bits == 8 else 0.8)
 

@@ -1,0 +1,117 @@
+"""The slow-links guide's figures, made from the benchmark runs kept in
+``docs/data/bench/hosts.json`` (``shardwire bench collectives --hosts``) and
+``docs/data/bench/slowlink.json`` (``shardwire bench slowlink``), each with its command,
+date, commit and machine beside the rows: the tables between the guide's
+``<!-- generated: hosts -->`` and ``<!-- generated: slowlink -->`` marks, and the plot of
+held-out loss against tokens. ``docs_reference.py`` writes them and ``--check`` fails
+when one is stale."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+from diagrams import _svg
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+HOSTS = DOCS / "data" / "bench" / "hosts.json"
+SLOWLINK = DOCS / "data" / "bench" / "slowlink.json"
+PAGE = DOCS / "guide" / "slow-links.md"
+PLOT = DOCS / "img" / "slowlink-loss.svg"
+
+
+def _marks(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- generated: {name} -->\n)(.*?)(<!-- end generated -->)", re.S)
+
+
+def _kept(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def _source(kept: dict[str, Any]) -> str:
+    return (
+        f"Measured by `{kept['benchmark']}` on {kept['date']} (commit {kept['commit']}; "
+        f"{kept['machine']})."
+    )
+
+
+def hosts_table() -> str:
+    kept = _kept(HOSTS)
+    out = [
+        _source(kept) + " Bus bandwidth as a fraction of the link's rate; the last column is "
+        "gloo's median time over shardwire's (above 1, shardwire is faster).",
+        "",
+        "| op | hosts | size | algorithm | shardwire | gloo | gloo time / shardwire time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in kept["rows"]:
+        gloo = f"{r['gloo_link_fraction']:.2f}" if "gloo_link_fraction" in r else "-"
+        vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
+        out.append(
+            f"| {r['op']} | {r['hosts']} | {_size(r['bytes'])} | {r['algorithm']} | "
+            f"{r['link_fraction']:.2f} | {gloo} | {vs} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def slowlink_table() -> str:
+    kept = _kept(SLOWLINK)
+    model = kept["model"]
+    out = [
+        _source(kept) + f" charlm (dim {model['dim']}, {model['layers']} layers, batch "
+        f"{model['batch']} × {model['context']} characters), DiLoCo with H = {kept['every']} "
+        f"and, streaming, {kept['fragments']} fragments.",
+        "",
+        "| hosts | link | mode | steps | tokens/s | held-out loss | bytes over a link per "
+        "token | largest outer exchange |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in kept["rows"]:
+        peak = r["largest_exchange_bytes"]
+        shown = "-" if peak is None else f"{peak / 2**20:.2f} MiB"
+        out.append(
+            f"| {r['hosts']} | {r['rate']} | {r['mode']} | {r['steps']} | "
+            f"{r['tokens_per_s']:,.0f} | {r['held_out_loss']:.4f} | "
+            f"{r['cross_host_bytes_per_token']:,.1f} | {shown} |"
+        )
+    out += ["", "![Held-out loss against tokens, per mode, for each host count and link "
+            "rate](../img/slowlink-loss.svg)", ""]  # fmt: skip
+    return "\n".join(out)
+
+
+def page() -> str:
+    """The guide with its generated parts brought up to date."""
+    text = PAGE.read_text()
+    for name, make in (("hosts", hosts_table), ("slowlink", slowlink_table)):
+        marks = _marks(name)
+        if not marks.search(text):
+            raise SystemExit(f"{PAGE} has no <!-- generated: {name} --> marks")
+        text = marks.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(3), text)
+    return text
+
+
+def plot() -> str:
+    """Held-out loss against tokens, a panel per host count and rate, a line per mode."""
+    rows = _kept(SLOWLINK)["rows"]
+    groups = sorted({(r["hosts"], r["rate"]) for r in rows}, key=lambda g: (g[0], g[1]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.0), sharey=True)
+    axes = [axes] if len(groups) == 1 else list(axes)
+    for ax, (count, rate) in zip(axes, groups, strict=True):
+        for r in rows:
+            if (r["hosts"], r["rate"]) == (count, rate) and r["curve"]:
+                tokens, loss = zip(*r["curve"], strict=True)
+                ax.plot(tokens, loss, marker="o", markersize=3, label=r["mode"])
+        ax.set_title(f"{count} hosts, {rate}", fontsize=9)
+        ax.set_xlabel("tokens")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("held-out nats/char")
+    fig.tight_layout()
+    return _svg(fig)

@@ -1,0 +1,53 @@
+"""Emulated hosts on shaped links (root: network namespaces and tc tbf): the collectives
+benchmark's bus bandwidth stays under the link's rate, and DiLoCo crosses the link with a
+fraction of plain data parallel's bytes. Skipped, with the reason, where namespaces or
+traffic shaping cannot be made."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from .cli import shardwire
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(autouse=True)
+def _hosts_possible() -> None:
+    if os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None:
+        pytest.skip("emulated hosts need root, ip and tc")
+
+
+def test_collectives_across_shaped_links_stay_under_the_links_rate(tmp_path) -> None:
+    out = tmp_path / "hosts.json"
+    done = shardwire(
+        "bench", "collectives", "--hosts", "2", "--link", "200mbit", "--ops", "all_reduce",
+        "broadcast", "--sizes", "4M", "--target-s", "0.3", "--json", str(out), timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["op"], r["hosts"]) for r in rows} == {("all_reduce", 2), ("broadcast", 2)}
+    for row in rows:  # shaped: near the link's rate, never above it (unshaped is 10x more)
+        assert 0.4 < row["link_fraction"] < 1.05, row
+    assert "no netem here" in done.stdout
+
+
+def test_diloco_crosses_a_slow_link_with_a_fraction_of_the_bytes(tmp_path) -> None:
+    out, picture = tmp_path / "slowlink.json", tmp_path / "loss.png"
+    done = shardwire(
+        "bench", "slowlink", "--hosts", "2", "--rates", "100mbit", "--modes", "dp", "diloco",
+        "--steps", "20", "--every", "10", "--log-every", "10", "--json", str(out),
+        "--plot", str(picture), timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    dp, diloco = rows["dp"], rows["diloco"]
+    assert dp["steps"] == diloco["steps"] == 20
+    assert diloco["cross_host_bytes_per_token"] * 8 < dp["cross_host_bytes_per_token"]
+    assert diloco["tokens_per_s"] > dp["tokens_per_s"]
+    assert diloco["largest_exchange_bytes"] > 0 and dp["largest_exchange_bytes"] is None
+    assert picture.stat().st_size > 0
