@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwire.coordinator.http import StatusHTTP
+from shardwire.coordinator.journal import StateDir
 from shardwire.coordinator.server import CoordinatorServer, ServerConfig
 from shardwire.coordinator.settings import CoordinatorSettings
 from shardwire.coordinator.state import JobState, RendezvousConfig
@@ -78,6 +79,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", help="PEM certificate: TLS with mutual authentication")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", help="PEM CA that signs every member's certificate")
+    p.add_argument(
+        "--state-dir",
+        help="journal the running generation here; a coordinator restarted on it (same "
+        "address) resumes the job while its ranks keep training (default: none)",
+    )
+    p.add_argument(
+        "--coordinator-grace",
+        type=float,
+        help="with --state-dir: how long ranks wait for a coordinator that went away, and a "
+        "restarted one for them (60)",
+    )
     return p
 
 
@@ -100,6 +112,7 @@ def rendezvous_config(settings: CoordinatorSettings) -> RendezvousConfig:
         min_nodes=parse_nnodes(settings.nnodes)[0] if settings.nnodes else None,
         last_call=settings.last_call,
         inquest_dir=str(Path(settings.inquest_dir).absolute()) if settings.inquest_dir else None,
+        grace=settings.coordinator_grace if settings.state_dir else 0.0,
     )
 
 
@@ -115,9 +128,14 @@ async def serve(settings: CoordinatorSettings) -> int:
         settings.token.get_secret_value() if settings.token else None, settings.token_file
     )
     check_bind(settings.host, token, insecure=settings.insecure, what="coordinator")
+    state = None
+    if settings.state_dir:  # refused at once if unusable, held by another, or another run's
+        state = StateDir(settings.state_dir, settings.run_id)
+        state.open()
     config = ServerConfig(
         rendezvous_config(settings),
         tls=server_context(settings.tls_cert, settings.tls_key, settings.tls_ca),
+        state=state,
     )
     # a connection per worker, then room for node agents, handshakes (512 at most) and
     # the status page's (the soft limit goes to the hard one anyway); an elastic job's
@@ -143,6 +161,8 @@ async def serve(settings: CoordinatorSettings) -> int:
     finally:
         await http.aclose()
         await server.aclose()
+        if state is not None:
+            state.close()
     server.rendezvous.links.links()  # the closing lines read every report, however late
     last = status_reply(server.rendezvous, time.monotonic(), limit=0)
     if last.straggler:  # who the others waited for, over the job's last collectives

@@ -12,10 +12,11 @@ from shardwire.protocol.placement import Member, Placement
 
 
 def assignments(
-    agents: Collection[Agent], shape: Shape, gens: Generations, now: float
+    agents: Collection[Agent], shape: Shape, gens: Generations, now: float, *, grace: float = 0.0
 ) -> tuple[int, list[Action]]:
     """Node ranks in the scheduler's node order (then node id order, for agents that do not
-    say theirs): (the generation's world size, one message per agent)."""
+    say theirs): (the generation's world size, one message per agent). ``grace``: how long
+    the agents wait for this coordinator if it goes away."""
     ordered = sorted(agents, key=_node_order)
     world = len(ordered) * shape.local_world_size
     history = gens.info(now, upto=gens.current)
@@ -30,6 +31,7 @@ def assignments(
             max_restarts=gens.max_restarts,
             restarts=gens.restarts,
             history=history,
+            grace=grace,
         )
         actions.append(Send(agent.conn, msg))
     return world, actions
@@ -41,10 +43,11 @@ def _node_order(agent: Agent) -> tuple[bool, int, str]:
 
 
 def placements(
-    workers: Collection[Worker], shape: Shape, generation: int
+    workers: Collection[Worker], shape: Shape, generation: int, *, grace: float = 0.0
 ) -> tuple[list[Member], list[Action]]:
     """The members by rank (served on request, a few at a time) and every worker's placement
-    (their ranks are assigned): a few numbers each, whatever the job's size."""
+    (their ranks are assigned): a few numbers each, whatever the job's size. ``grace``: how
+    long the workers wait for this coordinator if it goes away."""
     lws = shape.local_world_size
     members = sorted(
         (
@@ -70,6 +73,7 @@ def placements(
                 local_rank=w.join.local_rank,
                 local_world_size=lws,
                 node_rank=w.rank // lws,
+                grace=grace,
             ),
         )
         for w in workers

@@ -141,7 +141,9 @@ class Lifecycle:
 
     def _assign(self, now: float) -> list[Action]:
         assert self._shape is not None
-        self._world, actions = assignments(self._agents.values(), self._shape, self.gens, now)
+        self._world, actions = assignments(
+            self._agents.values(), self._shape, self.gens, now, grace=self.config.grace
+        )
         self._deadline = now + self.config.join_timeout
         return actions
 

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.forming import agreement_problem, placements
 from shardwire.coordinator.linktable import LinkTable
-from shardwire.coordinator.liveness import Liveness
 from shardwire.coordinator.membership import (
     JoinIndex,
     Shape,
@@ -44,6 +43,7 @@ from shardwire.coordinator.membership import (
     describe_missing,
     shape_problem,
 )
+from shardwire.coordinator.recovery import Recovery
 from shardwire.coordinator.state import (
     Action,
     Agent,
@@ -73,7 +73,7 @@ from shardwire.protocol.placement import PeerPage, PeerQuery
 
 
 @dataclass
-class Rendezvous(Liveness):
+class Rendezvous(Recovery):
     """One job's membership, rank assignment and liveness, generation after generation."""
 
     def _admit(
@@ -178,7 +178,9 @@ class Rendezvous(Liveness):
             f"all {shape.world_size} workers joined; job running (generation {self.generation})",
             now,
         )
-        self._members, actions = placements(self._workers.values(), shape, self.generation)
+        self._members, actions = placements(
+            self._workers.values(), shape, self.generation, grace=self.config.grace
+        )
         self._by_rank = {w.rank: w for w in self._workers.values()}
         self._requested = {}
         if self._may_grow() and any(a.node_rank is None for a in self._agents.values()):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardwire.coordinator.connection import ControlConnection
+from shardwire.coordinator.journal import StateDir
 from shardwire.coordinator.refusals import RefusalLog
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import (
@@ -43,6 +44,8 @@ from shardwire.protocol.messages import (
     Leave,
     Message,
     NodeJoin,
+    NodeRejoin,
+    Rejoin,
     StatusRequest,
 )
 from shardwire.protocol.placement import PeerQuery
@@ -81,6 +84,7 @@ class ServerConfig:
     # as the accept queue, so a burst of joiners is served, not told to come back
     max_unauthenticated: int = 4096
     tls: ssl.SSLContext | None = None  # mutual TLS on the listener, or plain TCP
+    state: StateDir | None = None  # where the running generation is journaled (None: not)
 
 
 # Accept queue: a burst of a thousand joiners must not meet a full queue (the kernel
@@ -108,6 +112,13 @@ class CoordinatorServer:
         self._refusals = RefusalLog()
         self._writes: set[asyncio.Task[None]] = set()  # records being written
         self.address: tuple[str, int] = ("", 0)
+        self._journaled: tuple[int, JobState] | None = None  # what the journal holds
+        if config.state is not None:  # a journal there: this coordinator was restarted
+            journal = config.state.read()
+            if journal is not None:
+                self.rendezvous.restore(journal, clock())
+                self._journaled = (self.rendezvous.generation, JobState.RUNNING)
+                log.info("%s", self.rendezvous.events[-1][1])
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         tls = self._config.tls
@@ -175,6 +186,7 @@ class CoordinatorServer:
 
     def apply(self, actions: list[Action]) -> None:
         """Carry out what the rendezvous core decided: log, send, close, record."""
+        self._keep_journal()  # before the placements go out: what they say is on disk
         encoded = self._encoded  # one message sent to many (an abort, a page) encoded once
         if len(encoded) > 64:
             encoded.clear()
@@ -197,6 +209,25 @@ class CoordinatorServer:
                     task.add_done_callback(self._writes.discard)
         if self.rendezvous.state in (JobState.FINISHED, JobState.FAILED):
             self.done.set()
+
+    def _keep_journal(self) -> None:
+        """Journal a generation that started running; remove the journal when none runs
+        (a coordinator restarted then starts afresh). Written once per generation, on
+        this loop: a small file, and the placements must not go out before it is down."""
+        state = self._config.state
+        rdzv = self.rendezvous
+        key = (rdzv.generation, rdzv.state)
+        if state is None or key == self._journaled:
+            return
+        self._journaled = key
+        try:
+            journal = rdzv.journal()
+            if journal is not None:
+                state.write(journal)
+            elif rdzv.state is not JobState.FAILING:  # an inquest still runs generation g
+                state.remove()
+        except OSError as exc:  # supervision goes on; a restart would start afresh
+            log.warning("could not journal generation %d to %s: %s", key[0], state.path, exc)
 
     # ---- what a connection asks of its server (connection.Host) -----------------------
 
@@ -265,6 +296,10 @@ class CoordinatorServer:
                 return rdzv.join(conn_id, msg, peer_host=conn.peer_host, now=now)
             case NodeJoin():
                 return rdzv.node_join(conn_id, msg, now)
+            case Rejoin():
+                return rdzv.rejoin(conn_id, msg, now)
+            case NodeRejoin():
+                return rdzv.node_rejoin(conn_id, msg, now)
             case Heartbeat():
                 return rdzv.heartbeat(conn_id, msg, now)
             case NodeBeat():

@@ -36,6 +36,9 @@ class CoordinatorSettings(BaseSettings):
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    # a journal of the running generation, so a coordinator restarted on it resumes the job
+    state_dir: str | None = None
+    coordinator_grace: float = Field(default=60.0, gt=0, le=86400)
 
     @field_validator("port", "http_port", mode="before")
     @classmethod

@@ -99,6 +99,9 @@ class RendezvousConfig:
     min_nodes: int | None = None  # --nnodes MIN:MAX; None: the agents say (fixed count)
     last_call: float = 3.0  # seconds more joins are awaited once MIN nodes are in
     inquest_dir: str | None = None  # where a hang inquest's whole detail goes (None: nowhere)
+    # how long workers and agents wait for this coordinator if it goes away, and how long
+    # a restarted one waits for them to come back (0: no journal, no coming back)
+    grace: float = 0.0
 
 
 def refuse(conn: ConnId, code: str, message: str) -> list[Action]:

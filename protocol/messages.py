@@ -122,6 +122,35 @@ class NodeAssignment(_Msg):
     max_restarts: int = 0
     restarts: int = 0  # restarts used so far
     history: _History = []  # the generations before this one
+    # how long to wait for a coordinator that went away (0: it keeps no journal, so it
+    # will not come back and its loss ends the job)
+    grace: Annotated[float, Field(ge=0, le=86400)] = 0.0
+
+
+class Rejoin(_Msg):
+    """A worker of a running generation, back after it lost its coordinator: its rank and
+    the join it was placed by, which a restarted coordinator checks against its journal."""
+
+    kind: Literal["rejoin"] = "rejoin"
+    rank: Rank
+    generation: int
+    join: Join
+
+
+class NodeRejoin(_Msg):
+    """A node agent back after it lost its coordinator: its node rank and its join."""
+
+    kind: Literal["node_rejoin"] = "node_rejoin"
+    node_rank: Rank
+    generation: int
+    join: NodeJoin
+
+
+class Rejoined(_Msg):
+    """The coordinator took a rejoining worker or agent back into ``generation``."""
+
+    kind: Literal["rejoined"] = "rejoined"
+    generation: int
 
 
 class Restart(_Msg):
@@ -315,6 +344,9 @@ Message = Annotated[
     | Join
     | NodeJoin
     | NodeAssignment
+    | Rejoin
+    | NodeRejoin
+    | Rejoined
     | Restart
     | Finished
     | Placement

@@ -33,6 +33,9 @@ class Placement(Msg):
     local_rank: Rank
     local_world_size: Size
     node_rank: Rank
+    # how long to wait for a coordinator that went away (0: it keeps no journal, so it
+    # will not come back and its loss ends the job)
+    grace: Annotated[float, Field(ge=0, le=86400)] = 0.0
 
 
 PEER_PAGE = 256  # ranks per PeerQuery (a reply is about 25 KB: inside a control frame)

@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - exercised where torch is absent
     ) from exc
 
 from shardwire.torch.bridge import Bridge, rendezvous_handlers
+from shardwire.torch.diloco import TorchDiLoCo
 from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.store import JobStore, StoreUnavailable
 from shardwire.torch.tensors import UnsupportedTensor
@@ -61,6 +62,7 @@ __all__ = [
     "JobStore",
     "ShardwireProcessGroup",
     "StoreUnavailable",
+    "TorchDiLoCo",
     "UnsupportedTensor",
     "bridge",
 ]

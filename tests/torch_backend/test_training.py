@@ -38,6 +38,22 @@ def test_training_matches_gloo(n, mode, tmp_path):
     _same_run(theirs, ours)
 
 
+def test_torch_diloco_syncing_every_step_with_outer_sgd_of_rate_one_is_ddp(tmp_path):
+    (tmp_path / "gloo").mkdir()
+    (tmp_path / "shardwire").mkdir()
+    ddp = _train(2, "gloo", "ddp-sgd", tmp_path)  # gloo's DDP with SGD: the oracle
+    diloco = _train(2, "shardwire", "diloco-sgd", tmp_path)
+    _same_run(ddp, diloco)
+
+
+def test_torch_diloco_with_int8_syncs_leaves_the_replicas_alike(tmp_path):
+    (tmp_path / "shardwire").mkdir()
+    quantized = _train(2, "shardwire", "diloco", tmp_path)  # the program checks alikeness
+    plain = _train(2, "shardwire", "diloco-sgd", tmp_path)
+    assert np.all(np.isfinite(quantized["losses"]))
+    assert not np.allclose(quantized["losses"], plain["losses"])
+
+
 def test_mixed_precision_changes_the_run(tmp_path):
     """bf16 parameters really went through the backend: the run differs from fp32's."""
     (tmp_path / "shardwire").mkdir()

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import os
-import random
-import socket
+import logging
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,14 +14,11 @@ from shardwire.protocol import (
     JobAborted,
     Limits,
     RendezvousError,
-    ShardwireError,
     Token,
 )
-from shardwire.protocol.clock import ClockQuery, ClockReply
-from shardwire.protocol.clock import offset as estimate_offset
+from shardwire.protocol.clock import ClockQuery
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import (
-    STATUS_PAGE,
     Abort,
     DiagnoseReply,
     DiagnoseRequest,
@@ -39,39 +32,29 @@ from shardwire.protocol.messages import (
     Message,
     NodeAssignment,
     NodeJoin,
+    NodeRejoin,
+    Rejoin,
+    Rejoined,
     Restart,
-    StatusReply,
     StatusRequest,
 )
-from shardwire.protocol.placement import PEER_PAGE, Member, PeerPage, PeerQuery, Placement
+from shardwire.protocol.placement import PeerQuery, Placement
+from shardwire.worker.runtime.attempts import CoordinatorUnreachable, attempts
 from shardwire.worker.runtime.notes import FORM_HINT, NOTE_EVERY, WaitNotes
+from shardwire.worker.runtime.queries import Queries
+from shardwire.worker.runtime.rejoin import Rejoiner
 from shardwire.worker.transport.framing import FramedProtocol, open_connection
 
 _CONTROL_LIMITS = Limits(max_payload=0)
-
-
-class CoordinatorUnreachable(ShardwireError):
-    """No coordinator answered at the given address in time."""
+log = logging.getLogger("shardwire.worker")
+__all__ = ["ControlClient", "CoordinatorUnreachable"]
 
 
 async def _no_diagnosis() -> Diagnosis:
     return Diagnosis()
 
 
-# Failures of one attempt that a coordinator still starting explains: retried.
-_NOT_YET = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
-
-
-def _not_yet(exc: OSError) -> str | None:
-    """Why an attempt failed, if trying again later may succeed; None if not."""
-    if isinstance(exc, socket.gaierror):
-        return f"the name did not resolve ({exc.strerror})"
-    if exc.errno in _NOT_YET:  # the stock loop's strerror is "Connect call failed (...)"
-        return os.strerror(exc.errno)
-    return None
-
-
-class ControlClient:
+class ControlClient(Queries):
     """Handshake, join, heartbeats and abort notifications over one connection.
 
     ``on_abort`` runs (synchronously, in the event loop) when the coordinator broadcasts
@@ -111,6 +94,12 @@ class ControlClient:
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
         self._route: Callable[[Heartbeat], bool] | None = None  # heartbeats via the agent
         self._where = "?"  # the coordinator's address, once connect() is called
+        self._interval = 0.0  # between heartbeats, once started
+        self._final: Message | None = None  # a last message written while it was away
+        self._rejoiner = Rejoiner(
+            where="?", role=role, dial=self._redial, rejoin=self._send_rejoin,
+            back=self._returned, lost=self._gave_up,
+        )  # fmt: skip
 
     async def connect(
         self, host: str, port: int, *, timeout: float, note_every: float = NOTE_EVERY
@@ -120,7 +109,8 @@ class ControlClient:
         host's DNS record, may still be starting: a scheduler starts every task at
         once) and "busy" refusals (a burst of joiners), with jittered backoff. While it
         waits, a line every ``note_every`` seconds says for what."""
-        self._where = f"{host}:{port}"
+        self._where = self._rejoiner.where = f"{host}:{port}"
+        self._address = (host, port)
         tries = WaitNotes(f"{self._role}: waiting for the coordinator at {host}:{port}", timeout)
         try:
             await tries.around(self._attempts(host, port, timeout, tries), note_every)
@@ -143,22 +133,7 @@ class ControlClient:
 
     async def _attempts(self, host: str, port: int, timeout: float, tries: WaitNotes) -> None:
         """Dial until one attempt succeeds or ``timeout`` passes (TimeoutError)."""
-        delay = 0.05
-        async with asyncio.timeout(timeout):
-            while True:
-                try:
-                    await self._dial(host, port)
-                    return
-                except RendezvousError as exc:
-                    if exc.code != "busy":
-                        raise
-                    tries.last = "the coordinator was busy"
-                except OSError as exc:
-                    if (why := _not_yet(exc)) is None:
-                        raise
-                    tries.last = why
-                await asyncio.sleep(delay * (0.5 + random.random()))  # spread the retries
-                delay = min(delay * 2, 1.0)
+        await attempts(lambda: self._dial(host, port), timeout, tries)
 
     async def _dial(self, host: str, port: int) -> FramedProtocol:
         """One attempt: connect and run the handshake (a fresh one: new nonce)."""
@@ -200,9 +175,41 @@ class ControlClient:
         if self._proto is not None:
             self._proto.write_message(DiagnoseReply(diagnosis=diagnosis))
 
-    def _lost(self, _fut: asyncio.Future) -> None:
+    def _lost(self, fut: asyncio.Future) -> None:
+        if self._proto is not None and fut is not self._proto.closed:
+            return  # a connection before the current one
+        if self._leaving and self._final is None:
+            return
+        if not self._rejoiner.start() and not self._leaving:  # no grace: the job ends now
+            self._on_abort(None)
+
+    async def _redial(self) -> None:
+        await self._dial(*self._address)
+
+    async def _send_rejoin(self, msg: Rejoin | NodeRejoin, timeout: float) -> None:
+        await self._ask(msg, Rejoined, timeout)
+
+    def _returned(self) -> None:
+        """Reconnected: heartbeats resume; a last message written meanwhile goes out."""
+        if self._interval and (self._heartbeat is None or self._heartbeat.done()):
+            self._heartbeat = asyncio.create_task(
+                self._beat(self._interval), name="shardwire-heartbeat"
+            )
+        if self._final is not None and self._proto is not None:
+            self._proto.write_message(self._final)
+
+    def _gave_up(self, why: str) -> None:
+        log.error("%s: %s", self._role, why)
         if not self._leaving:
             self._on_abort(None)
+
+    def _write_final(self, msg: Message) -> None:
+        """This process's last word (Leave, Failure): kept for the coordinator's return
+        when it is away."""
+        if self._rejoiner.away:
+            self._final = msg
+        elif self._proto is not None:
+            self._proto.write_message(msg)
 
     async def _request(
         self,
@@ -210,8 +217,15 @@ class ControlClient:
         expect: type,
         timeout: float,
     ):
-        async with self._asking:
-            return await self._ask(msg, expect, timeout)
+        for _ in range(2):  # once more if the coordinator went away and came back
+            await self._rejoiner.wait_returned(timeout)
+            try:
+                async with self._asking:
+                    return await self._ask(msg, expect, timeout)
+            except JobAborted:
+                if not self._rejoiner.away:
+                    raise
+        raise JobAborted(f"the coordinator at {self._where} went away twice during one request")
 
     async def _ask(self, msg: Message, expect: type, timeout: float):
         assert self._proto is not None
@@ -248,34 +262,9 @@ class ControlClient:
         tries = self._forming(f"world size {msg.world_size}", timeout)
         place: Placement = await tries.around(self._request(msg, Placement, timeout), note_every)
         self._placed = place.generation
+        self._rejoiner.grace = place.grace
+        self._rejoiner.message = Rejoin(rank=place.rank, generation=place.generation, join=msg)
         return place
-
-    async def peers(self, ranks: list[int], *, timeout: float) -> list[Member]:
-        """The members with ``ranks`` (of this worker's generation), asked in queries of
-        at most ``PEER_PAGE`` ranks, each bounded by ``timeout``."""
-        members: list[Member] = []
-        for start in range(0, len(ranks), PEER_PAGE):
-            asked = ranks[start : start + PEER_PAGE]
-            page = await self._request(PeerQuery(ranks=asked), PeerPage, timeout)
-            if page.generation != self._placed or [m.rank for m in page.members] != asked:
-                raise RendezvousError(
-                    f"the coordinator answered ranks {[m.rank for m in page.members][:8]} of "
-                    f"generation {page.generation} to a query for ranks {asked[:8]} of "
-                    f"generation {self._placed}",
-                    code="stale_generation",
-                )
-            members += page.members
-        return members
-
-    async def clock_offset(self, *, probes: int, timeout: float) -> tuple[float, float]:
-        """What to add to this process's ``time.monotonic()`` to read the coordinator's
-        clock, and the error bound (see ``protocol/clock.py``); each probe bounded."""
-        seen = []
-        for _ in range(probes):
-            sent = time.monotonic()
-            reply = await self._request(ClockQuery(sent=sent), ClockReply, timeout)
-            seen.append((sent, reply.now, time.monotonic()))
-        return estimate_offset(seen)
 
     async def node_join(
         self, msg: NodeJoin, *, timeout: float, note_every: float = NOTE_EVERY
@@ -283,25 +272,16 @@ class ControlClient:
         """Join as a node agent and wait for the node rank (said every ``note_every``
         seconds while the job's nodes gather)."""
         tries = self._forming(f"{msg.local_world_size} ranks on this node", timeout)
-        return await tries.around(self._request(msg, NodeAssignment, timeout), note_every)
+        got = await tries.around(self._request(msg, NodeAssignment, timeout), note_every)
+        self._rejoiner.grace = got.grace
+        self._rejoiner.message = NodeRejoin(
+            node_rank=got.node_rank, generation=got.generation, join=msg
+        )
+        return got
 
     def _forming(self, what: str, timeout: float) -> WaitNotes:
         waiting = f"{self._role}: waiting for the job to form at {self._where}"
         return WaitNotes(waiting, timeout, hint=FORM_HINT, last=f"joined, {what}")
-
-    async def status(self, *, timeout: float) -> StatusReply:
-        """Ask the coordinator for the job state (role "client" connections), page by
-        page: every rank's row, each reply inside a control frame at any job size."""
-        reply = await self._request(StatusRequest(), StatusReply, timeout)
-        ranks = list(reply.ranks)
-        for _ in range(reply.total // STATUS_PAGE + 1):  # bounded: the rows announced
-            if len(ranks) >= reply.total:
-                break
-            page = await self._request(StatusRequest(offset=len(ranks)), StatusReply, timeout)
-            if not page.ranks:  # the job shrank meanwhile
-                break
-            ranks += page.ranks
-        return reply.model_copy(update={"ranks": ranks, "total": len(ranks)})
 
     def set_progress(self, progress: Heartbeat) -> None:
         """Report progress now and in every later heartbeat (status pages, metrics)."""
@@ -332,6 +312,7 @@ class ControlClient:
     ) -> None:
         """Send a heartbeat every ``interval`` seconds; ``compose`` adds to the progress."""
         self._compose = compose
+        self._interval = interval
         self._heartbeat = asyncio.create_task(self._beat(interval), name="shardwire-heartbeat")
 
     async def _beat(self, interval: float) -> None:
@@ -362,15 +343,14 @@ class ControlClient:
         """Tell the coordinator this process raised (it aborts the job with this)."""
         self._leaving = True
         self._last_beat()
-        if self._proto is not None:
-            self._proto.write_message(
-                Failure(
-                    reason=reason[:4096],
-                    traceback=traceback[-TRACEBACK_CHARS:],
-                    code=code,
-                    diagnosis=diagnosis,
-                )
+        self._write_final(
+            Failure(
+                reason=reason[:4096],
+                traceback=traceback[-TRACEBACK_CHARS:],
+                code=code,
+                diagnosis=diagnosis,
             )
+        )
 
     def report_peer_failure(self, rank: int, reason: str) -> None:
         """Tell the coordinator that the connection to peer ``rank`` died."""
@@ -380,12 +360,19 @@ class ControlClient:
     def leave(self) -> None:
         self._leaving = True
         self._last_beat()
-        if self._proto is not None:
-            self._proto.write_message(Leave())
+        self._write_final(Leave())
+
+    def closing_bound(self) -> float:
+        """Seconds :meth:`aclose` may wait for the coordinator's return, to deliver this
+        process's last word (0 unless it is away with one pending)."""
+        return self._rejoiner.remaining() if self._final is not None else 0.0
 
     async def aclose(self) -> None:
         """Stop heartbeats and pending answers, then close (bounded), whatever happens."""
+        if self._final is not None:  # this process's last word: wait (bounded) to deliver it
+            await self._rejoiner.wait_returned(self._rejoiner.remaining())
         self._leaving = True
+        await self._rejoiner.aclose()
         tasks = [t for t in (self._heartbeat, *self._replies) if t is not None]
         for task in tasks:
             task.cancel()

@@ -203,8 +203,10 @@ class ControlThread:
             if self._thread.ident is None:  # never started
                 self._loop.close()
             return
+        # a last word kept while the coordinator is away waits (bounded) for its return
+        extra = self._client.closing_bound() if self._client is not None else 0.0
         try:
-            async with asyncio.timeout(_CLOSE_WAIT):
+            async with asyncio.timeout(_CLOSE_WAIT + extra):
                 await self._call(self._shutdown())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)

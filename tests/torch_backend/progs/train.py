@@ -1,6 +1,7 @@
 """A small torch training run for the backend tests: the same steps over any backend.
 
-    python train_prog.py BACKEND MODE OUT   (MODE: ddp | fsdp | fsdp-keep | fsdp-mixed)
+    python train_prog.py BACKEND MODE OUT
+    (MODE: ddp | fsdp | fsdp-keep | fsdp-mixed | ddp-sgd | diloco-sgd | diloco)
 
 Reads torch's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or runs under
 ``shardwire launch``; writes rank 0's final parameters (full tensors) to OUT as .npz.
@@ -38,7 +39,9 @@ def batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def wrap(net: nn.Module, mode: str) -> nn.Module:
-    if mode == "ddp":
+    if mode.startswith("diloco"):  # every rank a replica of its own
+        return net
+    if mode in ("ddp", "ddp-sgd"):
         return nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.001)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -60,15 +63,37 @@ def main() -> None:
     dist.init_process_group(backend)
     rank = dist.get_rank()
     net = wrap(model(), mode)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    if mode.endswith("sgd"):
+        opt: torch.optim.Optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    outer = None
+    if mode.startswith("diloco"):
+        from shardwire.torch.diloco import TorchDiLoCo
+
+        # diloco-sgd: every step, the plain average (DDP with SGD); diloco: the paper's
+        plain = {"every": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
+        options = plain if mode == "diloco-sgd" else {"every": 2, "quantize": "int8"}
+        outer = TorchDiLoCo(net, **options)
+        outer.begin()
     losses = []
     for x, y in batches(rank):
         loss = nn.functional.mse_loss(net(x).float(), y)
         loss.backward()
-        nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        if not mode.endswith("sgd"):
+            nn.utils.clip_grad_norm_(net.parameters(), 0.5)
         opt.step()
         opt.zero_grad()
+        if outer is not None:
+            outer.step()
         losses.append(float(loss.detach()))
+    if outer is not None:
+        outer.finish()  # every replica holds the global parameters, to the bit
+        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        every = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, flat)
+        if not all(torch.equal(every[0], e) for e in every):
+            raise SystemExit("DiLoCo replicas differ after finish()")
     params = {}
     for name, p in net.named_parameters():
         full = p.full_tensor() if hasattr(p, "full_tensor") else p

@@ -1,0 +1,161 @@
+"""A coordinator that may die (pure): its journal of the running generation, and taking
+the job back from it.
+
+Theory of operation
+-------------------
+The data plane does not need the coordinator from step to step, so its absence is a
+pause in supervision, not the end of the job. A coordinator with a state directory tells
+every worker and agent, in their placement, how long to wait for it (``grace``) and
+journals each formed generation (:meth:`Recovery.journal`). Killed and started again on
+the same directory and address, it restores that generation (:meth:`Recovery.restore`):
+the same ranks, members and node ranks, every worker and agent known but not yet
+connected. Liveness judgments are suspended for the grace: a placeholder's heartbeat
+clock starts ``grace`` in the future. Workers and agents reconnect on their own with
+backoff and say who they are (``Rejoin``, ``NodeRejoin``); each is checked against the
+journal and bound to its new connection, and its heartbeats count again. One that does
+not come back within the grace is judged as any silent rank is: the generation ends and
+the restart budget decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardwire.coordinator.journal import Journal, JournalNode, JournalWorker
+from shardwire.coordinator.liveness import Liveness
+from shardwire.coordinator.membership import JoinIndex, Shape
+from shardwire.coordinator.state import (
+    Action,
+    Agent,
+    ConnId,
+    JobState,
+    RankState,
+    Send,
+    Worker,
+    refuse,
+)
+from shardwire.protocol.messages import NodeRejoin, Rejoin, Rejoined
+from shardwire.protocol.placement import Member
+
+
+@dataclass
+class Recovery(Liveness):
+    """Journal and restore on top of the job's state."""
+
+    def journal(self) -> Journal | None:
+        """The running generation as a restarted coordinator resumes it (None while no
+        generation runs)."""
+        if self.state is not JobState.RUNNING or self._shape is None:
+            return None
+        shape = self._generation_shape()
+        return Journal(
+            run_id=self.config.run_id,
+            generation=self.generation,
+            restarts=self.gens.restarts,
+            max_restarts=self.gens.max_restarts,
+            world_size=shape.world_size,
+            local_world_size=shape.local_world_size,
+            min_nodes=self._shape.min_nodes,
+            workers=[
+                JournalWorker(rank=w.rank, host=w.host, join=w.join)
+                for w in sorted(self._workers.values(), key=lambda w: w.rank)
+            ],
+            nodes=[
+                JournalNode(node_rank=a.node_rank, join=a.join)
+                for a in self._agents.values()
+                if a.node_rank is not None
+            ],
+        )
+
+    def restore(self, journal: Journal, now: float) -> None:
+        """Take the journal's generation back as RUNNING; its workers and agents have
+        ``config.grace`` seconds to reconnect."""
+        grace = self.config.grace
+        self._now = now
+        lws = journal.local_world_size
+        self._shape = Shape(journal.world_size, lws, journal.min_nodes)
+        self._world = journal.world_size
+        self.gens.current = journal.generation
+        self.gens.restarts = journal.restarts
+        self.gens.max_restarts = journal.max_restarts
+        self.gens.begin(journal.world_size, len(journal.nodes), now)
+        # the heartbeat clock of a worker not yet back runs out ``grace`` from now
+        silent_from = now + grace - self.config.heartbeat_timeout
+        self._joins = JoinIndex()
+        for jw in journal.workers:
+            worker = Worker(
+                ("journal", jw.rank), jw.join, jw.host, silent_from, rank=jw.rank,
+                state=RankState.RUNNING, connected=False,
+            )  # fmt: skip
+            self._workers[worker.conn] = worker
+            self._by_rank[jw.rank] = worker
+            self._beats[worker.conn] = None
+            self._joins.add(jw.join, lws)
+        self._members = [
+            Member(rank=w.rank, node_id=w.join.node_id, node_rank=w.rank // lws,
+                   local_rank=w.join.local_rank, host=w.host, port=w.join.listen_port)
+            for w in journal.workers
+        ]  # fmt: skip
+        for node in journal.nodes:
+            key = ("journal-node", node.join.node_id)
+            self._agents[key] = Agent(key, node.join, node_rank=node.node_rank)
+        self.state = JobState.RUNNING
+        self._deadline = None
+        self._event(
+            f"coordinator restarted from its journal: generation {journal.generation} of "
+            f"{journal.world_size} ranks; waiting up to {grace:g} s for them to reconnect",
+            now,
+        )
+
+    def rejoin(self, conn: ConnId, msg: Rejoin, now: float) -> list[Action]:
+        """A worker back after losing its coordinator: bound to its new connection."""
+        self._now = now
+        worker = self._by_rank.get(msg.rank)
+        problem = self._rejoin_problem(msg.generation, f"rank {msg.rank}")
+        if problem is None and (worker is None or worker.connected):
+            problem = f"rank {msg.rank} is not waiting to reconnect"
+        if (
+            problem is None
+            and worker is not None
+            and (
+                worker.join.node_id != msg.join.node_id
+                or worker.join.local_rank != msg.join.local_rank
+            )
+        ):
+            problem = (
+                f"rank {msg.rank} is node {worker.join.node_id!r} local rank "
+                f"{worker.join.local_rank} here, not node {msg.join.node_id!r} local rank "
+                f"{msg.join.local_rank}"
+            )
+        if problem is not None or worker is None:
+            return refuse(conn, "rejoin", problem or "")
+        del self._workers[worker.conn]
+        self._beats.pop(worker.conn, None)
+        worker.conn, worker.connected, worker.last_seen = conn, True, now
+        self._workers[conn] = worker
+        self._beats[conn] = None  # the newest heartbeat
+        self._event(f"rank {msg.rank} reconnected", now)
+        return [Send(conn, Rejoined(generation=self.generation))]
+
+    def node_rejoin(self, conn: ConnId, msg: NodeRejoin, now: float) -> list[Action]:
+        """A node agent back after losing its coordinator."""
+        self._now = now
+        key = ("journal-node", msg.join.node_id)
+        agent = self._agents.get(key)
+        problem = self._rejoin_problem(msg.generation, f"node {msg.join.node_id!r}")
+        if problem is None and (agent is None or agent.node_rank != msg.node_rank):
+            problem = f"node {msg.join.node_id!r} (node rank {msg.node_rank}) is not waited for"
+        if problem is not None or agent is None:
+            return refuse(conn, "rejoin", problem or "")
+        del self._agents[key]
+        agent.conn = conn
+        self._agents[conn] = agent
+        self._event(f"node {msg.join.node_id!r} reconnected", now)
+        return [Send(conn, Rejoined(generation=self.generation))]
+
+    def _rejoin_problem(self, generation: int, who: str) -> str | None:
+        if self.state is not JobState.RUNNING:
+            return f"{who} cannot rejoin: the job is {self.state.value}"
+        if generation != self.generation:
+            return f"{who} is of generation {generation}; the job is at {self.generation}"
+        return None

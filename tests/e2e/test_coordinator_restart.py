@@ -1,0 +1,118 @@
+"""A coordinator that may die, through real processes: SIGKILLed while digits trains and
+started again on its state directory and address, the job trains on meanwhile and ends
+exactly as an uninterrupted run; one that does not come back ends the job after the
+grace, with one error naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .cli import ROOT, SHARDWIRE, env, run_records
+
+pytestmark = pytest.mark.e2e
+TOKEN = {"SHARDWIRE_TOKEN": "restart-token"}
+STEPS = "1500"
+
+
+def _coordinator(tmp_path: Path, port: int, *, grace: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [SHARDWIRE, "coordinator", "--port", str(port), "--port-file", str(tmp_path / "port"),
+         "--world-size", "2", "--run-id", "restart", "--state-dir", str(tmp_path / "state"),
+         "--http-port", "-1", "--coordinator-grace", str(grace)],
+        cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _port(tmp_path: Path, coordinator: subprocess.Popen) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = (tmp_path / "port").read_text() if (tmp_path / "port").exists() else ""
+        if text.strip():
+            return int(text)
+        assert coordinator.poll() is None, coordinator.stderr.read()  # type: ignore[union-attr]
+        time.sleep(0.05)
+    raise AssertionError("the coordinator did not say its port within 60 s")
+
+
+def _agent(port: int, run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", "1",
+         "--nproc-per-node", "2", "--run-id", "restart", "examples/digits.py", "--steps", STEPS,
+         "--log-every", "100", "--run-dir", str(run_dir)],
+        cwd=ROOT, env=env(**TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _until_step(agent: subprocess.Popen, step: int) -> None:
+    assert agent.stdout is not None
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = agent.stdout.readline()
+        assert line, "the job ended before the coordinator could be killed"
+        if f"step {step}/" in line:
+            return
+    raise AssertionError(f"step {step} not reached within 240 s")
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_a_coordinator_killed_and_restarted_loses_no_step(tmp_path) -> None:
+    straight = subprocess.run(
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
+         "--steps", STEPS, "--log-every", "100", "--run-dir", str(tmp_path / "straight")],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = _coordinator(tmp_path, 0, grace=60)
+    port = _port(tmp_path, first)
+    agent = _agent(port, tmp_path / "restarted")
+    second = None
+    try:
+        _until_step(agent, 300)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        assert (tmp_path / "state" / "journal.json").exists()
+        _until_step(agent, 500)  # it trains on while the coordinator is away
+        second = _coordinator(tmp_path, port, grace=60)
+        out, err = agent.communicate(timeout=300)
+        assert agent.returncode == 0, err[-3000:]
+        assert second.wait(timeout=60) == 0  # the restarted one saw the job finish
+    finally:
+        _stop(agent, first, *([second] if second else []))
+    assert "reconnected to the coordinator" in err
+    restarted, summary = run_records(tmp_path / "restarted")
+    expected, expected_summary = run_records(tmp_path / "straight")
+    assert restarted == expected  # every logged loss, rate and accuracy, bit for bit
+    for key in ("final_loss", "held_out_accuracy"):
+        assert summary[key] == expected_summary[key]
+    assert not (tmp_path / "state" / "journal.json").exists()  # the job is over
+
+
+def test_a_coordinator_that_does_not_come_back_ends_the_job_after_the_grace(tmp_path) -> None:
+    coordinator = _coordinator(tmp_path, 0, grace=3)
+    port = _port(tmp_path, coordinator)
+    agent = _agent(port, tmp_path / "run")
+    try:
+        _until_step(agent, 200)
+        os.kill(coordinator.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _out, err = agent.communicate(timeout=120)
+        waited = time.monotonic() - killed
+    finally:
+        _stop(agent, coordinator)
+    assert agent.returncode != 0
+    assert "did not come back within 3 s" in err and f"127.0.0.1:{port}" in err
+    assert 2.5 < waited < 60  # the grace, then the end (not at once, not a hang)
+    assert json.loads((tmp_path / "state" / "journal.json").read_text())["generation"] == 1
