@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from shardwire.worker.chaos.inject import LOG_VARIABLE, PLAN_VARIABLE, fired_faults
@@ -24,9 +24,12 @@ from shardwire.worker.chaos.plan import COORDINATOR, Scheduled, load
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
 
 
-def coordinator_faults(environ: Mapping[str, str], pid: int) -> asyncio.Task[None] | None:
-    """A task that injects the plan's coordinator faults into process ``pid`` (the
-    caller owns it and cancels it when the coordinator is gone); None without any."""
+def coordinator_faults(
+    environ: Mapping[str, str], pid: Callable[[], int]
+) -> asyncio.Task[None] | None:
+    """A task that injects the plan's coordinator faults into the process ``pid()`` names
+    at the time (a killed coordinator may be started again; the caller owns the task and
+    cancels it when the job ends); None without any."""
     path = environ.get(PLAN_VARIABLE)
     if not path:
         return None
@@ -38,7 +41,7 @@ def coordinator_faults(environ: Mapping[str, str], pid: int) -> asyncio.Task[Non
     return asyncio.ensure_future(_inject(faults, pid, log))
 
 
-async def _inject(faults: list[Scheduled], pid: int, log: Path) -> None:
+async def _inject(faults: list[Scheduled], pid: Callable[[], int], log: Path) -> None:
     started = time.monotonic()
     for scheduled in sorted(faults, key=lambda s: s.fault.after_s or 0.0):
         fault = scheduled.fault
@@ -47,8 +50,9 @@ async def _inject(faults: list[Scheduled], pid: int, log: Path) -> None:
         entry.update(fault=scheduled.index, kind=fault.kind, step=None)
         with log.open("a") as out:
             out.write(json.dumps(entry) + "\n")
+        target = pid()
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, _SIGNALS[fault.kind])
+            os.kill(target, _SIGNALS[fault.kind])
             if fault.kind == "stop":
                 await asyncio.sleep(fault.for_s)
-                os.kill(pid, signal.SIGCONT)
+                os.kill(target, signal.SIGCONT)

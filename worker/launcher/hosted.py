@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 
 from shardwire.protocol import ShardwireError
@@ -51,37 +53,76 @@ def coordinator_command(settings: LaunchSettings, *, serve: bool = False) -> lis
     ]
 
 
-@contextlib.asynccontextmanager
-async def own_coordinator(
-    command: list[str], env: dict[str, str], *, linger: float = 5.0
-) -> AsyncIterator[tuple[str, int]]:
-    """Run ``command`` (a coordinator) until the block ends, then give it ``linger``
-    seconds to end by itself before stopping it; yields where it listens."""
-    proc = await asyncio.create_subprocess_exec(
-        *command,
-        env={**os.environ, **env},
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    pump: asyncio.Task[None] | None = None
-    chaos: asyncio.Task[None] | None = None
-    try:
+# Restarts of a killed coordinator per job, at most: past them its death ends the job.
+_COORDINATOR_RESTARTS = 10
+
+
+class _Hosted:
+    """The coordinator process, started again on the same address and state directory
+    whenever a signal kills it while the job runs (its exit status otherwise is the job's
+    end: 0 finished, 1 failed)."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.state = tempfile.mkdtemp(prefix="shardwire-coordinator-")
+        self.command = [*command, "--state-dir", self.state]
+        self.env = {**os.environ, **env}
+        self.proc: asyncio.subprocess.Process | None = None
+        self.address = ("", 0)
+        self.closing = False
+        self._pump: asyncio.Task[None] | None = None
+
+    async def start(self) -> tuple[str, int]:
+        command = self.command
+        if self.address[1]:  # again: the address the ranks know
+            at = command.index("--port")
+            command = [*command[: at + 1], str(self.address[1]), *command[at + 2 :]]
+        proc = self.proc = await asyncio.create_subprocess_exec(
+            *command, env=self.env, stdin=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stderr is not None
         async with asyncio.timeout(_COORDINATOR_START_TIMEOUT):
             first = (await proc.stderr.readline()).decode().strip()
+            if first.startswith("coordinator restarted from its journal"):  # said first
+                print(f"[coordinator]: {first}", file=sys.stderr, flush=True)
+                first = (await proc.stderr.readline()).decode().strip()
         if "listening on" not in first:
             raise ShardwireError(f"the coordinator did not start: {first or 'no output'}")
         host, _, port = first.rsplit(" ", 1)[-1].rpartition(":")
+        self.address = (host, int(port))
         print(f"[coordinator]: listening on {host}:{port}", file=sys.stderr, flush=True)
-        pump = asyncio.create_task(_echo(proc.stderr, "[coordinator]: "))
-        # None without a plan that says so
-        chaos = coordinator_faults({**os.environ, **env}, proc.pid)
-        yield host, int(port)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(linger):
-                await proc.wait()
-    finally:
-        if proc.returncode is None:
+        self._pump = asyncio.create_task(_echo(proc.stderr, "[coordinator]: "))
+        return self.address
+
+    def pid(self) -> int:
+        """The running coordinator's process id."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def watch(self) -> None:
+        """Start the coordinator again each time a signal kills it (bounded)."""
+        for _ in range(_COORDINATOR_RESTARTS):
+            assert self.proc is not None
+            code = await self.proc.wait()
+            if self.closing or code >= 0:
+                return
+            print(
+                f"[launch]: the coordinator was killed (signal {-code}); starting it again on "
+                f"{self.address[0]}:{self.address[1]} from its journal",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+            await self._stop_pump()
+            await self.start()
+
+    async def _stop_pump(self) -> None:
+        if self._pump is not None:
+            await asyncio.gather(self._pump, return_exceptions=True)  # its stream ended
+            self._pump = None
+
+    async def stop(self) -> None:
+        self.closing = True
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
             proc.terminate()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
@@ -89,11 +130,39 @@ async def own_coordinator(
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-        for task in (pump, chaos):
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def own_coordinator(
+    command: list[str], env: dict[str, str], *, linger: float = 5.0
+) -> AsyncIterator[tuple[str, int]]:
+    """Run ``command`` (a coordinator) until the block ends, then give it ``linger``
+    seconds to end by itself before stopping it; yields where it listens. It journals to
+    a directory of its own, and a coordinator killed by a signal is started again there
+    on the same address: the ranks ride out its absence."""
+    hosted = _Hosted(command, env)
+    watcher: asyncio.Task[None] | None = None
+    chaos: asyncio.Task[None] | None = None
+    try:
+        address = await hosted.start()
+        chaos = coordinator_faults(hosted.env, hosted.pid)  # None without a plan that says so
+        watcher = asyncio.create_task(hosted.watch(), name="shardwire-coordinator-watch")
+        yield address
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(linger):
+                await asyncio.shield(watcher)
+    finally:
+        hosted.closing = True
+        for task in (watcher, chaos):
             if task is not None:
                 task.cancel()
                 # The task's own cancellation ends here; the closer's would propagate.
                 await asyncio.gather(task, return_exceptions=True)
+        await hosted.stop()
 
 
 async def _echo(stream: asyncio.StreamReader, prefix: str) -> None:
