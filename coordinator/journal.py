@@ -28,8 +28,6 @@ from shardwire.protocol.errors import ShardwireError
 from shardwire.protocol.fields import Msg, Rank, Size, Str
 from shardwire.protocol.messages import Join, NodeJoin
 
-KIND = "shardwire-coordinator-journal-1"
-
 
 class StateDirError(ShardwireError, RuntimeError):
     """A state directory the coordinator cannot use: not writable, held by another live
@@ -50,7 +48,7 @@ class JournalNode(Msg):
 class Journal(Msg):
     """A running generation, as a restarted coordinator resumes it."""
 
-    kind: Literal["shardwire-coordinator-journal-1"] = KIND
+    kind: Literal["shardwire-coordinator-journal-1"] = "shardwire-coordinator-journal-1"
     run_id: Str
     generation: int
     restarts: int

@@ -79,8 +79,10 @@ class DiLoCo:
             updated in place), or an FSDP-wrapped model (its shards).
         group: the outer group, one rank per replica.
         every: inner steps between two syncs of a fragment (H).
-        outer_lr, outer_momentum, nesterov: the outer optimizer (the paper's 0.7, 0.9,
-            Nesterov); ``outer_lr=1, outer_momentum=0`` averages the replicas.
+        outer_lr: the outer optimizer's learning rate (the paper's 0.7).
+        outer_momentum: its momentum (0.9); with ``outer_lr=1``, 0 and
+            ``nesterov=False`` the outer step averages the replicas.
+        nesterov: Nesterov momentum (as in the paper).
         fragments: how many parts of the model sync at staggered steps (P <= H).
         overlap: finish each exchange one inner step after starting it.
         quantize: ``None`` (the outer gradient's own dtype), ``"int8"`` or ``"int4"``.

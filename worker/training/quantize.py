@@ -28,13 +28,13 @@ BITS = (8, 4)
 class Layout(NamedTuple):
     """Where a quantized vector's parts lie in its buffer."""
 
-    count: int  # values
+    values: int
     bits: int
     block: int
 
     @property
     def blocks(self) -> int:
-        return math.ceil(self.count / self.block)
+        return math.ceil(self.values / self.block)
 
     @property
     def padded(self) -> int:
@@ -63,10 +63,10 @@ def layout(count: int, *, bits: int, block: int) -> Layout:
 
 
 def encode(x: np.ndarray, shape: Layout) -> np.ndarray:
-    """``x`` (any float dtype, ``shape.count`` values) as one uint8 buffer."""
+    """``x`` (any float dtype, ``shape.values`` values) as one uint8 buffer."""
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
-    if flat.size != shape.count:
-        raise InvalidArgument(f"expected {shape.count} values to quantize, got {flat.size}")
+    if flat.size != shape.values:
+        raise InvalidArgument(f"expected {shape.values} values to quantize, got {flat.size}")
     if not np.all(np.isfinite(flat)):
         raise InvalidArgument("cannot quantize a vector holding NaN or infinity")
     padded = np.zeros(shape.padded)
@@ -102,13 +102,13 @@ def decode(buffer: np.ndarray, shape: Layout) -> np.ndarray:
         codes[0::2] = (packed & 0x0F).astype(np.float64) - 8
         codes[1::2] = (packed >> 4).astype(np.float64) - 8
     values = codes.reshape(shape.blocks, shape.block) * scales[:, None]
-    return values.reshape(-1)[: shape.count]
+    return values.reshape(-1)[: shape.values]
 
 
 def decode_sum(gathered: np.ndarray, shape: Layout) -> np.ndarray:
     """The float64 sum of every rank's buffer (rows of ``gathered``, in rank order)."""
     rows = np.asarray(gathered, dtype=np.uint8).reshape(-1, shape.nbytes)
-    total = np.zeros(shape.count)
+    total = np.zeros(shape.values)
     for row in rows:  # rank order, one addition each: the same rounding on every rank
         total += decode(row, shape)
     return total
@@ -123,4 +123,4 @@ def error_bound(x: np.ndarray, shape: Layout) -> np.ndarray:
     top = np.abs(padded.reshape(shape.blocks, shape.block)).max(axis=1)
     step = top / shape.qmax
     half = np.nextafter(step.astype(np.float32), np.float32(np.inf)).astype(np.float64) / 2
-    return np.repeat(half, shape.block)[: shape.count]
+    return np.repeat(half, shape.block)[: shape.values]
