@@ -17,7 +17,7 @@ from pathlib import Path
 from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench.hosts import Hosts, emulated, rate_bits
 from shardwire.worker.bench.jobs import run_nodes
-from shardwire.worker.bench.timing import busbw_factor, human, summarize
+from shardwire.worker.bench.timing import busbw_factor, human, summarized
 
 _GLOO_PORT = 29530  # rank 0's rendezvous port for gloo, inside the first host's namespace
 
@@ -67,12 +67,7 @@ def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
-    cells = []
-    for record in json.loads(Path(out).read_text()):
-        if "times" in record:
-            record.update(summarize(record.pop("times")))
-        cells.append(record)
-    return cells
+    return summarized(out)
 
 
 def _row(cell: dict, gloo: dict | None, link_Bps: float | None, hosts: int) -> dict:
@@ -95,29 +90,23 @@ def _row(cell: dict, gloo: dict | None, link_Bps: float | None, hosts: int) -> d
 
 
 def print_table(rows: list[dict], rate: str | None) -> None:
+    """Bus bandwidth as a fraction of the link's rate (in GB/s where the link is not
+    shaped), shardwire's and gloo's, and gloo's time over shardwire's."""
+    mine, theirs, fmt = ("link_fraction", "gloo_link_fraction", ".2f")
     if rate:
         print(f"bus bandwidth as a fraction of the {rate} link (1.0: the link is full)")
-        print(
-            "| op | hosts | ranks | size | algorithm | shardwire | gloo "
-            "| gloo time / shardwire time |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            gloo = f"{r['gloo_link_fraction']:.2f}" if "gloo_link_fraction" in r else "-"
-            vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
-            print(f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
-                  f"{r['algorithm']} | {r['link_fraction']:.2f} | {gloo} | {vs} |")  # fmt: skip
     else:
-        print(
-            "| op | hosts | ranks | size | algorithm | busbw (GB/s) | gloo busbw "
-            "| gloo / shardwire |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            gloo = f"{r['gloo_busbw_GBps']:.3f}" if "gloo_busbw_GBps" in r else "-"
-            vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
-            print(f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
-                  f"{r['algorithm']} | {r['busbw_GBps']:.3f} | {gloo} | {vs} |")  # fmt: skip
+        mine, theirs, fmt = ("busbw_GBps", "gloo_busbw_GBps", ".3f")
+        print("bus bandwidth in GB/s (unshaped links)")
+    print(
+        "| op | hosts | ranks | size | algorithm | shardwire | gloo | gloo time / shardwire time |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        gloo = format(r[theirs], fmt) if theirs in r else "-"
+        vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
+        print(f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
+              f"{r['algorithm']} | {format(r[mine], fmt)} | {gloo} | {vs} |")  # fmt: skip
     print("tc tbf shapes the rate only (no netem here): no added delay or loss")
 
 

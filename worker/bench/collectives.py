@@ -30,7 +30,7 @@ from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.rawsocket import two_way_throughput
-from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarize
+from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarized
 from shardwire.worker.transport.shmfiles import SHM_DIR
 
 
@@ -49,15 +49,6 @@ def _shardwire_cells(
     return json.loads(Path(out).read_text())
 
 
-def _summarized(path: str) -> list[dict]:
-    cells = []
-    for record in json.loads(Path(path).read_text()):
-        if "times" in record:
-            record.update(summarize(record.pop("times")))
-        cells.append(record)
-    return cells
-
-
 def _c10d_cells(n: int, config: dict, python: str, tmp: str, backend: str) -> list[dict]:
     out = os.path.join(tmp, f"{backend}-{n}.json")
     cmd = [python, c10d_module.__file__, out, json.dumps({**config, "n": n, "backend": backend})]
@@ -68,7 +59,7 @@ def _c10d_cells(n: int, config: dict, python: str, tmp: str, backend: str) -> li
         stdout=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    return _summarized(out)
+    return summarized(out)
 
 
 # Open MPI's TCP transport on loopback only: by default it also uses every other
@@ -93,7 +84,7 @@ def _mpi_cells(n: int, config: dict, python: str, tmp: str, *, tcp_only: bool) -
         for leftover in _mpi_segments() - before:
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
-    return _summarized(out)
+    return summarized(out)
 
 
 def _mpi_segments() -> set[Path]:

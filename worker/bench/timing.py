@@ -8,7 +8,9 @@ reduce_scatter, 1 for broadcast.
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 SIZES = ["4K", "64K", "1M", "16M", "64M", "256M"]
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
@@ -45,3 +47,14 @@ def summarize(per_iteration_max: list[float]) -> dict[str, float]:
         "p90_s": ordered[int(0.9 * (len(ordered) - 1))],
         "iters": len(ordered),
     }
+
+
+def summarized(path: str) -> list[dict]:
+    """The cells a timing run wrote to ``path`` (JSON), each rank-maximum time series
+    replaced by its summary."""
+    cells = []
+    for record in json.loads(Path(path).read_text()):
+        if "times" in record:
+            record.update(summarize(record.pop("times")))
+        cells.append(record)
+    return cells

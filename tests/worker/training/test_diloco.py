@@ -13,25 +13,16 @@ import pytest
 
 from shardwire.protocol import InvalidArgument
 from shardwire.worker.collectives import Group
-from shardwire.worker.nn import Linear, ReLU, Sequential, mse
+from shardwire.worker.nn import mse
 from shardwire.worker.optim import SGD
 from shardwire.worker.training import outer_state, quantize
 from shardwire.worker.training.aggregation import AllReduceAggregator, distributed_train_step
 from shardwire.worker.training.compression import Quantized, parse
 from shardwire.worker.training.diloco import DiLoCo, Phase, replica_rows
 from tests.worker.collectives.worlds import KINDS, group_world, on_all
+from tests.worker.training.test_aggregation import _batch, _model
 
 SIZES = (7, 5, 9)  # three arrays, so fragments cut across them
-
-
-def _model() -> Sequential:
-    rng = np.random.default_rng(9)
-    return Sequential(Linear(4, 6, rng=rng), ReLU(), Linear(6, 2, rng=rng))
-
-
-def _batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(100 * step + rank)
-    return rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
 
 
 async def test_every_step_with_outer_sgd_of_rate_one_is_plain_data_parallel() -> None:
