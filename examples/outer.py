@@ -25,7 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, help="DiLoCo replicas (default: one per node)")
     p.add_argument("--fragments", type=int, default=1, help="DiLoCo streaming fragments")
     p.add_argument("--overlap", action="store_true", help="overlap each sync with a step")
-    p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo outer learning rate")
     p.add_argument(
         "--outer-quantize", default="none", choices=["none", "int8", "int4"],
         help="DiLoCo outer sync's wire format",
@@ -60,8 +59,8 @@ class Replicas:
         a = self.args
         quantize = None if a.outer_quantize == "none" else a.outer_quantize
         self.diloco = DiLoCo(
-            model, self.outer, every=a.diloco, outer_lr=a.outer_lr, fragments=a.fragments,
-            overlap=a.overlap, quantize=quantize,
+            model, self.outer, every=a.diloco, fragments=a.fragments, overlap=a.overlap,
+            quantize=quantize,
         )  # fmt: skip
         await self.diloco.begin()
 

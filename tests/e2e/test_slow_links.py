@@ -36,6 +36,21 @@ def test_collectives_across_shaped_links_stay_under_the_links_rate(tmp_path) -> 
     assert "no netem here" in done.stdout
 
 
+def test_several_ranks_per_host_share_its_link_in_tiers(tmp_path) -> None:
+    out = tmp_path / "tiers.json"
+    done = shardwire(
+        "bench", "collectives", "--hosts", "2", "--link", "200mbit", "--ranks-per-host", "2",
+        "--ops", "broadcast", "--sizes", "4M", "--target-s", "0.3", "--json", str(out),
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    # the node arena inside each host, the lanes across the link: a broadcast's bytes
+    # cross it once, so it stays under the link's rate
+    assert (row["n"], row["hosts"], row["algorithm"]) == (4, 2, "tiers")
+    assert 0.3 < row["link_fraction"] < 1.05, row
+
+
 def test_diloco_crosses_a_slow_link_with_a_fraction_of_the_bytes(tmp_path) -> None:
     out, picture = tmp_path / "slowlink.json", tmp_path / "loss.png"
     done = shardwire(

@@ -94,6 +94,7 @@ class ControlClient(Queries):
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
         self._route: Callable[[Heartbeat], bool] | None = None  # heartbeats via the agent
         self._where = "?"  # the coordinator's address, once connect() is called
+        self._address = ("", 0)
         self._interval = 0.0  # between heartbeats, once started
         self._final: Message | None = None  # a last message written while it was away
         self._rejoiner = Rejoiner(
@@ -163,6 +164,8 @@ class ControlClient(Queries):
             self._replies.add(task)
             task.add_done_callback(self._replies.discard)
             return
+        if isinstance(msg, Abort | Finished):  # the end: a closing connection is no news
+            self._rejoiner.grace = 0.0
         if isinstance(msg, Abort):
             self._on_abort(msg)
         if isinstance(msg, Restart | Finished):
