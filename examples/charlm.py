@@ -127,17 +127,26 @@ async def build(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) -> FSDP:
 
 
 async def resume(
-    args: argparse.Namespace, pg: sw.ProcessGroup, fsdp: FSDP, draw, replicas: Replicas
+    args: argparse.Namespace,
+    pg: sw.ProcessGroup,
+    fsdp: FSDP,
+    draw,
+    run_dir: str,
+    *,
+    replicas: Replicas | None = None,
 ) -> tuple[int, float, RunLog]:
     """The step and loss to go on from (the latest checkpoint in --checkpoint-dir, with
-    the data order ``draw`` and the dropout streams; else the start) and the run's log."""
+    the data order ``draw`` and the dropout streams, and ``replicas``' DiLoCo state; else
+    the start) and the run's log."""
     step, loss = 0, float("nan")
-    ckpt = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir)
+    ckpt = args.checkpoint_dir
+    if ckpt and replicas is not None:
+        ckpt = replicas.checkpoints(ckpt)
     if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
         resumed = await fsdp.load(ckpt, rngs={"draw": draw})
         step, loss = resumed.step, resumed.extra["loss"]
-        replicas.resume(args.checkpoint_dir, step)
-    run_dir = f"runs/charlm-seed{args.seed}"
+        if replicas is not None:
+            replicas.resume(args.checkpoint_dir, step)
     log = RunLog(
         pg,
         Path(args.run_dir or run_dir),
@@ -175,7 +184,9 @@ async def main(args: argparse.Namespace) -> None:
         await replicas.start(fsdp)
         dp = mesh.dp
         draw = np.random.default_rng(args.seed + 1)  # the data order
-        step, loss, log = await resume(args, pg, fsdp, draw, replicas)
+        step, loss, log = await resume(
+            args, pg, fsdp, draw, f"runs/charlm-seed{args.seed}", replicas=replicas
+        )
         ckpt, saving = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir), None
         mine, share = replicas.rows(args.batch, dp)
         deadline = time.monotonic() + args.minutes * 60
