@@ -153,6 +153,8 @@ async def serve(settings: CoordinatorSettings) -> int:
         if settings.port_file:
             _write_port_file(settings.port_file, port)
         print(f"shardwire coordinator listening on {host}:{port}", file=sys.stderr, flush=True)
+        if server.restored:  # after the first line, which launchers read for the address
+            print(server.restored, file=sys.stderr, flush=True)
         if settings.http_port >= 0:
             http_host, http_port = await http.start(settings.http_host, settings.http_port)
             print(f"status page on http://{http_host}:{http_port}/", file=sys.stderr, flush=True)

@@ -42,6 +42,18 @@ def _node_order(agent: Agent) -> tuple[bool, int, str]:
     return index is None, index or 0, agent.join.node_id
 
 
+def member(w: Worker, local_world_size: int) -> Member:
+    """What a ranked worker's peers learn of it."""
+    return Member(
+        rank=w.rank,
+        node_id=w.join.node_id,
+        node_rank=w.rank // local_world_size,
+        local_rank=w.join.local_rank,
+        host=w.host,
+        port=w.join.listen_port,
+    )
+
+
 def placements(
     workers: Collection[Worker], shape: Shape, generation: int, *, grace: float = 0.0
 ) -> tuple[list[Member], list[Action]]:
@@ -49,20 +61,7 @@ def placements(
     (their ranks are assigned): a few numbers each, whatever the job's size. ``grace``: how
     long the workers wait for this coordinator if it goes away."""
     lws = shape.local_world_size
-    members = sorted(
-        (
-            Member(
-                rank=w.rank,
-                node_id=w.join.node_id,
-                node_rank=w.rank // lws,
-                local_rank=w.join.local_rank,
-                host=w.host,
-                port=w.join.listen_port,
-            )
-            for w in workers
-        ),
-        key=lambda m: m.rank,
-    )
+    members = sorted((member(w, lws) for w in workers), key=lambda m: m.rank)
     sends: list[Action] = [
         Send(
             w.conn,

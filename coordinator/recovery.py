@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardwire.coordinator.forming import member
 from shardwire.coordinator.journal import Journal, JournalNode, JournalWorker
 from shardwire.coordinator.liveness import Liveness
 from shardwire.coordinator.membership import JoinIndex, Shape
@@ -35,7 +36,6 @@ from shardwire.coordinator.state import (
     refuse,
 )
 from shardwire.protocol.messages import NodeRejoin, Rejoin, Rejoined
-from shardwire.protocol.placement import Member
 
 
 @dataclass
@@ -91,11 +91,7 @@ class Recovery(Liveness):
             self._by_rank[jw.rank] = worker
             self._beats[worker.conn] = None
             self._joins.add(jw.join, lws)
-        self._members = [
-            Member(rank=w.rank, node_id=w.join.node_id, node_rank=w.rank // lws,
-                   local_rank=w.join.local_rank, host=w.host, port=w.join.listen_port)
-            for w in journal.workers
-        ]  # fmt: skip
+        self._members = [member(self._by_rank[jw.rank], lws) for jw in journal.workers]
         for node in journal.nodes:
             key = ("journal-node", node.join.node_id)
             self._agents[key] = Agent(key, node.join, node_rank=node.node_rank)

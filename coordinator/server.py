@@ -113,12 +113,13 @@ class CoordinatorServer:
         self._writes: set[asyncio.Task[None]] = set()  # records being written
         self.address: tuple[str, int] = ("", 0)
         self._journaled: tuple[int, JobState] | None = None  # what the journal holds
+        self.restored = ""  # what was taken back from a journal (said once listening)
         if config.state is not None:  # a journal there: this coordinator was restarted
             journal = config.state.read()
             if journal is not None:
                 self.rendezvous.restore(journal, clock())
                 self._journaled = (self.rendezvous.generation, JobState.RUNNING)
-                log.info("%s", self.rendezvous.events[-1][1])
+                self.restored = self.rendezvous.events[-1][1]
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         tls = self._config.tls

@@ -83,9 +83,6 @@ class _Hosted:
         assert proc.stderr is not None
         async with asyncio.timeout(_COORDINATOR_START_TIMEOUT):
             first = (await proc.stderr.readline()).decode().strip()
-            if first.startswith("coordinator restarted from its journal"):  # said first
-                print(f"[coordinator]: {first}", file=sys.stderr, flush=True)
-                first = (await proc.stderr.readline()).decode().strip()
         if "listening on" not in first:
             raise ShardwireError(f"the coordinator did not start: {first or 'no output'}")
         host, _, port = first.rsplit(" ", 1)[-1].rpartition(":")

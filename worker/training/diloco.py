@@ -123,7 +123,7 @@ class DiLoCo:
         if fragments > total:
             raise InvalidArgument(f"{fragments} fragments for {total} parameters")
         self.dtype = np.result_type(*arrays) if arrays else np.dtype(np.float32)
-        self.global_params = self._read(0, total).astype(self.dtype)
+        self.global_params = self._read(0, total)
         cuts = np.linspace(0, total, fragments + 1).round().astype(int)
         self.bounds = [(int(lo), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
         if self.bits is not None:  # checks the block before the first sync
@@ -160,20 +160,20 @@ class DiLoCo:
 
     def _read(self, lo: int, hi: int) -> np.ndarray:
         arrays = self._arrays()
-        out = np.empty(hi - lo, dtype=np.result_type(*arrays) if arrays else np.float32)
+        out = np.empty(hi - lo, dtype=self.dtype)
         for index, a, b, at in self._pieces(lo, hi):
             out[at : at + b - a] = arrays[index].reshape(-1)[a:b]
         return out
 
     async def _write(self, lo: int, hi: int, values: np.ndarray) -> None:
-        arrays = self._arrays()
+        """Parameters ``[lo, hi)`` take ``values``: in place for a module; for shards, a
+        copy of each touched one, handed back through ``update_shards``."""
         sharded = not isinstance(self.model, Module)
-        fresh = [a.copy() for a in arrays] if sharded else arrays
+        fresh = self._arrays()
         for index, a, b, at in self._pieces(lo, hi):
-            target = fresh[index]
-            flat = target.reshape(-1).copy()
-            flat[a:b] = values[at : at + b - a]
-            target[...] = flat.reshape(target.shape)
+            if sharded:
+                fresh[index] = fresh[index].copy()
+            fresh[index].flat[a:b] = values[at : at + b - a]
         if sharded:
             await self.model.update_shards(fresh)  # type: ignore[union-attr]
 

@@ -69,13 +69,8 @@ def encode(x: np.ndarray, shape: Layout) -> np.ndarray:
         raise InvalidArgument(f"expected {shape.values} values to quantize, got {flat.size}")
     if not np.all(np.isfinite(flat)):
         raise InvalidArgument("cannot quantize a vector holding NaN or infinity")
-    padded = np.zeros(shape.padded)
-    padded[: flat.size] = flat
-    blocks = padded.reshape(shape.blocks, shape.block)
-    wanted = np.abs(blocks).max(axis=1) / shape.qmax
-    scales = wanted.astype(np.float32)
-    low = scales.astype(np.float64) < wanted  # float32 rounded down: one step up
-    scales[low] = np.nextafter(scales[low], np.float32(np.inf))
+    blocks = _blocks(flat, shape)
+    scales = _scales(blocks, shape)
     safe = np.where(scales > 0, scales, 1).astype(np.float64)
     codes = np.rint(blocks / safe[:, None]).astype(np.int8).reshape(-1)
     out = np.empty(shape.nbytes, np.uint8)
@@ -116,11 +111,24 @@ def decode_sum(gathered: np.ndarray, shape: Layout) -> np.ndarray:
 
 def error_bound(x: np.ndarray, shape: Layout) -> np.ndarray:
     """The largest error :func:`encode` then :func:`decode` may make on each value of
-    ``x``: half its block's scale."""
-    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    ``x``: half its block's scale (one float32 step up, for the rounding of the codes)."""
+    scales = _scales(_blocks(np.asarray(x, dtype=np.float64).reshape(-1), shape), shape)
+    half = np.nextafter(scales, np.float32(np.inf)).astype(np.float64) / 2
+    return np.repeat(half, shape.block)[: shape.values]
+
+
+def _blocks(flat: np.ndarray, shape: Layout) -> np.ndarray:
+    """``flat`` (float64) zero-padded to whole blocks, one row per block."""
     padded = np.zeros(shape.padded)
     padded[: flat.size] = flat
-    top = np.abs(padded.reshape(shape.blocks, shape.block)).max(axis=1)
-    step = top / shape.qmax
-    half = np.nextafter(step.astype(np.float32), np.float32(np.inf)).astype(np.float64) / 2
-    return np.repeat(half, shape.block)[: shape.values]
+    return padded.reshape(shape.blocks, shape.block)
+
+
+def _scales(blocks: np.ndarray, shape: Layout) -> np.ndarray:
+    """Each block's float32 scale: its largest magnitude over the largest code, rounded
+    up so that no code clips."""
+    wanted = np.abs(blocks).max(axis=1) / shape.qmax
+    scales = wanted.astype(np.float32)
+    low = scales.astype(np.float64) < wanted  # float32 rounded down: one step up
+    scales[low] = np.nextafter(scales[low], np.float32(np.inf))
+    return scales
