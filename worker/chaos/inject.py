@@ -28,6 +28,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,6 +88,7 @@ class Injector:
         if mine:  # only then: a rank without faults steps as it always does
             group.watch_steps(self._stepped)
         self.note({"event": "joined", "world": group.world_size, "generation": group.generation})
+        _note_termination(self)
 
     def _stepped(self, step: int) -> None:
         if self.last_step is None:  # this process's first step: when the job got going again
@@ -155,6 +157,22 @@ class Injector:
             self.note({"event": "ended", "outcome": "ok"})
         else:
             self.note({"event": "ended", **_described(error)})
+
+
+def _note_termination(injector: Injector) -> None:
+    """A SIGTERM (the node agent stopping this rank because a sibling died, or a launcher
+    passing one on) goes to the chaos log before it ends the process as it would have:
+    being stopped is how this rank learned of the failure."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers belong to the main thread
+
+    def on_term(signum: int, _frame: object) -> None:
+        injector.note({"event": "ended", "outcome": "SIGTERM", "message": "stopped by SIGTERM"})
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_term)
 
 
 def _described(error: BaseException) -> dict[str, str]:

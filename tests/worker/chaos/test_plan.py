@@ -181,6 +181,16 @@ def test_the_verdict_says_when_and_who_noticed(tmp_path) -> None:
     assert "noticed after 0.30 s by rank 3" in table(outcome)
 
 
+def test_a_rank_its_agent_stopped_noticed_the_fault(tmp_path) -> None:
+    plan = load(_write(tmp_path, "p.toml", TOML))
+    entries = [e for e in _entries(100.0) if e.get("event") != "noticed"]
+    entries.append({"rank": 2, "t": 102.1, "event": "ended", "outcome": "SIGTERM",
+                    "message": "stopped by SIGTERM"})  # fmt: skip
+    kill = verdict(plan, entries, exit_code=1, started=100.0, finished=103.5)["faults"][0]
+    assert (kill["detected_by"], kill["detected_after_s"]) == (2, 0.1)
+    assert kill["error"] == "SIGTERM: stopped by SIGTERM"
+
+
 def test_an_expectation_that_failed_is_said(tmp_path) -> None:
     plan = load(
         _write(tmp_path, "p.toml", TOML.replace("expect_within_s = 5", "expect_within_s = 0.5"))
