@@ -31,7 +31,7 @@ from shardwire.coordinator.state import (
     Worker,
 )
 from shardwire.coordinator.stragglers import Stragglers
-from shardwire.protocol.messages import Abort, Restart
+from shardwire.protocol.messages import Abort, Join, Restart
 from shardwire.protocol.placement import Member
 
 _EVENTS = 200  # recent events kept for status pages
@@ -55,6 +55,8 @@ class Lifecycle:
     _requested: dict[int, Worker] = field(default_factory=dict)
     _left: int = 0  # its workers that left cleanly
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
+    # joins of survivors re-forming in their processes, taken when the next one forms
+    _parked: dict[ConnId, tuple[Join, str]] = field(default_factory=dict)
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None
     _world: int | None = None  # this generation's world size, once agents are assigned
@@ -115,10 +117,20 @@ class Lifecycle:
     def _advance(self, now: float) -> list[Action]:
         """Move on when what is awaited has happened: the end of a restart, then the
         node assignment once enough agents are in."""
+        parked: list[Action] = []
         if self.state is JobState.RESTARTING:
             if self._old or not all(a.ready for a in self._agents.values()):
                 return []
             self._reopen(now)
+            parked = self._unpark(now)
+        return parked + self._form(now)
+
+    def _unpark(self, now: float) -> list[Action]:
+        """The joins that came while the ended generation's processes were going (from
+        survivors re-forming in their processes), taken now that the next one forms."""
+        return []
+
+    def _form(self, now: float) -> list[Action]:
         if self.state is not JobState.WAITING or self._world is not None or not self._agents:
             return []
         assert self._shape is not None
@@ -207,7 +219,7 @@ class Lifecycle:
         self._deadline = self._now + self.config.join_timeout
         used = f" (restart {self.gens.restarts} of {self.gens.max_restarts})" if failure else ""
         self._event(f"generation {ended} ended: {cause}; restarting{used}")
-        abort = Abort(rank=rank, reason=reason, traceback=traceback, stacks=stacks)
+        abort = Abort(rank=rank, reason=reason, traceback=traceback, stacks=stacks, restarting=True)
         restart = Restart(
             generation=self.generation,
             rank=rank,
@@ -239,5 +251,6 @@ class Lifecycle:
         self.failure = FailureRecord(last.rank, reason, last.traceback, last.stacks)
         self._event(f"job failed: {reason}")
         abort = Abort(rank=last.rank, reason=reason, traceback=last.traceback, stacks=last.stacks)
-        conns = list(self._old) + self._listeners()
+        conns = list(self._old) + list(self._parked) + self._listeners()
+        self._parked = {}
         return [Send(c, abort) for c in conns]

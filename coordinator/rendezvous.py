@@ -135,6 +135,11 @@ class Rendezvous(Recovery):
         return refuse(conn, *problem) if problem else None
 
     def join(self, conn: ConnId, msg: Join, *, peer_host: str, now: float) -> list[Action]:
+        if self.state is JobState.RESTARTING and msg.requested_rank is not None:
+            # a survivor re-forming in its process: it joins the next generation once the
+            # ended one's processes are gone (bounded by the restart's own deadline)
+            self._parked[conn] = (msg, peer_host)
+            return []
         if self.state is not JobState.WAITING:
             return self._started(conn)
         refusal = self._admit(conn, msg.world_size, msg.local_world_size, now, agent=False)
@@ -274,7 +279,16 @@ class Rendezvous(Recovery):
             return [Send(a, Finished(generation=self.generation)) for a in self._agents]
         return []
 
+    def _unpark(self, now: float) -> list[Action]:
+        parked, self._parked = self._parked, {}
+        actions: list[Action] = []
+        for conn, (msg, host) in parked.items():
+            actions += self.join(conn, msg, peer_host=host, now=now)
+        return actions
+
     def disconnected(self, conn: ConnId) -> list[Action]:
+        if self._parked.pop(conn, None) is not None:
+            return []
         agent = self._agents.pop(conn, None)
         if agent is not None:
             return self._agent_lost(agent)

@@ -24,7 +24,7 @@ import numpy as np
 from outer import Replicas, add_arguments  # beside this script
 
 import shardwire.worker as sw
-from shardwire.worker.fsdp import FSDP, Strategy, by_type, latest_checkpoint
+from shardwire.worker.fsdp import FSDP, PeerCopies, Strategy, by_type, latest_checkpoint
 from shardwire.worker.nn import Linear, Module, ReLU, Sequential, softmax_cross_entropy
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runtime.runlog import RunLog
@@ -69,95 +69,139 @@ async def accuracy(fsdp: FSDP | Module, pg: sw.ProcessGroup, x: np.ndarray, y: n
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with sw.init() as pg:
+    session = sw.init()
+    async with session as pg:
         # Importing scikit-learn and reading the data set blocks for seconds on a busy
         # machine; a thread keeps the event loop free meanwhile.
-        x_train, y_train, x_test, y_test = await asyncio.to_thread(load, args.seed)
+        data = await asyncio.to_thread(load, args.seed)
         if args.aggregator:
             from aggregated import train_aggregated  # beside this script
 
-            data = (x_train, y_train, x_test, y_test)
             await train_aggregated(args, pg, data, make_model(args.hidden, args.seed))
             return
-        replicas = Replicas(args, pg)  # one of every rank, or DiLoCo's (--diloco)
-        fsdp = await FSDP.create(
-            make_model(args.hidden, args.seed),
-            replicas.inner,
-            strategy=args.strategy,
-            optimizer=AdamW(lr=args.lr, weight_decay=1e-4),
-            policy=by_type(Linear),
-            compression=compression.parse(args.compress),
-        )
-        await replicas.start(fsdp)
-        run_dir = Path(args.run_dir or f"runs/digits-{args.strategy}-seed{args.seed}")
-        draw = np.random.default_rng(args.seed + 1)  # the data order
-        first, last_loss, saving = 0, float("nan"), None
-        ckpt = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir)
-        if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
-            resumed = await fsdp.load(ckpt, rngs={"draw": draw})
-            first, last_loss = resumed.step, resumed.extra["loss"]
-            replicas.resume(args.checkpoint_dir, first)
-        log = RunLog(
-            pg,
-            run_dir,
-            args.steps,
-            every=args.log_every,
-            next_free=args.run_dir is None,
-            resume_from=first or None,
-        )
-        mine, share = replicas.rows(args.batch, fsdp.group)
-        start = time.perf_counter()
-        for step in range(first, args.steps):
-            with sw.span("data"):  # on the rank's timeline when traced (--trace)
-                batch = draw.choice(len(x_train), args.batch, replace=False)[mine]
-            lr = warmup_cosine(step, base_lr=args.lr, warmup=args.steps // 10, total=args.steps)
-            fsdp.zero_grad()
-            logits = await fsdp.forward(x_train[batch])
-            loss, dlogits = softmax_cross_entropy(logits, y_train[batch], denom=share)
-            await fsdp.backward(dlogits)
-            await fsdp.step(lr=lr)
-            await replicas.step()  # DiLoCo's outer sync, when one is due
-            # every rank's share of the global batch's mean loss
-            total = await pg.all_reduce(np.array([loss * (share / args.batch)]))
-            last_loss = float(total[0])
-            metrics = {"loss": last_loss, "lr": lr}
-            if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
-                metrics["accuracy"] = await accuracy(fsdp, pg, x_test, y_test)
-            await log.step(step + 1, samples=args.batch, **metrics)
-            if ckpt and (step + 1) % args.save_every == 0:
-                saving = await fsdp.save(
-                    ckpt,
-                    step=step + 1,
-                    extra={"loss": last_loss},
-                    rngs={"draw": draw},
-                    keep=args.keep,
-                    blocking=False,  # written while training goes on
-                )
-                await replicas.save(args.checkpoint_dir, step + 1, args.keep)
-        if saving is not None:
-            await saving.wait()
-        await replicas.finish()  # DiLoCo: every replica ends with the global model
-        elapsed = time.perf_counter() - start
-        acc = await accuracy(fsdp, pg, x_test, y_test)
-        memory = await pg.all_gather_object(sum(fsdp.memory_stats()["held"].values()))
-        stats = pg.transport.stats
-        traffic = await pg.all_gather_object(stats.bytes_sent + stats.bytes_received)
-        log.finish(
-            {
-                "strategy": args.strategy,
-                "workers": pg.world_size,
-                "steps": args.steps,
-                "seed": args.seed,
-                "time_s": round(elapsed, 2),
-                "samples_per_s": round((args.steps - first) * args.batch / elapsed, 1),
-                "final_loss": round(last_loss, 5),
-                "held_out_accuracy": round(acc, 4),
-                "comm_MiB_per_rank": [round(t / 2**20, 2) for t in traffic],
-                "memory_MiB_per_rank": [round(m / 2**20, 3) for m in memory],
-                "run_dir": str(log.run_dir),
-                **replicas.summary(),
-            }
-        )
+        group = pg  # this generation's: a re-formed job has a new one
+        # --copy-every K: each rank's state is copied to another rank's memory every K
+        # steps; a re-formed job restores from those copies, not from disk
+        copies = None
+        if args.copy_every:
+            copies = PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size)
+        while True:
+            try:
+                await train(args, group, data, copies)
+                return
+            except sw.PeerFailed as error:
+                if not session.live:  # the node agents start every process anew
+                    raise
+                # --recovery live: the survivors re-form in their processes, a new
+                # process replaces the failed rank, and all go on from the peer copies
+                # (or the checkpoint, as a relaunched job would)
+                group = await session.reform(error)
+
+
+async def train(
+    args: argparse.Namespace, pg: sw.ProcessGroup, data: tuple, copies: PeerCopies | None
+) -> None:
+    """Train on ``pg`` from the latest checkpoint (if any) to the last step."""
+    replicas = Replicas(args, pg)  # one of every rank, or DiLoCo's (--diloco)
+    fsdp = await FSDP.create(
+        make_model(args.hidden, args.seed),
+        replicas.inner,
+        strategy=args.strategy,
+        optimizer=AdamW(lr=args.lr, weight_decay=1e-4),
+        policy=by_type(Linear),
+        compression=compression.parse(args.compress),
+    )
+    try:
+        await _steps(args, pg, data, fsdp, replicas, copies=copies)
+    finally:
+        await fsdp.aclose()  # a failure may leave reductions in flight
+
+
+async def _steps(
+    args: argparse.Namespace,
+    pg: sw.ProcessGroup,
+    data: tuple,
+    fsdp: FSDP,
+    replicas: Replicas,
+    *,
+    copies: PeerCopies | None,
+) -> None:
+    x_train, y_train, x_test, y_test = data
+    await replicas.start(fsdp)
+    run_dir = Path(args.run_dir or f"runs/digits-{args.strategy}-seed{args.seed}")
+    draw = np.random.default_rng(args.seed + 1)  # the data order
+    first, last_loss, saving = 0, float("nan"), None
+    ckpt = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir)
+    resumed = await copies.restore(fsdp, rngs={"draw": draw}) if copies else None
+    saved = await asyncio.to_thread(latest_checkpoint, Path(ckpt)) if ckpt else None
+    if resumed is None and saved is not None:
+        resumed = await fsdp.load(ckpt, rngs={"draw": draw})
+        replicas.resume(args.checkpoint_dir, resumed.step)
+    if resumed is not None:
+        first, last_loss = resumed.step, resumed.extra["loss"]
+    log = RunLog(
+        pg,
+        run_dir,
+        args.steps,
+        every=args.log_every,
+        next_free=args.run_dir is None,
+        resume_from=first or None,
+    )
+    mine, share = replicas.rows(args.batch, fsdp.group)
+    start = time.perf_counter()
+    for step in range(first, args.steps):
+        with sw.span("data"):  # on the rank's timeline when traced (--trace)
+            batch = draw.choice(len(x_train), args.batch, replace=False)[mine]
+        lr = warmup_cosine(step, base_lr=args.lr, warmup=args.steps // 10, total=args.steps)
+        fsdp.zero_grad()
+        logits = await fsdp.forward(x_train[batch])
+        loss, dlogits = softmax_cross_entropy(logits, y_train[batch], denom=share)
+        await fsdp.backward(dlogits)
+        await fsdp.step(lr=lr)
+        await replicas.step()  # DiLoCo's outer sync, when one is due
+        # every rank's share of the global batch's mean loss
+        total = await pg.all_reduce(np.array([loss * (share / args.batch)]))
+        last_loss = float(total[0])
+        metrics = {"loss": last_loss, "lr": lr}
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            metrics["accuracy"] = await accuracy(fsdp, pg, x_test, y_test)
+        await log.step(step + 1, samples=args.batch, **metrics)
+        if ckpt and (step + 1) % args.save_every == 0:
+            saving = await fsdp.save(
+                ckpt,
+                step=step + 1,
+                extra={"loss": last_loss},
+                rngs={"draw": draw},
+                keep=args.keep,
+                blocking=False,  # written while training goes on
+            )
+            await replicas.save(args.checkpoint_dir, step + 1, args.keep)
+        if copies is not None:
+            await copies.save(fsdp, step + 1, rngs={"draw": draw}, extra={"loss": last_loss})
+    if saving is not None:
+        await saving.wait()
+    await replicas.finish()  # DiLoCo: every replica ends with the global model
+    elapsed = time.perf_counter() - start
+    acc = await accuracy(fsdp, pg, x_test, y_test)
+    memory = await pg.all_gather_object(sum(fsdp.memory_stats()["held"].values()))
+    stats = pg.transport.stats
+    traffic = await pg.all_gather_object(stats.bytes_sent + stats.bytes_received)
+    log.finish(
+        {
+            "strategy": args.strategy,
+            "workers": pg.world_size,
+            "steps": args.steps,
+            "seed": args.seed,
+            "time_s": round(elapsed, 2),
+            "samples_per_s": round((args.steps - first) * args.batch / elapsed, 1),
+            "final_loss": round(last_loss, 5),
+            "held_out_accuracy": round(acc, 4),
+            "comm_MiB_per_rank": [round(t / 2**20, 2) for t in traffic],
+            "memory_MiB_per_rank": [round(m / 2**20, 3) for m in memory],
+            "run_dir": str(log.run_dir),
+            **replicas.summary(),
+        }
+    )
 
 
 def parse() -> argparse.Namespace:
@@ -174,6 +218,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
     p.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
     p.add_argument(
+        "--copy-every",
+        type=int,
+        default=0,
+        help="copy each rank's state to another rank's memory every this many steps; a job "
+        "that recovers live (--recovery live) restores from the copies (0: off)",
+    )
+    p.add_argument(
         "--aggregator",
         choices=["allreduce", "ps"],
         help="train without FSDP: average gradients by all-reduce or a parameter server",
@@ -188,6 +239,8 @@ def parse() -> argparse.Namespace:
     args = p.parse_args()
     if args.diloco and args.aggregator:
         p.error("--diloco trains with FSDP inside each replica; drop --aggregator")
+    if args.copy_every and (args.diloco or args.aggregator):
+        p.error("--copy-every copies plain FSDP state; drop --diloco and --aggregator")
     if args.compress != "none" and args.aggregator == "ps":
         p.error("--compress works with --aggregator allreduce or --strategy no_shard")
     if args.compress != "none" and not args.aggregator and args.strategy != "no_shard":

@@ -91,6 +91,12 @@ class PeerFailed(JobAborted):
         self.remote_traceback = remote_traceback
 
 
+class RecoveryError(JobAborted):
+    """A rank cannot re-form after a failure (``Session.reform``): the job is not run
+    with live recovery, it is over (no restart left), or this rank is the one that
+    failed. The message says which."""
+
+
 class TransportClosed(ShardwireError):
     """The transport was closed locally; no further operations are possible."""
 

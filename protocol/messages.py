@@ -281,6 +281,9 @@ class Abort(_Msg):
     reason: Reason
     traceback: Trace = ""
     stacks: Text = ""
+    # the job goes on in a next generation (restarts were left): a survivor may re-form
+    # in its process and join it (``Session.reform``)
+    restarting: bool = False
 
 
 class Poison(_Msg):

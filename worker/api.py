@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
 
-from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed, Token
+from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed, RecoveryError, Token
 from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
@@ -23,6 +24,10 @@ from shardwire.worker.runtime.worker_config import WorkerConfig, check_launched
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
+
+# A survivor re-forming waits this long for the coordinator to end the generation (it
+# learns of a peer's death from its link at times before the coordinator does)
+_END_WAIT = 60.0
 
 # A rank that gave up on a collective waits this long for the coordinator's verdict (it
 # asks every rank what it was doing) before it closes its connections: closing them
@@ -76,6 +81,64 @@ class Session:
             await self._release()
             raise
 
+    @property
+    def live(self) -> bool:
+        """Whether the job recovers live (``--recovery live``): a survivor of another
+        rank's failure re-forms with :meth:`reform` rather than exiting."""
+        return self.config.recovery == "live"
+
+    async def reform(self, error: BaseException | None = None) -> ProcessGroup:
+        """Leave the generation another rank's failure ended and join the next one, in
+        this process (``--recovery live``); returns the new generation's group.
+
+        Call it where a collective raised ``PeerFailed`` (or ``JobAborted``), with that
+        error. The peer mesh, the node arena and the coordinator connection are made
+        anew, and this process keeps its rank; the old group and whatever was built on
+        it (an FSDP wrapper, subgroups) must not be used again: build them on the new
+        group and restore the training state (``FSDP.load``, or a peer's copy).
+
+        Raises:
+            RecoveryError: the job was not launched with live recovery; or it is over (no
+                restart left, or the coordinator gave no word within a minute); or this
+                rank is the one that failed.
+        """
+        if not self.live:
+            raise RecoveryError(
+                "re-forming in the process needs live recovery: launch with --recovery live"
+            )
+        control = self._control
+        if control is None or self.group is None:
+            raise RecoveryError("reform() is for a session that joined its job")
+        if isinstance(error, PeerFailed) and 0 <= error.rank != self._rank:
+            control.report_peer_failure(error.rank, error.reason)  # not this rank's fault
+        verdict = await control.wait_verdict(_END_WAIT)
+        if verdict is None:
+            raise RecoveryError(
+                f"rank {self._rank}: no word from the coordinator within {_END_WAIT:g} s "
+                "that the job goes on"
+            ) from error
+        if verdict.rank == self._rank:
+            raise RecoveryError(
+                f"rank {self._rank} is the rank that failed ({verdict.reason}): it does not "
+                "re-form; its node agent replaces it"
+            ) from error
+        if not verdict.restarting:
+            raise RecoveryError(
+                f"the job is over: rank {verdict.rank} failed ({verdict.reason}) and no "
+                "restart is left"
+            ) from error
+        if self._chaos is not None:
+            self._chaos.close()
+        await self._release()
+        self.group = self._mesh = self._control = self._chaos = None
+        # the next generation's number is learned from the placement
+        self.config = dataclasses.replace(self.config, generation=0)
+        try:
+            return await self._start()
+        except BaseException:
+            await self._release()
+            raise
+
     async def _start(self) -> ProcessGroup:
         cfg = self.config
         check_bind(cfg.bind_host, cfg.token, insecure=cfg.insecure, what="peer listener")
@@ -118,7 +181,8 @@ class Session:
             timeout=cfg.join_timeout,
         )
         self._rank = place.rank
-        if cfg.trace:  # every rank's events on the coordinator's clock
+        control.placed(place.generation)
+        if cfg.trace and trace.current() is None:  # every rank's events on the coordinator's clock
             offset, error = await control.clock_offset()
             trace.install(trace.Tracer(place.rank, Path(cfg.trace), offset=offset, error=error))
         lookup_timeout = cfg.connect_timeout
@@ -170,6 +234,15 @@ class Session:
     ) -> None:
         if self._chaos is not None:
             self._chaos.ended(exc)
+        if self.live and type(exc) is PeerFailed:
+            print(
+                f"shardwire: rank {self._rank} ends with {exc.__class__.__name__} although the "
+                "job recovers live: a script re-forms in its process by catching the error "
+                "and calling `pg = await session.reform(error)`; its node agent starts this "
+                "rank anew instead",
+                file=sys.stderr,
+                flush=True,
+            )
         tracer = trace.current()
         if tracer is not None:
             trace.install(None)

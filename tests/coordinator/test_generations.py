@@ -242,3 +242,50 @@ def test_a_long_history_sends_the_first_and_latest_generations_inside_a_frame() 
     assert all(len(g.ended_by) <= 1024 for g in shown)
     reply = StatusReply(run_id="r", state="running", generations=shown)
     assert len(message_bytes(reply)) < 64 * 1024
+
+
+def _rejoin(rank: int, name: str) -> Join:
+    """A survivor re-forming in its process: it asks for its rank (as an agent's do)."""
+    return Join(world_size=2 * LWS, node_id=name, local_rank=rank % LWS, local_world_size=LWS,
+                requested_rank=rank)  # fmt: skip
+
+
+def test_survivors_rejoining_in_their_processes_wait_for_the_next_generation() -> None:
+    r, rosters = started(budget=2)
+    ranks = {c: p.rank for c, p in rosters.items()}
+    actions = r.disconnected(3)  # a rank's process died; the others recover live
+    aborts = sent(actions, Abort)
+    assert aborts and all(a.restarting for a in aborts.values())  # the job goes on
+    survivors = (1, 2, 4)
+    node_of = {c: "a" if ranks[c] < LWS else "b" for c in rosters}
+    # each survivor leaves generation 1 and joins again on a new connection, at once
+    for old in survivors:
+        new = old + 20
+        assert r.join(new, _rejoin(ranks[old], node_of[old]), peer_host="10.0.0.1", now=2.0) == []
+        assert r.disconnected(old) == []
+    assert r.state is JobState.RESTARTING  # parked until the agents are ready too
+    r.node_join(100, node("a", budget=2), 2.5)
+    actions = r.node_join(101, node("b", budget=2), 2.5)
+    assert r.state is JobState.WAITING and sent(actions, NodeAssignment)
+    # the failed rank's new process joins; the generation forms with every survivor
+    replacement = Join(world_size=4, node_id=node_of[3], local_rank=ranks[3] % LWS,
+                       local_world_size=LWS, requested_rank=ranks[3])  # fmt: skip
+    placed = sent(r.join(30, replacement, peer_host="10.0.0.1", now=3.0), Placement)
+    assert r.state is JobState.RUNNING and r.generation == 2
+    assert {c: p.rank for c, p in placed.items()} == {c + 20: ranks[c] for c in survivors} | {
+        30: ranks[3]
+    }
+
+
+def test_a_parked_survivor_that_goes_away_is_forgotten_and_one_parked_at_the_end_hears() -> None:
+    r, rosters = started(budget=1)
+    ranks = {c: p.rank for c, p in rosters.items()}
+    r.disconnected(1)
+    assert r.join(21, _rejoin(ranks[2], "a"), peer_host="10.0.0.1", now=2.0) == []
+    assert r.disconnected(21) == []  # gone before the next generation formed
+    assert r.join(22, _rejoin(ranks[4], "b"), peer_host="10.0.0.1", now=2.0) == []
+    # the restart never completes (the old processes linger): the job fails, and the
+    # parked survivor is told so rather than left waiting
+    actions = r.tick(1e6)
+    assert r.state is JobState.FAILED
+    assert 22 in sent(actions, Abort) and 21 not in sent(actions, Abort)

@@ -87,7 +87,8 @@ class Injector:
         ]
         if mine:  # only then: a rank without faults steps as it always does
             group.watch_steps(self._stepped)
-        self.note({"event": "joined", "world": group.world_size, "generation": group.generation})
+        joined = {"world": group.world_size, "generation": group.generation, "pid": os.getpid()}
+        self.note({"event": "joined", **joined})
         _note_termination(self)
 
     def _stepped(self, step: int) -> None:
@@ -148,6 +149,12 @@ class Injector:
         """This rank learned that the job failed (any thread): the error goes to the log,
         before anything may stop the process."""
         self.note({"event": "noticed", **_described(error)})
+
+    def close(self) -> None:
+        """The rank re-forms: this generation's timed faults are dropped (the injector of
+        the next one picks up whatever has not fired)."""
+        for task in self._tasks:
+            task.cancel()
 
     def ended(self, error: BaseException | None) -> None:
         """The rank's session is over: how it ended goes to the log."""

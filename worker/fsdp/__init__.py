@@ -3,6 +3,7 @@
 from shardwire.worker.fsdp.config import FSDPConfig, MixedPrecision
 from shardwire.worker.fsdp.offload import Offload
 from shardwire.worker.fsdp.partition import fingerprint
+from shardwire.worker.fsdp.peercopy import PeerCopies
 from shardwire.worker.fsdp.persist import Resumed, SaveReport
 from shardwire.worker.fsdp.store import CheckpointCorrupt, CheckpointError
 from shardwire.worker.fsdp.store import latest as latest_checkpoint
@@ -17,6 +18,7 @@ __all__ = [
     "FSDPError",
     "MixedPrecision",
     "Offload",
+    "PeerCopies",
     "Resumed",
     "SaveReport",
     "Strategy",

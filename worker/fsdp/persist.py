@@ -125,6 +125,21 @@ def _generators(fsdp: FSDP, extra: dict[str, np.random.Generator]) -> dict[str, 
     return found
 
 
+def generator_states(fsdp: FSDP, extra: dict[str, np.random.Generator]) -> dict[str, str]:
+    """Every generator's state by name, as JSON text (a state holds integers wider than
+    64 bits)."""
+    return {name: json.dumps(g.bit_generator.state) for name, g in _generators(fsdp, extra).items()}
+
+
+def set_generator_states(
+    fsdp: FSDP, extra: dict[str, np.random.Generator], saved: dict[str, str]
+) -> None:
+    """Put back the states :func:`generator_states` gave (those it has)."""
+    for name, generator in _generators(fsdp, extra).items():
+        if name in saved:
+            generator.bit_generator.state = json.loads(saved[name])
+
+
 class Checkpointer:
     """Save and load for one FSDP object (see :meth:`FSDP.save` and :meth:`FSDP.load`).
 
@@ -198,11 +213,7 @@ class Checkpointer:
         started = time.perf_counter()
         fsdp = self._fsdp
         tensors, table = self._snapshot()
-        # As JSON text: a generator's state holds integers wider than 64 bits.
-        generators = {
-            name: json.dumps(g.bit_generator.state)
-            for name, g in _generators(fsdp, rngs or {}).items()
-        }
+        generators = generator_states(fsdp, rngs or {})
         meta = {
             "steps": fsdp.optimizer.steps,
             "optimizer": type(fsdp.optimizer).__name__,
@@ -331,10 +342,7 @@ class Checkpointer:
         for unit in fsdp.all_units():
             unit.page_out()
         fsdp.optimizer.steps = int(manifest["optimizer"]["steps"])
-        saved = manifest["rngs"].get(str(self._group.rank), {})
-        for name, generator in _generators(fsdp, rngs or {}).items():
-            if name in saved:
-                generator.bit_generator.state = json.loads(saved[name])
+        set_generator_states(fsdp, rngs or {}, manifest["rngs"].get(str(self._group.rank), {}))
         return Resumed(int(manifest["step"]), dict(manifest.get("extra", {})), path)
 
     def _read(

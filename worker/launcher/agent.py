@@ -29,7 +29,7 @@ from pathlib import Path
 
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import load_token, read_token_file
-from shardwire.protocol.messages import NodeAssignment, NodeJoin
+from shardwire.protocol.messages import NodeAssignment, NodeJoin, Restart
 from shardwire.worker.chaos.inject import chaos_env
 from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.generations import JobWatch
@@ -113,6 +113,7 @@ def worker_env(
         "SHARDWIRE_RUN_ID": settings.run_id,
         "SHARDWIRE_JOIN_TIMEOUT": str(settings.join_timeout),
         "SHARDWIRE_STALL_WARN": str(settings.stall_warn),
+        "SHARDWIRE_RECOVERY": settings.recovery,
         # rank 0 draws a progress bar only when the person at the terminal sees it
         "SHARDWIRE_INTERACTIVE": "1" if sys.stdout.isatty() else "0",
     }
@@ -167,6 +168,9 @@ async def _agent(
             launch = _launch(settings, argv, child_env, node_id, assignment)
             supervisor = watch.begin(assignment, launch)
             try:
+                if launch.respawns:
+                    code = await supervise_live(supervisor, watch, control, join, settings)
+                    break
                 code = await _supervise(supervisor)
             finally:  # the workers are gone: remove the segments a killed one left named
                 if swept := shm.sweep(settings.run_id):
@@ -204,7 +208,34 @@ def _launch(
         world_size=assignment.world_size,
         term_timeout=settings.term_timeout,
         generation=assignment.generation,
+        respawns=settings.max_restarts if settings.recovery == "live" else 0,
     )
+
+
+async def supervise_live(
+    supervisor: Supervisor,
+    watch: JobWatch,
+    control: ControlClient,
+    join: NodeJoin,
+    settings: LaunchSettings,
+) -> int:
+    """Live recovery: one supervisor for the whole job. A dead rank's process is started
+    anew by the supervisor; on each ``Restart`` this agent joins the next generation at
+    once, its running processes re-forming into it, until the job finishes or fails."""
+    run = asyncio.ensure_future(_supervise(supervisor))
+    try:
+        while True:
+            heard = asyncio.ensure_future(watch.heard())
+            await asyncio.wait({run, heard}, return_when=asyncio.FIRST_COMPLETED)
+            if run.done() or not isinstance(watch.verdict, Restart):
+                heard.cancel()
+                return await run  # finished, or failed for good: the processes end
+            print(f"[agent]: {watch.restart_line()}", file=sys.stderr, flush=True)
+            watch.renew(await control.node_join(join, timeout=settings.join_timeout))
+    finally:
+        if not run.done():  # the coordinator could not be joined again: the node stops
+            await supervisor.stop()
+            await asyncio.gather(run, return_exceptions=True)
 
 
 async def _supervise(supervisor: Supervisor) -> int:

@@ -71,6 +71,13 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "failures at most (0)",
     )
     p.add_argument(
+        "--recovery",
+        choices=["relaunch", "live"],
+        help="on a rank's failure: relaunch every process of the job, or start only the "
+        "failed rank anew while the others re-form in their processes (live; the script "
+        "calls session.reform) (relaunch)",
+    )
+    p.add_argument(
         "--chaos",
         metavar="PLAN",
         help="inject the faults of this plan file into this node's ranks (and the "

@@ -70,6 +70,20 @@ class JobWatch:
             self.supervisor.note_restart()
         self._decide(msg)
 
+    def renew(self, assignment: NodeAssignment) -> None:
+        """Live recovery: the next generation formed around this node's running processes
+        (the same supervisor goes on); no verdict on it yet."""
+        self.assignment = assignment
+        self._assigned_at = self._clock()
+        self._ended_at = None
+        self.verdict = None
+        self.lost = False
+        self._heard = asyncio.Event()
+
+    async def heard(self) -> None:
+        """Until the running generation's verdict is in."""
+        await self._heard.wait()
+
     def may_restart(self, *, elastic: bool) -> bool:
         """Whether a verdict can still be a restart (else the node's result is final)."""
         a = self.assignment

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,6 +57,8 @@ class LaunchSettings(_Client):
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
     nnodes: str = "1"  # N, or MIN:MAX for an elastic job
     max_restarts: int = Field(default=0, ge=0, le=1 << 20)
+    # how a rank's failure is met: relaunch every process, or keep the survivors (live)
+    recovery: Literal["relaunch", "live"] = "relaunch"
     node_id: str | None = None
     node_rank: int | None = Field(default=None, ge=0, lt=1 << 24)  # the scheduler's node index
     coordinator_port: int | None = Field(default=None, ge=1, le=65535)  # where ours is served

@@ -70,6 +70,9 @@ class Launch:
     world_size: int
     term_timeout: float = 5.0
     generation: int = 1
+    # live recovery: a dead rank's process is started anew (at most this many times per
+    # local rank) while its node's other processes go on; 0: a death stops the node
+    respawns: int = 0
 
 
 class Supervisor:
@@ -89,6 +92,8 @@ class Supervisor:
         self.lost_coordinator = ""  # its address, when the connection to it broke mid-job
         self._spawned = False  # every child started
         self._halted = False  # the generation ended: stop (or do not start) the children
+        self._respawned = [0] * launch.nproc  # by local rank (live recovery)
+        self._group: asyncio.TaskGroup | None = None  # the children's watchers
 
     def child_env(self, local_rank: int) -> dict[str, str]:
         la = self.launch
@@ -109,33 +114,63 @@ class Supervisor:
             "PYTHONUNBUFFERED": "1",
         }
 
+    async def _spawn(self, local: int, env: dict[str, str]) -> Child:
+        proc = await asyncio.create_subprocess_exec(
+            *self.launch.argv,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        return Child(self.launch.node_rank * self.launch.nproc + local, local, proc)
+
     async def run(self) -> int:
-        """Start every child and wait until all have exited; returns the exit code."""
+        """Start every child and wait until all have exited (live recovery: until none is
+        started anew); returns the exit code."""
         for local in range(self.launch.nproc):
             if self._halted:
                 break
-            proc = await asyncio.create_subprocess_exec(
-                *self.launch.argv,
-                env=self.child_env(local),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
-            rank = self.launch.node_rank * self.launch.nproc + local
-            self.children.append(Child(rank, local, proc))
+            self.children.append(await self._spawn(local, self.child_env(local)))
         self._spawned = True
         if self._halted and self._reaper is None:
             self._reaper = asyncio.create_task(self.stop())
         try:
             async with asyncio.TaskGroup() as tg:
+                self._group = tg
                 for child in self.children:
                     tg.create_task(self._watch(child))
         finally:
+            self._group = None
             if self._reaper is not None:
                 self._reaper.cancel()
                 await asyncio.gather(self._reaper, return_exceptions=True)
         return self._exit_code()
+
+    async def _replace(self, child: Child) -> bool:
+        """Live recovery: start a dead rank's process anew while the job goes on (its
+        budget lasts, the job did not fail for good, the node is not stopping). The new
+        process joins whichever generation forms next; the others re-form meanwhile."""
+        local = child.local_rank
+        if (
+            self._respawned[local] >= self.launch.respawns
+            or self.remote_abort is not None
+            or self.lost_coordinator
+            or self._stopping.is_set()
+            or self._group is None
+        ):
+            return False
+        self._respawned[local] += 1
+        env = {**self.child_env(local), "SHARDWIRE_GENERATION": "0"}  # whichever forms
+        fresh = await self._spawn(local, env)
+        self.children[self.children.index(child)] = fresh
+        self._err.write(
+            f"[agent]: rank {child.rank} {child.outcome()}; started anew (pid {fresh.proc.pid}, "
+            f"{self._respawned[local]} of {self.launch.respawns}), the other ranks go on\n"
+        )
+        self._err.flush()
+        self._group.create_task(self._watch(fresh))
+        return True
 
     async def _watch(self, child: Child) -> None:
         assert child.proc.stdout is not None and child.proc.stderr is not None
@@ -143,6 +178,8 @@ class Supervisor:
             tg.create_task(self._pump(child, child.proc.stdout, self._out, keep=False))
             tg.create_task(self._pump(child, child.proc.stderr, self._err, keep=True))
         child.returncode = await child.proc.wait()
+        if child.returncode != 0 and self.launch.respawns and await self._replace(child):
+            return
         # Once the coordinator named the root cause, the ranks exit by themselves (and
         # whoever does not is stopped by the reaper, see note_abort).
         if child.returncode != 0 and self.root_cause is None and not self._stopping.is_set():
@@ -254,7 +291,11 @@ class Supervisor:
 
     def note_restart(self) -> None:
         """The generation ended elsewhere: stop this node's processes now (SIGTERM, then
-        SIGKILL after the grace period) so the next generation can start."""
+        SIGKILL after the grace period) so the next generation can start. With live
+        recovery they go on: they re-form, and a failed one (named by the coordinator's
+        abort) ends by itself and is started anew."""
+        if self.launch.respawns:
+            return
         self._halted = True
         if self._spawned and self._reaper is None and not self._stopping.is_set():
             self._reaper = asyncio.create_task(self.stop())

@@ -68,7 +68,7 @@ class BeatRelay:
     def __init__(self, link: _Link, rank: int, generation: int):
         self._link = link
         self._rank = rank
-        self._generation = generation
+        self.generation = generation  # of its placement
         self._warned = False
 
     @classmethod
@@ -84,7 +84,7 @@ class BeatRelay:
         transport = self._link.transport
         usable = transport is not None and not transport.is_closing() and not self._link.lost
         if usable and transport is not None and transport.get_write_buffer_size() < _BACKLOG:
-            entry = RankBeat(rank=self._rank, generation=self._generation, beat=beat)
+            entry = RankBeat(rank=self._rank, generation=self.generation, beat=beat)
             transport.write(message_bytes(entry))
             return True
         if not self._warned:

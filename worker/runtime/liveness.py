@@ -150,6 +150,15 @@ class ControlThread:
         assert client is not None
         return await self._call(client.clock_offset(probes=probes, timeout=timeout))
 
+    def placed(self, generation: int) -> None:
+        """The generation this worker was placed in: its relayed heartbeats carry it (a
+        survivor re-forming joins not knowing which generation forms)."""
+        self._post(self._set_generation, generation)
+
+    def _set_generation(self, generation: int) -> None:
+        if self._relay_to is not None:
+            self._relay_to.generation = generation
+
     def set_progress(self, progress: Heartbeat) -> None:
         """Report progress now and in every later heartbeat."""
         if self._client is not None:

@@ -108,6 +108,12 @@ class WorkerEnv(BaseModel):
         validation_alias=_alias("SHARDWIRE_GENERATION"),
         description="The generation the node agent started this process for (0: whichever forms).",
     )
+    recovery: Literal["relaunch", "live"] = Field(
+        default="relaunch",
+        validation_alias=_alias("SHARDWIRE_RECOVERY"),
+        description="How the node agent answers a rank's failure: relaunch every process, "
+        "or keep the survivors, which re-form in their processes (live).",
+    )
     token: SecretStr | None = Field(
         default=None,
         validation_alias=_alias("SHARDWIRE_TOKEN"),
@@ -305,6 +311,9 @@ class WorkerConfig:
             (mutual authentication), or None for plain TCP.
         generation: the generation the node agent started this process for; the
             coordinator refuses it once that generation is over (0: whichever forms).
+        recovery: "live" when the node agent keeps this process through another rank's
+            failure: the script re-forms with ``Session.reform``; "relaunch": the agent
+            replaces every process of the job.
         agent_beats: the node agent's local socket for heartbeats (set by the agent,
             with ``rank`` and ``generation``): this worker's heartbeats go there and the
             agent forwards its node's together; None, or the agent unreachable: they go
@@ -341,6 +350,7 @@ class WorkerConfig:
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     tls: TlsFiles | None = None
     generation: int = 0
+    recovery: Literal["relaunch", "live"] = "relaunch"
     trace: str | None = None
     agent_beats: str | None = None
 

@@ -1,0 +1,136 @@
+"""Peer copies of the training state: a replaced rank takes its state from its holder's
+memory and every rank rolls back to the same step, bit for bit; a copy that fails its
+digest is refused and the next older step is used; the placement puts each copy on
+another node."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from shardwire.protocol.errors import InvalidArgument
+from shardwire.worker.fsdp import PeerCopies, Strategy
+from shardwire.worker.fsdp.peercopy import choose, holder, pack, source
+
+from .test_persist import _optimizer_state
+from .training import STEPS, fsdp_world, train_rank
+
+
+@pytest.mark.parametrize(("world", "per_node"), [(1, 1), (4, 1), (4, 4), (8, 2), (6, 3)])
+def test_the_holder_is_on_another_node_and_source_inverts_it(world, per_node) -> None:
+    for rank in range(world):
+        held_by = holder(rank, world, per_node)
+        assert source(held_by, world, per_node) == rank
+        if world > per_node:  # more than one node: the copy leaves the node
+            assert held_by // per_node != rank // per_node
+    assert sorted(holder(r, world, per_node) for r in range(world)) == list(range(world))
+
+
+def test_the_newest_step_every_rank_can_restore_is_chosen() -> None:
+    def nxt(r: int) -> int:
+        return (r + 1) % 3
+
+    # rank 1 was replaced (no own snapshots); its holder, rank 2, has steps 4 and 8
+    own, held = [[4, 8], [], [4, 8]], [[4, 8], [4, 8], [4, 8]]
+    assert choose(own, held, nxt) == (8, [1])
+    # the copy of step 8 never reached rank 2 (rank 1 died mid-copy): step 4
+    assert choose(own, [[4, 8], [4, 8], [4]], nxt) == (4, [1])
+    assert choose(own, held, nxt, refused={8}) == (4, [1])
+    assert choose(own, held, nxt, refused={4, 8}) is None
+    assert choose([[], [], []], [[], [], []], nxt) is None
+    assert choose([[4], [4], [4]], [[], [], []], nxt) == (4, [])  # survivors only
+
+
+def test_a_snapshot_round_trips_and_a_flipped_byte_is_caught() -> None:
+    arrays = [("a", np.arange(6, dtype=np.float32).reshape(2, 3)), ("b", np.ones(3, np.int64))]
+    snap = pack(arrays, {"step": 3})
+    back = snap.arrays()
+    for (_name, a), b in zip(arrays, back, strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype and a.shape == b.shape
+    back[0][0, 0] = 99  # copies: the snapshot stays as it was
+    assert snap.arrays()[0][0, 0] == 0 and snap.intact() and snap.step == 3
+    snap.data[5] ^= 1
+    assert not snap.intact()
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(InvalidArgument):
+        PeerCopies(0)
+
+
+async def _save(ranks, copies, step: int) -> None:
+    await asyncio.gather(
+        *(c.save(f, step, extra={"at": step}) for f, c in zip(ranks, copies, strict=True))
+    )
+    await asyncio.gather(*(c.wait() for c in copies))
+
+
+async def _params(ranks) -> dict:
+    return (await asyncio.gather(*(f.state_dict() for f in ranks)))[0]
+
+
+async def _state(ranks) -> tuple[dict, dict]:
+    return (await _params(ranks)), _optimizer_state(ranks)
+
+
+async def _straight() -> dict:
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
+        await asyncio.gather(*(train_rank(f, r, 4) for r, f in enumerate(ranks)))
+        return await _params(ranks)
+
+
+async def test_a_replaced_rank_and_the_survivors_roll_back_and_end_as_a_straight_run() -> None:
+    copies = [PeerCopies(2, ranks_per_node=2) for _ in range(4)]
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
+        for step in range(4):
+            await asyncio.gather(*(train_rank(f, r, 4, steps=range(step, step + 1))
+                                   for r, f in enumerate(ranks)))  # fmt: skip
+            await _save(ranks, copies, step + 1)
+        at_four = await _state(ranks)
+        await asyncio.gather(*(train_rank(f, r, 4, steps=range(4, 5)) for r, f in enumerate(ranks)))
+    copies[1] = PeerCopies(2, ranks_per_node=2)  # rank 1's process died with its memory
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:  # the next generation
+        resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
+        assert {(r.step, r.extra["at"]) for r in resumed} == {(4, 4)}
+        params, optim = await _state(ranks)
+        for name, value in at_four[0].items():
+            np.testing.assert_array_equal(params[name], value)  # bit for bit
+        for key, value in at_four[1].items():
+            np.testing.assert_array_equal(optim[key], value)
+        assert {f.optimizer.steps for f in ranks} == {4}
+        await asyncio.gather(*(train_rank(f, r, 4, steps=range(4, STEPS))
+                               for r, f in enumerate(ranks)))  # fmt: skip
+        final = await _params(ranks)
+    for name, value in (await _straight()).items():
+        np.testing.assert_array_equal(final[name], value)
+
+
+async def test_a_copy_that_fails_its_digest_is_refused_and_an_older_step_used() -> None:
+    copies = [PeerCopies(1, ranks_per_node=1) for _ in range(3)]
+    async with fsdp_world(3, Strategy.SHARD_GRAD_OP, "adam") as ranks:
+        for step in range(2):
+            await asyncio.gather(*(train_rank(f, r, 3, steps=range(step, step + 1))
+                                   for r, f in enumerate(ranks)))  # fmt: skip
+            await _save(ranks, copies, step + 1)
+    copies[0] = PeerCopies(1, ranks_per_node=1)  # rank 0 replaced; rank 1 holds its copies
+    copies[1]._held[2].data[0] ^= 0xFF  # its copy of step 2 went bad in memory
+    async with fsdp_world(3, Strategy.SHARD_GRAD_OP, "adam") as ranks:
+        resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
+        assert {r.step for r in resumed} == {1}
+        assert "rank 0's state at step 2" in copies[0].refused[0]
+        assert not copies[1].refused and not copies[2].refused
+
+
+async def test_copies_of_another_layout_are_not_restored() -> None:
+    copies = [PeerCopies(1) for _ in range(2)]
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        await asyncio.gather(*(train_rank(f, r, 2, steps=range(1)) for r, f in enumerate(ranks)))
+        await _save(ranks, copies, 1)
+    async with fsdp_world(2, Strategy.NO_SHARD, "adam") as ranks:  # whole, not halves
+        assert (
+            await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
+            == [None] * 2
+        )
