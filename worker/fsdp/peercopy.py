@@ -87,7 +87,7 @@ class Snapshot:
         return int(self.meta["step"])
 
     def intact(self) -> bool:
-        return xxhash.xxh3_64_hexdigest(self.data) == self.meta["digest"]
+        return _digest(self.data) == self.meta["digest"]
 
     def arrays(self) -> list[np.ndarray]:
         """Copies of the arrays, in layout order (the snapshot stays as it is)."""
@@ -100,6 +100,10 @@ class Snapshot:
         return out
 
 
+def _digest(data: np.ndarray) -> str:
+    return xxhash.xxh3_64_hexdigest(data.data)  # the bytes, no copy
+
+
 def pack(arrays: Sequence[tuple[str, np.ndarray]], info: dict[str, Any]) -> Snapshot:
     """A snapshot of named ``arrays`` (copied) with ``info`` (step, rank, ...)."""
     data = np.empty(sum(a.nbytes for _n, a in arrays), np.uint8)
@@ -108,7 +112,7 @@ def pack(arrays: Sequence[tuple[str, np.ndarray]], info: dict[str, Any]) -> Snap
         data[at : at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         at += array.nbytes
     layout = [[name, list(a.shape), a.dtype.str] for name, a in arrays]
-    meta = {**info, "layout": layout, "digest": xxhash.xxh3_64_hexdigest(data)}
+    meta = {**info, "layout": layout, "digest": _digest(data)}
     return Snapshot(meta, data)
 
 
@@ -235,6 +239,7 @@ class PeerCopies:
             ok = True
             if received:
                 got = results[-1]
+                assert isinstance(got, Snapshot)
                 ok = got.step == step and self._accept(got, me, "sent back by its holder")
                 if ok:
                     self._keep(self._own, got)
