@@ -145,7 +145,8 @@ async def _steps(
         args.steps,
         every=args.log_every,
         next_free=args.run_dir is None,
-        resume_from=first or None,
+        # a later generation that starts over from step 0 rewrites the records too
+        resume_from=first or (0 if pg.generation > 1 else None),
     )
     mine, share = replicas.rows(args.batch, fsdp.group)
     start = time.perf_counter()

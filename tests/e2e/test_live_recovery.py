@@ -1,0 +1,138 @@
+"""Live recovery through real processes (``--recovery live``): ranks SIGKILLed while
+digits trains are started anew, the survivors keep their processes and re-form, every
+rank rolls back to its peers' in-memory copies (or the disk checkpoint), and the run
+ends with the fault-free run's every logged loss and accuracy, bit for bit. A script
+that never re-forms falls back to relaunching its ranks and says what it must call; a
+spent restart budget ends the job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, run_records
+
+pytestmark = pytest.mark.e2e
+DIGITS = ["examples/digits.py", "--steps", "60", "--log-every", "10"]
+
+
+def _launch(
+    tmp_path: Path,
+    name: str,
+    *flags: str,
+    plan: str = "",
+    script: list[str] = DIGITS,
+    args: tuple[str, ...] = (),
+    **extra: str,
+):
+    """``shardwire launch`` of 4 ranks with ``flags``, the script with ``args``, the chaos
+    ``plan`` (TOML) injected and its log kept; returns the finished process and the log's
+    entries."""
+    log = tmp_path / f"{name}.jsonl"
+    log.write_text("")
+    chaos: list[str] = []
+    if plan:
+        (tmp_path / f"{name}.toml").write_text(plan)
+        chaos = ["--chaos", str(tmp_path / f"{name}.toml")]
+    done = subprocess.run(
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4", *flags, *chaos,
+         *script, *args, *(["--run-dir", str(tmp_path / name)] if script is DIGITS else [])],
+        cwd=ROOT, env=env(SHARDWIRE_CHAOS_LOG=str(log), **extra), capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+    entries = [json.loads(line) for line in log.read_text().splitlines()] if plan else []
+    assert not plan or entries, done.stderr[-3000:]
+    return done, entries
+
+
+def _pids(entries: list[dict]) -> dict[int, list[int]]:
+    """Each rank's process id in each generation it joined, in order."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for e in sorted((e for e in entries if e["event"] == "joined"), key=lambda e: e["generation"]):
+        out[e["rank"]].append(e["pid"])
+    return dict(out)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[dict, dict]:
+    """The fault-free run every recovered one must equal."""
+    tmp = tmp_path_factory.mktemp("straight")
+    done, _ = _launch(tmp, "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_records(tmp / "run")
+
+
+def _same(run: Path, straight: tuple[dict, dict]) -> None:
+    records, summary = run_records(run)
+    assert records == straight[0]
+    for key in ("final_loss", "held_out_accuracy"):
+        assert summary[key] == straight[1][key]
+
+
+KILLS = """
+seed = 1
+[[faults]]
+kind = "kill"
+rank = 1
+step = 30
+[[faults]]
+kind = "kill"
+rank = 2
+step = 45
+"""
+
+
+def test_survivors_keep_their_processes_and_peers_copies_restore_the_run_exactly(
+    tmp_path, straight
+) -> None:
+    live = ["--max-restarts", "2", "--recovery", "live"]
+    done, entries = _launch(tmp_path, "run", *live, plan=KILLS, args=("--copy-every", "5"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    _same(tmp_path / "run", straight)  # every loss and accuracy, bit for bit
+    pids = _pids(entries)
+    # generations 1, 2 and 3: ranks 0 and 3 never restarted, 1 and 2 once each
+    assert {r: len(set(p)) for r, p in pids.items()} == {0: 1, 1: 2, 2: 2, 3: 1}
+    assert all(len(p) == 3 for p in pids.values())
+    assert pids[1][1] == pids[1][2] and pids[2][0] == pids[2][1]
+    # from memory, not disk: there is none; the newest complete copy before each kill
+    # (the killed rank never sent its copy of the step it died at)
+    assert "resuming" in done.stdout and "at step 25" in done.stdout
+    assert "at step 40" in done.stdout
+    assert done.stderr.count("started anew") == 2
+
+
+def test_without_copies_the_ranks_roll_back_to_the_disk_checkpoint_in_their_processes(
+    tmp_path, straight
+) -> None:
+    plan = 'seed = 1\n[[faults]]\nkind = "kill"\nrank = 3\nstep = 35\n'
+    disk = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "20")
+    done, entries = _launch(
+        tmp_path, "run", "--max-restarts", "1", "--recovery", "live", plan=plan, args=disk
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    _same(tmp_path / "run", straight)
+    assert {r: len(set(p)) for r, p in _pids(entries).items()} == {0: 1, 1: 1, 2: 1, 3: 2}
+    assert "at step 20" in done.stdout
+
+
+def test_a_script_that_never_re_forms_is_relaunched_and_told_what_to_call(tmp_path) -> None:
+    plan = 'seed = 1\n[[faults]]\nkind = "kill"\nrank = 2\nstep = 10\n'
+    done, entries = _launch(
+        tmp_path, "steps", "--max-restarts", "1", "--recovery", "live", plan=plan,
+        script=[str(SCRIPTS / "steps.py")], STEPS="30", STEP_DELAY="0.02",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pg = await session.reform(error)" in done.stderr
+    # every rank ran again in a new process: the job fell back to a relaunch
+    assert all(len(set(p)) == 2 for p in _pids(entries).values())
+
+
+def test_a_spent_restart_budget_ends_the_job_naming_the_last_failure(tmp_path) -> None:
+    live = ["--max-restarts", "1", "--recovery", "live"]
+    done, _ = _launch(tmp_path, "run", *live, plan=KILLS, args=("--copy-every", "5"))
+    assert done.returncode != 0
+    assert "rank 2" in done.stderr and "no restart is left" in done.stderr

@@ -1,0 +1,102 @@
+"""Session.reform: survivors of a rank's failure re-form in their processes and keep
+their ranks, the failed rank's replacement joins the next generation, and the new group
+works; a rank that may not re-form is told why with a typed error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from shardwire.protocol import PeerFailed, RecoveryError
+from shardwire.worker import init
+
+from .cluster import coordinator, worker_config
+
+WORLD = 3
+
+
+def _config(server, rank: int, **kw):
+    return worker_config(server, WORLD, rank, rank=rank, recovery="live", **kw)
+
+
+async def _fails(server, started: asyncio.Event, gone: asyncio.Event | None = None) -> None:
+    try:
+        async with init(_config(server, 2)):
+            await started.wait()
+            raise RuntimeError("out of memory at step 12")
+    finally:
+        if gone is not None:
+            gone.set()
+
+
+async def _replacement(server, gone: asyncio.Event) -> tuple[int, int, list[float]]:
+    await gone.wait()  # the failed rank's new process starts once the old one is gone
+    async with init(_config(server, 2)) as pg:
+        return pg.rank, pg.generation, list(await pg.all_reduce(np.array([float(pg.rank)])))
+
+
+async def _survivor(server, rank: int, started: asyncio.Event) -> tuple[int, int, list[float]]:
+    session = init(_config(server, rank))
+    async with session as pg:
+        started.set()
+        with pytest.raises(PeerFailed) as failed:
+            await pg.all_reduce(np.ones(4))
+        assert failed.value.rank == 2
+        again = await session.reform(failed.value)
+        total = await again.all_reduce(np.array([float(again.rank)]))
+        return again.rank, again.generation, list(total)
+
+
+async def test_survivors_re_form_with_their_ranks_and_the_replacement_joins() -> None:
+    async with coordinator(WORLD, max_restarts=1) as server:
+        started, gone = asyncio.Event(), asyncio.Event()
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                _survivor(server, 0, started),
+                _survivor(server, 1, started),
+                _fails(server, started, gone),
+                _replacement(server, gone),
+                return_exceptions=True,
+            ),
+            60,
+        )
+        assert isinstance(outcomes[2], RuntimeError)
+        assert outcomes[:2] == [(0, 2, [3.0]), (1, 2, [3.0])]
+        assert outcomes[3] == (2, 2, [3.0])
+
+
+async def test_without_a_restart_left_a_survivor_hears_the_job_is_over() -> None:
+    async with coordinator(WORLD, max_restarts=0) as server:
+        started = asyncio.Event()
+
+        async def survivor(rank: int) -> None:
+            session = init(_config(server, rank))
+            async with session as pg:
+                started.set()
+                with pytest.raises(PeerFailed) as failed:
+                    await pg.all_reduce(np.ones(4))
+                with pytest.raises(RecoveryError, match="no restart is left"):
+                    await session.reform(failed.value)
+
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(survivor(0), survivor(1), _fails(server, started),
+                           return_exceptions=True), 60,
+        )  # fmt: skip
+        assert outcomes[:2] == [None, None]
+
+
+async def test_a_job_not_recovering_live_refuses_to_re_form() -> None:
+    async with coordinator(1) as server:
+        session = init(worker_config(server, 1, 0))
+        async with session:
+            with pytest.raises(RecoveryError, match="--recovery live"):
+                await session.reform()
+            assert not session.live
+
+
+async def test_reform_before_joining_is_refused() -> None:
+    async with coordinator(1) as server:
+        with pytest.raises(RecoveryError, match="joined"):
+            await init(_config(server, 0)).reform()
