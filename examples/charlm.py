@@ -28,7 +28,7 @@ from outer import Replicas, add_arguments  # beside this script
 
 import shardwire.worker as sw
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import FSDP, Offload, by_type, latest_checkpoint
+from shardwire.worker.fsdp import FSDP, Offload, PeerCopies, by_type, latest_checkpoint
 from shardwire.worker.nn import Block, Module, TransformerLM, softmax_cross_entropy
 from shardwire.worker.nn.parallel import ParallelBlock
 from shardwire.worker.optim import AdamW, warmup_cosine
@@ -134,26 +134,31 @@ async def resume(
     run_dir: str,
     *,
     replicas: Replicas | None = None,
+    copies: PeerCopies | None = None,
 ) -> tuple[int, float, RunLog]:
-    """The step and loss to go on from (the latest checkpoint in --checkpoint-dir, with
-    the data order ``draw`` and the dropout streams, and ``replicas``' DiLoCo state; else
-    the start) and the run's log."""
+    """The step and loss to go on from (the peers' copies of a re-formed job, else the
+    latest checkpoint in --checkpoint-dir, with the data order ``draw`` and the dropout
+    streams, and ``replicas``' DiLoCo state; else the start) and the run's log."""
     step, loss = 0, float("nan")
     ckpt = args.checkpoint_dir
     if ckpt and replicas is not None:
         ckpt = replicas.checkpoints(ckpt)
-    if ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)) is not None:
+    resumed = await copies.restore(fsdp, rngs={"draw": draw}) if copies else None
+    saved = await asyncio.to_thread(latest_checkpoint, Path(ckpt)) if ckpt else None
+    if resumed is None and saved is not None:
         resumed = await fsdp.load(ckpt, rngs={"draw": draw})
-        step, loss = resumed.step, resumed.extra["loss"]
         if replicas is not None:
-            replicas.resume(args.checkpoint_dir, step)
+            replicas.resume(args.checkpoint_dir, resumed.step)
+    if resumed is not None:
+        step, loss = resumed.step, resumed.extra["loss"]
     log = RunLog(
         pg,
         Path(args.run_dir or run_dir),
         args.steps,
         every=args.log_every,
         next_free=args.run_dir is None,
-        resume_from=step or None,
+        # a later generation that starts over from step 0 rewrites the records too
+        resume_from=step or (0 if pg.generation > 1 else None),
     )
     return step, loss, log
 
@@ -169,77 +174,124 @@ async def save(args, fsdp: FSDP, replicas: Replicas, *, step: int, loss: float, 
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with sw.init() as pg:
-        data, chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
-        cut = int(len(data) * 0.9)
-        train, held = data[:cut], data[cut:]
-        replicas = Replicas(args, pg)  # one of every rank, or DiLoCo's (--diloco)
-        mesh = sw.Mesh(replicas.inner, dp=args.dp, pp=args.pp, tp=args.tp)
-        if args.pp > 1:
-            from lm_pipeline import train_pipeline  # beside this script
+    session = sw.init()
+    async with session as pg:
+        corpus_chars = await asyncio.to_thread(corpus)  # blocking work stays off the loop
+        # --copy-every K: each rank's state is copied to another rank's memory every K
+        # steps; a re-formed job restores from those copies, not from disk
+        copies = None
+        if args.copy_every:
+            copies = PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size)
+        group = pg  # this generation's: a re-formed job has a new one
+        while True:
+            try:
+                await train_lm(args, group, corpus_chars, copies)
+                return
+            except sw.PeerFailed as error:
+                if not session.live:  # the node agents start every process anew
+                    raise
+                # --recovery live: the survivors re-form in their processes, a new
+                # process replaces the failed rank, and all go on from the peer copies
+                # (or the checkpoint, as a relaunched job would)
+                group = await session.reform(error)
 
-            await train_pipeline(args, pg, mesh, (train, held, len(chars)))
-            return
-        fsdp = await build(args, mesh, vocab=len(chars))
-        await replicas.start(fsdp)
-        dp = mesh.dp
-        draw = np.random.default_rng(args.seed + 1)  # the data order
-        step, loss, log = await resume(
-            args, pg, fsdp, draw, f"runs/charlm-seed{args.seed}", replicas=replicas
-        )
-        ckpt, saving = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir), None
-        mine, share = replicas.rows(args.batch, dp)
-        deadline = time.monotonic() + args.minutes * 60
-        start, first = time.perf_counter(), step
-        while step < args.steps:
-            starts = draw.integers(0, len(train) - args.context - 1, args.batch)[mine]
-            ids, targets = windows(train, starts, args.context)
-            lr = warmup_cosine(
-                step, base_lr=args.lr, warmup=100, total=args.steps, min_lr=args.lr / 10
-            )
-            fsdp.zero_grad()
-            logits = await fsdp.forward(ids)
-            part, dlogits = softmax_cross_entropy(logits, targets, denom=share * args.context)
-            await fsdp.backward(dlogits)
-            await fsdp.clip_grad_norm(1.0)  # the whole model's norm, in every layout
-            await fsdp.step(lr=lr)
-            await replicas.step()  # DiLoCo's outer sync, when one is due
-            step += 1
-            loss = float((await dp.all_reduce(np.array([part])))[0])
-            metrics = {"loss": loss, "lr": lr}
-            if step % args.log_every == 0:
-                metrics["held_out"] = await held_out_loss(fsdp, dp, held, context=args.context)
-            await log.step(step, samples=args.batch, **metrics)
-            if ckpt and step % args.save_every == 0:
-                saving = await save(args, fsdp, replicas, step=step, loss=loss, draw=draw)
-            # every rank agrees to stop, so all of them leave the loop at the same step
-            out_of_time = time.monotonic() > deadline
-            if (await pg.all_reduce(np.array([out_of_time], np.int64)))[0]:
-                log.total_steps = step
-                break
-        if saving is not None:
-            await saving.wait()
-        await replicas.finish()  # DiLoCo: every replica ends with the global model
-        elapsed = time.perf_counter() - start
-        held_loss = await held_out_loss(fsdp, dp, held, context=args.context)
-        text = await sample(
-            fsdp, chars, "The ", length=args.sample, context=args.context, seed=args.seed
-        )
-        log.finish(
-            {
-                "steps": step,
-                "workers": pg.world_size,
-                "layout": {"dp": args.dp or dp.size, "pp": args.pp, "tp": args.tp},
-                "offloaded_bytes": sum(fsdp.memory_stats()["offloaded"].values()),
-                "time_s": round(elapsed, 1),
-                "train_loss": round(loss, 4),
-                "held_out_nats_per_char": round(held_loss, 4),
-                "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
-                **replicas.summary(),
-            }
-        )
-        if pg.rank == 0:
-            print("sample:", repr(text))
+
+async def train_lm(
+    args: argparse.Namespace,
+    pg: sw.ProcessGroup,
+    corpus_chars: tuple[np.ndarray, list[str]],
+    copies: PeerCopies | None,
+) -> None:
+    """Train on ``pg`` from the peers' copies or the latest checkpoint (if any)."""
+    data, chars = corpus_chars
+    cut = int(len(data) * 0.9)
+    train, held = data[:cut], data[cut:]
+    replicas = Replicas(args, pg)  # one of every rank, or DiLoCo's (--diloco)
+    mesh = sw.Mesh(replicas.inner, dp=args.dp, pp=args.pp, tp=args.tp)
+    if args.pp > 1:
+        from lm_pipeline import train_pipeline  # beside this script
+
+        await train_pipeline(args, pg, mesh, (train, held, len(chars)))
+        return
+    fsdp = await build(args, mesh, vocab=len(chars))
+    try:
+        data_split = (train, held, chars)
+        await _steps(args, pg, mesh, fsdp, data_split, replicas=replicas, copies=copies)
+    finally:
+        await fsdp.aclose()  # a failure may leave reductions in flight
+
+
+async def _steps(
+    args: argparse.Namespace,
+    pg: sw.ProcessGroup,
+    mesh: sw.Mesh,
+    fsdp: FSDP,
+    data: tuple[np.ndarray, np.ndarray, list[str]],
+    *,
+    replicas: Replicas,
+    copies: PeerCopies | None,
+) -> None:
+    train, held, chars = data
+    await replicas.start(fsdp)
+    dp = mesh.dp
+    draw = np.random.default_rng(args.seed + 1)  # the data order
+    step, loss, log = await resume(
+        args, pg, fsdp, draw, f"runs/charlm-seed{args.seed}", replicas=replicas,
+        copies=copies,
+    )  # fmt: skip
+    ckpt, saving = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir), None
+    mine, share = replicas.rows(args.batch, dp)
+    deadline = time.monotonic() + args.minutes * 60
+    start, first = time.perf_counter(), step
+    while step < args.steps:
+        starts = draw.integers(0, len(train) - args.context - 1, args.batch)[mine]
+        ids, targets = windows(train, starts, args.context)
+        lr = warmup_cosine(step, base_lr=args.lr, warmup=100, total=args.steps, min_lr=args.lr / 10)
+        fsdp.zero_grad()
+        logits = await fsdp.forward(ids)
+        part, dlogits = softmax_cross_entropy(logits, targets, denom=share * args.context)
+        await fsdp.backward(dlogits)
+        await fsdp.clip_grad_norm(1.0)  # the whole model's norm, in every layout
+        await fsdp.step(lr=lr)
+        await replicas.step()  # DiLoCo's outer sync, when one is due
+        step += 1
+        loss = float((await dp.all_reduce(np.array([part])))[0])
+        metrics = {"loss": loss, "lr": lr}
+        if step % args.log_every == 0:
+            metrics["held_out"] = await held_out_loss(fsdp, dp, held, context=args.context)
+        await log.step(step, samples=args.batch, **metrics)
+        if ckpt and step % args.save_every == 0:
+            saving = await save(args, fsdp, replicas, step=step, loss=loss, draw=draw)
+        if copies is not None:
+            await copies.save(fsdp, step, rngs={"draw": draw}, extra={"loss": loss})
+        # every rank agrees to stop, so all of them leave the loop at the same step
+        out_of_time = time.monotonic() > deadline
+        if (await pg.all_reduce(np.array([out_of_time], np.int64)))[0]:
+            log.total_steps = step
+            break
+    if saving is not None:
+        await saving.wait()
+    await replicas.finish()  # DiLoCo: every replica ends with the global model
+    elapsed = time.perf_counter() - start
+    held_loss = await held_out_loss(fsdp, dp, held, context=args.context)
+    text = await sample(
+        fsdp, chars, "The ", length=args.sample, context=args.context, seed=args.seed
+    )
+    log.finish(
+        {
+            "steps": step,
+            "workers": pg.world_size,
+            "layout": {"dp": args.dp or dp.size, "pp": args.pp, "tp": args.tp},
+            "offloaded_bytes": sum(fsdp.memory_stats()["offloaded"].values()),
+            "time_s": round(elapsed, 1),
+            "train_loss": round(loss, 4),
+            "held_out_nats_per_char": round(held_loss, 4),
+            "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
+            **replicas.summary(),
+        }
+    )
+    if pg.rank == 0:
+        print("sample:", repr(text))
 
 
 def parse() -> argparse.Namespace:
@@ -265,8 +317,17 @@ def parse() -> argparse.Namespace:
     p.add_argument("--run-dir")
     p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
     p.add_argument("--save-every", type=int, default=500, help="steps between checkpoints")
+    p.add_argument(
+        "--copy-every",
+        type=int,
+        default=0,
+        help="copy each rank's state to another rank's memory every this many steps; a job "
+        "that recovers live (--recovery live) restores from the copies (0: off)",
+    )
     add_arguments(p)
     args = p.parse_args()
+    if args.copy_every and (args.diloco or args.pp > 1 or args.tp > 1):
+        p.error("--copy-every copies plain FSDP state; drop --diloco, --pp and --tp")
     if args.diloco and args.pp > 1:
         p.error("--diloco runs FSDP (and --tp) inside each replica, not pipelines (--pp)")
     return args

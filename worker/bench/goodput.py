@@ -1,15 +1,19 @@
 """Goodput under failures: charlm on N local ranks with a seeded random fault every F
 seconds, beside the same job without faults, in one invocation (run in a checkout).
 
-    shardwire bench goodput [--nproc 4] [--every 30] [--minutes 5] [--json out.json]
+    shardwire bench goodput [--nproc 4] [--every 30] [--minutes 5] [--recovery both]
 
-The fault-free job trains for ``--minutes`` and sets the number of steps; the faulty one
-trains the same steps under ``shardwire chaos`` with a plan that hits a random rank every
-``--every`` seconds on average (SIGKILL by default, ``--kind``), and restarts from its
-latest checkpoint each time (``--max-restarts``, ``--save-every``). Goodput is the
-fault-free wall time over the faulty one for the same steps (1.0: the faults cost
-nothing). Per fault, from the chaos verdict: how long until the job trained again
-(recovery) and how many steps it computed twice (steps lost).
+The fault-free job trains for ``--minutes`` and sets the number of steps; each faulty
+one trains the same steps under ``shardwire chaos`` with a plan that hits a random rank
+every ``--every`` seconds on average (SIGKILL by default, ``--kind``), the same plan for
+each recovery mode (``--recovery``): ``relaunch`` starts every process again from the
+latest checkpoint (``--save-every``); ``live`` starts only the failed rank again while
+the others re-form in their processes, and every rank rolls back to the peers'
+in-memory copies (``--copy-every``). Goodput is the fault-free wall time over the faulty
+one for the same steps (1.0: the faults cost nothing); the time lost per fault is the
+difference over the faults. Per fault, from the chaos verdict: how long until the job
+trained again (recovery) and how many steps it computed twice (steps lost); and how
+many worker processes the job started in all.
 """
 
 from __future__ import annotations
@@ -59,66 +63,90 @@ def _steps(run_dir: Path) -> int:
     return int(json.loads((run_dir / "summary.json").read_text())["steps"])
 
 
+def _faulty(
+    args: Any, script: Path, root: Path, mode: str, *, steps: int, clean_s: float
+) -> dict[str, Any]:
+    """The same steps under the plan, recovering by ``mode``."""
+    work = root / mode
+    plan = root / "plan.toml"
+    verdict = work / "verdict.json"
+    work.mkdir()
+    launch = [f"--max-restarts={args.max_restarts}", f"--recovery={mode}"]
+    job = _job(script, args.nproc, work, *launch)
+    job += [f"--save-every={args.save_every}", f"--steps={steps}", "--minutes=100000"]
+    if mode == "live":
+        job.append(f"--copy-every={args.copy_every}")
+    command = [SHARDWIRE, "chaos", str(plan), "--verdict", str(verdict), "--", *job]
+    faulty_s, done = _run(command, timeout=max(3600.0, clean_s * 20))
+    if not verdict.exists():
+        raise BenchmarkFailed(f"the faulty job ({mode}) gave no verdict:\n{done.stderr[-3000:]}")
+    outcome = json.loads(verdict.read_text())
+    finished = outcome["exit_code"] == 0
+    faults = [f for f in outcome["faults"] if f["injected"]]
+    recovery = [f["recovery_s"] for f in faults if "recovery_s" in f]
+    lost = [f["steps_lost"] for f in faults if "steps_lost" in f]
+    return {
+        "faulty_s": round(faulty_s, 2),
+        "finished": finished,
+        "goodput": round(clean_s / faulty_s, 3) if finished else 0.0,
+        "faults": len(faults),
+        "lost_per_fault_s": round((faulty_s - clean_s) / len(faults), 2) if faults else None,
+        "steps_lost": sum(lost),
+        "recovery_s": recovery,
+        "recovery_median_s": round(statistics.median(recovery), 2) if recovery else None,
+        "recovery_max_s": round(max(recovery), 2) if recovery else None,
+        "processes": outcome.get("processes"),
+    }
+
+
 def measure(args: Any) -> dict[str, Any]:
     script = example("charlm.py")
+    modes = ["relaunch", "live"] if args.recovery == "both" else [args.recovery]
     with tempfile.TemporaryDirectory(prefix="shardwire-goodput-") as scratch:
         root = Path(scratch)
-        clean, faulty = root / "clean", root / "faulty"
+        clean = root / "clean"
         common = [f"--save-every={args.save_every}", "--steps=1000000"]
         command = _job(script, args.nproc, clean) + common + [f"--minutes={args.minutes}"]
         clean_s, done = _run(command, timeout=args.minutes * 60 * 4 + 300)
         if done.returncode != 0:
             raise BenchmarkFailed(f"the fault-free job failed:\n{done.stderr[-3000:]}")
         steps = _steps(clean / "run")
-        plan = root / "plan.toml"
-        plan.write_text(
+        (root / "plan.toml").write_text(
             f"seed = {args.seed}\n\n[[faults]]\nkind = {json.dumps(args.kind)}\n"
             f'rank = "random"\nevery_s = {args.every}\n'
             + ("for_s = 1.0\n" if args.kind in ("stop", "block") else "")
         )
-        verdict = root / "verdict.json"
-        restarts = [f"--max-restarts={args.max_restarts}"]
-        job = _job(script, args.nproc, faulty, *restarts)
-        job += [f"--save-every={args.save_every}", f"--steps={steps}", "--minutes=100000"]
-        command = [SHARDWIRE, "chaos", str(plan), "--verdict", str(verdict), "--", *job]
-        faulty_s, done = _run(command, timeout=max(3600.0, clean_s * 20))
-        if not verdict.exists():
-            raise BenchmarkFailed(f"the faulty job gave no verdict:\n{done.stderr[-3000:]}")
-        outcome = json.loads(verdict.read_text())
-        finished = outcome["exit_code"] == 0
-    faults = [f for f in outcome["faults"] if f["injected"]]
-    recovery = [f["recovery_s"] for f in faults if "recovery_s" in f]
-    lost = [f["steps_lost"] for f in faults if "steps_lost" in f]
+        results = {m: _faulty(args, script, root, m, steps=steps, clean_s=clean_s) for m in modes}
     return {
         "nproc": args.nproc,
         "kind": args.kind,
         "every_s": args.every,
         "seed": args.seed,
         "steps": steps,
+        "save_every": args.save_every,
+        "copy_every": args.copy_every,
         "clean_s": round(clean_s, 2),
-        "faulty_s": round(faulty_s, 2),
-        "finished": finished,
-        "goodput": round(clean_s / faulty_s, 3) if finished else 0.0,
-        "faults": len(faults),
-        "steps_lost": sum(lost),
-        "recovery_s": recovery,
-        "recovery_median_s": round(statistics.median(recovery), 2) if recovery else None,
-        "recovery_max_s": round(max(recovery), 2) if recovery else None,
+        "modes": results,
     }
 
 
 def table(r: dict[str, Any]) -> str:
-    fate = "finished" if r["finished"] else "did NOT finish (restarts ran out?)"
-    return "\n".join(
-        [
-            f"goodput: {r['nproc']} ranks, {r['steps']} steps, a {r['kind']} of a random rank "
-            f"every {r['every_s']:g} s on average (seed {r['seed']})",
-            f"  fault-free {r['clean_s']:.1f} s, with faults {r['faulty_s']:.1f} s: {fate}",
-            f"  goodput {r['goodput']:.3f}; {r['faults']} faults, {r['steps_lost']} steps "
-            f"computed twice; back to training after {r['recovery_median_s']} s "
-            f"(median), {r['recovery_max_s']} s (max)",
-        ]
-    )
+    lines = [
+        f"goodput: {r['nproc']} ranks, {r['steps']} steps, a {r['kind']} of a random rank "
+        f"every {r['every_s']:g} s on average (seed {r['seed']}); fault-free {r['clean_s']:.1f} s",
+        f"  {'recovery':<9} {'time (s)':>9} {'goodput':>8} {'faults':>7} {'lost/fault (s)':>15} "
+        f"{'steps twice':>12} {'back after (s)':>15} {'processes':>10}",
+    ]
+    for mode, m in r["modes"].items():
+        back = f"{m['recovery_median_s']} / {m['recovery_max_s']}"
+        fate = "" if m["finished"] else "  did NOT finish (restarts ran out?)"
+        lines.append(
+            f"  {mode:<9} {m['faulty_s']:>9.1f} {m['goodput']:>8.3f} {m['faults']:>7} "
+            f"{m['lost_per_fault_s']!s:>15} {m['steps_lost']:>12} {back:>15} "
+            f"{m['processes']!s:>10}{fate}"
+        )
+    lines.append("  (back after: median / max seconds from a fault to training again)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
@@ -129,6 +157,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--kind", default="kill", choices=["kill", "term", "stop", "raise", "block"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
+    p.add_argument(
+        "--recovery",
+        default="both",
+        choices=["relaunch", "live", "both"],
+        help="how the faulty job recovers: relaunch from the checkpoint, live from the "
+        "peers' copies, or each in turn (both)",
+    )
+    p.add_argument("--copy-every", type=int, default=5, help="steps between peer copies (live)")
     p.add_argument("--max-restarts", type=int, default=1000)
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
@@ -136,4 +172,4 @@ def main(argv: list[str]) -> int:
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
-    return 0 if result["finished"] else 1
+    return 0 if all(m["finished"] for m in result["modes"].values()) else 1

@@ -46,6 +46,8 @@ def verdict(
         "wall_s": round(finished - started, 3),
         "faults": faults,
         "ranks_ended": {str(e["rank"]): e["outcome"] for e in ended},
+        # worker processes the job started in all (a rank's each new process joins)
+        "processes": len({e["pid"] for e in entries if e.get("event") == "joined" and "pid" in e}),
     }
     first = hits[0]["t"] if hits else None
     outcome["expectation"], outcome["held"] = _expectation(plan, first, finished, exit_code)
