@@ -87,7 +87,8 @@ def _help(*argv: str) -> str:
 
 def _subcommands(text: str) -> list[str]:
     usage = text.split("\n\n", 1)[0]
-    found = re.search(r"\{([a-z,-]+)\}", usage)
+    # a subparser's choices, which argparse follows with "..." (an option's are not)
+    found = re.search(r"\{([a-z,-]+)\} \.\.\.", usage)
     return found.group(1).split(",") if found else []
 
 

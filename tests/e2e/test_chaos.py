@@ -246,17 +246,23 @@ def test_bench_goodput_trains_through_random_kills_beside_a_clean_run(tmp_path) 
     out = tmp_path / "goodput.json"
     done = _run(
         [SHARDWIRE, "bench", "goodput", "--nproc", "2", "--every", "3", "--minutes", "0.2"]
-        + ["--save-every", "5", "--json", str(out)],
+        + ["--save-every", "5", "--copy-every", "5", "--json", str(out)],
         ROOT,
         600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["finished"] and result["faults"] >= 1, result
-    assert 0 < result["goodput"] <= 1.5
-    assert len(result["recovery_s"]) >= 1 and all(r > 0 for r in result["recovery_s"])
-    assert result["steps_lost"] >= 0
-    assert "goodput" in done.stdout
+    assert set(result["modes"]) == {"relaunch", "live"}
+    for mode, r in result["modes"].items():
+        assert r["finished"] and r["faults"] >= 1, (mode, r)
+        assert 0 < r["goodput"] <= 1.5
+        assert len(r["recovery_s"]) >= 1 and all(t > 0 for t in r["recovery_s"])
+        assert r["steps_lost"] >= 0
+    # a relaunch starts every rank again, live recovery only the killed one
+    relaunch, live = result["modes"]["relaunch"], result["modes"]["live"]
+    assert relaunch["processes"] % 2 == 0 and relaunch["processes"] >= 4
+    assert live["processes"] == 2 + live["faults"]
+    assert "goodput" in done.stdout and "live" in done.stdout
 
 
 def test_the_goodput_figures_on_the_guide_are_the_kept_benchmark_s() -> None:

@@ -53,6 +53,10 @@ BENCHES = {
         "shardwire.worker.bench.slowlink",
         "charlm on emulated hosts at link rates: data parallel, DiLoCo, streaming int8 (root)",
     ),
+    "copies": (
+        "shardwire.worker.bench.copies",
+        "step time with peer copies beside none, and a replaced rank's restore",
+    ),
     "goodput": (
         "shardwire.worker.bench.goodput",
         "charlm with a random fault every F seconds beside no faults (run in a checkout)",

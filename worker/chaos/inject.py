@@ -85,7 +85,9 @@ class Injector:
             for s in mine
             if s.fault.after_s is not None or s.at_s is not None
         ]
-        if mine:  # only then: a rank without faults steps as it always does
+        # only then: a rank without faults steps as it always does (a later generation's
+        # first step says when the job trained again)
+        if mine or group.generation > 1:
             group.watch_steps(self._stepped)
         joined = {"world": group.world_size, "generation": group.generation, "pid": os.getpid()}
         self.note({"event": "joined", **joined})

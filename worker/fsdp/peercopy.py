@@ -149,6 +149,11 @@ class PeerCopies:
         self._exchange: Work[None] | None = None
         self.refused: list[str] = []  # every copy refused, said
 
+    @property
+    def state_bytes(self) -> int:
+        """The bytes of this rank's newest snapshot (what its holder keeps of it)."""
+        return self._own[max(self._own)].data.nbytes if self._own else 0
+
     def _copies(self, fsdp: FSDP) -> Group:
         if self._base is not fsdp.group or self._group is None:
             self._base = fsdp.group
