@@ -136,3 +136,35 @@ def test_a_spent_restart_budget_ends_the_job_naming_the_last_failure(tmp_path) -
     done, _ = _launch(tmp_path, "run", *live, plan=KILLS, args=("--copy-every", "5"))
     assert done.returncode != 0
     assert "rank 2" in done.stderr and "no restart is left" in done.stderr
+
+
+def test_the_copy_figures_on_the_guide_are_the_kept_benchmark_s() -> None:
+    kept = json.loads((ROOT / "docs" / "data" / "bench" / "copies.json").read_text())
+    r = kept["result"]
+    page = " ".join((ROOT / "docs" / "guide" / "elastic.md").read_text().split())
+    assert kept["benchmark"] in page
+    over = r["overhead"]
+    said = [
+        f"a step of {r['step_ms']:.0f} ms with {r['state_bytes_per_rank'] / 2**20:.1f} MiB of "
+        f"state per rank took {over['1']:.1%} longer with a copy every step".replace("%", " %"),
+        f"({over['5']:.1%} and {over['20']:.1%}: below the noise)".replace("%", " %"),
+        f"every rank rolled back in {r['restore_s']:.3f} s",
+    ]
+    for sentence in said:
+        assert sentence in page, sentence
+    assert {"date", "commit", "machine"} <= set(kept)
+
+
+def test_bench_copies_measures_the_overhead_and_a_restore(tmp_path) -> None:
+    out = tmp_path / "copies.json"
+    done = subprocess.run(
+        [SHARDWIRE, "bench", "copies", "--nproc", "2", "--rounds", "1", "--steps", "3",
+         "--every", "1", "3", "--json", str(out)],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["overhead"]) == {"1", "3"} and result["state_bytes_per_rank"] > 0
+    # the copies every step were last taken at step 6 (3 steps without, then 3 with)
+    assert result["restored_step"] == 6 and 0 < result["restore_s"] < 60
+    assert "peer copies" in done.stdout
