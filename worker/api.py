@@ -73,6 +73,7 @@ class Session:
         self._control: ControlThread | None = None
         self._rank = -1
         self._chaos: inject.Injector | None = None  # a chaos plan's faults for this rank
+        self._parent = os.getppid()  # under a node agent: the agent
 
     async def __aenter__(self) -> ProcessGroup:
         try:
@@ -100,7 +101,7 @@ class Session:
         Raises:
             RecoveryError: the job was not launched with live recovery; or it is over (no
                 restart left, or the coordinator gave no word within a minute); or this
-                rank is the one that failed.
+                rank is the one that failed, or its node agent is gone.
         """
         if not self.live:
             raise RecoveryError(
@@ -116,6 +117,11 @@ class Session:
             raise RecoveryError(
                 f"rank {self._rank}: no word from the coordinator within {_END_WAIT:g} s "
                 "that the job goes on"
+            ) from error
+        if self.config.agent_beats and os.getppid() != self._parent:
+            raise RecoveryError(
+                f"rank {self._rank}: its node agent is gone (its node left the job): it does "
+                "not re-form; the node's ranks start anew with its next agent"
             ) from error
         if verdict.rank == self._rank:
             raise RecoveryError(

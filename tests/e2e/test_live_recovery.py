@@ -8,13 +8,16 @@ spent restart budget ends the job."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, env, run_records
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, run_records, start_coordinator
 
 pytestmark = pytest.mark.e2e
 DIGITS = ["examples/digits.py", "--steps", "60", "--log-every", "10"]
@@ -168,3 +171,90 @@ def test_bench_copies_measures_the_overhead_and_a_restore(tmp_path) -> None:
     # the copies every step were last taken at step 6 (3 steps without, then 3 with)
     assert result["restored_step"] == 6 and 0 < result["restore_s"] < 60
     assert "peer copies" in done.stdout
+
+
+def _node(port: int, name: str, run_dir: Path, *, copies: bool) -> subprocess.Popen:
+    return subprocess.Popen(
+        [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", "2",
+         "--nproc-per-node", "2", "--node-id", name, "--run-id", "nodes", "--max-restarts",
+         "1", "--recovery", "live", *DIGITS_LONG, "--run-dir", str(run_dir),
+         *(["--copy-every", "5"] if copies else [])],
+        cwd=ROOT, env=env(**NODES_TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+NODES_TOKEN = {"SHARDWIRE_TOKEN": "nodes-token"}
+DIGITS_LONG = ["examples/digits.py", "--steps", "300", "--log-every", "10"]
+
+
+def _two_nodes(tmp_path: Path, name: str, *, lose_b_at: str | None) -> tuple[dict, dict]:
+    """digits on two nodes (agents a and b, two ranks each) under a coordinator; with
+    ``lose_b_at``, node b's agent is SIGKILLed once rank 0 logs that step, and a new
+    agent for b is started. Returns node a's run records."""
+    coordinator, port = start_coordinator(
+        "--world-size", "4", "--run-id", "nodes", "--max-restarts", "1", "--http-port", "-1",
+        **NODES_TOKEN,
+    )  # fmt: skip
+    run = tmp_path / name
+    a = _node(int(port), "a", run, copies=True)
+    b = _node(int(port), "b", tmp_path / f"{name}-b", copies=True)
+    procs = [coordinator, a, b]
+    try:
+        if lose_b_at is not None:
+            assert a.stdout is not None
+            while line := a.stdout.readline():
+                if lose_b_at in line:
+                    break
+            assert line, "the job ended before node b could be lost"
+            orphans = _children(b.pid)
+            assert len(orphans) == 2
+            os.kill(b.pid, signal.SIGKILL)  # its ranks are orphans: they must not re-form
+            b.wait(timeout=30)
+            procs.append(again := _node(int(port), "b", tmp_path / f"{name}-b2", copies=True))
+            _out, err = again.communicate(timeout=240)
+            assert again.returncode == 0, err[-3000:]
+            assert not [pid for pid in orphans if _running(pid)]
+        out, err = a.communicate(timeout=240)
+        assert a.returncode == 0, err[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=60)
+    if lose_b_at is not None:  # from the copies, not from step 0 (there is no checkpoint)
+        resumed = re.search(r"resuming .* at step (\d+)", out)
+        assert resumed and 90 <= int(resumed.group(1)) <= 100, out[-2000:]
+    return run_records(run)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie nobody reaped yet has ended)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_lost_node_is_replaced_and_its_ranks_restore_from_copies_on_the_other(
+    tmp_path,
+) -> None:
+    straight = _two_nodes(tmp_path, "straight", lose_b_at=None)
+    recovered = _two_nodes(tmp_path, "recovered", lose_b_at="step 100/300")
+    assert recovered[0] == straight[0]  # the copies of ranks 2 and 3 were on node a
+    for key in ("final_loss", "held_out_accuracy"):
+        assert recovered[1][key] == straight[1][key]
