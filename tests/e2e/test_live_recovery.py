@@ -258,3 +258,32 @@ def test_a_lost_node_is_replaced_and_its_ranks_restore_from_copies_on_the_other(
     assert recovered[0] == straight[0]  # the copies of ranks 2 and 3 were on node a
     for key in ("final_loss", "held_out_accuracy"):
         assert recovered[1][key] == straight[1][key]
+
+
+def test_kills_at_random_times_mid_collective_or_mid_copy_still_end_bit_identical(
+    tmp_path,
+) -> None:
+    """Ranks drawn from a seed SIGKILLed at times not tied to steps, so they die anywhere
+    in one (in a collective, with a copy on the wire, in compute); each time every rank
+    rolls back to a step all can restore, and the run ends exactly as the fault-free one."""
+    times = (1.3, 2.9, 2.2, 3.7)  # after each rank's joining (again after a re-formation)
+    plan = "seed = 7\n" + "".join(
+        f'[[faults]]\nkind = "kill"\nrank = "random"\nafter_s = {t}\n' for t in times
+    )
+    args = ("--steps", "400", "--copy-every", "3")
+    steps = ["examples/digits.py", "--log-every", "10"]
+    straight, _ = _launch(tmp_path, "straight", script=steps, args=(*args, "--run-dir",
+                          str(tmp_path / "straight")))  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    live = ["--max-restarts", "10", "--recovery", "live"]
+    done, entries = _launch(tmp_path, "run", *live, plan=plan, script=steps,
+                            args=(*args, "--run-dir", str(tmp_path / "run")))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    kills = [e for e in entries if e["event"] == "injected"]
+    assert len(kills) >= 2, "the run was too short for the plan"
+    records, summary = run_records(tmp_path / "run")
+    expected, expected_summary = run_records(tmp_path / "straight")
+    assert records == expected
+    assert summary["final_loss"] == expected_summary["final_loss"]
+    # every kill replaced one process; the others kept theirs
+    assert len({e["pid"] for e in entries if e["event"] == "joined"}) == 4 + len(kills)
