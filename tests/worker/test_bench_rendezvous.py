@@ -10,9 +10,12 @@ from shardwire.worker.bench.rendezvous import main, measure
 
 
 def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
-    result = measure(1000, 2, 8, beat_window=1.0)  # 125 agents and their workers
+    result = measure(1000, 2, 8, beat_window=1.0, reform=True)  # 125 agents, their workers
     assert result["workers"] == 1000 and result["processes"] == 2 and result["agents"]
     assert result["coordinator_exit"] == 0  # every simulated worker held all and left
+    # one worker failed; 999 re-formed in process and its replacement joined: the next
+    # generation formed (and then finished, so the coordinator exited 0)
+    assert 0 < result["reform_s"] < 120
     assert 0 < result["join_p50_s"] <= result["join_p99_s"] <= result["rendezvous_s"]
     assert result["coordinator_cpu_s"] > 0 and result["coordinator_peak_rss_mib"] > 10
     assert 0 <= result["heartbeat_cpu_share"] < 2  # CPU seconds per second, two cores
@@ -23,8 +26,10 @@ def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
     written = json.loads(out.read_text())[0]
     assert written["workers"] == 24 and "heartbeat_cpu_share" in written
     assert written["agents"] is True
-    assert main([*args, "--direct", "--json", str(out)]) == 0  # no agents: beats direct
-    assert json.loads(out.read_text())[0]["agents"] is False
+    assert main([*args, "--direct", "--reform", "--json", str(out)]) == 0  # beats direct
+    direct = json.loads(out.read_text())[0]
+    assert direct["agents"] is False and direct["reform_s"] > 0
+    assert "formed in process in" in capsys.readouterr().out
 
 
 def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts() -> None:

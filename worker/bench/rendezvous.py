@@ -1,7 +1,7 @@
 """``shardwire bench rendezvous``: how fast a coordinator admits a job of N workers.
 
     shardwire bench rendezvous [--workers 1000] [--processes 4] [--per-node 8]
-                               [--beat-window 5] [--direct] [--json OUT]
+                               [--beat-window 5] [--direct] [--reform] [--json OUT]
 
 A real coordinator runs as its own process (``python -m shardwire.coordinator``); the
 workers are simulated by ``--processes`` client processes, each running its share of
@@ -22,7 +22,11 @@ Printed and written as JSON:
 * ``heartbeat_cpu_share``: the coordinator's CPU seconds per second over the next
   ``--beat-window`` seconds (default 5), while every worker heartbeats once a second
   (the default interval);
-* ``coordinator_peak_rss_mib``: its peak resident memory (``VmHWM``).
+* ``coordinator_peak_rss_mib``: its peak resident memory (``VmHWM``);
+* ``reform_s`` (``--reform``): one worker's connection closes (its process died); every
+  other worker leaves generation 1 and joins the next with its rank on a new connection,
+  as ``Session.reform`` does, the agents join again, and the failed worker's replacement
+  joins: the seconds from the failure to the last worker holding its peers' addresses.
 
 Nothing here asserts a speed: the figures are for comparing runs on one machine.
 """
@@ -30,7 +34,6 @@ Nothing here asserts a speed: the figures are for comparing runs on one machine.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import secrets
@@ -48,98 +51,6 @@ from shardwire.worker.bench.jobs import coordinator_port
 _TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
 
 
-def neighbours(rank: int, world: int) -> list[int]:
-    """The peers a ring and a hypercube (recursive doubling) connect ``rank`` to."""
-    near = {(rank + 1) % world, (rank - 1) % world}
-    near |= {rank ^ (1 << k) for k in range(world.bit_length())}
-    return sorted(p for p in near if p != rank and p < world)
-
-
-async def _workers(
-    port: int, first: int, count: int, world: int, lws: int, *, agents: bool
-) -> None:
-    """Run workers ``first`` .. ``first + count - 1`` (with their nodes' agents when
-    ``agents``: whole nodes) and print when the first dialled and each one's join times
-    (the token comes in SHARDWIRE_TOKEN, never on a command line)."""
-    from shardwire.protocol import Token
-    from shardwire.protocol.messages import Join, NodeJoin
-    from shardwire.protocol.nofile import ensure_nofile
-    from shardwire.worker.runtime.beats import BeatRelay, NodeBeats
-    from shardwire.worker.runtime.control import ControlClient
-
-    token = Token(os.environ["SHARDWIRE_TOKEN"])
-    ensure_nofile(4 * count + 256, "the simulated workers", strict=False)  # + agent sockets
-    clients = [ControlClient(token=token, run_id="bench", role="worker") for _ in range(count)]
-    nodes = range(first // lws, (first + count) // lws) if agents else range(0)
-    agent_of = {k: ControlClient(token=token, run_id="bench", role="agent") for k in nodes}
-    beats = {k: NodeBeats(agent_of[k].send, interval=1.0) for k in nodes}
-    ready: dict[int, asyncio.Task[tuple[int, int, str]]] = {}  # each node's agent, owned
-    relays: list[BeatRelay] = []
-    first_dial = time.time()
-
-    async def agent(k: int) -> tuple[int, int, str]:
-        """As ``shardwire worker``: join for the node, then its processes start."""
-        await agent_of[k].connect("127.0.0.1", port, timeout=_TIMEOUT)
-        path = await beats[k].start()
-        join = NodeJoin(world_size=world, node_id=f"node-{k:06d}", local_world_size=lws,
-                        node_index=k)  # fmt: skip
-        assignment = await agent_of[k].node_join(join, timeout=_TIMEOUT)
-        return assignment.node_rank, assignment.generation, path
-
-    async def one(i: int) -> tuple[float, float]:
-        node = (first + i) // lws
-        node_rank, generation, path = await ready[node] if agents else (-1, 0, "")
-        asked = node_rank * lws + (first + i) % lws if agents else None  # its RANK
-        start = time.time()
-        client = clients[i]
-        await client.connect("127.0.0.1", port, timeout=_TIMEOUT)
-        if asked is not None:  # as a worker's control thread: beats through its agent
-            relays.append(await BeatRelay.open(path, asked, generation, timeout=60))
-            client.relay(relays[-1])
-        client.start_heartbeats(1.0)  # from the connection on
-        msg = Join(
-            world_size=world,
-            node_id=f"node-{node:06d}",
-            local_rank=(first + i) % lws,
-            local_world_size=lws,
-            listen_port=10000 + (first + i) % 50000,
-            requested_rank=asked,
-        )
-        place = await client.join(msg, timeout=_TIMEOUT)
-        members = await client.peers(neighbours(place.rank, world), timeout=_TIMEOUT)
-        done = time.time()
-        assert [m.rank for m in members] == neighbours(place.rank, world)
-        return start, done
-
-    try:
-        for k in nodes:
-            ready[k] = asyncio.create_task(agent(k))
-        times = await asyncio.gather(*(one(i) for i in range(count)))
-        print(json.dumps({"first": first_dial, "joins": times}), flush=True)
-        # the driver says when the beat window is over; read off the loop, so the
-        # workers keep heartbeating meanwhile (the window measures exactly that)
-        await asyncio.to_thread(sys.stdin.readline)
-        for client in clients:
-            client.leave()
-    finally:
-        await _end(list(ready.values()), relays, clients, [*beats.values(), *agent_of.values()])
-
-
-async def _end(agents: list, relays: list, clients: list, nodes: list) -> None:
-    """Close what a client process made: its agents' tasks (done unless a worker failed
-    first), the workers' connections (their heartbeats stop), their relays, then the
-    agents' sockets and connections."""
-    for task in agents:
-        task.cancel()
-    await asyncio.gather(*agents, return_exceptions=True)
-    for client in clients:
-        await client.aclose()
-    for relay in relays:
-        relay.close()
-    for node in nodes:
-        await node.aclose()
-
-
 def _proc_stats(pid: int) -> tuple[float, float]:
     """(CPU seconds, peak RSS MiB) of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -153,7 +64,13 @@ def _proc_stats(pid: int) -> tuple[float, float]:
 
 
 def measure(
-    workers: int, processes: int, lws: int, beat_window: float = 5.0, *, agents: bool = True
+    workers: int,
+    processes: int,
+    lws: int,
+    beat_window: float = 5.0,
+    *,
+    agents: bool = True,
+    reform: bool = False,
 ) -> dict:
     """One run: a coordinator and ``processes`` client processes for ``workers`` (with an
     agent per node that batches its workers' heartbeats, unless ``agents`` is False);
@@ -167,7 +84,8 @@ def measure(
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "shardwire.coordinator", "--port", "0", "--port-file",
              str(port_file), "--world-size", str(workers), "--run-id", "bench",
-             "--http-port", "-1", "--log-level", "WARNING"],
+             "--http-port", "-1", "--log-level", "WARNING",
+             *(["--max-restarts", "1"] if reform else [])],
             env=env, stdout=subprocess.DEVNULL, stderr=(Path(tmp) / "log").open("w"),
         )  # fmt: skip
         clients: list[subprocess.Popen] = []
@@ -210,6 +128,9 @@ def measure(
             # every worker now heartbeats once a second: what that costs the coordinator
             time.sleep(beat_window)
             beat_cpu, rss = _proc_stats(coordinator.pid)
+            reform_s = None
+            if reform:
+                reform_s = _reform(clients)
             for client in clients:
                 assert client.stdin is not None
                 client.stdin.write("\n")
@@ -238,9 +159,30 @@ def measure(
         "coordinator_cpu_s": cpu,
         "heartbeat_cpu_share": (beat_cpu - cpu) / beat_window,
         "coordinator_peak_rss_mib": rss,
+        "reform_s": reform_s,
         "coordinator_exit": coordinator.returncode,
         "coordinator_last_line": log[-1] if log else "",
     }
+
+
+def _reform(clients: list[subprocess.Popen]) -> float:
+    """Live re-formation: one worker fails, the others re-form in their processes and
+    its replacement joins; the seconds from the failure to the last worker holding its
+    peers' addresses in the next generation."""
+    for client in clients:
+        assert client.stdin is not None
+        client.stdin.write("reform\n")
+        client.stdin.flush()
+    failed, placed = [], []
+    for client in clients:
+        assert client.stdout is not None
+        line = client.stdout.readline()
+        if not line:
+            raise BenchmarkFailed(f"a client process failed (exit {client.wait(60)})")
+        report = json.loads(line)
+        failed.append(report["failed"])
+        placed += report["placed"]
+    return max(placed) - min(failed)
 
 
 def main(argv: list[str]) -> int:
@@ -267,6 +209,12 @@ def main(argv: list[str]) -> int:
         help="no node agents: every worker heartbeats the coordinator itself (as under "
         "srun -n N shardwire run); by default an agent per node batches them",
     )
+    p.add_argument(
+        "--reform",
+        action="store_true",
+        help="then one worker fails and the others re-form in their processes (live "
+        "recovery) while its replacement joins: the seconds to the next generation formed",
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     results = []
@@ -274,7 +222,10 @@ def main(argv: list[str]) -> int:
           "coordinator peak RSS (MiB) | heartbeats (share of a core) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for n in args.workers:
-        r = measure(n, args.processes, args.per_node, args.beat_window, agents=not args.direct)
+        r = measure(
+            n, args.processes, args.per_node, args.beat_window, agents=not args.direct,
+            reform=args.reform,
+        )  # fmt: skip
         results.append(r)
         print(
             f"| {n} | {r['rendezvous_s']:.2f} | {r['join_p50_s']:.2f} | {r['join_p99_s']:.2f} "
@@ -282,6 +233,9 @@ def main(argv: list[str]) -> int:
             f"| {r['heartbeat_cpu_share']:.3f} |",
             flush=True,
         )
+        if r["reform_s"] is not None:
+            print(f"  one worker failed; the next generation formed in process in "
+                  f"{r['reform_s']:.2f} s", flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
@@ -294,6 +248,9 @@ if __name__ == "__main__":
         port, first, count, world, lws = (int(x) for x in sys.argv[2:7])
         # uvloop: the simulated workers' own I/O is not what is measured, and on a small
         # machine they share the cores with the coordinator
-        uvloop.run(_workers(port, first, count, world, lws, agents=sys.argv[7] == "agents"))
+        from shardwire.worker.bench.simulated import Simulated
+
+        simulated = Simulated(port, first, count, world, lws, agents=sys.argv[7] == "agents")
+        uvloop.run(simulated.run())
     else:
         sys.exit(main(sys.argv[1:]))
