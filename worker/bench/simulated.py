@@ -156,5 +156,7 @@ class Simulated:
             await client.aclose()
         for relay in self.relays:
             relay.close()
-        for node in [*self.beats.values(), *self.agent_of.values()]:
-            await node.aclose()
+        for beats in self.beats.values():
+            await beats.aclose()
+        for agent in self.agent_of.values():
+            await agent.aclose()
