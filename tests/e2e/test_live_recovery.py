@@ -287,3 +287,13 @@ def test_kills_at_random_times_mid_collective_or_mid_copy_still_end_bit_identica
     assert summary["final_loss"] == expected_summary["final_loss"]
     # every kill replaced one process; the others kept theirs
     assert len({e["pid"] for e in entries if e["event"] == "joined"}) == 4 + len(kills)
+
+
+def test_the_re_formation_figures_on_the_guide_are_the_kept_benchmark_s() -> None:
+    kept = json.loads((ROOT / "docs" / "data" / "bench" / "reform.json").read_text())
+    page = " ".join((ROOT / "docs" / "guide" / "elastic.md").read_text().split())
+    assert kept["benchmark"] in page
+    times = sorted(r["reform_s"] for r in kept["results"])
+    said = f"with 1,000 workers the next generation formed {times[0]:.2f}, {times[1]:.2f} and "
+    assert said + f"{times[2]:.2f} s after the failure" in page
+    assert all(r["workers"] == 1000 and r["coordinator_exit"] == 0 for r in kept["results"])
