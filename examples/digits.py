@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from outer import Replicas, add_arguments  # beside this script
+from recovery import add_copy_argument, peer_copies
 
 import shardwire.worker as sw
 from shardwire.worker.fsdp import FSDP, PeerCopies, Strategy, by_type, latest_checkpoint
@@ -79,23 +80,13 @@ async def main(args: argparse.Namespace) -> None:
 
             await train_aggregated(args, pg, data, make_model(args.hidden, args.seed))
             return
-        group = pg  # this generation's: a re-formed job has a new one
         # --copy-every K: each rank's state is copied to another rank's memory every K
         # steps; a re-formed job restores from those copies, not from disk
-        copies = None
-        if args.copy_every:
-            copies = PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size)
-        while True:
-            try:
-                await train(args, group, data, copies)
-                return
-            except sw.PeerFailed as error:
-                if not session.live:  # the node agents start every process anew
-                    raise
-                # --recovery live: the survivors re-form in their processes, a new
-                # process replaces the failed rank, and all go on from the peer copies
-                # (or the checkpoint, as a relaunched job would)
-                group = await session.reform(error)
+        copies = peer_copies(args, pg)
+        # --recovery live: when a rank fails, the survivors re-form in their processes, a
+        # new process replaces the failed rank, and train runs again on the new group
+        # from the peer copies (or the checkpoint, as a relaunched job would)
+        await session.recovering(lambda group: train(args, group, data, copies))
 
 
 async def train(
@@ -218,13 +209,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", help="save checkpoints here; resume from the latest")
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
     p.add_argument("--keep", type=int, default=2, help="checkpoints to keep")
-    p.add_argument(
-        "--copy-every",
-        type=int,
-        default=0,
-        help="copy each rank's state to another rank's memory every this many steps; a job "
-        "that recovers live (--recovery live) restores from the copies (0: off)",
-    )
+    add_copy_argument(p)
     p.add_argument(
         "--aggregator",
         choices=["allreduce", "ps"],

@@ -7,8 +7,10 @@ import dataclasses
 import os
 import sys
 import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed, RecoveryError, Token
 from shardwire.protocol.auth import check_bind
@@ -24,6 +26,8 @@ from shardwire.worker.runtime.worker_config import WorkerConfig, check_launched
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
+
+T = TypeVar("T")
 
 # A survivor re-forming waits this long for the coordinator to end the generation (it
 # learns of a peer's death from its link at times before the coordinator does)
@@ -87,6 +91,24 @@ class Session:
         """Whether the job recovers live (``--recovery live``): a survivor of another
         rank's failure re-forms with :meth:`reform` rather than exiting."""
         return self.config.recovery == "live"
+
+    async def recovering(self, train: Callable[[ProcessGroup], Awaitable[T]]) -> T:
+        """Run ``train(group)`` on this generation's group; with live recovery, when a
+        rank's failure ends the generation (``PeerFailed``), re-form (:meth:`reform`) and
+        run it again on the next generation's group, until it returns. ``train`` builds
+        what it needs on the group it is given and restores the state (from peer
+        copies or a checkpoint) before it trains. Without live recovery the error
+        propagates, as from ``train`` itself."""
+        if self.group is None:
+            raise RecoveryError("recovering() is for a session that joined its job")
+        group = self.group
+        while True:
+            try:
+                return await train(group)
+            except PeerFailed as error:
+                if not self.live:
+                    raise
+                group = await self.reform(error)
 
     async def reform(self, error: BaseException | None = None) -> ProcessGroup:
         """Leave the generation another rank's failure ended and join the next one, in

@@ -100,3 +100,53 @@ async def test_reform_before_joining_is_refused() -> None:
     async with coordinator(1) as server:
         with pytest.raises(RecoveryError, match="joined"):
             await init(_config(server, 0)).reform()
+
+
+async def test_recovering_runs_the_training_again_on_the_next_generation_s_group() -> None:
+    async with coordinator(WORLD, max_restarts=1) as server:
+        started, gone = asyncio.Event(), asyncio.Event()
+
+        async def survivor(rank: int) -> list[tuple[int, int]]:
+            runs: list[tuple[int, int]] = []
+
+            async def train(group) -> list[tuple[int, int]]:
+                runs.append((group.rank, group.generation))
+                started.set()
+                await group.all_reduce(np.array([float(group.rank)]))  # fails in generation 1
+                return runs
+
+            session = init(_config(server, rank))
+            async with session:
+                return await session.recovering(train)
+
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(survivor(0), survivor(1), _fails(server, started, gone),
+                           _replacement(server, gone), return_exceptions=True), 60,
+        )  # fmt: skip
+        assert outcomes[0] == [(0, 1), (0, 2)] and outcomes[1] == [(1, 1), (1, 2)]
+
+
+async def test_recovering_without_live_recovery_lets_the_error_through() -> None:
+    async with coordinator(2) as server:
+        started = asyncio.Event()
+
+        async def survivor() -> None:
+            session = init(worker_config(server, 2, 0))
+
+            async def train(group) -> None:
+                started.set()
+                await group.all_reduce(np.ones(4))
+
+            async with session:
+                with pytest.raises(PeerFailed):
+                    await session.recovering(train)
+
+        async def fails() -> None:
+            async with init(worker_config(server, 2, 1)):
+                await started.wait()
+                raise RuntimeError("boom")
+
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(survivor(), fails(), return_exceptions=True), 60
+        )
+        assert outcomes[0] is None and isinstance(outcomes[1], RuntimeError)

@@ -117,11 +117,7 @@ def measure(
             times: list[tuple[float, float]] = []
             firsts: list[float] = []
             for client in clients:
-                assert client.stdout is not None
-                line = client.stdout.readline()
-                if not line:
-                    raise BenchmarkFailed(f"a client process failed (exit {client.wait(60)})")
-                report = json.loads(line)
+                report = _report(client)
                 firsts.append(report["first"])
                 times += [tuple(t) for t in report["joins"]]
             cpu, rss = _proc_stats(coordinator.pid)
@@ -165,6 +161,15 @@ def measure(
     }
 
 
+def _report(client: subprocess.Popen) -> dict:
+    """A client process's next JSON line (its figures)."""
+    assert client.stdout is not None
+    line = client.stdout.readline()
+    if not line:
+        raise BenchmarkFailed(f"a client process failed (exit {client.wait(60)})")
+    return json.loads(line)
+
+
 def _reform(clients: list[subprocess.Popen]) -> float:
     """Live re-formation: one worker fails, the others re-form in their processes and
     its replacement joins; the seconds from the failure to the last worker holding its
@@ -175,11 +180,7 @@ def _reform(clients: list[subprocess.Popen]) -> float:
         client.stdin.flush()
     failed, placed = [], []
     for client in clients:
-        assert client.stdout is not None
-        line = client.stdout.readline()
-        if not line:
-            raise BenchmarkFailed(f"a client process failed (exit {client.wait(60)})")
-        report = json.loads(line)
+        report = _report(client)
         failed.append(report["failed"])
         placed += report["placed"]
     return max(placed) - min(failed)

@@ -34,7 +34,8 @@ import xxhash
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group, Work
-from shardwire.worker.fsdp.persist import Resumed, generator_states, set_generator_states
+from shardwire.worker.fsdp.generators import generator_states, set_generator_states
+from shardwire.worker.fsdp.persist import Resumed
 from shardwire.worker.fsdp.wrapper import FSDP
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ at a time; a new save first waits for the previous one.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
@@ -28,6 +27,7 @@ import numpy as np
 
 from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp import reshard, store
+from shardwire.worker.fsdp.generators import generator_states, set_generator_states
 from shardwire.worker.fsdp.store import CheckpointError
 from shardwire.worker.fsdp.unit import Unit
 from shardwire.worker.kernels.segments import bounds
@@ -112,32 +112,6 @@ def _overlaps(unit: Unit, lo: int, hi: int) -> Iterator[tuple[str, int, int, int
         a, b = max(lo, e.offset), min(hi, e.offset + e.numel)
         if a < b:
             yield e.name, a - e.offset, a, b - a
-
-
-def _generators(fsdp: FSDP, extra: dict[str, np.random.Generator]) -> dict[str, Any]:
-    """Every random generator the model's modules hold, plus the caller's, by name."""
-    found: dict[str, Any] = {}
-    for path, module in fsdp.model.named_modules():
-        for attr, value in vars(module).items():
-            if isinstance(value, np.random.Generator):
-                found[f"model:{path}.{attr}" if path else f"model:{attr}"] = value
-    found.update({f"user:{k}": v for k, v in extra.items()})
-    return found
-
-
-def generator_states(fsdp: FSDP, extra: dict[str, np.random.Generator]) -> dict[str, str]:
-    """Every generator's state by name, as JSON text (a state holds integers wider than
-    64 bits)."""
-    return {name: json.dumps(g.bit_generator.state) for name, g in _generators(fsdp, extra).items()}
-
-
-def set_generator_states(
-    fsdp: FSDP, extra: dict[str, np.random.Generator], saved: dict[str, str]
-) -> None:
-    """Put back the states :func:`generator_states` gave (those it has)."""
-    for name, generator in _generators(fsdp, extra).items():
-        if name in saved:
-            generator.bit_generator.state = json.loads(saved[name])
 
 
 class Checkpointer:

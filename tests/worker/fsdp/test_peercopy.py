@@ -68,6 +68,14 @@ async def _save(ranks, copies, step: int) -> None:
     await asyncio.gather(*(c.wait() for c in copies))
 
 
+async def _train_saving(ranks, copies, steps: int) -> None:
+    """``steps`` steps on every rank, each followed by its copies' save."""
+    for step in range(steps):
+        await asyncio.gather(*(train_rank(f, r, len(ranks), steps=range(step, step + 1))
+                               for r, f in enumerate(ranks)))  # fmt: skip
+        await _save(ranks, copies, step + 1)
+
+
 async def _params(ranks) -> dict:
     return (await asyncio.gather(*(f.state_dict() for f in ranks)))[0]
 
@@ -85,10 +93,7 @@ async def _straight() -> dict:
 async def test_a_replaced_rank_and_the_survivors_roll_back_and_end_as_a_straight_run() -> None:
     copies = [PeerCopies(2, ranks_per_node=2) for _ in range(4)]
     async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
-        for step in range(4):
-            await asyncio.gather(*(train_rank(f, r, 4, steps=range(step, step + 1))
-                                   for r, f in enumerate(ranks)))  # fmt: skip
-            await _save(ranks, copies, step + 1)
+        await _train_saving(ranks, copies, 4)
         at_four = await _state(ranks)
         await asyncio.gather(*(train_rank(f, r, 4, steps=range(4, 5)) for r, f in enumerate(ranks)))
     copies[1] = PeerCopies(2, ranks_per_node=2)  # rank 1's process died with its memory
@@ -111,10 +116,7 @@ async def test_a_replaced_rank_and_the_survivors_roll_back_and_end_as_a_straight
 async def test_a_copy_that_fails_its_digest_is_refused_and_an_older_step_used() -> None:
     copies = [PeerCopies(1, ranks_per_node=1) for _ in range(3)]
     async with fsdp_world(3, Strategy.SHARD_GRAD_OP, "adam") as ranks:
-        for step in range(2):
-            await asyncio.gather(*(train_rank(f, r, 3, steps=range(step, step + 1))
-                                   for r, f in enumerate(ranks)))  # fmt: skip
-            await _save(ranks, copies, step + 1)
+        await _train_saving(ranks, copies, 2)
     copies[0] = PeerCopies(1, ranks_per_node=1)  # rank 0 replaced; rank 1 holds its copies
     copies[1]._held[2].data[0] ^= 0xFF  # its copy of step 2 went bad in memory
     async with fsdp_world(3, Strategy.SHARD_GRAD_OP, "adam") as ranks:
