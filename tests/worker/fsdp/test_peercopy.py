@@ -136,3 +136,12 @@ async def test_copies_of_another_layout_are_not_restored() -> None:
             await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
             == [None] * 2
         )
+
+
+async def test_only_the_newest_keep_steps_are_kept() -> None:
+    one, two = PeerCopies(1, keep=1), PeerCopies(1, keep=2)
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, [one, two], 3)
+        assert sorted(one._own) == [3] and sorted(one._held) == [3]
+        assert sorted(two._own) == [2, 3] and sorted(two._held) == [2, 3]
+        assert one.state_bytes == two.state_bytes > 0
