@@ -297,3 +297,16 @@ def test_the_re_formation_figures_on_the_guide_are_the_kept_benchmark_s() -> Non
     said = f"with 1,000 workers the next generation formed {times[0]:.2f}, {times[1]:.2f} and "
     assert said + f"{times[2]:.2f} s after the failure" in page
     assert all(r["workers"] == 1000 and r["coordinator_exit"] == 0 for r in kept["results"])
+
+
+def test_a_hung_rank_is_killed_by_its_agent_and_replaced(tmp_path, straight) -> None:
+    """A rank stopped (SIGSTOP) stops heartbeating; the coordinator fails it, and under
+    live recovery its agent kills that process, which is still there, and starts it
+    anew; the others re-form and the run ends as the fault-free one."""
+    plan = 'seed = 1\n[[faults]]\nkind = "stop"\nrank = 3\nstep = 30\nfor_s = 30\n'
+    live = ["--max-restarts", "1", "--recovery", "live"]
+    done, entries = _launch(tmp_path, "run", *live, plan=plan, args=("--copy-every", "5"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    _same(tmp_path / "run", straight)
+    assert "rank 3 failed while its process runs (hung?)" in done.stderr
+    assert {r: len(set(p)) for r, p in _pids(entries).items()} == {0: 1, 1: 1, 2: 1, 3: 2}

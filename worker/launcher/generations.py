@@ -67,7 +67,7 @@ class JobWatch:
     def on_generation(self, msg: Restart | Finished) -> None:
         """``Restart``: stop this node's processes now. ``Finished``: the job is done."""
         if isinstance(msg, Restart) and self.supervisor is not None:
-            self.supervisor.note_restart()
+            self.supervisor.note_restart(msg.rank)
         self._decide(msg)
 
     def renew(self, assignment: NodeAssignment) -> None:
@@ -79,6 +79,8 @@ class JobWatch:
         self.verdict = None
         self.lost = False
         self._heard = asyncio.Event()
+        if self.supervisor is not None:
+            self.supervisor.era += 1
 
     async def heard(self) -> None:
         """Until the running generation's verdict is in."""

@@ -36,6 +36,7 @@ class Child:
     returncode: int | None = None
     unresponsive: bool = False  # outlived SIGTERM and was killed
     was_stopped: bool = False  # found stopped (SIGSTOP, a debugger) when the node stopped
+    replaced_in: int | None = None  # live recovery: the era it replaced a dead rank in
 
     def outcome(self) -> str:
         code = self.returncode
@@ -93,6 +94,7 @@ class Supervisor:
         self._spawned = False  # every child started
         self._halted = False  # the generation ended: stop (or do not start) the children
         self._respawned = [0] * launch.nproc  # by local rank (live recovery)
+        self.era = 0  # live recovery: the generations this node's processes went through
         self._group: asyncio.TaskGroup | None = None  # the children's watchers
 
     def child_env(self, local_rank: int) -> dict[str, str]:
@@ -163,6 +165,7 @@ class Supervisor:
         self._respawned[local] += 1
         env = {**self.child_env(local), "SHARDWIRE_GENERATION": "0"}  # whichever forms
         fresh = await self._spawn(local, env)
+        fresh.replaced_in = self.era
         self.children[self.children.index(child)] = fresh
         self._err.write(
             f"[agent]: rank {child.rank} {child.outcome()}; started anew (pid {fresh.proc.pid}, "
@@ -289,12 +292,23 @@ class Supervisor:
             # one stuck elsewhere (the rank a hang inquest named, say) is stopped.
             self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
 
-    def note_restart(self) -> None:
+    def note_restart(self, rank: int = -1) -> None:
         """The generation ended elsewhere: stop this node's processes now (SIGTERM, then
         SIGKILL after the grace period) so the next generation can start. With live
-        recovery they go on: they re-form, and a failed one (named by the coordinator's
-        abort) ends by itself and is started anew."""
+        recovery they go on and re-form; only ``rank``, the one that failed, is killed if
+        it is this node's and its process of the ended generation still runs (a hang): it
+        is then started anew. A process that already replaced it is left alone."""
         if self.launch.respawns:
+            for child in self.children:
+                ended = child.replaced_in != self.era  # it ran in the ended generation
+                if child.rank == rank and child.proc.returncode is None and ended:
+                    self._err.write(
+                        f"[agent]: rank {rank} failed while its process runs (hung?): "
+                        "killing it (SIGKILL) to start it anew\n"
+                    )
+                    self._err.flush()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.proc.pid, signal.SIGKILL)
             return
         self._halted = True
         if self._spawned and self._reaper is None and not self._stopping.is_set():
