@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 from outer import Replicas, add_arguments  # beside this script
-from recovery import add_copy_argument, peer_copies
+from recovery import add_copy_argument, peer_copies, records_from, restore
 
 import shardwire.worker as sw
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import FSDP, Offload, PeerCopies, by_type, latest_checkpoint
+from shardwire.worker.fsdp import FSDP, Offload, PeerCopies, by_type
 from shardwire.worker.nn import Block, Module, TransformerLM, softmax_cross_entropy
 from shardwire.worker.nn.parallel import ParallelBlock
 from shardwire.worker.optim import AdamW, warmup_cosine
@@ -144,22 +144,18 @@ async def resume(
     ckpt = args.checkpoint_dir
     if ckpt and replicas is not None:
         ckpt = replicas.checkpoints(ckpt)
-    resumed = await copies.restore(fsdp, rngs={"draw": draw}) if copies else None
-    saved = await asyncio.to_thread(latest_checkpoint, Path(ckpt)) if ckpt else None
-    if resumed is None and saved is not None:
-        resumed = await fsdp.load(ckpt, rngs={"draw": draw})
-        if replicas is not None:
-            replicas.resume(args.checkpoint_dir, resumed.step)
+    resumed = await restore(fsdp, copies, ckpt, {"draw": draw})
     if resumed is not None:
         step, loss = resumed.step, resumed.extra["loss"]
+        if replicas is not None:
+            replicas.resume(args.checkpoint_dir, step)
     log = RunLog(
         pg,
         Path(args.run_dir or run_dir),
         args.steps,
         every=args.log_every,
         next_free=args.run_dir is None,
-        # a later generation that starts over from step 0 rewrites the records too
-        resume_from=step or (0 if pg.generation > 1 else None),
+        resume_from=records_from(step, pg),
     )
     return step, loss, log
 

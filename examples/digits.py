@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 from outer import Replicas, add_arguments  # beside this script
-from recovery import add_copy_argument, peer_copies
+from recovery import add_copy_argument, peer_copies, records_from, restore
 
 import shardwire.worker as sw
-from shardwire.worker.fsdp import FSDP, PeerCopies, Strategy, by_type, latest_checkpoint
+from shardwire.worker.fsdp import FSDP, PeerCopies, Strategy, by_type
 from shardwire.worker.nn import Linear, Module, ReLU, Sequential, softmax_cross_entropy
 from shardwire.worker.optim import AdamW, warmup_cosine
 from shardwire.worker.runtime.runlog import RunLog
@@ -123,21 +123,17 @@ async def _steps(
     draw = np.random.default_rng(args.seed + 1)  # the data order
     first, last_loss, saving = 0, float("nan"), None
     ckpt = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir)
-    resumed = await copies.restore(fsdp, rngs={"draw": draw}) if copies else None
-    saved = await asyncio.to_thread(latest_checkpoint, Path(ckpt)) if ckpt else None
-    if resumed is None and saved is not None:
-        resumed = await fsdp.load(ckpt, rngs={"draw": draw})
-        replicas.resume(args.checkpoint_dir, resumed.step)
+    resumed = await restore(fsdp, copies, ckpt, {"draw": draw})
     if resumed is not None:
         first, last_loss = resumed.step, resumed.extra["loss"]
+        replicas.resume(args.checkpoint_dir, first)
     log = RunLog(
         pg,
         run_dir,
         args.steps,
         every=args.log_every,
         next_free=args.run_dir is None,
-        # a later generation that starts over from step 0 rewrites the records too
-        resume_from=first or (0 if pg.generation > 1 else None),
+        resume_from=records_from(first, pg),
     )
     mine, share = replicas.rows(args.batch, fsdp.group)
     start = time.perf_counter()

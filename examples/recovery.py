@@ -5,9 +5,13 @@ copied to another rank's memory every K steps, and a job that recovers live
 from __future__ import annotations
 
 import argparse
+import asyncio
+from pathlib import Path
+
+import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker.fsdp import PeerCopies
+from shardwire.worker.fsdp import FSDP, PeerCopies, Resumed, latest_checkpoint
 
 
 def add_copy_argument(p: argparse.ArgumentParser) -> None:
@@ -25,3 +29,20 @@ def peer_copies(args: argparse.Namespace, pg: sw.ProcessGroup) -> PeerCopies | N
     if not args.copy_every:
         return None
     return PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size)
+
+
+async def restore(
+    fsdp: FSDP, copies: PeerCopies | None, ckpt: str | None, rngs: dict[str, np.random.Generator]
+) -> Resumed | None:
+    """The state to go on from: the peers' copies of a re-formed job, else the latest
+    checkpoint in ``ckpt`` (if any), else None (the start)."""
+    resumed = await copies.restore(fsdp, rngs=rngs) if copies else None
+    if resumed is None and ckpt and await asyncio.to_thread(latest_checkpoint, Path(ckpt)):
+        resumed = await fsdp.load(ckpt, rngs=rngs)
+    return resumed
+
+
+def records_from(step: int, pg: sw.ProcessGroup) -> int | None:
+    """The run log's ``resume_from``: the step gone on from; a later generation that
+    starts over from step 0 rewrites the records too (None: a fresh run's)."""
+    return step or (0 if pg.generation > 1 else None)
