@@ -224,7 +224,9 @@ def _two_nodes(tmp_path: Path, name: str, *, lose_b_at: str | None) -> tuple[dic
             proc.communicate(timeout=60)
     if lose_b_at is not None:  # from the copies, not from step 0 (there is no checkpoint)
         resumed = re.search(r"resuming .* at step (\d+)", out)
-        assert resumed and 90 <= int(resumed.group(1)) <= 100, out[-2000:]
+        # at or after the last copy before step 100 (the kill may land a few steps later
+        # than the line that triggered it on a busy machine)
+        assert resumed and int(resumed.group(1)) >= 95, out[-2000:]
     return run_records(run)
 
 
