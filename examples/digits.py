@@ -136,6 +136,7 @@ async def _steps(
         resume_from=records_from(first, pg),
     )
     mine, share = replicas.rows(args.batch, fsdp.group)
+    held = replicas.held(fsdp)  # for a chaos plan's checks; read only under one
     start = time.perf_counter()
     for step in range(first, args.steps):
         with sw.span("data"):  # on the rank's timeline when traced (--trace)
@@ -153,7 +154,7 @@ async def _steps(
         metrics = {"loss": last_loss, "lr": lr}
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             metrics["accuracy"] = await accuracy(fsdp, pg, x_test, y_test)
-        await log.step(step + 1, samples=args.batch, **metrics)
+        await log.step(step + 1, samples=args.batch, read=batch, held=held, **metrics)
         if ckpt and (step + 1) % args.save_every == 0:
             saving = await fsdp.save(
                 ckpt,

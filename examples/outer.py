@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 import shardwire.worker as sw
 from shardwire.worker.collectives import Group
+from shardwire.worker.fsdp import FSDP, held_state
 from shardwire.worker.training.diloco import DiLoCo, Sharded, replica_groups, replica_rows
 
 
@@ -84,6 +86,16 @@ class Replicas:
             "outer_sent_bytes": self.diloco.sent_bytes,
             "outer_largest_exchange_bytes": self.diloco.largest_sent,
         }  # fmt: skip
+
+    def held(self, fsdp: FSDP) -> Callable[[], tuple[str, list[np.ndarray]]]:
+        """What this rank holds, for a chaos plan's checks (``log.step(held=...)``); under
+        DiLoCo the replicas train apart between outer steps, so each is compared apart."""
+
+        def state() -> tuple[str, list[np.ndarray]]:
+            key, arrays = held_state(fsdp)
+            return (f"replica {self.index}: {key}" if self.diloco else key), arrays
+
+        return state
 
     def checkpoints(self, directory: str) -> str:
         """Where this replica's checkpoints go (each replica has its own parameters)."""

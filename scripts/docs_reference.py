@@ -43,6 +43,8 @@ OTHERS = {
     "SHARDWIRE_BENCH_DIR": "Where `shardwire bench` keeps its side environments' files.",
     "SHARDWIRE_CHAOS_LOG": "Set by `shardwire chaos`: the file where the ranks note each "
     "fault they inject and what they learned of failures (unset: the plan's path + `.log`).",
+    "SHARDWIRE_CHAOS_CLEAN": "Set to `1` by `shardwire chaos` for the clean run of a plan "
+    'with `compare = "clean"`: the ranks note their state, and no fault is injected.',
     "XDG_CONFIG_HOME": "Where the user's secret lies from which a Slurm job's token is "
     "derived (`$XDG_CONFIG_HOME/shardwire/secret`; unset: `~/.config/shardwire/secret`).",
     "XDG_RUNTIME_DIR": "Where `launch --standalone` leaves its job's card for `shardwire "
@@ -322,13 +324,14 @@ def chaos_page() -> str:
     }
     for name, field in Plan.model_fields.items():
         default = "required" if field.is_required() else f"`{field.default!r}`"
-        out.append(f"| `{name}` | {default} | {meanings[name]} |")
+        out.append(f"| `{name}` | {default} | {meanings.get(name) or field.description} |")
     out += ["", "## A fault", "", "| key | default | meaning |", "|---|---|---|"]
     for name, field in Fault.model_fields.items():
         default = "required" if field.is_required() else f"`{field.default!r}`"
         text = field.description or "one of the kinds below"
         out.append(f"| `{name}` | {default} | {text} |")
-    out += ["", "Give exactly one of `step` and `after_s`.", "", "## Kinds", ""]
+    out += ["", "Give exactly one of `rank` and `node`, and exactly one of `step`, `after_s`,"]
+    out += ["`every_s` and `collective`.", "", "## Kinds", ""]
     out += ["| kind | what happens |", "|---|---|"]
     out += [f"| `{kind}` | {what} |" for kind, what in KINDS.items()]
     return "\n".join(out) + "\n"

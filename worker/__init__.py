@@ -28,7 +28,7 @@ from shardwire.protocol import (
 )
 from shardwire.worker.api import Session, init
 from shardwire.worker.collectives import Group, ReduceOp, Work
-from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.collectives.process import ProcessGroup, StepState
 from shardwire.worker.observe.trace import span
 from shardwire.worker.parallelism import Mesh, MeshError
 from shardwire.worker.runtime.loop import run
@@ -51,6 +51,7 @@ __all__ = [
     "PeerFailed",
     "ProcessGroup",
     "ReduceOp",
+    "StepState",
     "RendezvousError",
     "Session",
     "ShardwireError",

@@ -15,7 +15,7 @@ import pytest
 from shardwire.worker.chaos.inject import read_log
 from shardwire.worker.transport.shmfiles import SHM_DIR, segment_names
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, page_commands, run
+from .cli import ROOT, SCRIPTS, SHARDWIRE, page_commands, run, start_coordinator
 
 pytestmark = pytest.mark.e2e
 
@@ -87,7 +87,7 @@ def test_an_expectation_that_does_not_hold_fails_the_command(tmp_path) -> None:
 def test_a_bad_plan_stops_before_the_job_starts(tmp_path) -> None:
     done, outcome = _chaos(tmp_path, '[[faults]]\nkind = "kill"\nrank = 1\n')
     assert done.returncode == 2 and outcome == {}
-    assert "faults.0: give exactly one of step, after_s and every_s" in done.stderr
+    assert "faults.0: give exactly one of step, after_s, every_s and collective" in done.stderr
     assert "[coordinator]" not in done.stderr  # nothing was started
 
 
@@ -104,31 +104,49 @@ def test_a_job_without_a_plan_injects_and_notes_nothing(tmp_path) -> None:
     assert not log.exists()
 
 
-def _guide_command() -> str:
-    commands = page_commands((ROOT / "docs" / "guide" / "chaos.md").read_text())
-    (command,) = [c for c in commands if c.startswith("shardwire chaos")]
-    return command
+GUIDE = ROOT / "docs" / "guide" / "chaos.md"
 
 
-@pytest.mark.parametrize(
-    "plan", ["rank-dies.toml", "rank-stalls.toml", "script-raises.yaml"], ids=str
-)
-def test_the_guide_runs_each_example_plan_against_digits(tmp_path, plan: str) -> None:
-    command = _guide_command().replace("rank-dies.toml", plan)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")  # the page's paths, as written
+def _guide_command(plan: str) -> tuple[list[str], dict[str, str]]:
+    """The page's command that runs ``plan`` (the first one's, with its name, when the
+    plan has none of its own), as arguments and the variables it sets."""
+    commands = [c for c in page_commands(GUIDE.read_text()) if "shardwire chaos" in c]
+    command = next((c for c in commands if plan in c), None)
+    if command is None:
+        command = commands[0].replace("rank-dies.toml", plan)
     args = shlex.split(command)
-    assert args[0] == "shardwire"
-    done = _run(
-        [SHARDWIRE, *args[1:]],
-        tmp_path,
-        240,
-        PATH=f"{Path(SHARDWIRE).parent}:{os.environ.get('PATH', '')}",
-    )
+    variables = dict(a.split("=", 1) for a in args[: args.index("shardwire")])
+    return args[args.index("shardwire") + 1 :], variables
+
+
+def _as_written(tmp_path: Path, args: list[str], variables: dict[str, str], timeout: float):
+    """The page's command in ``tmp_path``, where its relative paths hold."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    return _run(
+        [SHARDWIRE, *args], tmp_path, timeout,
+        PATH=f"{Path(SHARDWIRE).parent}:{os.environ.get('PATH', '')}", **variables,
+    )  # fmt: skip
+
+
+PLANS = [
+    "rank-dies.toml", "rank-stalls.toml", "script-raises.yaml", "coordinator-dies.toml",
+    "slow-link.toml",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=str)
+def test_the_guide_runs_each_example_plan_against_digits(tmp_path, plan: str) -> None:
+    args, variables = _guide_command(plan)
+    if "--verdict" not in args:
+        at = args.index("--")
+        args[at:at] = ["--verdict", "verdict.json"]
+    done = _as_written(tmp_path, args, variables, 240)
     assert done.returncode == 0, done.stderr[-3000:]  # the example's expectation held
     outcome = json.loads((tmp_path / "verdict.json").read_text())
     assert outcome["held"] and outcome["faults"][0]["injected"]
+    assert plan == "rank-dies.toml" or outcome["survived"] or plan == "script-raises.yaml"
     if plan == "rank-dies.toml":  # what the page shows, but for times and the error's words
-        shown = (ROOT / "docs" / "guide" / "chaos.md").read_text()
+        shown = GUIDE.read_text()
         sample = re.search(r"```text\n(.*?)```", shown, re.S)
         assert sample is not None
         printed = done.stderr[done.stderr.index("chaos verdict") :].strip()
@@ -284,3 +302,126 @@ def test_the_goodput_figures_on_the_guide_are_the_kept_benchmark_s() -> None:
     for sentence in said:
         assert sentence in page, sentence
     assert {"date", "commit", "machine"} <= set(kept)
+
+
+@pytest.mark.parametrize("kind", ["kill", "raise"])
+def test_a_fault_at_a_collective_strikes_inside_that_call(tmp_path, kind: str) -> None:
+    plan = (
+        'expect = "fail"\nexpect_within_s = 20\nexpect_names = 2\n'
+        f'[[faults]]\nkind = "{kind}"\nrank = 2\ncollective = 7\n'
+    )
+    done, outcome = _chaos(tmp_path, plan)
+    assert done.returncode == 0, done.stderr[-3000:]  # failed fast, naming rank 2
+    (fault,) = outcome["faults"]
+    assert (fault["collective"], fault["op"]) == (7, "all_reduce"), fault
+    assert (
+        f"fault 0 ({kind}) on rank 2" in done.stderr
+        and "in collective 7 (all_reduce)" in done.stderr
+    )
+
+
+NODE_TOKEN = "node-faults-token"
+
+
+def _two_nodes(tmp_path: Path, plan: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``shardwire chaos`` over one command that starts two node agents (two ranks each)
+    of a job whose coordinator runs apart, as two machines' agents would."""
+    coordinator, port = start_coordinator(
+        "--world-size", "4", "--run-id", "nodes", "--http-port", "-1",
+        SHARDWIRE_TOKEN=NODE_TOKEN,
+    )  # fmt: skip
+
+    def agent(node: int) -> str:
+        return shlex.join(
+            [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", "2",
+             "--nproc-per-node", "2", "--run-id", "nodes", "--node-id", f"n{node}",
+             "--node-rank", str(node), str(SCRIPTS / "steps.py")]
+        )  # fmt: skip
+
+    both = (
+        f'{agent(0)} & a=$!; {agent(1)}; b=$?; wait $a; a=$?; [ "$a" = 0 ] && exit "$b"; exit "$a"'
+    )
+    (tmp_path / "plan.toml").write_text(plan)
+    verdict = tmp_path / "verdict.json"
+    try:
+        done = _run(
+            [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), "--",
+             "sh", "-c", both],
+            tmp_path, 180, STEPS="40", STEP_DELAY="0.1", SHARDWIRE_TOKEN=NODE_TOKEN,
+        )  # fmt: skip
+    finally:
+        coordinator.kill()
+        coordinator.communicate(timeout=60)
+    return done, (json.loads(verdict.read_text()) if verdict.exists() else {})
+
+
+def test_a_lost_node_takes_its_agent_and_ranks_and_the_other_node_names_one(tmp_path) -> None:
+    plan = (
+        'expect = "fail"\nexpect_within_s = 30\n[[faults]]\nkind = "kill"\nnode = 1\nafter_s = 2\n'
+    )
+    done, outcome = _two_nodes(tmp_path, plan)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (fault,) = outcome["faults"]
+    assert fault["rank"] == "node 1" and fault["named_rank"] in (2, 3), fault
+    assert fault["detected_by"] in (0, 1)  # a rank of the node that is left
+    assert "fault 0 (kill) on node 1" in done.stderr
+
+
+def test_a_node_frozen_shorter_than_the_heartbeat_timeout_is_waited_for(tmp_path) -> None:
+    plan = 'expect = "survive"\n[[faults]]\nkind = "stop"\nnode = 1\nafter_s = 2\nfor_s = 2\n'
+    done, outcome = _two_nodes(tmp_path, plan)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (fault,) = outcome["faults"]
+    assert fault["injected"] and fault["rank"] == "node 1" and outcome["survived"]
+    assert set(outcome["ranks_ended"].values()) == {"ok"}
+
+
+def test_the_guides_live_recovery_holds_every_invariant_and_equals_the_clean_run(
+    tmp_path,
+) -> None:
+    """The page's live.toml and command: digits under NO_SHARD (every rank a replica)
+    with a rank killed and recovered live from peer copies: the replicas agree at every
+    step, the steps run again read the same samples, and every step's state and loss
+    equal the clean run's, which the same command (``{run}`` in it) ran first."""
+    text = GUIDE.read_text()
+    plans = re.findall(r"```toml\n(.*?)```", text, re.S)
+    (plan,) = [p for p in plans if 'compare = "clean"' in p]
+    (tmp_path / "live.toml").write_text(plan)
+    args, variables = _guide_command("live.toml")
+    at = args.index("--")
+    args[at:at] = ["--verdict", "verdict.json"]
+    done = _as_written(tmp_path, args, variables, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "runs" / "clean" / "summary.json").exists()
+    assert (tmp_path / "runs" / "faulty" / "summary.json").exists()
+    checks = json.loads((tmp_path / "verdict.json").read_text())["invariants"]
+    assert all(c["held"] for c in checks.values()) and set(checks) == {
+        "replicas_agree", "steps_in_order", "data_once", "as_clean",
+    }  # fmt: skip
+    # what the page says: 60 steps of four replicas, steps 26 to 30 twice on each rank
+    assert checks["replicas_agree"]["compared"] >= 60
+    assert checks["data_once"]["compared"] >= 4 * 5
+    assert checks["as_clean"]["compared"] >= 4 * 60
+    assert "invariant as clean" in done.stderr and "shardwire chaos: the clean run" in done.stderr
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_restart_that_forgets_its_data_order_breaks_data_once(tmp_path, forget: bool) -> None:
+    plan = 'expect = "survive"\n[[faults]]\nkind = "kill"\nrank = 1\nstep = 10\n'
+    (tmp_path / "plan.toml").write_text(plan)
+    (tmp_path / "state").mkdir()
+    verdict = tmp_path / "verdict.json"
+    done = _run(
+        [SHARDWIRE, "chaos", "plan.toml", "--verdict", str(verdict), "--", SHARDWIRE, "launch",
+         "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         str(SCRIPTS / "forgetful.py")],
+        tmp_path, 180, STEPS="20", STATE_DIR=str(tmp_path / "state"), FORGET=str(int(forget)),
+    )  # fmt: skip
+    outcome = json.loads(verdict.read_text())
+    assert outcome["survived"], done.stderr[-3000:]
+    checks = outcome["invariants"]
+    assert checks["replicas_agree"]["held"] and checks["steps_in_order"]["held"]
+    assert checks["data_once"]["held"] is not forget, checks
+    assert done.returncode == int(forget)  # broken invariants fail the command
+    if forget:
+        assert "BROKEN: rank" in done.stderr and "read other samples at step" in done.stderr

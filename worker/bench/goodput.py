@@ -112,7 +112,8 @@ def measure(args: Any) -> dict[str, Any]:
             raise BenchmarkFailed(f"the fault-free job failed:\n{done.stderr[-3000:]}")
         steps = _steps(clean / "run")
         (root / "plan.toml").write_text(
-            f"seed = {args.seed}\n\n[[faults]]\nkind = {json.dumps(args.kind)}\n"
+            # no state notes: the fault-free run hashes nothing either
+            f"seed = {args.seed}\ncheck_every = 0\n\n[[faults]]\nkind = {json.dumps(args.kind)}\n"
             f'rank = "random"\nevery_s = {args.every}\n'
             + ("for_s = 1.0\n" if args.kind in ("stop", "block") else "")
         )

@@ -5,8 +5,13 @@ status 2). The command (``shardwire launch ...``, ``shardwire worker ...``) runs
 child with the plan's path in ``SHARDWIRE_CHAOS`` and a fresh chaos log in
 ``SHARDWIRE_CHAOS_LOG``, so the ranks it starts inject their own faults. SIGINT and
 SIGTERM are passed on to it. When it ends, the verdict is printed, written as JSON
-(``--verdict``), and the exit status says whether the plan's expectation held (0) or
-not (1).
+(``--verdict``), and the exit status says whether the plan's expectation and the
+invariants held (0) or not (1).
+
+With ``compare = "clean"`` the command first runs without faults (the ranks only note
+their state, ``SHARDWIRE_CHAOS_CLEAN=1``), then with them. ``{run}`` in the command
+becomes ``clean`` or ``faulty``, so the two runs can keep their run and checkpoint
+directories apart (the faulty one must not resume from the clean one's checkpoint).
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from shardwire.worker.chaos.inject import LOG_VARIABLE, PLAN_VARIABLE, read_log
+from shardwire.worker.chaos.inject import CLEAN_VARIABLE, LOG_VARIABLE, PLAN_VARIABLE, read_log
 from shardwire.worker.chaos.plan import PlanError, load
 from shardwire.worker.chaos.verdict import table, verdict
 
@@ -38,29 +44,54 @@ def run(plan_path: str, command: list[str], verdict_path: str | None) -> int:
         print("shardwire chaos: give the job's command after --", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="shardwire-chaos-") as scratch:
-        log = Path(scratch) / "chaos.jsonl"
-        env = {
-            **os.environ,
-            PLAN_VARIABLE: str(Path(plan_path).absolute()),
-            LOG_VARIABLE: str(log),
-        }
-        started = time.time()
-        try:
-            child = subprocess.Popen(command, env=env)  # noqa: S603 - the user's own command
-        except OSError as exc:
-            print(f"shardwire chaos: cannot start {command[0]}: {exc}", file=sys.stderr)
+        clean = None
+        if plan.compare == "clean":
+            print("shardwire chaos: the clean run (no faults) first", file=sys.stderr, flush=True)
+            code, clean, _started, _finished = _job(plan_path, command, Path(scratch), "clean")
+            if code is None:
+                return 2
+            if code != 0:
+                print(f"shardwire chaos: the clean run failed (exit status {code}): nothing "
+                      "to compare with", file=sys.stderr)  # fmt: skip
+                return 1
+            print("shardwire chaos: the run with faults", file=sys.stderr, flush=True)
+        code, entries, started, finished = _job(plan_path, command, Path(scratch), "faulty")
+        if code is None:
             return 2
-        forwarded = {sig: signal.signal(sig, _forward(child)) for sig in _FORWARDED}
-        try:
-            code = child.wait()
-        finally:
-            for sig, previous in forwarded.items():
-                signal.signal(sig, previous)
-        outcome = verdict(plan, read_log(log), code, started, time.time())
+        outcome = verdict(plan, entries, code, started, finished, clean=clean)
     print(table(outcome), file=sys.stderr, flush=True)
     if verdict_path:
         Path(verdict_path).write_text(json.dumps(outcome, indent=2))
     return 0 if outcome["held"] else 1
+
+
+def _job(
+    plan_path: str, command: list[str], scratch: Path, run: str
+) -> tuple[int | None, list[dict[str, Any]], float, float]:
+    """Run ``command`` (``{run}`` in it replaced by ``run``) with the plan: its faults, or
+    for the clean run only its checks. Returns the exit status (None: it could not
+    start), the chaos log's entries, and when it started and ended."""
+    log = scratch / f"{run}.jsonl"
+    env = {
+        **os.environ,
+        PLAN_VARIABLE: str(Path(plan_path).absolute()),
+        LOG_VARIABLE: str(log),
+        CLEAN_VARIABLE: "1" if run == "clean" else "0",
+    }
+    argv = [arg.replace("{run}", run) for arg in command]
+    started = time.time()
+    try:
+        child = subprocess.Popen(argv, env=env)  # noqa: S603 - the user's own command
+    except OSError as exc:
+        print(f"shardwire chaos: cannot start {argv[0]}: {exc}", file=sys.stderr)
+        return None, [], started, started
+    forwarded = {sig: signal.signal(sig, _forward(child)) for sig in _FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for sig, previous in forwarded.items():
+            signal.signal(sig, previous)
+    return code, read_log(log), started, time.time()
 
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)

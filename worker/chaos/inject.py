@@ -7,10 +7,14 @@ task, no check on any path.
 
 A fault at a step fires when this rank finishes that step (``pg.step_finished``, which
 the run log calls every step and ``pg.report_progress`` calls too), or the first step
-reported after it; a
-fault at a time fires that long after the rank joined, from a task the injector owns.
-A ``raise`` at a step raises out of ``report_progress``; at a time, it poisons the
-rank's transport, so its collectives raise it.
+reported after it; a fault at a collective fires as the rank's world group places that
+call (``pg.watch_calls``, installed only for a plan with such a fault); a fault at a
+time fires that long after the rank joined, from a task the injector owns.
+A ``raise`` at a step raises out of ``report_progress``; at a time or a collective, it
+poisons the rank's transport, so its collectives raise it.
+Every ``check_every`` steps, where the script handed the run log what it read and what
+it holds, the rank notes a fingerprint of each (and the loss) for the verdict's
+invariant checks.
 Before acting, the injector appends what it does to the chaos log (one JSON line:
 fault, rank, step, time), and marks it on the timeline when the job is traced. The
 log also gets one line when the rank's session ends, with how it ended: that is how
@@ -34,10 +38,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import xxhash
+
 from shardwire.protocol import ShardwireError
 from shardwire.worker.chaos.links import LinkFaults
 from shardwire.worker.chaos.plan import NETWORK, Plan, Scheduled, load
-from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.collectives.process import ProcessGroup, StepState
 from shardwire.worker.fsdp.store import SlowDisk
 from shardwire.worker.observe import trace
 from shardwire.worker.transport.base import Transport
@@ -46,6 +53,7 @@ from shardwire.worker.transport.shmfiles import SHM_DIR, run_prefix
 
 PLAN_VARIABLE = "SHARDWIRE_CHAOS"
 LOG_VARIABLE = "SHARDWIRE_CHAOS_LOG"
+CLEAN_VARIABLE = "SHARDWIRE_CHAOS_CLEAN"  # "1": the plan's checks, none of its faults
 
 
 class InjectedFault(ShardwireError):
@@ -55,11 +63,12 @@ class InjectedFault(ShardwireError):
 class Injector:
     """This rank's faults of a plan, fired by step or by time."""
 
-    def __init__(self, plan: Plan, group: ProcessGroup, log: Path) -> None:
+    def __init__(self, plan: Plan, group: ProcessGroup, log: Path, *, clean: bool = False) -> None:
         self.group = group
         self.rank = group.rank
         self.log = log
         self.started = time.time()
+        self.check_every = plan.check_every
         entries = read_log(log)
         fired = _fired(entries)  # a restarted job does not get a fault twice
         # every_s faults count from the job's start: the first rank that ever joined
@@ -70,7 +79,7 @@ class Injector:
         mine = [
             s
             for s in plan.schedule(group.world_size)
-            if s.rank == self.rank and (s.index, s.occurrence) not in fired
+            if s.rank == self.rank and (s.index, s.occurrence) not in fired and not clean
         ]
         # an every_s occurrence due while the job was down (restarting) hits nothing
         mine = [s for s in mine if s.at_s is None or self.epoch + s.at_s > self.started]
@@ -80,25 +89,35 @@ class Injector:
         self.by_step = sorted(
             (s for s in mine if s.fault.step is not None), key=lambda s: s.fault.step or 0
         )
+        self.by_call = sorted(
+            (s for s in mine if s.fault.collective is not None),
+            key=lambda s: s.fault.collective or 0,
+        )
+        if self.by_call:  # only then: the other ranks' calls go as they always do
+            group.watch_calls(self._called)
         self._tasks = [
             asyncio.ensure_future(self._at(s))
             for s in mine
             if s.fault.after_s is not None or s.at_s is not None
         ]
-        # only then: a rank without faults steps as it always does (a later generation's
-        # first step says when the job trained again)
-        if mine or group.generation > 1:
-            group.watch_steps(self._stepped)
+        group.watch_steps(self._stepped)
         joined = {"world": group.world_size, "generation": group.generation, "pid": os.getpid()}
         self.note({"event": "joined", **joined})
         _note_termination(self)
 
-    def _stepped(self, step: int) -> None:
+    def _stepped(self, step: int, state: StepState | None) -> None:
         if self.last_step is None:  # this process's first step: when the job got going again
             self.note({"event": "stepped", "step": step, "generation": self.group.generation})
         self.last_step = step
+        if state is not None and self.check_every and step % self.check_every == 0:
+            self.note({"event": "state", "step": step, **_fingerprints(state),
+                       "generation": self.group.generation, "pid": os.getpid()})  # fmt: skip
         while self.by_step and (self.by_step[0].fault.step or 0) <= step:
             self.fire(self.by_step.pop(0), step)  # a step passed unreported still counts
+
+    def _called(self, seq: int, op: str) -> None:
+        while self.by_call and (self.by_call[0].fault.collective or 0) <= seq:
+            self.fire(self.by_call.pop(0), self.last_step, call=(seq, op))
 
     async def _at(self, scheduled: Scheduled) -> None:
         if scheduled.at_s is not None:  # from the job's start
@@ -107,9 +126,13 @@ class Injector:
             await asyncio.sleep(scheduled.fault.after_s or 0.0)
         self.fire(scheduled, self.last_step)
 
-    def fire(self, scheduled: Scheduled, step: int | None) -> None:
+    def fire(
+        self, scheduled: Scheduled, step: int | None, *, call: tuple[int, str] | None = None
+    ) -> None:
         fault = scheduled.fault
         entry = {"event": "injected", "fault": scheduled.index, "kind": fault.kind, "step": step}
+        if call is not None:  # in which collective: its sequence number and op
+            entry.update(collective=call[0], op=call[1])
         self.note({**entry, "occurrence": scheduled.occurrence})
         tracer = trace.current()
         if tracer is not None:
@@ -124,7 +147,7 @@ class Injector:
         elif fault.kind == "term":
             os.kill(os.getpid(), signal.SIGTERM)
         elif fault.kind == "stop":
-            _resume_later(fault.for_s)
+            resume_later(fault.for_s, [os.getpid()])
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.kind == "block":
             time.sleep(fault.for_s)  # on the event loop's thread, on purpose
@@ -137,7 +160,7 @@ class Injector:
             SlowDisk.delay_s, SlowDisk.until = fault.delay_s, time.monotonic() + fault.for_s
         else:
             error = InjectedFault(f"fault {scheduled.index} of the chaos plan ({fault.kind})")
-            if step is not None:
+            if step is not None and call is None:
                 raise error  # out of report_progress, into the script
             self.group.transport.abort(error)  # its collectives raise it from now on
 
@@ -182,6 +205,22 @@ def _note_termination(injector: Injector) -> None:
 
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, on_term)
+
+
+def _fingerprints(state: StepState) -> dict[str, Any]:
+    """xxh3 digests of what the rank read and holds after a step, with the loss."""
+    out: dict[str, Any] = {}
+    if state.read is not None:
+        out["read"] = xxhash.xxh3_64_hexdigest(np.ascontiguousarray(state.read).data)
+    if state.held is not None:
+        key, arrays = state.held()
+        digest = xxhash.xxh3_64()
+        for array in arrays:
+            digest.update(np.ascontiguousarray(array).data)
+        out.update(key=key, digest=digest.hexdigest())
+    if state.loss is not None:
+        out["loss"] = state.loss
+    return out
 
 
 def _described(error: BaseException) -> dict[str, str]:
@@ -229,13 +268,18 @@ def _fired(entries: list[dict[str, Any]]) -> set[tuple[int, int]]:
     return {(e["fault"], e.get("occurrence", 0)) for e in entries if e.get("event") == "injected"}
 
 
-def _resume_later(seconds: float) -> None:
-    """A process that sends this one SIGCONT in ``seconds`` (a stopped process cannot)."""
-    code = "import os, signal, sys, time; time.sleep(float(sys.argv[2])); " + (
-        "os.kill(int(sys.argv[1]), signal.SIGCONT)"
+def resume_later(seconds: float, pids: list[int]) -> None:
+    """A process that sends SIGCONT to ``pids`` (a negative one: that process group) in
+    ``seconds`` (a stopped process cannot)."""
+    code = (
+        "import contextlib, os, signal, sys, time\n"
+        "time.sleep(float(sys.argv[1]))\n"
+        "for p in sys.argv[2:]:\n"
+        "    with contextlib.suppress(OSError):\n"
+        "        os.kill(int(p), signal.SIGCONT)\n"
     )
     subprocess.Popen(  # noqa: S603 - our own interpreter and code, no shell
-        [sys.executable, "-c", code, str(os.getpid()), str(seconds)],
+        [sys.executable, "-c", code, str(seconds), *map(str, pids)],
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -263,4 +307,4 @@ def from_environment(environ: Mapping[str, str], group: ProcessGroup) -> Injecto
     log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
     with contextlib.suppress(OSError):
         log.parent.mkdir(parents=True, exist_ok=True)
-    return Injector(load(path), group, log)
+    return Injector(load(path), group, log, clean=environ.get(CLEAN_VARIABLE) == "1")

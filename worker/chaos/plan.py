@@ -15,8 +15,13 @@ that arrives over the network can enable injection. It is a seeded list of fault
     [[faults]]
     kind = "stop"
     rank = "random"
-    after_s = 4.0            # ... or this long after the rank joined
-    for_s = 2.0              # stop and block last this long
+    after_s = 4.0            # ... or this long after the rank joined (or collective = 120:
+    for_s = 2.0              # as it starts its 120th collective); stop, block last this long
+
+    [[faults]]
+    kind = "kill"
+    node = 1                 # a whole node: its agent and every rank it started
+    after_s = 6.0
 
 The same plan and seed give the same schedule (:meth:`Plan.schedule`): the same faults
 on the same ranks at the same steps.
@@ -76,6 +81,7 @@ MAX_OCCURRENCES = 2_000  # of one every_s fault (at every_s = 30: over 16 hours)
 TIMED = frozenset({"stop", "block", "delay", "throttle", "blackhole", "slow_disk"})
 MAX_FAULTS = 100
 COORDINATOR = -1  # the rank of a fault scheduled on the coordinator
+NODE = -2  # the rank of a fault scheduled on a node (its agent injects it)
 
 
 def _bad(message: str) -> PydanticCustomError:
@@ -93,10 +99,23 @@ class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Kind
-    rank: int | Literal["random", "coordinator"] = Field(
-        description="the rank it hits, random, or the coordinator (kill, stop, term at a time)"
+    rank: int | Literal["random", "coordinator"] | None = Field(
+        None,
+        description="the rank it hits, random, or the coordinator (kill, stop, term at a time)",
+    )
+    node: int | None = Field(
+        None,
+        ge=0,
+        description="instead of rank: the node (by node rank) whose agent and ranks it hits "
+        "(kill, stop, term at a time)",
     )
     step: int | None = Field(None, ge=0, description="when the rank reports this step")
+    collective: int | None = Field(
+        None,
+        ge=1,
+        description="as the rank starts this collective call of its world group (1 is the "
+        "first; kill, stop, term, raise and block)",
+    )
     after_s: float | None = Field(None, ge=0, description="seconds after the rank joined")
     every_s: float | None = Field(
         None,
@@ -118,8 +137,17 @@ class Fault(BaseModel):
 
     @model_validator(mode="after")
     def _when(self) -> Fault:
-        if sum(w is not None for w in (self.step, self.after_s, self.every_s)) != 1:
-            raise _bad("give exactly one of step, after_s and every_s")
+        whens = (self.step, self.after_s, self.every_s, self.collective)
+        if sum(w is not None for w in whens) != 1:
+            raise _bad("give exactly one of step, after_s, every_s and collective")
+        if (self.rank is None) == (self.node is None):
+            raise _bad("give exactly one of rank and node")
+        if self.collective is not None and self.kind not in PROCESS:
+            raise _bad(f"collective is for kill, term, stop, raise and block, not {self.kind}")
+        if self.node is not None and self.kind not in ("kill", "stop", "term"):
+            raise _bad(f"a node takes kill, stop and term, not {self.kind}")
+        if self.node is not None and self.after_s is None:
+            raise _bad("a fault on a node is timed: give after_s")
         if self.every_s is not None and self.kind not in PROCESS:
             raise _bad(f"every_s is for kill, term, stop, raise and block, not {self.kind}")
         if self.kind in TIMED and self.for_s <= 0:
@@ -146,6 +174,11 @@ class Fault(BaseModel):
             raise _bad("peer must be another rank than rank")
         return self
 
+    @property
+    def on_rank(self) -> bool:
+        """Whether a rank injects it into itself (not the coordinator, not a node)."""
+        return self.node is None and self.rank != "coordinator"
+
 
 class Plan(BaseModel):
     """A seeded list of faults and what the job should do under them."""
@@ -156,6 +189,22 @@ class Plan(BaseModel):
     faults: list[Fault] = Field(min_length=1, max_length=MAX_FAULTS)
     expect: Literal["survive", "fail"] | None = None
     expect_within_s: float | None = Field(None, gt=0)
+    expect_names: int | None = Field(
+        None,
+        ge=0,
+        description="the error of the rank that first noticed the first fault names this rank",
+    )
+    compare: Literal["clean"] | None = Field(
+        None,
+        description="clean: run the same command without faults first; the faulty run's "
+        "final loss and every step's state must equal the clean run's",
+    )
+    check_every: int = Field(
+        1,
+        ge=0,
+        description="the ranks note the digest of their state and their data position every "
+        "this many steps (where the script hands them to the run log); 0: never",
+    )
 
     def on_coordinator(self) -> list[Scheduled]:
         """The faults that hit the coordinator."""
@@ -165,16 +214,24 @@ class Plan(BaseModel):
             if f.rank == "coordinator"
         ]
 
+    def on_node(self, node: int) -> list[Scheduled]:
+        """The faults that hit the node of node rank ``node``."""
+        return [
+            Scheduled(index=i, fault=f, rank=NODE)
+            for i, f in enumerate(self.faults)
+            if f.node == node
+        ]
+
     def occurrences(self, index: int, world_size: int) -> list[Scheduled]:
         """The occurrences of the ``every_s`` fault ``index``: times from the job's start
         and ranks drawn from the seed (the same for the same seed, fault and world)."""
         fault = self.faults[index]
-        assert fault.every_s is not None and fault.rank != "coordinator"  # refused at load
+        assert fault.every_s is not None and fault.on_rank  # refused at load
         rng = random.Random(f"{self.seed}:{index}")
         at, out = 0.0, []
         for k in range(MAX_OCCURRENCES):
             at += rng.expovariate(1.0 / fault.every_s)
-            rank = rng.randrange(world_size) if fault.rank == "random" else int(fault.rank)
+            rank = _drawn(fault, rng, world_size)
             out.append(Scheduled(index=index, fault=fault, rank=rank, occurrence=k, at_s=at))
         return out
 
@@ -183,8 +240,9 @@ class Plan(BaseModel):
         rng = random.Random(self.seed)
         out = []
         for index, fault in enumerate(self.faults):
-            if fault.rank == "coordinator":
-                out.append(Scheduled(index=index, fault=fault, rank=COORDINATOR))
+            if not fault.on_rank:  # the launcher or a node agent injects it
+                rank = COORDINATOR if fault.node is None else NODE
+                out.append(Scheduled(index=index, fault=fault, rank=rank))
                 continue
             if fault.every_s is not None:  # its own draws: the others' stay as they were
                 if isinstance(fault.rank, int) and fault.rank >= world_size:
@@ -193,13 +251,21 @@ class Plan(BaseModel):
                     )
                 out.extend(self.occurrences(index, world_size))
                 continue
-            rank = rng.randrange(world_size) if fault.rank == "random" else fault.rank
+            rank = _drawn(fault, rng, world_size)
             if rank >= world_size:
                 raise PlanError(f"faults.{index}.rank: {rank} is not a rank of {world_size}")
             if fault.peer is not None and fault.peer >= world_size:
                 raise PlanError(f"faults.{index}.peer: {fault.peer} is not a rank of {world_size}")
             out.append(Scheduled(index=index, fault=fault, rank=rank))
         return out
+
+
+def _drawn(fault: Fault, rng: random.Random, world_size: int) -> int:
+    """The rank a fault on a rank hits: its own, or one drawn from ``rng``."""
+    if fault.rank == "random":
+        return rng.randrange(world_size)
+    assert isinstance(fault.rank, int)  # a fault on a rank (on_rank)
+    return fault.rank
 
 
 class Scheduled(BaseModel):
@@ -209,7 +275,7 @@ class Scheduled(BaseModel):
 
     index: int
     fault: Fault
-    rank: int  # COORDINATOR for the coordinator
+    rank: int  # COORDINATOR for the coordinator, NODE for a node
     occurrence: int = 0  # of an every_s fault
     at_s: float | None = None  # of an every_s fault: seconds from the job's start
 

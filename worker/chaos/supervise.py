@@ -1,10 +1,14 @@
-"""Faults the launcher injects into a process it started: the coordinator.
+"""Faults a launcher injects into processes it started: the coordinator, or a node.
 
 ``shardwire launch --standalone`` (and the first node of a scheduler's job) runs the
 job's coordinator as its child. With a plan that has faults on the coordinator
 (``rank = "coordinator"``, at ``after_s``), the launcher signals that child itself: a
-coordinator is a separate program that knows nothing of plans. Each injection is noted
-in the chaos log, like the ranks' own (``rank`` -1), and fires once per job.
+coordinator is a separate program that knows nothing of plans. A fault on a node
+(``node = N``, at ``after_s`` after the node's agent was placed) is injected by that
+node's agent into itself and every rank it started, at once: a machine lost, frozen
+or shut down. Each injection is noted in the chaos log, like the ranks' own (``rank``
+-1 for the coordinator, -2 for a node, with the node and its ranks), and fires once
+per job.
 """
 
 from __future__ import annotations
@@ -18,8 +22,14 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from shardwire.worker.chaos.inject import LOG_VARIABLE, PLAN_VARIABLE, fired_faults
-from shardwire.worker.chaos.plan import COORDINATOR, Scheduled, load
+from shardwire.worker.chaos.inject import (
+    CLEAN_VARIABLE,
+    LOG_VARIABLE,
+    PLAN_VARIABLE,
+    fired_faults,
+    resume_later,
+)
+from shardwire.worker.chaos.plan import COORDINATOR, NODE, Scheduled, load
 
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
 
@@ -31,7 +41,7 @@ def coordinator_faults(
     at the time (a killed coordinator may be started again; the caller owns the task and
     cancels it when the job ends); None without any."""
     path = environ.get(PLAN_VARIABLE)
-    if not path:
+    if not path or environ.get(CLEAN_VARIABLE) == "1":  # the clean run: checks, no faults
         return None
     log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
     fired = fired_faults(log)
@@ -39,6 +49,50 @@ def coordinator_faults(
     if not faults:
         return None
     return asyncio.ensure_future(_inject(faults, pid, log))
+
+
+def node_faults(
+    environ: Mapping[str, str], node: int, ranks: list[int], pids: Callable[[], list[int]]
+) -> asyncio.Task[None] | None:
+    """A task that injects the plan's faults on node ``node`` (its ``ranks``) into this
+    agent and the processes ``pids()`` names at the time, each the leader of its own
+    process group (the caller owns the task); None without any."""
+    path = environ.get(PLAN_VARIABLE)
+    if not path or environ.get(CLEAN_VARIABLE) == "1":
+        return None
+    log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
+    fired = fired_faults(log)
+    faults = [s for s in load(path).on_node(node) if (s.index, 0) not in fired]
+    if not faults:
+        return None
+    return asyncio.ensure_future(_on_node(faults, node, ranks, pids, log))
+
+
+async def _on_node(
+    faults: list[Scheduled],
+    node: int,
+    ranks: list[int],
+    pids: Callable[[], list[int]],
+    log: Path,
+) -> None:
+    started = time.monotonic()
+    for scheduled in sorted(faults, key=lambda s: s.fault.after_s or 0.0):
+        fault = scheduled.fault
+        await asyncio.sleep(max(0.0, (fault.after_s or 0.0) - (time.monotonic() - started)))
+        entry = {"rank": NODE, "node": node, "ranks": ranks, "t": time.time()}
+        entry.update(event="injected", fault=scheduled.index, kind=fault.kind, step=None)
+        with log.open("a") as out:
+            out.write(json.dumps(entry) + "\n")
+        groups = [-pid for pid in pids()]  # each rank's whole process group
+        if fault.kind == "term":  # a node shut down: its agent stops its ranks as it would
+            os.kill(os.getpid(), signal.SIGTERM)
+            continue
+        if fault.kind == "stop":
+            resume_later(fault.for_s, [os.getpid(), *groups])
+        for target in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, _SIGNALS[fault.kind])
+        os.kill(os.getpid(), _SIGNALS[fault.kind])  # the agent last: it is the one acting
 
 
 async def _inject(faults: list[Scheduled], pid: Callable[[], int], log: Path) -> None:

@@ -5,7 +5,9 @@ which rank and at which step; when the job first noticed it (the first other ran
 learned of a failure after it: its peer connection saw it, or the coordinator told it),
 which rank that was and whom its error named; and the job's fate. The plan's
 expectation is then checked: ``survive`` (the job exited 0) or ``fail`` (it exited
-non-zero, and with ``expect_within_s`` it was over within that long of the first fault).
+non-zero, and with ``expect_within_s`` it was over within that long of the first fault;
+with ``expect_names`` the rank that first noticed the first fault named that rank). The
+invariants of :mod:`invariants` hold too, where the ranks noted their state.
 """
 
 from __future__ import annotations
@@ -13,15 +15,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shardwire.worker.chaos.plan import COORDINATOR, Plan
+from shardwire.worker.chaos import invariants
+from shardwire.worker.chaos.plan import COORDINATOR, NODE, Plan
 
 _NAMED = re.compile(r"\brank (\d+)\b")
 
 
 def verdict(
-    plan: Plan, entries: list[dict[str, Any]], exit_code: int, started: float, finished: float
+    plan: Plan,
+    entries: list[dict[str, Any]],
+    exit_code: int,
+    started: float,
+    finished: float,
+    *,
+    clean: list[dict[str, Any]] | None = None,
 ) -> dict:
-    """The verdict of a job that ran from ``started`` to ``finished`` (wall clock)."""
+    """The verdict of a job that ran from ``started`` to ``finished`` (wall clock);
+    ``clean``: the chaos log of the same job run without faults (``compare = "clean"``)."""
     hits = sorted((e for e in entries if e.get("event") == "injected"), key=lambda e: e["t"])
     ended = sorted((e for e in entries if e.get("event") == "ended"), key=lambda e: e["t"])
     heard = sorted(
@@ -39,7 +49,7 @@ def verdict(
             faults.append(
                 _record(index, fault.kind, hit, heard=heard, stepped=stepped, started=started)
             )
-    outcome = {
+    outcome: dict[str, Any] = {
         "seed": plan.seed,
         "exit_code": exit_code,
         "survived": exit_code == 0,
@@ -50,7 +60,19 @@ def verdict(
         "processes": len({e["pid"] for e in entries if e.get("event") == "joined" and "pid" in e}),
     }
     first = hits[0]["t"] if hits else None
-    outcome["expectation"], outcome["held"] = _expectation(plan, first, finished, exit_code)
+    expectation, held = _expectation(plan, first, finished, exit_code)
+    if plan.expect_names is not None:  # the first fault's: the first to be injected
+        order = sorted((f for f in faults if f["injected"]), key=lambda f: f["injected_at_s"])
+        expectation += f", naming rank {plan.expect_names}"
+        held = held and bool(order) and order[0].get("named_rank") == plan.expect_names
+    checked = invariants.check(entries, plan.check_every, clean)
+    missed = [f["fault"] for f in faults if not f["injected"]]
+    outcome.update(
+        expectation=expectation,
+        invariants=checked,
+        never_injected=missed,  # an expectation is not tested by a fault that never came
+        held=held and not missed and all(c["held"] for c in checked.values()),
+    )
     return outcome
 
 
@@ -68,11 +90,14 @@ def _record(
         "kind": kind,
         "injected": True,
         "occurrence": hit.get("occurrence", 0),
-        "rank": hit["rank"] if hit["rank"] != COORDINATOR else "coordinator",
+        "rank": _target(hit),
         "step": hit.get("step"),
         "injected_at_s": round(hit["t"] - started, 3),
     }
-    noticed = next((e for e in heard if e["t"] >= hit["t"] and e["rank"] != hit["rank"]), None)
+    if "collective" in hit:
+        record.update(collective=hit["collective"], op=hit["op"])
+    hit_ranks = set(hit.get("ranks", [hit["rank"]]))  # a node's: all of its ranks
+    noticed = next((e for e in heard if e["t"] >= hit["t"] and e["rank"] not in hit_ranks), None)
     if noticed is not None:
         named = _NAMED.search(noticed.get("message", ""))
         record.update(
@@ -88,6 +113,15 @@ def _record(
             if hit.get("step") is not None:
                 record["steps_lost"] = max(0, hit["step"] - again["step"] + 1)
     return record
+
+
+def _target(hit: dict[str, Any]) -> int | str:
+    """Whom a fault hit: a rank, the coordinator, or a node."""
+    if hit["rank"] == COORDINATOR:
+        return "coordinator"
+    if hit["rank"] == NODE:
+        return f"node {hit['node']}"
+    return int(hit["rank"])
 
 
 def _expectation(
@@ -113,8 +147,11 @@ def table(outcome: dict) -> str:
         if not f["injected"]:
             lines.append(f"  fault {f['fault']} ({f['kind']}): never injected")
             continue
-        who = "the coordinator" if f["rank"] == "coordinator" else f"rank {f['rank']}"
+        who = f["rank"] if isinstance(f["rank"], str) else f"rank {f['rank']}"
+        who = "the coordinator" if who == "coordinator" else who
         where = who + (f" at step {f['step']}" if f["step"] is not None else "")
+        if "collective" in f:
+            where += f" in collective {f['collective']} ({f['op']})"
         seen = "not noticed by another rank"
         if "detected_by" in f:
             seen = (
@@ -126,6 +163,15 @@ def table(outcome: dict) -> str:
         lines.append(
             f"  fault {f['fault']} ({f['kind']}) on {where}, {f['injected_at_s']:.2f} s in: {seen}"
         )
+    if not outcome["invariants"]:
+        lines.append("  invariants: not checked (the script handed the run log no read= or held=)")
+    for name, result in outcome["invariants"].items():
+        state = "held" if result["held"] else f"BROKEN: {result['breach']}"
+        named = name.replace("_", " ")
+        lines.append(f"  invariant {named} ({result['compared']} compared): {state}")
     held = "held" if outcome["held"] else "did NOT hold"
+    if outcome["never_injected"]:
+        faults = ", ".join(map(str, outcome["never_injected"]))
+        held += f" (fault {faults} never injected: the job ended first, or no rank reached it)"
     lines.append(f"  expected: {outcome['expectation']}: {held}")
     return "\n".join(lines)

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.messages import Heartbeat
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
 from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What a rank holds after a step, for whoever watches the steps (a chaos plan's
+    invariant checks); computed only when a watcher asks.
+
+    Attributes:
+        read: the indices of the samples this rank read in the step (or any array that
+            says where it is in its data).
+        held: ``() -> (key, arrays)``: what the rank holds (parameters, optimizer state);
+            ranks with the same key must hold the same bytes (replicas).
+        loss: the step's loss, as the script logged it.
+    """
+
+    read: np.ndarray | None = None
+    held: Callable[[], tuple[str, Sequence[np.ndarray]]] | None = None
+    loss: float | None = None
+
+
+StepWatcher = Callable[[int, StepState | None], None]
 
 
 class ProcessGroup(Group):
@@ -42,7 +67,7 @@ class ProcessGroup(Group):
         self.node_rank = node_rank
         self.generation = generation
         self._progress = progress or (lambda _heartbeat: None)
-        self._watchers: list[Callable[[int], None]] = []  # told each step reported
+        self._watchers: list[StepWatcher] = []  # told each step reported
         self.interactive = interactive  # a person watches this job's output on a terminal
 
     def report_progress(
@@ -82,16 +107,29 @@ class ProcessGroup(Group):
         )
         self.step_finished(step)
 
-    def step_finished(self, step: int) -> None:
-        """This rank finished ``step`` (the run log says so every step, and
-        :meth:`report_progress` too): the watchers are told."""
+    def step_finished(self, step: int, state: StepState | None = None) -> None:
+        """This rank finished ``step`` (the run log says so every step, with what the
+        script handed it, and :meth:`report_progress` too): the watchers are told."""
         for watcher in self._watchers:
-            watcher(step)
+            watcher(step, state)
 
-    def watch_steps(self, watcher: Callable[[int], None]) -> None:
-        """Call ``watcher(step)`` at each :meth:`step_finished` (what it raises, that
-        raises)."""
+    def watch_steps(self, watcher: StepWatcher) -> None:
+        """Call ``watcher(step, state)`` at each :meth:`step_finished` (what it raises,
+        that raises)."""
         self._watchers.append(watcher)
+
+    def watch_calls(self, watcher: Callable[[int, str], None]) -> None:
+        """Call ``watcher(seq, op)`` as each call of this group is placed (numbered from
+        1). Only a group that is watched pays for it: the watch wraps this group's own
+        call start, nothing is checked on the calls of any other."""
+        start = self._start
+
+        def started(op: Any, timeout: float | None) -> Any:
+            pending = start(op, timeout)
+            watcher(self._seq, op.kind)
+            return pending
+
+        self._start = started  # type: ignore[method-assign]
 
     @property
     def nnodes(self) -> int:

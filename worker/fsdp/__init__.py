@@ -3,7 +3,7 @@
 from shardwire.worker.fsdp.config import FSDPConfig, MixedPrecision
 from shardwire.worker.fsdp.offload import Offload
 from shardwire.worker.fsdp.partition import fingerprint
-from shardwire.worker.fsdp.peercopy import PeerCopies
+from shardwire.worker.fsdp.peercopy import PeerCopies, held_state
 from shardwire.worker.fsdp.persist import Resumed, SaveReport
 from shardwire.worker.fsdp.store import CheckpointCorrupt, CheckpointError
 from shardwire.worker.fsdp.store import latest as latest_checkpoint
@@ -25,5 +25,6 @@ __all__ = [
     "by_size",
     "by_type",
     "fingerprint",
+    "held_state",
     "latest_checkpoint",
 ]

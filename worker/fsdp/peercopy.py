@@ -36,6 +36,7 @@ from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp.generators import generator_states, set_generator_states
 from shardwire.worker.fsdp.persist import Resumed
+from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.fsdp.wrapper import FSDP
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,19 @@ def layout_of(fsdp: FSDP) -> list[tuple[str, np.ndarray]]:
         slots = state[index] if index < len(state) else {}
         out += [(f"{index}:{slot}", slots[slot]) for slot in sorted(slots)]
     return out
+
+
+def held_state(fsdp: FSDP) -> tuple[str, list[np.ndarray]]:
+    """What this rank holds (its shards and optimizer slots), with a key that ranks
+    holding the same bytes share: every rank under NO_SHARD, the same shard of each
+    replica under HYBRID_SHARD (in the same stage and tensor-parallel slice of a mesh).
+    A chaos plan's checks compare the digests of the ranks of one key."""
+    group = fsdp.shard_group
+    key = "whole" if fsdp.strategy is Strategy.NO_SHARD else f"shard {group.rank}/{group.size}"
+    if fsdp.mesh is not None:
+        c = fsdp.mesh.coords
+        key = f"stage {c.stage}, tp {c.shard}: {key}"
+    return key, [array for _name, array in layout_of(fsdp)]
 
 
 # ---- the shell on a group --------------------------------------------------------------

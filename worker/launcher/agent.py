@@ -31,6 +31,7 @@ from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import load_token, read_token_file
 from shardwire.protocol.messages import NodeAssignment, NodeJoin, Restart
 from shardwire.worker.chaos.inject import chaos_env
+from shardwire.worker.chaos.supervise import node_faults
 from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
@@ -160,6 +161,12 @@ async def _agent(
     child_env = worker_env(settings, address, env)
     beats = NodeBeats(control.send, interval=1.0)  # also this agent's own keepalive
     code = 1
+    supervisor: Supervisor | None = None
+    chaos: asyncio.Task[None] | None = None  # a plan's faults on this node, if any
+
+    def pids() -> list[int]:
+        return [] if supervisor is None else supervisor.pids()
+
     try:
         await control.connect(*address, timeout=settings.join_timeout)
         child_env["SHARDWIRE_AGENT_BEATS"] = await beats.start()
@@ -167,6 +174,9 @@ async def _agent(
             assignment = await control.node_join(join, timeout=settings.join_timeout)
             launch = _launch(settings, argv, child_env, node_id, assignment)
             supervisor = watch.begin(assignment, launch)
+            if chaos is None:
+                ranks = [assignment.node_rank * nproc + i for i in range(nproc)]
+                chaos = node_faults({**os.environ, **env}, assignment.node_rank, ranks, pids)
             try:
                 if launch.respawns:
                     code = await supervise_live(supervisor, watch, control, join, settings)
@@ -183,6 +193,9 @@ async def _agent(
                 break
             print(f"[agent]: {watch.restart_line()}", file=sys.stderr, flush=True)
     finally:
+        if chaos is not None:
+            chaos.cancel()
+            await asyncio.gather(chaos, return_exceptions=True)
         await beats.aclose()
         await control.aclose()
     code = watch.exit_code(code)

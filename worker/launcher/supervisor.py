@@ -214,6 +214,10 @@ class Supervisor:
             sink.write(prefix + pending + "\n")
             sink.flush()
 
+    def pids(self) -> list[int]:
+        """The process ids of the children still running (each leads its own group)."""
+        return [c.proc.pid for c in self.children if c.proc.returncode is None]
+
     def signal_all(self, sig: int) -> None:
         for child in self.children:
             if child.proc.returncode is None:

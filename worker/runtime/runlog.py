@@ -27,12 +27,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from shardwire.protocol import ShardwireError
-from shardwire.worker.collectives.process import ProcessGroup
+from shardwire.worker.collectives.process import ProcessGroup, StepState
 from shardwire.worker.observe.waits import WAITS
 
 _MAX_SIBLINGS = 10_000
@@ -120,12 +123,24 @@ class RunLog:
         )
         return path.open("a", encoding="utf-8")
 
-    async def step(self, step: int, *, samples: int, **metrics: float) -> None:
+    async def step(
+        self,
+        step: int,
+        *,
+        samples: int,
+        read: np.ndarray | None = None,
+        held: Callable[[], tuple[str, Sequence[np.ndarray]]] | None = None,
+        **metrics: float,
+    ) -> None:
         """Record ``step`` (1-based) every ``every`` steps and at the last one.
 
         Every rank must call this with the same ``step``: the record gathers traffic.
+        ``read`` (the indices of the samples this rank read in the step) and ``held``
+        (what it holds, see :class:`StepState`) are for a chaos plan's invariant checks:
+        nothing reads them without one.
         """
-        self.pg.step_finished(step)
+        loss = metrics.get("loss")
+        self.pg.step_finished(step, StepState(read, held, None if loss is None else float(loss)))
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items()})

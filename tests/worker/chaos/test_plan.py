@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardwire.worker.chaos.inject import from_environment, read_log
-from shardwire.worker.chaos.plan import COORDINATOR, MAX_OCCURRENCES, PlanError, load
+from shardwire.worker.chaos.plan import COORDINATOR, MAX_OCCURRENCES, NODE, Plan, PlanError, load
 from shardwire.worker.chaos.verdict import table, verdict
 
 TOML = """
@@ -96,6 +96,17 @@ def test_the_same_seed_draws_the_same_ranks(tmp_path) -> None:
         ("[[faults]]\nkind = 'nofile'\nrank = 1\nstep = 1\nlimit = 2\n", "limit >= 3"),
         ("[[faults]]\nkind = 'shm_fill'\nrank = 1\nstep = 1\n", "percent > 0"),
         ("[[faults]]\nkind = 'slow_disk'\nrank = 1\nstep = 1\nfor_s = 5\n", "delay_s > 0"),
+        ("[[faults]]\nkind = 'kill'\nstep = 1\n", "give exactly one of rank and node"),
+        ("[[faults]]\nkind = 'kill'\nrank = 1\nnode = 1\nafter_s = 1\n", "one of rank and node"),
+        ("[[faults]]\nkind = 'raise'\nnode = 1\nafter_s = 1\n", "a node takes kill, stop"),
+        ("[[faults]]\nkind = 'kill'\nnode = 1\nstep = 3\n", "a fault on a node is timed"),
+        ("[[faults]]\nkind = 'kill'\nnode = -1\nafter_s = 1\n", "faults.0.node: Input should"),
+        ("[[faults]]\nkind = 'kill'\nrank = 1\ncollective = 0\n", "faults.0.collective: Input"),
+        ("[[faults]]\nkind = 'kill'\nrank = 1\ncollective = 3\nstep = 2\n", "exactly one of"),
+        ("[[faults]]\nkind = 'flip'\nrank = 1\ncollective = 3\n", "collective is for kill"),
+        ("compare = 'dirty'\n[[faults]]\nkind = 'kill'\nrank = 0\nstep = 1\n", "compare: Input"),
+        ("check_every = -1\n[[faults]]\nkind = 'kill'\nrank = 0\nstep = 1\n", "check_every: Input"),
+        ("expect_names = -2\n[[faults]]\nkind = 'kill'\nrank = 0\nstep = 1\n", "expect_names"),
     ],
 )
 def test_a_bad_plan_is_refused_naming_the_field(tmp_path, text: str, message: str) -> None:
@@ -120,6 +131,17 @@ def test_coordinator_faults_are_apart_from_the_ranks_draws(tmp_path) -> None:
     assert (on.index, on.rank) == (2, COORDINATOR)
     before = load(_write(tmp_path, "p.toml", TOML)).schedule(8)
     assert [s.rank for s in plan.schedule(8)][:2] == [s.rank for s in before]
+
+
+def test_node_faults_are_injected_by_their_node_apart_from_the_ranks_draws(tmp_path) -> None:
+    with_node = TOML + '\n[[faults]]\nkind = "stop"\nnode = 1\nafter_s = 3\nfor_s = 1\n'
+    plan = load(_write(tmp_path, "n.toml", with_node))
+    (on,) = plan.on_node(1)
+    assert (on.index, on.rank, on.fault.for_s) == (2, NODE, 1.0)
+    assert plan.on_node(0) == [] and plan.on_coordinator() == []
+    before = load(_write(tmp_path, "p.toml", TOML)).schedule(8)
+    ranks = [s.rank for s in plan.schedule(8)]
+    assert ranks[:2] == [s.rank for s in before] and ranks[2] == NODE
 
 
 def test_every_s_faults_are_drawn_from_the_seed_alone(tmp_path) -> None:
@@ -176,9 +198,18 @@ def test_the_verdict_says_when_and_who_noticed(tmp_path) -> None:
     assert kill["injected_at_s"] == 2.0 and kill["detected_after_s"] == 0.3
     assert (kill["detected_by"], kill["named_rank"]) == (3, 1)
     assert not stop["injected"]
-    assert outcome["expectation"] == "fail within 5 s" and outcome["held"]
     assert not outcome["survived"]
     assert "noticed after 0.30 s by rank 3" in table(outcome)
+    # the stop never came, so the plan was not tested as written
+    assert outcome["expectation"] == "fail within 5 s" and not outcome["held"]
+    assert outcome["never_injected"] == [1]
+    assert "did NOT hold (fault 1 never injected" in table(outcome)
+    assert verdict(_one(plan), _entries(100.0), exit_code=1, started=100.0, finished=103.5)["held"]
+
+
+def _one(plan: Plan) -> Plan:
+    """The plan with its first fault only."""
+    return plan.model_copy(update={"faults": plan.faults[:1]})
 
 
 def test_a_rank_its_agent_stopped_noticed_the_fault(tmp_path) -> None:
@@ -192,8 +223,10 @@ def test_a_rank_its_agent_stopped_noticed_the_fault(tmp_path) -> None:
 
 
 def test_an_expectation_that_failed_is_said(tmp_path) -> None:
-    plan = load(
-        _write(tmp_path, "p.toml", TOML.replace("expect_within_s = 5", "expect_within_s = 0.5"))
+    plan = _one(
+        load(
+            _write(tmp_path, "p.toml", TOML.replace("expect_within_s = 5", "expect_within_s = 0.5"))
+        )
     )
     assert verdict(plan, _entries(0.0), exit_code=1, started=0.0, finished=2.4)["held"]
     assert not verdict(plan, _entries(0.0), exit_code=1, started=0.0, finished=3.0)["held"]
@@ -207,3 +240,42 @@ def test_a_log_line_cut_short_by_a_kill_is_skipped(tmp_path) -> None:
     log.write_text('{"rank": 0, "t": 1, "event": "joined"}\n{"rank": 1, "t": 2, "ev')
     assert read_log(log) == [{"rank": 0, "t": 1, "event": "joined"}]
     assert read_log(tmp_path / "none.jsonl") == []
+
+
+def test_a_node_fault_is_noticed_by_a_rank_of_another_node(tmp_path) -> None:
+    plan = load(_write(tmp_path, "n.toml", "expect = 'fail'\nexpect_names = 2\n"
+                       "[[faults]]\nkind = 'kill'\nnode = 1\nafter_s = 2\n"))  # fmt: skip
+    entries = [
+        {"rank": NODE, "node": 1, "ranks": [2, 3], "t": 2.0, "event": "injected", "fault": 0,
+         "kind": "kill", "step": None},
+        {"rank": 3, "t": 2.05, "event": "ended", "outcome": "SIGTERM", "message": "stopped"},
+        {"rank": 0, "t": 2.2, "event": "noticed", "outcome": "PeerFailed",
+         "message": "rank 2 failed: connection closed without goodbye"},
+    ]  # fmt: skip
+    outcome = verdict(plan, entries, exit_code=1, started=0.0, finished=4.0)
+    (fault,) = outcome["faults"]
+    assert fault["rank"] == "node 1" and fault["detected_by"] == 0  # not rank 3, on the node
+    assert outcome["expectation"] == "fail, naming rank 2" and outcome["held"]
+    assert "fault 0 (kill) on node 1, 2.00 s in: noticed after 0.20 s by rank 0" in table(outcome)
+    other = plan.model_copy(update={"expect_names": 3})
+    assert not verdict(other, entries, exit_code=1, started=0.0, finished=4.0)["held"]
+
+
+def test_a_fault_in_a_collective_says_which_and_broken_invariants_fail_the_verdict(
+    tmp_path,
+) -> None:
+    plan = load(_write(tmp_path, "c.toml", "[[faults]]\nkind = 'kill'\nrank = 1\ncollective = 9\n"))
+    hit = {"rank": 1, "t": 1.0, "event": "injected", "fault": 0, "kind": "kill", "step": 4,
+           "collective": 9, "op": "all_reduce"}  # fmt: skip
+    states = [
+        {"rank": r, "t": 0.5, "event": "state", "step": 4, "generation": 1, "pid": r,
+         "key": "whole", "digest": f"d{r}"}
+        for r in range(2)
+    ]  # fmt: skip
+    outcome = verdict(plan, [hit, *states], exit_code=0, started=0.0, finished=2.0)
+    assert outcome["faults"][0]["collective"] == 9
+    text = table(outcome)
+    assert "on rank 1 at step 4 in collective 9 (all_reduce)" in text
+    assert "invariant replicas agree (0 compared): BROKEN: generation 1, step 4" in text
+    assert not outcome["held"]  # no expectation given, but the replicas disagree
+    assert "invariants: not checked" in table(verdict(plan, [hit], 0, 0.0, 2.0))

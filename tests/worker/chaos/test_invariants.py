@@ -1,0 +1,99 @@
+"""The invariants of a run through faults, judged from state notes (pure): replicas
+agree, steps go forward and skip nothing, each step reads the same samples however often
+it runs, and a run held to a clean one equals it step by step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardwire.worker.chaos.invariants import check
+
+
+def _note(rank: int, step: int, t: float, **more: Any) -> dict[str, Any]:
+    base = {
+        "event": "state",
+        "rank": rank,
+        "step": step,
+        "t": t,
+        "generation": 1,
+        "pid": 100 + rank,
+    }
+    return {**base, "read": f"r{rank}-{step}", "key": "whole", "digest": f"d{step}", **more}
+
+
+def _run(steps: int = 4, ranks: int = 2) -> list[dict[str, Any]]:
+    return [
+        _note(r, s, s + r / 10, loss=1.0 / s) for s in range(1, steps + 1) for r in range(ranks)
+    ]
+
+
+def test_a_clean_run_holds_every_invariant_and_equals_itself() -> None:
+    result = check(_run(), 1, clean=_run())
+    assert {name: r["held"] for name, r in result.items()} == {
+        "replicas_agree": True, "steps_in_order": True, "data_once": True, "as_clean": True,
+    }  # fmt: skip
+    assert result["replicas_agree"]["compared"] == 4 and result["as_clean"]["compared"] == 8
+
+
+def test_without_state_notes_nothing_is_checked() -> None:
+    assert check([{"event": "joined", "rank": 0, "t": 0.0}], 1) == {}
+
+
+def test_replicas_that_hold_different_bytes_are_named() -> None:
+    notes = _run()
+    notes[3]["digest"] = "other"  # rank 1 at step 2
+    result = check(notes, 1)["replicas_agree"]
+    assert not result["held"]
+    assert result["breach"] == "generation 1, step 2: ranks [0, 1] of whole hold different bytes"
+
+
+def test_shards_of_different_keys_are_not_compared() -> None:
+    notes = _run()
+    for n in notes:
+        n["key"], n["digest"] = f"shard {n['rank']}/2", f"{n['digest']}-{n['rank']}"
+    result = check(notes, 1)["replicas_agree"]
+    assert result["held"] and result["compared"] == 0  # no two ranks hold one shard
+
+
+def test_a_step_noted_twice_by_one_process_is_out_of_order() -> None:
+    notes = [*_run(3), _note(0, 2, 9.0)]
+    result = check(notes, 1)["steps_in_order"]
+    assert not result["held"] and "rank 0 noted step 2 after step 3" in result["breach"]
+
+
+def test_a_generation_that_starts_past_the_newest_finished_step_skipped_steps() -> None:
+    later = [_note(r, 6, 20.0 + r, generation=2, pid=200 + r) for r in range(2)]
+    result = check([*_run(3), *later], 1)["steps_in_order"]
+    assert not result["held"]
+    assert (
+        result["breach"]
+        == "generation 2 started at step 6, past step 3, the newest any rank had finished"
+    )
+    # a roll-back (steps run again) is in order, and with notes every 2 steps a gap of 2 too
+    again = [_note(r, 2, 20.0 + r, generation=2, pid=200 + r) for r in range(2)]
+    assert check([*_run(3), *again], 1)["steps_in_order"]["held"]
+    assert check([*_run(3), *[dict(n, step=5) for n in later]], 2)["steps_in_order"]["held"]
+
+
+def test_a_step_run_again_on_other_samples_breaks_data_once() -> None:
+    again = [_note(r, 2, 20.0 + r, generation=2, pid=200 + r) for r in range(2)]
+    assert check([*_run(3), *again], 1)["data_once"] == {"held": True, "compared": 2}
+    again[1]["read"] = "elsewhere"
+    result = check([*_run(3), *again], 1)["data_once"]
+    assert not result["held"] and "rank 1 read other samples at step 2" in result["breach"]
+
+
+def test_a_run_held_to_a_clean_one_names_the_first_difference() -> None:
+    faulty = _run()
+    faulty[5]["digest"] = "drift"  # rank 1, step 3
+    faulty[4]["digest"] = faulty[5]["digest"]  # replicas agree with each other
+    result = check(faulty, 1, clean=_run())["as_clean"]
+    assert not result["held"]
+    assert result["breach"].startswith("rank 0, step 3 (generation 1): its digest differs")
+    shorter = check(_run(3), 1, clean=_run(4))["as_clean"]
+    assert shorter["breach"] == "the run ended at step 3, the clean run at 4"
+    other_loss = [dict(n, loss=n["loss"] + (n["step"] == 4)) for n in _run()]
+    clean_lossless = [{k: v for k, v in n.items() if k != "loss"} for n in _run()]
+    assert not check(other_loss, 1, clean=_run())["as_clean"]["held"]
+    assert not check(_run(), 1, clean=clean_lossless)["as_clean"]["held"]
+    assert check(_run(), 1, clean=[])["as_clean"]["breach"] == "the clean run noted no state"
