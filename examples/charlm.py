@@ -228,7 +228,7 @@ async def _steps(
     )  # fmt: skip
     ckpt, saving = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir), None
     mine, share = replicas.rows(args.batch, dp)
-    held = replicas.held(fsdp)  # for a chaos plan's checks; read only under one
+    holds = replicas.held(fsdp)  # for a chaos plan's checks; read only under one
     deadline = time.monotonic() + args.minutes * 60
     start, first = time.perf_counter(), step
     while step < args.steps:
@@ -247,7 +247,7 @@ async def _steps(
         metrics = {"loss": loss, "lr": lr}
         if step % args.log_every == 0:
             metrics["held_out"] = await held_out_loss(fsdp, dp, held, context=args.context)
-        await log.step(step, samples=args.batch, read=starts, held=held, **metrics)
+        await log.step(step, samples=args.batch, read=starts, held=holds, **metrics)
         if ckpt and step % args.save_every == 0:
             saving = await save(args, fsdp, replicas, step=step, loss=loss, draw=draw)
         if copies is not None:

@@ -355,16 +355,17 @@ def _two_nodes(tmp_path: Path, plan: str) -> tuple[subprocess.CompletedProcess, 
     return done, (json.loads(verdict.read_text()) if verdict.exists() else {})
 
 
-def test_a_lost_node_takes_its_agent_and_ranks_and_the_other_node_names_one(tmp_path) -> None:
-    plan = (
-        'expect = "fail"\nexpect_within_s = 30\n[[faults]]\nkind = "kill"\nnode = 1\nafter_s = 2\n'
-    )
-    done, outcome = _two_nodes(tmp_path, plan)
+@pytest.mark.parametrize("kind", ["kill", "term"])
+def test_a_lost_node_takes_its_agent_and_ranks_and_the_other_node_names_one(
+    tmp_path, kind: str
+) -> None:
+    plan = f'expect = "fail"\nexpect_within_s = 30\n[[faults]]\nkind = "{kind}"\nnode = 1\n'
+    done, outcome = _two_nodes(tmp_path, plan + "after_s = 2\n")
     assert done.returncode == 0, done.stderr[-3000:]
     (fault,) = outcome["faults"]
     assert fault["rank"] == "node 1" and fault["named_rank"] in (2, 3), fault
     assert fault["detected_by"] in (0, 1)  # a rank of the node that is left
-    assert "fault 0 (kill) on node 1" in done.stderr
+    assert f"fault 0 ({kind}) on node 1" in done.stderr
 
 
 def test_a_node_frozen_shorter_than_the_heartbeat_timeout_is_waited_for(tmp_path) -> None:
@@ -403,6 +404,11 @@ def test_the_guides_live_recovery_holds_every_invariant_and_equals_the_clean_run
     assert checks["data_once"]["compared"] >= 4 * 5
     assert checks["as_clean"]["compared"] >= 4 * 60
     assert "invariant as clean" in done.stderr and "shardwire chaos: the clean run" in done.stderr
+    # the verdict is the chaos section of the faulty run's summary, not the clean one's
+    summary = json.loads((tmp_path / "runs" / "faulty" / "summary.json").read_text())
+    assert summary["chaos"]["held"] and summary["chaos"]["invariants"] == checks
+    assert "final_loss" in summary
+    assert "chaos" not in json.loads((tmp_path / "runs" / "clean" / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("forget", [False, True])
@@ -425,3 +431,20 @@ def test_a_restart_that_forgets_its_data_order_breaks_data_once(tmp_path, forget
     assert done.returncode == int(forget)  # broken invariants fail the command
     if forget:
         assert "BROKEN: rank" in done.stderr and "read other samples at step" in done.stderr
+
+
+def test_a_slow_disk_holds_a_ranks_checkpoints_and_the_job_finishes(tmp_path) -> None:
+    plan = 'expect = "survive"\n[[faults]]\nkind = "slow_disk"\nrank = 1\nstep = 3\n'
+    (tmp_path / "plan.toml").write_text(plan + "for_s = 4.0\ndelay_s = 0.5\n")
+    verdict = tmp_path / "verdict.json"
+    done = _run(
+        [SHARDWIRE, "chaos", "plan.toml", "--verdict", str(verdict), "--", SHARDWIRE, "launch",
+         "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "digits.py"),
+         "--steps", "20", "--save-every", "5", "--checkpoint-dir", "ckpt", "--run-dir", "run"],
+        tmp_path, 240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(verdict.read_text())
+    assert outcome["faults"][0]["injected"] and outcome["survived"]
+    assert (tmp_path / "ckpt" / "step-00000020").is_dir()  # the saves finished all the same
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["chaos"]["held"]

@@ -62,7 +62,21 @@ def run(plan_path: str, command: list[str], verdict_path: str | None) -> int:
     print(table(outcome), file=sys.stderr, flush=True)
     if verdict_path:
         Path(verdict_path).write_text(json.dumps(outcome, indent=2))
+    for path in {e["path"] for e in entries if e.get("event") == "summary"}:
+        _add_to_summary(Path(path), outcome)
     return 0 if outcome["held"] else 1
+
+
+def _add_to_summary(path: Path, outcome: dict[str, Any]) -> None:
+    """The verdict as the ``chaos`` section of the run's summary (written whole)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"shardwire chaos: cannot add the verdict to {path}: {exc}", file=sys.stderr)
+        return
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({**summary, "chaos": outcome}, indent=2))
+    os.replace(partial, path)
 
 
 def _job(

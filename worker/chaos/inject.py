@@ -101,6 +101,7 @@ class Injector:
             if s.fault.after_s is not None or s.at_s is not None
         ]
         group.watch_steps(self._stepped)
+        group.watch_summaries(lambda p: self.note({"event": "summary", "path": str(p.absolute())}))
         joined = {"world": group.world_size, "generation": group.generation, "pid": os.getpid()}
         self.note({"event": "joined", **joined})
         _note_termination(self)

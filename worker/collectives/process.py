@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,7 @@ class ProcessGroup(Group):
         self.generation = generation
         self._progress = progress or (lambda _heartbeat: None)
         self._watchers: list[StepWatcher] = []  # told each step reported
+        self._summaries: list[Callable[[Path], None]] = []  # told where the summary went
         self.interactive = interactive  # a person watches this job's output on a terminal
 
     def report_progress(
@@ -117,6 +119,16 @@ class ProcessGroup(Group):
         """Call ``watcher(step, state)`` at each :meth:`step_finished` (what it raises,
         that raises)."""
         self._watchers.append(watcher)
+
+    def wrote_summary(self, path: Path) -> None:
+        """The run's summary was written to ``path`` (the run log says so on rank 0): a
+        chaos plan's verdict is added to it when the job ends."""
+        for watcher in self._summaries:
+            watcher(path)
+
+    def watch_summaries(self, watcher: Callable[[Path], None]) -> None:
+        """Call ``watcher(path)`` at each :meth:`wrote_summary`."""
+        self._summaries.append(watcher)
 
     def watch_calls(self, watcher: Callable[[int, str], None]) -> None:
         """Call ``watcher(seq, op)`` as each call of this group is placed (numbered from

@@ -87,6 +87,7 @@ class Rejoiner:
                     await self._rejoin(self.message, left)
             except RendezvousError as exc:
                 if exc.code in ("rejoin", "run_id", "stale_generation", "auth"):
+                    self.grace = 0.0  # given up: the refusal's closed connection is no news
                     self._lost(f"the coordinator at {self.where} refused to take it back: {exc}")
                     return
                 last = str(exc)
@@ -99,8 +100,9 @@ class Rejoiner:
                 return
             await asyncio.sleep(min(delay * (0.5 + random.random()), max(0.0, left)))
             delay = min(delay * 2, _MAX_DELAY)
+        grace, self.grace = self.grace, 0.0  # given up, once
         self._lost(
-            f"the coordinator at {self.where} did not come back within {self.grace:g} s "
+            f"the coordinator at {self.where} did not come back within {grace:g} s "
             f"(last attempt: {last})"
         )
 

@@ -230,6 +230,7 @@ class RunLog:
                 ],
             }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.pg.wrote_summary(self.run_dir / "summary.json")
         width = max(len(k) for k in summary)
         print("-" * (width + 24), file=self.out)
         for key, value in summary.items():
