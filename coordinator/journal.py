@@ -2,7 +2,9 @@
 
 A coordinator given ``--state-dir`` writes, whenever a generation forms or ends, the
 running generation's members (each worker's join, address and rank), its node agents
-(their joins and node ranks), the generation number and the restarts used, to
+(their joins and node ranks), the generation number and the restarts used (and, from
+the moment the nodes of a forming generation are assigned until it runs, that
+generation with its nodes and no workers), to
 ``journal.json`` in that directory: a temporary file, flushed to disk, then renamed over
 the old one, so a reader finds the whole old journal or the whole new one. Heartbeats and
 progress are never journaled: they change every second and a restarted coordinator
@@ -56,6 +58,7 @@ class Journal(Msg):
     world_size: Size
     local_world_size: Size
     min_nodes: int = 0
+    forming: bool = False  # the nodes were assigned, the workers not placed yet (none here)
     workers: list[JournalWorker]
     nodes: list[JournalNode]
 

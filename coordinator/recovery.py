@@ -35,20 +35,27 @@ from shardwire.coordinator.state import (
     Worker,
     refuse,
 )
-from shardwire.protocol.messages import NodeRejoin, Rejoin, Rejoined
+from shardwire.protocol.messages import Finished, NodeRejoin, Rejoin, Rejoined
 
 
 @dataclass
 class Recovery(Liveness):
     """Journal and restore on top of the job's state."""
 
+    @property
+    def assigned(self) -> bool:
+        """Whether a generation's nodes are assigned (it forms, or runs)."""
+        return self._world is not None
+
     def journal(self) -> Journal | None:
-        """The running generation as a restarted coordinator resumes it (None while no
-        generation runs)."""
-        if self.state is not JobState.RUNNING or self._shape is None:
+        """The running generation as a restarted coordinator resumes it, or the forming
+        one whose nodes were assigned (None while no generation runs or is assigned)."""
+        forming = self.state is JobState.WAITING and self.assigned
+        if not (self.state is JobState.RUNNING or forming) or self._shape is None:
             return None
         shape = self._generation_shape()
         return Journal(
+            forming=forming,
             run_id=self.config.run_id,
             generation=self.generation,
             restarts=self.gens.restarts,
@@ -56,7 +63,9 @@ class Recovery(Liveness):
             world_size=shape.world_size,
             local_world_size=shape.local_world_size,
             min_nodes=self._shape.min_nodes,
-            workers=[
+            workers=[]  # while it forms, the workers joined so far join again
+            if forming
+            else [
                 JournalWorker(rank=w.rank, host=w.host, join=w.join)
                 for w in sorted(self._workers.values(), key=lambda w: w.rank)
             ],
@@ -68,8 +77,8 @@ class Recovery(Liveness):
         )
 
     def restore(self, journal: Journal, now: float) -> None:
-        """Take the journal's generation back as RUNNING; its workers and agents have
-        ``config.grace`` seconds to reconnect."""
+        """Take the journal's generation back as RUNNING (or forming); its workers and
+        agents have ``config.grace`` seconds to reconnect."""
         grace = self.config.grace
         self._now = now
         lws = journal.local_world_size
@@ -78,10 +87,23 @@ class Recovery(Liveness):
         self.gens.current = journal.generation
         self.gens.restarts = journal.restarts
         self.gens.max_restarts = journal.max_restarts
+        self._joins = JoinIndex()
+        for node in journal.nodes:
+            key = ("journal-node", node.join.node_id)
+            self._agents[key] = Agent(key, node.join, node_rank=node.node_rank)
+        if journal.forming:  # its workers join as they would have: it forms again
+            self.state = JobState.WAITING
+            self._deadline = now + grace + self.config.join_timeout
+            self._event(
+                f"coordinator restarted from its journal while generation {journal.generation} "
+                f"formed; its {len(journal.nodes)} node(s) reconnect and its workers join "
+                f"within {grace:g} s",
+                now,
+            )
+            return
         self.gens.begin(journal.world_size, len(journal.nodes), now)
         # the heartbeat clock of a worker not yet back runs out ``grace`` from now
         silent_from = now + grace - self.config.heartbeat_timeout
-        self._joins = JoinIndex()
         for jw in journal.workers:
             worker = Worker(
                 ("journal", jw.rank), jw.join, jw.host, silent_from, rank=jw.rank,
@@ -92,9 +114,6 @@ class Recovery(Liveness):
             self._beats[worker.conn] = None
             self._joins.add(jw.join, lws)
         self._members = [member(self._by_rank[jw.rank], lws) for jw in journal.workers]
-        for node in journal.nodes:
-            key = ("journal-node", node.join.node_id)
-            self._agents[key] = Agent(key, node.join, node_rank=node.node_rank)
         self.state = JobState.RUNNING
         self._deadline = None
         self._event(
@@ -138,7 +157,12 @@ class Recovery(Liveness):
         self._now = now
         key = ("journal-node", msg.join.node_id)
         agent = self._agents.get(key)
-        problem = self._rejoin_problem(msg.generation, f"node {msg.join.node_id!r}")
+        # the job finished while this agent was away (its ranks took the coordinator back
+        # and left): it hears so, as it would have
+        done = self.state is JobState.FINISHED and msg.generation == self.generation
+        problem = (
+            None if done else self._rejoin_problem(msg.generation, f"node {msg.join.node_id!r}")
+        )
         if problem is None and (agent is None or agent.node_rank != msg.node_rank):
             problem = f"node {msg.join.node_id!r} (node rank {msg.node_rank}) is not waited for"
         if problem is not None or agent is None:
@@ -147,10 +171,12 @@ class Recovery(Liveness):
         agent.conn = conn
         self._agents[conn] = agent
         self._event(f"node {msg.join.node_id!r} reconnected", now)
-        return [Send(conn, Rejoined(generation=self.generation))]
+        back: list[Action] = [Send(conn, Rejoined(generation=self.generation))]
+        return back + ([Send(conn, Finished(generation=self.generation))] if done else [])
 
     def _rejoin_problem(self, generation: int, who: str) -> str | None:
-        if self.state is not JobState.RUNNING:
+        forming = self.state is JobState.WAITING and self.assigned  # agents only: no worker
+        if self.state is not JobState.RUNNING and not forming:  # was placed while it formed
             return f"{who} cannot rejoin: the job is {self.state.value}"
         if generation != self.generation:
             return f"{who} is of generation {generation}; the job is at {self.generation}"

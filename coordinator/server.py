@@ -112,13 +112,14 @@ class CoordinatorServer:
         self._refusals = RefusalLog()
         self._writes: set[asyncio.Task[None]] = set()  # records being written
         self.address: tuple[str, int] = ("", 0)
-        self._journaled: tuple[int, JobState] | None = None  # what the journal holds
+        self._journaled: tuple[int, JobState, bool] | None = None  # what the journal holds
         self.restored = ""  # what was taken back from a journal (said once listening)
         if config.state is not None:  # a journal there: this coordinator was restarted
             journal = config.state.read()
             if journal is not None:
                 self.rendezvous.restore(journal, clock())
-                self._journaled = (self.rendezvous.generation, JobState.RUNNING)
+                rdzv = self.rendezvous
+                self._journaled = (rdzv.generation, rdzv.state, rdzv.assigned)
                 self.restored = self.rendezvous.events[-1][1]
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -217,7 +218,7 @@ class CoordinatorServer:
         this loop: a small file, and the placements must not go out before it is down."""
         state = self._config.state
         rdzv = self.rendezvous
-        key = (rdzv.generation, rdzv.state)
+        key = (rdzv.generation, rdzv.state, rdzv.assigned)
         if state is None or key == self._journaled:
             return
         self._journaled = key

@@ -13,7 +13,9 @@ from shardwire.coordinator import JobState, Rendezvous, RendezvousConfig, Send
 from shardwire.coordinator.journal import Journal, StateDir, StateDirError
 from shardwire.protocol.messages import (
     Abort,
+    Finished,
     Heartbeat,
+    Leave,
     NodeAssignment,
     NodeJoin,
     NodeRejoin,
@@ -126,6 +128,53 @@ def test_node_agents_are_taken_back_by_node_id_and_node_rank() -> None:
     assert back == [Send(7, Rejoined(generation=1))]
     wrong = NodeRejoin(node_rank=ranks[2], generation=1, join=agents[1])
     assert "is not waited for" in error_of(again.node_rejoin(8, wrong, 51)).message
+    # the ranks came back and finished before node a's agent did: it hears the job is done
+    for conn, rank in ranks.items():
+        w = join(agents[conn].node_id, 0, world=2, lws=1, rank=rank)
+        again.rejoin(conn + 30, Rejoin(rank=rank, generation=1, join=w), 52.0)
+        again.leave(conn + 30, Leave())
+    assert again.state is JobState.FINISHED
+    late = NodeRejoin(node_rank=ranks[1], generation=1, join=agents[1])
+    assert again.node_rejoin(9, late, 53.0) == [
+        Send(9, Rejoined(generation=1)), Send(9, Finished(generation=1)),
+    ]  # fmt: skip
+    stale = NodeRejoin(node_rank=ranks[1], generation=2, join=agents[1])
+    assert error_of(again.node_rejoin(10, stale, 53.0)).code == "rejoin"
+
+
+def test_a_coordinator_killed_while_the_job_formed_takes_the_nodes_back_and_forms_it() -> None:
+    """The nodes were assigned, one worker had joined: the journal holds the forming
+    generation (its nodes, no worker); a restarted coordinator takes the agents back and
+    the workers, joining again, form that same generation."""
+    r = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE))
+    agents = {1: NodeJoin(world_size=2, node_id="a", local_world_size=1),
+              2: NodeJoin(world_size=2, node_id="b", local_world_size=1)}  # fmt: skip
+    assert r.journal() is None  # nothing assigned yet: a restart starts afresh
+    sent = [a for conn, msg in agents.items() for a in r.node_join(conn, msg, 0.0)]
+    ranks = {a.conn: a.msg.node_rank for a in sent if isinstance(a.msg, NodeAssignment)}
+    workers = {c: join(agents[c].node_id, 0, world=2, lws=1, rank=ranks[c]) for c in agents}
+    r.join(11, workers[1], peer_host="10.0.0.9", now=0.5)
+    journal = r.journal()
+    assert journal is not None and journal.forming and journal.workers == []
+    assert sorted(n.node_rank for n in journal.nodes) == [0, 1] and journal.generation == 1
+    again = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE))
+    again.restore(Journal.model_validate_json(journal.model_dump_json()), 50.0)
+    assert again.state is JobState.WAITING and again.generation == 1
+    assert "while generation 1 formed" in again.events[-1][1]
+    for conn, agent in agents.items():
+        back = NodeRejoin(node_rank=ranks[conn], generation=1, join=agent)
+        assert again.node_rejoin(conn + 20, back, 51.0) == [Send(conn + 20, Rejoined(generation=1))]
+    assert again.tick(52.0) == []  # no node is assigned twice
+    assert again.join(31, workers[1], peer_host="10.0.0.9", now=52.0) == []
+    places = rosters(again.join(32, workers[2], peer_host="10.0.0.9", now=52.5))
+    assert {p.rank for p in places.values()} == set(ranks.values()) and again.generation == 1
+    assert again.state is JobState.RUNNING
+    running = again.journal()
+    assert running is not None and not running.forming and len(running.workers) == 2
+    worker = Rejoin(rank=0, generation=1, join=workers[1])  # no worker was placed: none back
+    fresh = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE))
+    fresh.restore(journal, 60.0)
+    assert "not waiting to reconnect" in error_of(fresh.rejoin(9, worker, 61.0)).message
 
 
 def test_the_state_directory_round_trips_the_journal_and_is_held_by_one(tmp_path) -> None:

@@ -116,3 +116,26 @@ def test_a_coordinator_that_does_not_come_back_ends_the_job_after_the_grace(tmp_
     assert "did not come back within 3 s" in err and f"127.0.0.1:{port}" in err
     assert 2.5 < waited < 60  # the grace, then the end (not at once, not a hang)
     assert json.loads((tmp_path / "state" / "journal.json").read_text())["generation"] == 1
+
+
+@pytest.mark.parametrize("after_s", [0.1, 0.4, 0.8, 1.2])
+def test_a_coordinator_killed_while_the_job_forms_is_taken_back_and_the_job_trains(
+    tmp_path, after_s: float
+) -> None:
+    """``launch --standalone`` restarts its coordinator on its journal; killed at points
+    that fall before the node is assigned, while its workers start and join, or once it
+    runs, the job forms and finishes all the same (the chaos verdict: it survived)."""
+    plan = 'expect = "survive"\n[[faults]]\nkind = "kill"\nrank = "coordinator"\n'
+    plan += f"after_s = {after_s}\n"
+    (tmp_path / "plan.toml").write_text(plan)
+    done = subprocess.run(
+        [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(tmp_path / "v.json"),
+         "--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
+         "--steps", "40", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads((tmp_path / "v.json").read_text())
+    assert outcome["faults"][0]["injected"] and outcome["survived"]
+    assert "starting it again on" in done.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 40

@@ -21,6 +21,10 @@ class CoordinatorUnreachable(ShardwireError):
 
 # Failures of one attempt that a coordinator still starting explains: retried.
 _NOT_YET = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
+# Connections closed during the handshake that are retried before it is taken for a
+# refusal (a TLS coordinator dialed in plain text closes every one): a coordinator
+# killed in the middle of one and started again by its launcher is back within a second.
+_CLOSES = 3
 
 
 def not_yet(exc: OSError) -> str | None:
@@ -35,7 +39,7 @@ def not_yet(exc: OSError) -> str | None:
 async def attempts(dial: Callable[[], Awaitable[Any]], timeout: float, tries: WaitNotes) -> None:
     """Run ``dial`` until one attempt succeeds or ``timeout`` passes (TimeoutError);
     "busy" refusals and the failures :func:`not_yet` names are retried, others raise."""
-    delay = 0.05
+    delay, closes = 0.05, 0
     async with asyncio.timeout(timeout):
         while True:
             try:
@@ -46,7 +50,11 @@ async def attempts(dial: Callable[[], Awaitable[Any]], timeout: float, tries: Wa
                     raise
                 tries.last = "the coordinator was busy"
             except OSError as exc:
-                if (why := not_yet(exc)) is None:
+                why = not_yet(exc)
+                if why is None and isinstance(exc, ConnectionError) and closes < _CLOSES:
+                    closes += 1  # a coordinator killed mid-handshake, started again at once
+                    why = "the connection closed during the handshake"
+                if why is None:
                     raise
                 tries.last = why
             await asyncio.sleep(delay * (0.5 + random.random()))  # spread the retries

@@ -42,7 +42,7 @@ from shardwire.protocol.placement import PeerQuery, Placement
 from shardwire.worker.runtime.attempts import CoordinatorUnreachable, attempts
 from shardwire.worker.runtime.notes import FORM_HINT, NOTE_EVERY, WaitNotes
 from shardwire.worker.runtime.queries import Queries
-from shardwire.worker.runtime.rejoin import Rejoiner
+from shardwire.worker.runtime.rejoin import Rejoiner, join_redialing
 from shardwire.worker.transport.framing import FramedProtocol, open_connection
 
 _CONTROL_LIMITS = Limits(max_payload=0)
@@ -90,6 +90,7 @@ class ControlClient(Queries):
         self._leaving = False
         self._asking = asyncio.Lock()  # one request at a time: replies match by kind
         self._placed = -1  # the generation of this worker's placement
+        self._joining = False  # a join in flight: it dials again if the connection drops
         self._progress = Heartbeat()
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
         self._route: Callable[[Heartbeat], bool] | None = None  # heartbeats via the agent
@@ -181,8 +182,8 @@ class ControlClient(Queries):
     def _lost(self, fut: asyncio.Future) -> None:
         if self._proto is not None and fut is not self._proto.closed:
             return  # a connection before the current one
-        if self._leaving and self._final is None:
-            return
+        if (self._leaving and self._final is None) or self._joining:
+            return  # leaving; or joining, which dials again itself
         if not self._rejoiner.start() and not self._leaving:  # no grace: the job ends now
             self._on_abort(None)
 
@@ -262,8 +263,8 @@ class ControlClient(Queries):
     async def join(self, msg: Join, *, timeout: float, note_every: float = NOTE_EVERY) -> Placement:
         """Join and wait for this worker's placement (bounded by ``timeout``; said every
         ``note_every`` seconds while the job forms)."""
-        tries = self._forming(f"world size {msg.world_size}", timeout)
-        place: Placement = await tries.around(self._request(msg, Placement, timeout), note_every)
+        what = f"world size {msg.world_size}"
+        place: Placement = await self._forming(msg, Placement, what, timeout, note_every)
         self._placed = place.generation
         self._rejoiner.grace = place.grace
         self._rejoiner.message = Rejoin(rank=place.rank, generation=place.generation, join=msg)
@@ -274,17 +275,30 @@ class ControlClient(Queries):
     ) -> NodeAssignment:
         """Join as a node agent and wait for the node rank (said every ``note_every``
         seconds while the job's nodes gather)."""
-        tries = self._forming(f"{msg.local_world_size} ranks on this node", timeout)
-        got = await tries.around(self._request(msg, NodeAssignment, timeout), note_every)
+        what = f"{msg.local_world_size} ranks on this node"
+        got = await self._forming(msg, NodeAssignment, what, timeout, note_every)
         self._rejoiner.grace = got.grace
         self._rejoiner.message = NodeRejoin(
             node_rank=got.node_rank, generation=got.generation, join=msg
         )
         return got
 
-    def _forming(self, what: str, timeout: float) -> WaitNotes:
+    async def _forming(
+        self, msg: Join | NodeJoin, expect: type, what: str, timeout: float, note_every: float
+    ) -> Any:
+        """Ask to join and wait for the answer, dialing a lost coordinator again."""
         waiting = f"{self._role}: waiting for the job to form at {self._where}"
-        return WaitNotes(waiting, timeout, hint=FORM_HINT, last=f"joined, {what}")
+        tries = WaitNotes(waiting, timeout, hint=FORM_HINT, last=f"joined, {what}")
+        self._joining = True
+        try:
+            return await join_redialing(
+                lambda left: tries.around(self._request(msg, expect, left), note_every),
+                lost=lambda: self._proto is not None and self._proto.closed.done(),
+                redial=lambda left: self.connect(*self._address, timeout=left),
+                timeout=timeout, who=f"{self._role}: the coordinator at {self._where}",
+            )  # fmt: skip
+        finally:
+            self._joining = False
 
     def set_progress(self, progress: Heartbeat) -> None:
         """Report progress now and in every later heartbeat (status pages, metrics)."""
@@ -346,14 +360,9 @@ class ControlClient(Queries):
         """Tell the coordinator this process raised (it aborts the job with this)."""
         self._leaving = True
         self._last_beat()
-        self._write_final(
-            Failure(
-                reason=reason[:4096],
-                traceback=traceback[-TRACEBACK_CHARS:],
-                code=code,
-                diagnosis=diagnosis,
-            )
-        )
+        tail = traceback[-TRACEBACK_CHARS:]
+        failure = Failure(reason=reason[:4096], traceback=tail, code=code, diagnosis=diagnosis)
+        self._write_final(failure)
 
     def report_peer_failure(self, rank: int, reason: str) -> None:
         """Tell the coordinator that the connection to peer ``rank`` died."""

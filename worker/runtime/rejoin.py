@@ -8,6 +8,10 @@ backoff until the grace runs out. Each attempt is a fresh handshake followed by 
 journal. Once it answers ``Rejoined``, heartbeats resume and a last message written while
 it was away (``Leave``, ``Failure``) is sent. A refusal, or the grace running out, ends
 the wait: the process hears that the coordinator is lost, as it would have at once.
+
+Before its placement a process has no grace: :func:`join_redialing` asks again instead.
+A coordinator killed while the job formed, and started again on its journal, takes
+the join as if nothing had happened.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from shardwire.protocol import RendezvousError
+from shardwire.protocol import JobAborted, RendezvousError
 from shardwire.protocol.messages import NodeRejoin, Rejoin
 
 log = logging.getLogger("shardwire.worker")
@@ -122,3 +127,25 @@ class Rejoiner:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+
+
+async def join_redialing(
+    ask: Callable[[float], Awaitable[Any]],
+    *,
+    lost: Callable[[], bool],
+    redial: Callable[[float], Awaitable[None]],
+    timeout: float,
+    who: str,
+) -> Any:
+    """``ask(seconds left)`` until it answers; when it fails because the connection was
+    ``lost``, ``redial`` and ask again, all within ``timeout`` (then the last error)."""
+    until = time.monotonic() + timeout
+    while True:
+        try:
+            return await ask(max(0.0, until - time.monotonic()))
+        except JobAborted:
+            left = until - time.monotonic()
+            if not lost() or left <= 0:
+                raise  # an abort, not a lost connection; or no time left
+            log.warning("%s was lost while the job formed; dialing it again", who)
+            await redial(left)
