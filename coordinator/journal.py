@@ -4,7 +4,8 @@ A coordinator given ``--state-dir`` writes, whenever a generation forms or ends,
 running generation's members (each worker's join, address and rank), its node agents
 (their joins and node ranks), the generation number and the restarts used (and, from
 the moment the nodes of a forming generation are assigned until it runs, that
-generation with its nodes and no workers), to
+generation with its nodes and no workers; between generations, the restart the agents
+were told of), to
 ``journal.json`` in that directory: a temporary file, flushed to disk, then renamed over
 the old one, so a reader finds the whole old journal or the whole new one. Heartbeats and
 progress are never journaled: they change every second and a restarted coordinator
@@ -28,7 +29,7 @@ from pydantic import ValidationError
 
 from shardwire.protocol.errors import ShardwireError
 from shardwire.protocol.fields import Msg, Rank, Size, Str
-from shardwire.protocol.messages import Join, NodeJoin
+from shardwire.protocol.messages import Join, NodeJoin, Restart
 
 
 class StateDirError(ShardwireError, RuntimeError):
@@ -47,6 +48,17 @@ class JournalNode(Msg):
     join: NodeJoin
 
 
+class JournalEra(Msg):
+    """One generation of the job's history, as of the journal's writing."""
+
+    generation: int
+    world_size: Size
+    nodes: int
+    started_ago_s: float  # before the journal was written
+    duration_s: float | None = None
+    ended_by: Str = ""
+
+
 class Journal(Msg):
     """A running generation, as a restarted coordinator resumes it."""
 
@@ -59,6 +71,12 @@ class Journal(Msg):
     local_world_size: Size
     min_nodes: int = 0
     forming: bool = False  # the nodes were assigned, the workers not placed yet (none here)
+    written_at: float = 0.0  # wall clock, seconds since the epoch (0: not said)
+    # between generations: the restart the agents were told of, and the agents, whose
+    # NodeJoin for the next generation is awaited (then ``generation`` is that one)
+    restart: Restart | None = None
+    rejoining: list[NodeJoin] = []
+    history: list[JournalEra] = []  # the generations so far, the newest last
     workers: list[JournalWorker]
     nodes: list[JournalNode]
 

@@ -22,40 +22,65 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardwire.coordinator.forming import member
-from shardwire.coordinator.journal import Journal, JournalNode, JournalWorker
+from shardwire.coordinator.generations import Era
+from shardwire.coordinator.journal import Journal, JournalEra, JournalNode, JournalWorker
 from shardwire.coordinator.liveness import Liveness
 from shardwire.coordinator.membership import JoinIndex, Shape
 from shardwire.coordinator.state import (
     Action,
     Agent,
     ConnId,
+    FailureRecord,
     JobState,
     RankState,
     Send,
     Worker,
     refuse,
 )
-from shardwire.protocol.messages import Finished, NodeRejoin, Rejoin, Rejoined
+from shardwire.protocol.messages import Finished, NodeRejoin, Rejoin, Rejoined, Restart
 
 
 @dataclass
 class Recovery(Liveness):
     """Journal and restore on top of the job's state."""
 
+    _restart: Restart | None = None  # restored between generations: what agents are told
+
     @property
     def assigned(self) -> bool:
         """Whether a generation's nodes are assigned (it forms, or runs)."""
         return self._world is not None
 
+    @property
+    def between(self) -> bool:
+        """Whether the job is between generations: one ended, the next not assigned."""
+        waiting = self.state in (JobState.RESTARTING, JobState.WAITING) and not self.assigned
+        return waiting and bool(self.gens.eras)
+
     def journal(self) -> Journal | None:
-        """The running generation as a restarted coordinator resumes it, or the forming
-        one whose nodes were assigned (None while no generation runs or is assigned)."""
+        """The running generation as a restarted coordinator resumes it, the forming one
+        whose nodes were assigned, or the restart between two (None before the first
+        generation is assigned, and once the job is over)."""
         forming = self.state is JobState.WAITING and self.assigned
-        if not (self.state is JobState.RUNNING or forming) or self._shape is None:
+        usable = self.state is JobState.RUNNING or forming or self.between
+        if not usable or self._shape is None:
             return None
         shape = self._generation_shape()
+        restart = None
+        if self.between:
+            last = self.gens.eras[-1]
+            rank = self.failure.rank if self.failure else -1
+            restart = Restart(
+                generation=self.generation,
+                rank=rank,
+                reason=last.ended_by or "restarting",
+                restarts=self.gens.restarts,
+                max_restarts=self.gens.max_restarts,
+            )
         return Journal(
             forming=forming,
+            restart=restart,
+            rejoining=[a.join for a in self._agents.values() if restart and a.node_rank is None],
             run_id=self.config.run_id,
             generation=self.generation,
             restarts=self.gens.restarts,
@@ -74,13 +99,32 @@ class Recovery(Liveness):
                 for a in self._agents.values()
                 if a.node_rank is not None
             ],
+            history=[
+                JournalEra(
+                    generation=e.generation,
+                    world_size=e.world_size,
+                    nodes=e.nodes,
+                    started_ago_s=max(0.0, self._now - e.started),
+                    duration_s=None if e.ended is None else e.ended - e.started,
+                    ended_by=e.ended_by[:256],
+                )
+                for e in self.gens.eras
+            ],  # fmt: skip
         )
 
-    def restore(self, journal: Journal, now: float) -> None:
+    def restore(self, journal: Journal, now: float, *, since_written: float = 0.0) -> None:
         """Take the journal's generation back as RUNNING (or forming); its workers and
-        agents have ``config.grace`` seconds to reconnect."""
+        agents have ``config.grace`` seconds to reconnect. ``since_written``: seconds
+        from the journal's writing to ``now`` (its history's ages grow by that)."""
         grace = self.config.grace
         self._now = now
+        self.gens.eras = [
+            Era(e.generation, e.world_size, e.nodes, now - since_written - e.started_ago_s)
+            for e in journal.history
+        ]
+        for era, e in zip(self.gens.eras, journal.history, strict=True):
+            if e.duration_s is not None:
+                era.ended, era.ended_by = era.started + e.duration_s, e.ended_by
         lws = journal.local_world_size
         self._shape = Shape(journal.world_size, lws, journal.min_nodes)
         self._world = journal.world_size
@@ -91,6 +135,9 @@ class Recovery(Liveness):
         for node in journal.nodes:
             key = ("journal-node", node.join.node_id)
             self._agents[key] = Agent(key, node.join, node_rank=node.node_rank)
+        if journal.restart is not None:
+            self._restore_restart(journal, now)
+            return
         if journal.forming:  # its workers join as they would have: it forms again
             self.state = JobState.WAITING
             self._deadline = now + grace + self.config.join_timeout
@@ -101,7 +148,8 @@ class Recovery(Liveness):
                 now,
             )
             return
-        self.gens.begin(journal.world_size, len(journal.nodes), now)
+        if not self.gens.eras or self.gens.eras[-1].generation != journal.generation:
+            self.gens.begin(journal.world_size, len(journal.nodes), now)
         # the heartbeat clock of a worker not yet back runs out ``grace`` from now
         silent_from = now + grace - self.config.heartbeat_timeout
         for jw in journal.workers:
@@ -119,6 +167,25 @@ class Recovery(Liveness):
         self._event(
             f"coordinator restarted from its journal: generation {journal.generation} of "
             f"{journal.world_size} ranks; waiting up to {grace:g} s for them to reconnect",
+            now,
+        )
+
+    def _restore_restart(self, journal: Journal, now: float) -> None:
+        """Between generations: the agents rejoin, hear the restart (again, or for the
+        first time), and send their NodeJoin for the next generation as they would have."""
+        restart = journal.restart
+        assert restart is not None
+        self._world = None
+        self._restart = restart
+        for join in journal.rejoining:
+            key = ("journal-node", join.node_id)
+            self._agents[key] = Agent(key, join, node_rank=None, ready=False)
+        self.failure = FailureRecord(restart.rank, restart.reason) if restart.rank >= 0 else None
+        self.state = JobState.RESTARTING
+        self._deadline = now + self.config.grace + self.config.join_timeout
+        self._event(
+            f"coordinator restarted from its journal while the job restarted: generation "
+            f"{journal.generation} forms once its {len(journal.rejoining)} node(s) are back",
             now,
         )
 
@@ -157,21 +224,28 @@ class Recovery(Liveness):
         self._now = now
         key = ("journal-node", msg.join.node_id)
         agent = self._agents.get(key)
+        who = f"node {msg.join.node_id!r}"
         # the job finished while this agent was away (its ranks took the coordinator back
         # and left): it hears so, as it would have
         done = self.state is JobState.FINISHED and msg.generation == self.generation
-        problem = (
-            None if done else self._rejoin_problem(msg.generation, f"node {msg.join.node_id!r}")
-        )
-        if problem is None and (agent is None or agent.node_rank != msg.node_rank):
-            problem = f"node {msg.join.node_id!r} (node rank {msg.node_rank}) is not waited for"
+        # restored between generations: an agent of an earlier one hears of the restart
+        restart = self._restart if self.state is JobState.RESTARTING else None
+        between = restart is not None and msg.generation < self.generation
+        if between:
+            problem = None if agent is not None else f"{who} is not waited for"
+        else:
+            problem = None if done else self._rejoin_problem(msg.generation, who)
+            if problem is None and (agent is None or agent.node_rank != msg.node_rank):
+                problem = f"{who} (node rank {msg.node_rank}) is not waited for"
         if problem is not None or agent is None:
             return refuse(conn, "rejoin", problem or "")
         del self._agents[key]
         agent.conn = conn
         self._agents[conn] = agent
-        self._event(f"node {msg.join.node_id!r} reconnected", now)
+        self._event(f"{who} reconnected", now)
         back: list[Action] = [Send(conn, Rejoined(generation=self.generation))]
+        if between and restart is not None:
+            back.append(Send(conn, restart))
         return back + ([Send(conn, Finished(generation=self.generation))] if done else [])
 
     def _rejoin_problem(self, generation: int, who: str) -> str | None:

@@ -117,7 +117,8 @@ class CoordinatorServer:
         if config.state is not None:  # a journal there: this coordinator was restarted
             journal = config.state.read()
             if journal is not None:
-                self.rendezvous.restore(journal, clock())
+                since = max(0.0, time.time() - journal.written_at) if journal.written_at else 0.0
+                self.rendezvous.restore(journal, clock(), since_written=since)
                 rdzv = self.rendezvous
                 self._journaled = (rdzv.generation, rdzv.state, rdzv.assigned)
                 self.restored = self.rendezvous.events[-1][1]
@@ -225,7 +226,7 @@ class CoordinatorServer:
         try:
             journal = rdzv.journal()
             if journal is not None:
-                state.write(journal)
+                state.write(journal.model_copy(update={"written_at": time.time()}))
             elif rdzv.state is not JobState.FAILING:  # an inquest still runs generation g
                 state.remove()
         except OSError as exc:  # supervision goes on; a restart would start afresh

@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from shardwire.coordinator import JobState, Rendezvous, RendezvousConfig, Send
-from shardwire.coordinator.journal import Journal, StateDir, StateDirError
+from shardwire.coordinator.journal import Journal, JournalEra, StateDir, StateDirError
 from shardwire.protocol.messages import (
     Abort,
+    Failure,
     Finished,
     Heartbeat,
     Leave,
@@ -21,6 +23,7 @@ from shardwire.protocol.messages import (
     NodeRejoin,
     Rejoin,
     Rejoined,
+    Restart,
 )
 from shardwire.protocol.placement import PeerPage, PeerQuery, Placement
 from tests.coordinator.test_rendezvous import error_of, join, rosters
@@ -233,3 +236,106 @@ def test_another_runs_journal_and_an_unusable_directory_are_refused(tmp_path) ->
     (tmp_path / "a" / "journal.json").write_text("{}")
     with pytest.raises(StateDirError, match="not a coordinator journal"):
         mine.read()
+
+
+WRITER = """
+import sys
+from shardwire.coordinator.journal import Journal, StateDir
+from tests.coordinator.test_recovery import _formed
+
+base = _formed()[0].journal()
+state = StateDir(sys.argv[1], "r")
+state.open()
+print("writing", flush=True)
+for generation in range(1, 1_000_000):  # until killed
+    state.write(base.model_copy(update={"generation": generation}))
+"""
+
+
+def test_a_coordinator_killed_mid_journal_write_leaves_a_whole_journal(tmp_path) -> None:
+    """A process that writes journals back to back, SIGKILLed at five moments: each time
+    the directory holds a whole journal (some generation written), never a torn one, and
+    the next coordinator takes the directory and writes over what the kill left."""
+    seen = []
+    for delay in (0.05, 0.11, 0.23, 0.37, 0.5):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path / "state")],
+            cwd=os.getcwd(), stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+            time.sleep(delay)
+        finally:
+            writer.kill()
+            writer.wait(timeout=30)
+        state = StateDir(tmp_path / "state", "r")
+        state.open()
+        try:
+            journal = state.read()
+            assert journal is not None and journal.run_id == "r" and len(journal.workers) == 4
+            seen.append(journal.generation)
+        finally:
+            state.close()
+    assert all(g >= 1 for g in seen)
+
+
+def test_the_generation_history_outlives_a_restart() -> None:
+    """The journal carries every generation so far with its age; a coordinator started
+    again on it shows them, aged by the time since the journal was written."""
+    r, journal = _restored(now=100.0)
+    (era,) = journal.history
+    assert (era.generation, era.world_size, era.duration_s) == (1, 4, None)
+    earlier = JournalEra(generation=1, world_size=4, nodes=2, started_ago_s=50.0,
+                         duration_s=40.0, ended_by="rank 2 failed: killed")  # fmt: skip
+    current = JournalEra(generation=2, world_size=4, nodes=2, started_ago_s=10.0)
+    two = journal.model_copy(update={"generation": 2, "history": [earlier, current]})
+    again = Rendezvous(RendezvousConfig(run_id="r", world_size=4, grace=GRACE))
+    again.restore(two, 500.0, since_written=5.0)
+    info = again.gens.info(500.0)
+    assert [(g.generation, g.started_age_s, g.duration_s, g.ended_by) for g in info] == [
+        (1, 55.0, 40.0, "rank 2 failed: killed"), (2, 15.0, None, ""),
+    ]  # fmt: skip
+    assert [e.generation for e in (again.journal() or journal).history] == [1, 2]
+
+
+def test_a_coordinator_killed_between_generations_finishes_the_restart() -> None:
+    """Rank 1 failed and the agents were told to restart; the coordinator dies before
+    they are back. Started again on its journal, it tells each agent of the restart
+    (again, or for the first time), and their NodeJoins form generation 2."""
+    r = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE, max_restarts=2))
+    agents = {
+        c: NodeJoin(world_size=2, node_id=n, local_world_size=1, max_restarts=2)
+        for c, n in ((1, "a"), (2, "b"))
+    }
+    sent = [a for conn, msg in agents.items() for a in r.node_join(conn, msg, 0.0)]
+    ranks = {a.conn: a.msg.node_rank for a in sent if isinstance(a.msg, NodeAssignment)}
+    for conn, rank in ranks.items():
+        r.join(conn + 10, join(agents[conn].node_id, 0, world=2, lws=1, rank=rank),
+               peer_host="10.0.0.9", now=1.0)  # fmt: skip
+    assert r.state is JobState.RUNNING
+    failed = next(c for c, rank in ranks.items() if rank == 1) + 10
+    r.report_failure(failed, Failure(reason="boom"), now=5.0)
+    assert r.state is JobState.RESTARTING and r.generation == 2
+    journal = r.journal()
+    assert journal is not None and journal.restart is not None and journal.generation == 2
+    assert journal.restart.rank == 1 and "boom" in journal.restart.reason
+    assert sorted(j.node_id for j in journal.rejoining) == ["a", "b"]
+    assert [e.generation for e in journal.history] == [1]
+    again = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE, max_restarts=2))
+    again.restore(Journal.model_validate_json(journal.model_dump_json()), 50.0)
+    assert again.state is JobState.RESTARTING and again.gens.restarts == 1
+    assigned: list = []
+    for conn, msg in agents.items():
+        back = again.node_rejoin(conn + 20, NodeRejoin(node_rank=ranks[conn], generation=1,
+                                                       join=msg), 51.0)  # fmt: skip
+        assert [type(a.msg) for a in back] == [Rejoined, Restart]  # type: ignore[union-attr]
+        assert back[1].msg.generation == 2  # type: ignore[union-attr]
+        assigned += again.node_join(conn + 20, msg, 52.0)  # its processes are gone
+    got = [a.msg for a in assigned if isinstance(a.msg, NodeAssignment)]  # type: ignore[union-attr]
+    assert sorted(m.node_rank for m in got) == [0, 1] and {m.generation for m in got} == {2}
+    assert again.journal() is not None and again.journal().forming  # type: ignore[union-attr]
+    stranger = NodeRejoin(node_rank=0, generation=1,
+                          join=NodeJoin(world_size=2, node_id="c", local_world_size=1))  # fmt: skip
+    fresh = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE, max_restarts=2))
+    fresh.restore(journal, 60.0)
+    assert "is not waited for" in error_of(fresh.node_rejoin(9, stranger, 61.0)).message

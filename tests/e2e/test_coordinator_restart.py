@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .cli import ROOT, SHARDWIRE, env, run_records
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, run_records
 
 pytestmark = pytest.mark.e2e
 TOKEN = {"SHARDWIRE_TOKEN": "restart-token"}
@@ -139,3 +139,52 @@ def test_a_coordinator_killed_while_the_job_forms_is_taken_back_and_the_job_trai
     assert outcome["faults"][0]["injected"] and outcome["survived"]
     assert "starting it again on" in done.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 40
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found[int(entry.name)] = cmdline
+    return found
+
+
+def test_a_coordinator_killed_while_the_job_restarts_finishes_the_restart(tmp_path) -> None:
+    """Rank 1 is killed at step 5; rank 0 takes 3 s to end on its agent's SIGTERM, so the
+    job is between generations when its coordinator is SIGKILLed too. The launcher
+    starts it again on its journal, which holds the restart: the agent rejoins, hears of
+    it, and generation 2 forms and finishes."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[[faults]]\nkind = "kill"\nrank = 1\nstep = 5\n')
+    log = tmp_path / "chaos.jsonl"
+    launch = subprocess.Popen(
+        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--term-timeout", "20", "--chaos", str(plan), str(SCRIPTS / "steps.py")],
+        cwd=ROOT, env=env(SHARDWIRE_CHAOS_LOG=str(log), STEPS="20", STEP_DELAY="0.05",
+                          TERM_DELAY="3"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and '"injected"' not in (
+            log.read_text() if log.exists() else ""
+        ):
+            assert launch.poll() is None, "the job ended before rank 1 was killed"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the coordinator saw it; rank 0 is ending, slowly
+        (coordinator,) = [p for p, c in _children(launch.pid).items() if "coordinator" in c]
+        os.kill(coordinator, signal.SIGKILL)
+        _out, err = launch.communicate(timeout=240)
+    finally:
+        _stop(launch)
+    assert launch.returncode == 0, err[-3000:]
+    assert "the coordinator was killed (signal 9)" in err
+    assert "restarted from its journal while the job restarted" in err
+    assert "job finished after 2 generations (1 restarts)" in err

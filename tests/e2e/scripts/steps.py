@@ -8,6 +8,7 @@ Faults, chosen by environment variables:
 SLOW_RANK, SLOW_SECONDS: that rank does SLOW_SECONDS of other work (asleep) before every
     all_reduce, so the others wait for it each time.
 SIZE: elements of each all_reduce (default 1; the first one carries the step value).
+TERM_DELAY: seconds a SIGTERM takes to end the process (a slow shutdown).
 Every rank first prints ``listening PORT pid PID`` (its peer listener); at the end
 ``done TOTAL`` (the sum of all its all_reduce results), and with SHOW_NOFILE ``nofile
 LIMIT`` (its open-file limit then).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import signal
 import time
 
 import numpy as np
@@ -44,7 +46,14 @@ async def dawdle(seconds: float) -> None:
     await asyncio.sleep(seconds)  # marker: dawdle-await
 
 
+def _slow_exit(_signum: int, _frame: object) -> None:
+    time.sleep(float(os.environ["TERM_DELAY"]))
+    os._exit(128 + signal.SIGTERM)
+
+
 async def main() -> None:
+    if os.environ.get("TERM_DELAY"):
+        signal.signal(signal.SIGTERM, _slow_exit)
     steps, delay = _int("STEPS", 20), float(os.environ.get("STEP_DELAY", "0"))
     stall_rank, stall_at = _int("STALL_RANK"), _int("STALL_AT")
     skip_rank, skip_at = _int("SKIP_RANK"), _int("SKIP_AT")
