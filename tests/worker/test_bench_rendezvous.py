@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from shardwire.protocol import InvalidArgument
 from shardwire.worker.bench.rendezvous import main, measure
 
@@ -32,8 +34,21 @@ def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
     assert "formed in process in" in capsys.readouterr().out
 
 
-def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts() -> None:
-    import pytest
+def test_a_coordinator_killed_and_started_again_takes_every_worker_back(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    args = ["--workers", "48", "--processes", "2", "--per-node", "4", "--beat-window", "0.5"]
+    assert main([*args, "--restart", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())[0]
+    # the job finished on the restarted coordinator: every worker was back and left
+    assert result["coordinator_exit"] == 0 and result["reform_s"] is None
+    assert 0 < result["coordinator_up_s"] < result["restart_s"] < 120
+    assert "every worker and agent back after" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:  # separate runs: refused before any starts
+        main([*args, "--restart", "--reform"])
+    assert refused.value.code == 2
+    assert "give one" in capsys.readouterr().err
 
+
+def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts() -> None:
     with pytest.raises(InvalidArgument, match="60 workers do not fill nodes of 8"):
         measure(60, 2, 8)

@@ -1,7 +1,8 @@
 """``shardwire bench rendezvous``: how fast a coordinator admits a job of N workers.
 
     shardwire bench rendezvous [--workers 1000] [--processes 4] [--per-node 8]
-                               [--beat-window 5] [--direct] [--reform] [--json OUT]
+                               [--beat-window 5] [--direct] [--reform | --restart]
+                               [--json OUT]
 
 A real coordinator runs as its own process (``python -m shardwire.coordinator``); the
 workers are simulated by ``--processes`` client processes, each running its share of
@@ -27,6 +28,10 @@ Printed and written as JSON:
   other worker leaves generation 1 and joins the next with its rank on a new connection,
   as ``Session.reform`` does, the agents join again, and the failed worker's replacement
   joins: the seconds from the failure to the last worker holding its peers' addresses.
+* ``restart_s`` (``--restart``): the coordinator (given a state directory) is SIGKILLed
+  and started again on its journal and port: the seconds from the kill to the last
+  worker and agent taken back (the coordinator watching every rank again), with
+  ``coordinator_up_s``, the kill to the new coordinator listening.
 
 Nothing here asserts a speed: the figures are for comparing runs on one machine.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import statistics
@@ -42,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from shardwire.protocol.errors import InvalidArgument
@@ -71,6 +78,7 @@ def measure(
     *,
     agents: bool = True,
     reform: bool = False,
+    restart: bool = False,
 ) -> dict:
     """One run: a coordinator and ``processes`` client processes for ``workers`` (with an
     agent per node that batches its workers' heartbeats, unless ``agents`` is False);
@@ -81,13 +89,18 @@ def measure(
     env = {**os.environ, "SHARDWIRE_TOKEN": token}
     with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
         port_file = Path(tmp) / "port"
-        coordinator = subprocess.Popen(
-            [sys.executable, "-m", "shardwire.coordinator", "--port", "0", "--port-file",
-             str(port_file), "--world-size", str(workers), "--run-id", "bench",
-             "--http-port", "-1", "--log-level", "WARNING",
-             *(["--max-restarts", "1"] if reform else [])],
-            env=env, stdout=subprocess.DEVNULL, stderr=(Path(tmp) / "log").open("w"),
-        )  # fmt: skip
+
+        def start(port: int) -> subprocess.Popen:
+            return subprocess.Popen(
+                [sys.executable, "-m", "shardwire.coordinator", "--port", str(port),
+                 "--port-file", str(port_file), "--world-size", str(workers), "--run-id",
+                 "bench", "--http-port", "-1", "--log-level", "WARNING",
+                 *(["--max-restarts", "1"] if reform else []),
+                 *(["--state-dir", str(Path(tmp) / "state")] if restart else [])],
+                env=env, stdout=subprocess.DEVNULL, stderr=(Path(tmp) / "log").open("a"),
+            )  # fmt: skip
+
+        coordinator = start(0)
         clients: list[subprocess.Popen] = []
         try:
             port = coordinator_port(port_file, coordinator)
@@ -124,9 +137,11 @@ def measure(
             # every worker now heartbeats once a second: what that costs the coordinator
             time.sleep(beat_window)
             beat_cpu, rss = _proc_stats(coordinator.pid)
-            reform_s = None
+            reform_s = restart_s = up_s = None
             if reform:
                 reform_s = _reform(clients)
+            if restart:
+                coordinator, restart_s, up_s = _restart(clients, coordinator, start, port_file)
             for client in clients:
                 assert client.stdin is not None
                 client.stdin.write("\n")
@@ -156,6 +171,8 @@ def measure(
         "heartbeat_cpu_share": (beat_cpu - cpu) / beat_window,
         "coordinator_peak_rss_mib": rss,
         "reform_s": reform_s,
+        "restart_s": restart_s,
+        "coordinator_up_s": up_s,
         "coordinator_exit": coordinator.returncode,
         "coordinator_last_line": log[-1] if log else "",
     }
@@ -184,6 +201,32 @@ def _reform(clients: list[subprocess.Popen]) -> float:
         failed.append(report["failed"])
         placed += report["placed"]
     return max(placed) - min(failed)
+
+
+def _restart(
+    clients: list[subprocess.Popen],
+    coordinator: subprocess.Popen,
+    start: Callable[[int], subprocess.Popen],
+    port_file: Path,
+) -> tuple[subprocess.Popen, float, float]:
+    """SIGKILL the coordinator and start it again on its journal and port: the new one,
+    the seconds to every worker and agent back, and to the new one listening."""
+    for client in clients:
+        assert client.stdin is not None
+        client.stdin.write("restart\n")
+        client.stdin.flush()
+    for client in clients:
+        _report(client)  # ready: watching for the coordinator to go away
+    port = int(port_file.read_text())
+    killed = time.time()
+    coordinator.kill()
+    coordinator.wait(timeout=60)
+    port_file.unlink()
+    again = start(port)
+    coordinator_port(port_file, again)
+    up = time.time() - killed
+    back = [t for client in clients for t in _report(client)["back"]]
+    return again, max(back) - killed, up
 
 
 def main(argv: list[str]) -> int:
@@ -216,8 +259,16 @@ def main(argv: list[str]) -> int:
         help="then one worker fails and the others re-form in their processes (live "
         "recovery) while its replacement joins: the seconds to the next generation formed",
     )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="then the coordinator (with a state directory) is SIGKILLed and started again "
+        "on its journal: the seconds to every worker and agent taken back",
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
+    if args.reform and args.restart:
+        p.error("--reform and --restart are separate runs: give one")
     results = []
     print("| workers | rendezvous (s) | join p50 (s) | join p99 (s) | coordinator CPU (s) | "
           "coordinator peak RSS (MiB) | heartbeats (share of a core) |")  # fmt: skip
@@ -225,7 +276,7 @@ def main(argv: list[str]) -> int:
     for n in args.workers:
         r = measure(
             n, args.processes, args.per_node, args.beat_window, agents=not args.direct,
-            reform=args.reform,
+            reform=args.reform, restart=args.restart,
         )  # fmt: skip
         results.append(r)
         print(
@@ -237,6 +288,10 @@ def main(argv: list[str]) -> int:
         if r["reform_s"] is not None:
             print(f"  one worker failed; the next generation formed in process in "
                   f"{r['reform_s']:.2f} s", flush=True)  # fmt: skip
+        if r["restart_s"] is not None:
+            print(f"  coordinator SIGKILLed and started again: listening after "
+                  f"{r['coordinator_up_s']:.2f} s, every worker and agent back after "
+                  f"{r['restart_s']:.2f} s", flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
@@ -251,6 +306,9 @@ if __name__ == "__main__":
         # machine they share the cores with the coordinator
         from shardwire.worker.bench.simulated import Simulated
 
+        # a line for each of its clients that took a restarted coordinator back would
+        # bury the figures
+        logging.getLogger("shardwire.worker").setLevel(logging.ERROR)
         simulated = Simulated(port, first, count, world, lws, agents=sys.argv[7] == "agents")
         uvloop.run(simulated.run())
     else:

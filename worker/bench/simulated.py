@@ -9,7 +9,9 @@ waits for a line from the driver: ``reform`` has the first worker of the first c
 fail (its connection closes) and every other worker re-form in process, as
 ``Session.reform`` does, while the agents join again and the failed worker's
 replacement joins (one more JSON line: the failure's time and when each was placed);
-any line then ends the run (every worker leaves).
+``restart`` answers that it is ready, and once the driver killed the coordinator and
+started it again, says when each worker and agent was back; any line then ends the run
+(every worker leaves).
 """
 
 from __future__ import annotations
@@ -126,6 +128,18 @@ class Simulated:
         dones = await asyncio.gather(*(self.again(i) for i in range(self.count)), *rejoined)
         print(json.dumps({"failed": failed_at, "placed": dones[: self.count]}), flush=True)
 
+    async def restart(self) -> None:
+        """The coordinator is killed and started again on its journal: every worker and
+        agent reconnects and says who it is; one JSON line: when each was back."""
+        print(json.dumps({"ready": True}), flush=True)  # the driver kills it now
+        clients = [*self.clients, *self.agent_of.values()]
+
+        async def back(client: ControlClient) -> float:
+            await client.away_and_back(TIMEOUT)
+            return time.time()
+
+        print(json.dumps({"back": await asyncio.gather(*map(back, clients))}), flush=True)
+
     async def run(self) -> None:
         ensure_nofile(6 * self.count + 256, "the simulated workers", strict=False)
         first_dial = time.time()
@@ -136,8 +150,9 @@ class Simulated:
             print(json.dumps({"first": first_dial, "joins": times}), flush=True)
             # the driver says when the beat window is over; read off the loop, so the
             # workers keep heartbeating meanwhile (the window measures exactly that)
-            if (await asyncio.to_thread(sys.stdin.readline)).strip() == "reform":
-                await self.reform()
+            command = (await asyncio.to_thread(sys.stdin.readline)).strip()
+            if command in ("reform", "restart"):
+                await (self.reform() if command == "reform" else self.restart())
                 await asyncio.to_thread(sys.stdin.readline)
             for client in self.clients:
                 client.leave()

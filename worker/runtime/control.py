@@ -316,9 +316,7 @@ class ControlClient(Queries):
             self._proto.write_message(msg)
 
     def _send_beat(self, beat: Heartbeat) -> None:
-        if self._route is not None and self._route(beat):
-            return
-        if self._proto is not None:
+        if (self._route is None or not self._route(beat)) and self._proto is not None:
             self._proto.write_message(beat)
 
     def start_heartbeats(
@@ -349,8 +347,7 @@ class ControlClient(Queries):
             self._send_beat(beat)
 
     def _last_beat(self) -> None:
-        """Before this worker's last message: its latest progress, directly, so that it
-        arrives first (relayed beats could come after it)."""
+        """Before the last message: the latest progress, directly (a relayed beat may lag)."""
         if self._route is not None:
             self.beat(direct=True)
 
@@ -373,6 +370,10 @@ class ControlClient(Queries):
         self._leaving = True
         self._last_beat()
         self._write_final(Leave())
+
+    async def away_and_back(self, timeout: float) -> None:
+        """Until the coordinator went away and this client took it back (bounded)."""
+        await self._rejoiner.away_and_back(timeout)
 
     def closing_bound(self) -> float:
         """Seconds :meth:`aclose` may wait for the coordinator's return, to deliver this

@@ -29,7 +29,7 @@ from shardwire.protocol.messages import NodeRejoin, Rejoin
 log = logging.getLogger("shardwire.worker")
 
 _FIRST_DELAY = 0.1  # seconds before the second attempt (doubling, at most _MAX_DELAY)
-_MAX_DELAY = 2.0
+_MAX_DELAY = 0.5  # a restarted coordinator is back within a second: dial it soon
 
 
 class Rejoiner:
@@ -55,6 +55,7 @@ class Rejoiner:
         self.message: Rejoin | NodeRejoin | None = None
         self.returned = asyncio.Event()
         self.returned.set()  # connected
+        self.went = asyncio.Event()  # set when it goes away (cleared when it is back)
         self._task: asyncio.Task[None] | None = None
         self._until = 0.0
 
@@ -74,6 +75,7 @@ class Rejoiner:
         if self.away:
             return True
         self.returned.clear()
+        self.went.set()
         self._until = time.monotonic() + self.grace
         log.warning(
             "%s: lost the coordinator at %s; reconnecting for up to %g s (training goes on)",
@@ -100,6 +102,7 @@ class Rejoiner:
                 last = str(exc) or type(exc).__name__
             else:
                 log.warning("%s: reconnected to the coordinator at %s", self._role, self.where)
+                self.went.clear()
                 self.returned.set()
                 self._back()
                 return
@@ -110,6 +113,12 @@ class Rejoiner:
             f"the coordinator at {self.where} did not come back within {grace:g} s "
             f"(last attempt: {last})"
         )
+
+    async def away_and_back(self, timeout: float) -> None:
+        """Until the connection dropped and was taken back (bounded by ``timeout``)."""
+        async with asyncio.timeout(timeout):
+            await self.went.wait()
+            await self.returned.wait()
 
     async def wait_returned(self, timeout: float) -> bool:
         """Wait (bounded) until connected again; False if still away."""
