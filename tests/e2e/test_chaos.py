@@ -270,7 +270,9 @@ def test_bench_goodput_trains_through_random_kills_beside_a_clean_run(tmp_path) 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert set(result["modes"]) == {"relaunch", "live"}
+    assert set(result["modes"]) == {"relaunch", "live"} and result["mode"] == "relaunch"
+    for key in ("goodput", "steps_lost", "recovery_s"):  # the headline: the default's
+        assert result[key] == result["modes"]["relaunch"][key]
     for mode, r in result["modes"].items():
         assert r["finished"] and r["faults"] >= 1, (mode, r)
         assert 0 < r["goodput"] <= 1.5
@@ -448,3 +450,18 @@ def test_a_slow_disk_holds_a_ranks_checkpoints_and_the_job_finishes(tmp_path) ->
     assert outcome["faults"][0]["injected"] and outcome["survived"]
     assert (tmp_path / "ckpt" / "step-00000020").is_dir()  # the saves finished all the same
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["chaos"]["held"]
+
+
+def test_the_same_plan_and_seed_replay_the_same_faults(tmp_path) -> None:
+    """A random rank drawn from the seed, twice: the same rank at the same step both
+    times, and the verdict names the seed; another seed may draw another rank."""
+    plan = 'seed = 11\nexpect = "fail"\n[[faults]]\nkind = "raise"\nrank = "random"\nstep = 4\n'
+    hits = []
+    for attempt in ("a", "b"):
+        (tmp_path / attempt).mkdir()
+        done, outcome = _chaos(tmp_path / attempt, plan)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (fault,) = outcome["faults"]
+        hits.append((outcome["seed"], fault["rank"], fault["step"]))
+        assert "chaos verdict (seed 11)" in done.stderr
+    assert hits[0] == hits[1] and hits[0][2] == 4
