@@ -215,6 +215,12 @@ def test_max_restarts_reach_the_coordinator_the_agents_and_the_backoff_limit(
         assert docs["Job", "j-coordinator"]["spec"]["backoffLimit"] == 0  # never restarted
 
 
+def test_recovery_reaches_the_agents(monkeypatch) -> None:
+    assert worker_settings(rendered("--name", "j", "t.py"), "j", monkeypatch).recovery == "relaunch"
+    docs = rendered("--name", "j", "--recovery", "live", "--max-restarts", "2", "t.py")
+    assert worker_settings(docs, "j", monkeypatch).recovery == "live"
+
+
 def test_join_timeout_reaches_the_coordinator_and_the_agents(monkeypatch) -> None:
     docs = rendered("--name", "j", "--join-timeout", "12.5", "t.py")
     assert coordinator_settings(docs, "j").join_timeout == 12.5

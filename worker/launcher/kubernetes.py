@@ -154,6 +154,13 @@ def parser() -> argparse.ArgumentParser:
         help="job restarts from the latest checkpoint, and the Job's backoffLimit (0)",
     )
     add(
+        "--recovery",
+        choices=["relaunch", "live"],
+        default="relaunch",
+        help="after a rank's failure, start every process again (relaunch), or only the "
+        "failed rank while the others re-form in their processes (live)",
+    )
+    add(
         "--join-timeout",
         type=_seconds,
         default=300.0,
@@ -193,6 +200,7 @@ def deployment(args: argparse.Namespace) -> Deployment:
         namespace=args.namespace,
         image=args.image,
         max_restarts=args.max_restarts,
+        recovery=args.recovery,
         join_timeout=args.join_timeout,
         token_secret=args.token_secret or "",
         port=args.port,

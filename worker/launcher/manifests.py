@@ -118,6 +118,7 @@ class Deployment:
     namespace: str | None = None
     image: str = DEFAULT_IMAGE
     max_restarts: int = 0
+    recovery: str = "relaunch"  # or "live": a failed rank alone is started again
     join_timeout: float = 300.0
     token_secret: str = ""  # "": NAME-token
     port: int = CONTROL_PORT
@@ -287,6 +288,7 @@ def _worker_env(d: Deployment) -> list[Doc]:
         "SHARDWIRE_RUN_ID": d.name,
         "SHARDWIRE_MAX_RESTARTS": str(d.max_restarts),
         "SHARDWIRE_JOIN_TIMEOUT": number(d.join_timeout),
+        "SHARDWIRE_RECOVERY": d.recovery,
     }
     pod_name = {"fieldRef": {"fieldPath": "metadata.name"}}  # unique per pod
     return [
