@@ -226,7 +226,7 @@ def _two_nodes(tmp_path: Path, name: str, *, lose_b_at: str | None) -> tuple[dic
         resumed = re.search(r"resuming .* at step (\d+)", out)
         # at or after the last copy before step 100 (the kill may land a few steps later
         # than the line that triggered it on a busy machine)
-        assert resumed and int(resumed.group(1)) >= 95, (out[-1500:], err[-4000:])
+        assert resumed and int(resumed.group(1)) >= 95, f"{err[-4000:]}\n{out[-1500:]}"
     return run_records(run)
 
 
