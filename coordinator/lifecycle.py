@@ -57,6 +57,7 @@ class Lifecycle:
     _old: dict[ConnId, Worker] = field(default_factory=dict)  # an ended generation's
     # joins of survivors re-forming in their processes, taken when the next one forms
     _parked: dict[ConnId, tuple[Join, str]] = field(default_factory=dict)
+    _restart: Restart | None = None  # what the agents were told when the last generation ended
     _agents: dict[ConnId, Agent] = field(default_factory=dict)
     _shape: Shape | None = None
     _world: int | None = None  # this generation's world size, once agents are assigned
@@ -227,6 +228,7 @@ class Lifecycle:
             restarts=self.gens.restarts,
             max_restarts=self.gens.max_restarts,
         )
+        self._restart = restart
         actions: list[Action] = [Send(c, abort) for c in self._live_workers()]
         for a in self._agents.values():
             if a.node_rank is not None:  # it started processes for the ended generation

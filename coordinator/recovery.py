@@ -37,14 +37,12 @@ from shardwire.coordinator.state import (
     Worker,
     refuse,
 )
-from shardwire.protocol.messages import Finished, NodeRejoin, Rejoin, Rejoined, Restart
+from shardwire.protocol.messages import Finished, NodeRejoin, Rejoin, Rejoined
 
 
 @dataclass
 class Recovery(Liveness):
     """Journal and restore on top of the job's state."""
-
-    _restart: Restart | None = None  # restored between generations: what agents are told
 
     @property
     def assigned(self) -> bool:
@@ -62,21 +60,11 @@ class Recovery(Liveness):
         whose nodes were assigned, or the restart between two (None before the first
         generation is assigned, and once the job is over)."""
         forming = self.state is JobState.WAITING and self.assigned
-        usable = self.state is JobState.RUNNING or forming or self.between
+        restart = self._restart if self.between else None
+        usable = self.state is JobState.RUNNING or forming or restart is not None
         if not usable or self._shape is None:
             return None
         shape = self._generation_shape()
-        restart = None
-        if self.between:
-            last = self.gens.eras[-1]
-            rank = self.failure.rank if self.failure else -1
-            restart = Restart(
-                generation=self.generation,
-                rank=rank,
-                reason=last.ended_by or "restarting",
-                restarts=self.gens.restarts,
-                max_restarts=self.gens.max_restarts,
-            )
         return Journal(
             forming=forming,
             restart=restart,
@@ -118,13 +106,7 @@ class Recovery(Liveness):
         from the journal's writing to ``now`` (its history's ages grow by that)."""
         grace = self.config.grace
         self._now = now
-        self.gens.eras = [
-            Era(e.generation, e.world_size, e.nodes, now - since_written - e.started_ago_s)
-            for e in journal.history
-        ]
-        for era, e in zip(self.gens.eras, journal.history, strict=True):
-            if e.duration_s is not None:
-                era.ended, era.ended_by = era.started + e.duration_s, e.ended_by
+        self.gens.eras = [_era(e, now - since_written) for e in journal.history]
         lws = journal.local_world_size
         self._shape = Shape(journal.world_size, lws, journal.min_nodes)
         self._world = journal.world_size
@@ -255,3 +237,10 @@ class Recovery(Liveness):
         if generation != self.generation:
             return f"{who} is of generation {generation}; the job is at {self.generation}"
         return None
+
+
+def _era(e: JournalEra, written: float) -> Era:
+    """A journaled generation on this clock (``written``: when the journal was written)."""
+    started = written - e.started_ago_s
+    ended = None if e.duration_s is None else started + e.duration_s
+    return Era(e.generation, e.world_size, e.nodes, started, ended, e.ended_by)

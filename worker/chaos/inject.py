@@ -78,8 +78,8 @@ class Injector:
         self.last_step: int | None = None
         mine = [
             s
-            for s in plan.schedule(group.world_size)
-            if s.rank == self.rank and (s.index, s.occurrence) not in fired and not clean
+            for s in ([] if clean else plan.schedule(group.world_size))  # clean: checks only
+            if s.rank == self.rank and (s.index, s.occurrence) not in fired
         ]
         # an every_s occurrence due while the job was down (restarting) hits nothing
         mine = [s for s in mine if s.at_s is None or self.epoch + s.at_s > self.started]

@@ -19,8 +19,9 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from shardwire.worker.chaos.inject import (
     CLEAN_VARIABLE,
@@ -29,7 +30,7 @@ from shardwire.worker.chaos.inject import (
     fired_faults,
     resume_later,
 )
-from shardwire.worker.chaos.plan import COORDINATOR, NODE, Scheduled, load
+from shardwire.worker.chaos.plan import COORDINATOR, NODE, Fault, Plan, Scheduled, load
 
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}
 
@@ -40,15 +41,8 @@ def coordinator_faults(
     """A task that injects the plan's coordinator faults into the process ``pid()`` names
     at the time (a killed coordinator may be started again; the caller owns the task and
     cancels it when the job ends); None without any."""
-    path = environ.get(PLAN_VARIABLE)
-    if not path or environ.get(CLEAN_VARIABLE) == "1":  # the clean run: checks, no faults
-        return None
-    log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
-    fired = fired_faults(log)
-    faults = [s for s in load(path).on_coordinator() if (s.index, 0) not in fired]
-    if not faults:
-        return None
-    return asyncio.ensure_future(_inject(faults, pid, log))
+    pending = _pending(environ, lambda plan: plan.on_coordinator())
+    return None if pending is None else asyncio.ensure_future(_on_coordinator(*pending, pid))
 
 
 def node_faults(
@@ -57,32 +51,47 @@ def node_faults(
     """A task that injects the plan's faults on node ``node`` (its ``ranks``) into this
     agent and the processes ``pids()`` names at the time, each the leader of its own
     process group (the caller owns the task); None without any."""
+    pending = _pending(environ, lambda plan: plan.on_node(node))
+    if pending is None:
+        return None
+    return asyncio.ensure_future(_on_node(*pending, {"node": node, "ranks": ranks}, pids))
+
+
+def _pending(
+    environ: Mapping[str, str], pick: Callable[[Plan], list[Scheduled]]
+) -> tuple[list[Scheduled], Path] | None:
+    """The faults ``pick`` takes from the plan that have not fired yet, with the chaos
+    log; None without a plan, in a clean run (checks, no faults), or without any."""
     path = environ.get(PLAN_VARIABLE)
     if not path or environ.get(CLEAN_VARIABLE) == "1":
         return None
     log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
     fired = fired_faults(log)
-    faults = [s for s in load(path).on_node(node) if (s.index, 0) not in fired]
-    if not faults:
-        return None
-    return asyncio.ensure_future(_on_node(faults, node, ranks, pids, log))
+    faults = [s for s in pick(load(path)) if (s.index, 0) not in fired]
+    return (faults, log) if faults else None
 
 
-async def _on_node(
-    faults: list[Scheduled],
-    node: int,
-    ranks: list[int],
-    pids: Callable[[], list[int]],
-    log: Path,
-) -> None:
+async def _due(faults: list[Scheduled], log: Path, who: dict[str, Any]) -> AsyncIterator[Fault]:
+    """Each fault at its time (``after_s`` from now), once noted in the chaos log as
+    injected on ``who``."""
     started = time.monotonic()
     for scheduled in sorted(faults, key=lambda s: s.fault.after_s or 0.0):
         fault = scheduled.fault
         await asyncio.sleep(max(0.0, (fault.after_s or 0.0) - (time.monotonic() - started)))
-        entry = {"rank": NODE, "node": node, "ranks": ranks, "t": time.time()}
-        entry.update(event="injected", fault=scheduled.index, kind=fault.kind, step=None)
+        entry = {**who, "t": time.time(), "event": "injected", "fault": scheduled.index}
+        entry.update(kind=fault.kind, step=None)
         with log.open("a") as out:
             out.write(json.dumps(entry) + "\n")
+        yield fault
+
+
+async def _on_node(
+    faults: list[Scheduled],
+    log: Path,
+    where: dict[str, Any],
+    pids: Callable[[], list[int]],
+) -> None:
+    async for fault in _due(faults, log, {"rank": NODE, **where}):
         groups = [-pid for pid in pids()]  # each rank's whole process group
         if fault.kind == "term":  # a node shut down: its agent stops its ranks as it would
             os.kill(os.getpid(), signal.SIGTERM)
@@ -95,15 +104,8 @@ async def _on_node(
         os.kill(os.getpid(), _SIGNALS[fault.kind])  # the agent last: it is the one acting
 
 
-async def _inject(faults: list[Scheduled], pid: Callable[[], int], log: Path) -> None:
-    started = time.monotonic()
-    for scheduled in sorted(faults, key=lambda s: s.fault.after_s or 0.0):
-        fault = scheduled.fault
-        await asyncio.sleep(max(0.0, (fault.after_s or 0.0) - (time.monotonic() - started)))
-        entry = {"rank": COORDINATOR, "t": time.time(), "event": "injected"}
-        entry.update(fault=scheduled.index, kind=fault.kind, step=None)
-        with log.open("a") as out:
-            out.write(json.dumps(entry) + "\n")
+async def _on_coordinator(faults: list[Scheduled], log: Path, pid: Callable[[], int]) -> None:
+    async for fault in _due(faults, log, {"rank": COORDINATOR}):
         target = pid()
         with contextlib.suppress(ProcessLookupError):
             os.kill(target, _SIGNALS[fault.kind])
