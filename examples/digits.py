@@ -81,8 +81,10 @@ async def main(args: argparse.Namespace) -> None:
             await train_aggregated(args, pg, data, make_model(args.hidden, args.seed))
             return
         # --copy-every K: each rank's state is copied to another rank's memory every K
-        # steps; a re-formed job restores from those copies, not from disk
-        copies = peer_copies(args, pg)
+        # steps; a re-formed job restores from those copies, not from disk (and under live
+        # recovery a rank sent SIGTERM hands its state over at the next copy step, then
+        # leaves: its replacement goes on from there)
+        copies = peer_copies(args, pg, session)
         # --recovery live: when a rank fails, the survivors re-form in their processes, a
         # new process replaces the failed rank, and train runs again on the new group
         # from the peer copies (or the checkpoint, as a relaunched job would)

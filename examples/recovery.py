@@ -24,11 +24,16 @@ def add_copy_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
-def peer_copies(args: argparse.Namespace, pg: sw.ProcessGroup) -> PeerCopies | None:
-    """The process's copies (kept across re-formations), or None without --copy-every."""
+def peer_copies(
+    args: argparse.Namespace, pg: sw.ProcessGroup, session: sw.Session
+) -> PeerCopies | None:
+    """The process's copies (kept across re-formations), or None without --copy-every.
+    Under live recovery SIGTERM is a notice to leave: the rank hands its state over at
+    its next copy step and leaves (``LeftJob``), and its replacement goes on from there."""
     if not args.copy_every:
         return None
-    return PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size)
+    leave = session.leave_notice() if session.live else None
+    return PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size, leave=leave)
 
 
 async def restore(

@@ -97,6 +97,25 @@ class RecoveryError(JobAborted):
     failed. The message says which."""
 
 
+class LeftJob(ShardwireError):
+    """This rank left the job on SIGTERM (a preemption notice) under live recovery,
+    after its state at ``step`` reached its copy holder: its replacement resumes from
+    that step and no completed step is lost.
+
+    Attributes:
+        rank: the rank that left.
+        step: the step its state was handed over at.
+        holder: the rank that holds its copy.
+    """
+
+    def __init__(self, *, rank: int, step: int, holder: int) -> None:
+        super().__init__(
+            f"rank {rank} left on SIGTERM after handing its state at step {step} to rank "
+            f"{holder}; its replacement resumes from there"
+        )
+        self.rank, self.step, self.holder = rank, step, holder
+
+
 class TransportClosed(ShardwireError):
     """The transport was closed locally; no further operations are possible."""
 

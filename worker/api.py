@@ -12,7 +12,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from shardwire.protocol import CollectiveTimeout, JobAborted, PeerFailed, RecoveryError, Token
+from shardwire.protocol import (
+    CollectiveTimeout,
+    JobAborted,
+    LeftJob,
+    PeerFailed,
+    RecoveryError,
+    Token,
+)
 from shardwire.protocol.auth import check_bind
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
@@ -21,6 +28,7 @@ from shardwire.worker.chaos import inject
 from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe import trace
 from shardwire.worker.observe.flight import FlightRecorder
+from shardwire.worker.runtime import leave
 from shardwire.worker.runtime.liveness import ControlThread
 from shardwire.worker.runtime.worker_config import WorkerConfig, check_launched
 from shardwire.worker.transport import shm
@@ -78,6 +86,7 @@ class Session:
         self._rank = -1
         self._chaos: inject.Injector | None = None  # a chaos plan's faults for this rank
         self._parent = os.getppid()  # under a node agent: the agent
+        self._leave: leave.LeaveNotice | None = None  # SIGTERM as a notice to leave
 
     async def __aenter__(self) -> ProcessGroup:
         try:
@@ -91,6 +100,23 @@ class Session:
         """Whether the job recovers live (``--recovery live``): a survivor of another
         rank's failure re-forms with :meth:`reform` rather than exiting."""
         return self.config.recovery == "live"
+
+    def leave_notice(self, *, grace: float = leave.GRACE_S) -> leave.LeaveNotice:
+        """Take SIGTERM as a notice to leave (live recovery): give the notice to
+        ``PeerCopies(leave=...)``, whose next copy step hands this rank's state to its
+        holder and ends the rank with ``LeftJob``; its replacement resumes from that
+        step. With no copy step within ``grace`` seconds, SIGTERM ends the process as
+        before. One notice per process, kept across re-formations.
+
+        Raises:
+            RecoveryError: the job does not recover live (``--recovery live``).
+        """
+        if not self.live:
+            raise RecoveryError("a SIGTERM notice to leave needs live recovery (--recovery live)")
+        if self._leave is None:
+            self._leave = leave.LeaveNotice(self._rank, grace=grace)
+            self._leave.arm()
+        return self._leave
 
     async def recovering(self, train: Callable[[ProcessGroup], Awaitable[T]]) -> T:
         """Run ``train(group)`` on this generation's group; with live recovery, when a
@@ -286,11 +312,16 @@ class Session:
                 # a survivor names the rank it saw fail before its own connection closes:
                 # the coordinator must not take that close for the root cause
                 self._control.report_peer_failure(exc.rank, exc.reason)
+            elif isinstance(exc, LeftJob):  # a planned leave: its words, no traceback
+                self._control.report_failure(str(exc), "")
             elif not isinstance(exc, JobAborted):  # a survivor is not the root cause
                 await self._report(exc, "".join(traceback.format_exception(exc_type, exc, tb)))
         await self._release()
-        if exc is not None:
-            # The job is over (a failure stops every rank). A rank killed while it offered
+        if self._leave is not None:
+            self._leave.disarm()
+        if exc is not None and not self.live:
+            # The job is over (a failure stops every rank; under live recovery it goes
+            # on, and the agents sweep at its end). A rank killed while it offered
             # a shared-memory region to this node's others left its name behind; no node
             # agent may be there to remove it (ranks a scheduler started directly).
             shm.sweep(self.config.run_id)

@@ -108,6 +108,23 @@ def test_survivors_keep_their_processes_and_peers_copies_restore_the_run_exactly
     assert done.stderr.count("started anew") == 2
 
 
+def test_a_rank_sent_sigterm_hands_its_state_over_and_no_completed_step_is_lost(
+    tmp_path, straight
+) -> None:
+    """SIGTERM (a preemption notice) reaches rank 2 at step 32: it goes on to the next
+    copy step (35), every copy lands, it leaves, and its replacement and the survivors go
+    on from step 35, not from the copy before the notice (30)."""
+    plan = 'seed = 1\n[[faults]]\nkind = "term"\nrank = 2\nstep = 32\n'
+    live = ["--max-restarts", "1", "--recovery", "live"]
+    done, entries = _launch(tmp_path, "run", *live, plan=plan, args=("--copy-every", "5"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    _same(tmp_path / "run", straight)
+    assert {r: len(set(p)) for r, p in _pids(entries).items()} == {0: 1, 1: 1, 2: 2, 3: 1}
+    assert "rank 2 got SIGTERM: it leaves at its next copy step" in done.stderr
+    assert "rank 2 left on SIGTERM after handing its state at step 35 to rank 3" in done.stderr
+    assert "at step 35" in done.stdout and "at step 30" not in done.stdout
+
+
 def test_without_copies_the_ranks_roll_back_to_the_disk_checkpoint_in_their_processes(
     tmp_path, straight
 ) -> None:
@@ -213,15 +230,19 @@ def _two_nodes(tmp_path: Path, name: str, *, lose_b_at: str | None) -> tuple[dic
             b.wait(timeout=30)
             procs.append(again := _node(int(port), "b", tmp_path / f"{name}-b2", copies=True))
             _out, err = again.communicate(timeout=240)
+            (tmp_path / f"{name}-b2.err").write_text(err)
             assert again.returncode == 0, err[-3000:]
             assert not [pid for pid in orphans if _running(pid)]
         out, err = a.communicate(timeout=240)
+        (tmp_path / f"{name}-a.out").write_text(out)  # kept for a failure's reader
+        (tmp_path / f"{name}-a.err").write_text(err)
         assert a.returncode == 0, err[-3000:]
     finally:
-        for proc in procs:
+        for i, proc in enumerate(procs):
             if proc.poll() is None:
                 proc.kill()
-            proc.communicate(timeout=60)
+            rest = proc.communicate(timeout=60)
+            (tmp_path / f"{name}-{i}.rest").write_text(f"{rest[0]}\n{rest[1]}")
     if lose_b_at is not None:  # from the copies, not from step 0 (there is no checkpoint)
         resumed = re.search(r"resuming .* at step (\d+)", out)
         # at or after the last copy before step 100 (the kill may land a few steps later

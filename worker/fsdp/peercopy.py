@@ -18,6 +18,12 @@ the copies that are missing, checks every copy's xxh3 digest, and loads it. A co
 fails its check is refused, and said: the next older step is tried, then none (the
 caller loads its disk checkpoint). Copies are bound to the layout they were taken in
 (world size, strategy, model): a re-formation at another world size restores from disk.
+
+Given a notice to leave (``leave``: ``Session.leave_notice()``, SIGTERM), every copy
+step first asks whether any rank was told to leave (one small all-reduce per copy
+step). If one was, the step's copies are exchanged, every rank waits until all have
+landed, and the ranks told to leave raise ``LeftJob``: the others go on, and the
+re-formation that follows restores that step, so no completed step is lost.
 """
 
 from __future__ import annotations
@@ -26,13 +32,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import numpy as np
 import xxhash
 
-from shardwire.protocol.errors import InvalidArgument
+from shardwire.protocol.errors import InvalidArgument, LeftJob
 from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp.generators import generator_states, set_generator_states
 from shardwire.worker.fsdp.persist import Resumed
@@ -42,6 +48,13 @@ from shardwire.worker.fsdp.wrapper import FSDP
 log = logging.getLogger(__name__)
 
 _HEADER, _DATA = 1, 2  # point-to-point tags of a copy's two messages
+
+
+class Notice(Protocol):
+    """A notice to leave (``Session.leave_notice()``): whether SIGTERM arrived."""
+
+    @property
+    def requested(self) -> bool: ...
 
 
 # ---- pure core ---------------------------------------------------------------------------
@@ -150,13 +163,17 @@ class PeerCopies:
 
     Make one per process, before the first group, and keep it: call :meth:`restore`
     after building the model on each generation's group (None: nothing in memory, load
-    the disk checkpoint) and :meth:`save` after every step.
+    the disk checkpoint) and :meth:`save` after every step. Every rank gives a
+    ``leave`` notice, or none does (the copy step's question is a collective).
     """
 
-    def __init__(self, every: int, *, keep: int = 2, ranks_per_node: int = 1) -> None:
+    def __init__(
+        self, every: int, *, keep: int = 2, ranks_per_node: int = 1, leave: Notice | None = None
+    ) -> None:
         if every < 1 or keep < 1 or ranks_per_node < 1:
             raise InvalidArgument("every, keep and ranks_per_node must be at least 1")
         self.every, self.keep, self.ranks_per_node = every, keep, ranks_per_node
+        self.leave = leave
         self._own: dict[int, Snapshot] = {}
         self._held: dict[int, Snapshot] = {}
         self._base: Group | None = None  # the generation's group the copies group is of
@@ -195,6 +212,7 @@ class PeerCopies:
             return
         group = self._copies(fsdp)
         await self.wait()  # the previous copy's errors surface here
+        leaving = self.leave is not None and await _anyone_leaving(group, self.leave)
         info = {
             "step": step,
             "rank": group.rank,
@@ -206,6 +224,17 @@ class PeerCopies:
         self._keep(self._own, snap)
         if group.size > 1:
             self._exchange = group.spawn(self._swap(group, snap))
+        if leaving:
+            await self._hand_over(group, step)
+
+    async def _hand_over(self, group: Group, step: int) -> None:
+        """A rank was told to leave: once every copy of ``step`` is at its holder, the
+        ranks told to leave do (the others go on; a re-formation restores ``step``)."""
+        await self.wait()
+        await group.barrier()  # every holder has its copy
+        if self.leave is not None and self.leave.requested:
+            to = holder(group.rank, group.size, self.ranks_per_node)
+            raise LeftJob(rank=group.rank, step=step, holder=to)
 
     async def wait(self) -> None:
         """Until the copy in flight has landed at its holder (and the one this rank holds
@@ -300,6 +329,12 @@ def _fits(snap: Snapshot, mine: list[tuple[str, Any, str]], fsdp: FSDP) -> bool:
     if fsdp.optimizer.state:
         return layout == [(n, tuple(s), d) for n, s, d in mine]
     return [entry for entry in layout if entry[0].endswith(":param")] == params
+
+
+async def _anyone_leaving(group: Group, leave: Notice) -> bool:
+    """Whether any rank was told to leave (every rank asks at the same copy step)."""
+    told = await group.all_reduce(np.array([int(leave.requested)], np.int64), "max")
+    return bool(told[0])
 
 
 async def _send(group: Group, to: int, snap: Snapshot) -> None:

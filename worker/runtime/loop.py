@@ -8,7 +8,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from shardwire.protocol import JobAborted
+from shardwire.protocol import JobAborted, LeftJob
 from shardwire.worker.runtime.worker_config import NotLaunched
 
 T = TypeVar("T")
@@ -32,6 +32,9 @@ def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool = True) -> T:
     except NotLaunched as exc:  # a script run by hand: the command, not a traceback
         print(f"shardwire: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    except LeftJob as exc:  # a planned leave (SIGTERM under live recovery): no traceback
+        print(f"shardwire: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except JobAborted as exc:
         print(f"shardwire: stopped: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None

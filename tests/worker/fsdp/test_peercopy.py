@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from shardwire.protocol.errors import InvalidArgument
+from shardwire.protocol.errors import InvalidArgument, LeftJob
 from shardwire.worker.fsdp import PeerCopies, Strategy
 from shardwire.worker.fsdp.peercopy import choose, holder, pack, source
 
@@ -145,3 +145,50 @@ async def test_only_the_newest_keep_steps_are_kept() -> None:
         assert sorted(one._own) == [3] and sorted(one._held) == [3]
         assert sorted(two._own) == [2, 3] and sorted(two._held) == [2, 3]
         assert one.state_bytes == two.state_bytes > 0
+
+
+class _Notice:
+    def __init__(self) -> None:
+        self.requested = False
+
+
+async def test_a_rank_told_to_leave_hands_over_at_the_next_copy_step_and_nothing_is_lost() -> None:
+    """Rank 1 is told to leave between copy steps: at the next one (step 4) every copy
+    lands, rank 1 raises LeftJob naming its holder, the others go on; its replacement and
+    the survivors restore step 4 (nothing before it is redone) and end as a straight run."""
+    notices = [_Notice() for _ in range(4)]
+    copies = [PeerCopies(2, ranks_per_node=2, leave=n) for n in notices]
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 3)
+        notices[1].requested = True  # SIGTERM during step 4
+        await asyncio.gather(*(train_rank(f, r, 4, steps=range(3, 4)) for r, f in enumerate(ranks)))
+        at_four = await _state(ranks)
+        saved = await asyncio.gather(
+            *(c.save(f, 4) for f, c in zip(ranks, copies, strict=True)), return_exceptions=True
+        )
+        assert [type(s).__name__ for s in saved] == ["NoneType", "LeftJob", "NoneType", "NoneType"]
+        left = saved[1]
+        assert isinstance(left, LeftJob) and (left.rank, left.step, left.holder) == (1, 4, 3)
+        assert 4 in copies[3]._held  # landed before rank 1 left
+    copies[1] = PeerCopies(2, ranks_per_node=2, leave=_Notice())  # its replacement
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
+        resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
+        assert {r.step for r in resumed} == {4}
+        params, optim = await _state(ranks)
+        for name, value in at_four[0].items():
+            np.testing.assert_array_equal(params[name], value)
+        for key, value in at_four[1].items():
+            np.testing.assert_array_equal(optim[key], value)
+        await asyncio.gather(*(train_rank(f, r, 4, steps=range(4, STEPS))
+                               for r, f in enumerate(ranks)))  # fmt: skip
+        final = await _params(ranks)
+    for name, value in (await _straight()).items():
+        np.testing.assert_array_equal(final[name], value)
+
+
+async def test_ranks_not_told_to_leave_go_on_through_copy_steps() -> None:
+    notices = [_Notice(), _Notice()]
+    copies = [PeerCopies(1, leave=n) for n in notices]
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 2)  # nobody told: nobody leaves
+        assert sorted(copies[0]._held) == [1, 2]
