@@ -30,6 +30,7 @@ from shardwire.worker.observe import trace
 from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.runtime import leave
 from shardwire.worker.runtime.liveness import ControlThread
+from shardwire.worker.runtime.parent import end_with_parent
 from shardwire.worker.runtime.worker_config import WorkerConfig, check_launched
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
@@ -89,6 +90,8 @@ class Session:
         self._leave: leave.LeaveNotice | None = None  # SIGTERM as a notice to leave
 
     async def __aenter__(self) -> ProcessGroup:
+        if self.config.agent_beats:  # under a node agent: a rank does not outlive it
+            end_with_parent(self._parent)
         try:
             return await self._start()
         except BaseException:
@@ -166,6 +169,7 @@ class Session:
                 f"rank {self._rank}: no word from the coordinator within {_END_WAIT:g} s "
                 "that the job goes on"
             ) from error
+        # the kernel ends a rank with its agent (end_with_parent); where it could not
         if self.config.agent_beats and os.getppid() != self._parent:
             raise RecoveryError(
                 f"rank {self._rank}: its node agent is gone (its node left the job): it does "
