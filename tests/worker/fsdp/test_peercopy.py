@@ -97,9 +97,15 @@ async def test_a_replaced_rank_and_the_survivors_roll_back_and_end_as_a_straight
         at_four = await _state(ranks)
         await asyncio.gather(*(train_rank(f, r, 4, steps=range(4, 5)) for r, f in enumerate(ranks)))
     copies[1] = PeerCopies(2, ranks_per_node=2)  # rank 1's process died with its memory
-    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:  # the next generation
+    resumed = await _restore_and_finish(copies, at_four)
+    assert {(r.step, r.extra["at"]) for r in resumed} == {(4, 4)}
+
+
+async def _restore_and_finish(copies: list[PeerCopies], at_four: tuple[dict, dict]) -> list:
+    """The next generation of 4 ranks restores from ``copies``: the state of step 4 bit
+    for bit, and training to the end gives the straight run's parameters."""
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
         resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
-        assert {(r.step, r.extra["at"]) for r in resumed} == {(4, 4)}
         params, optim = await _state(ranks)
         for name, value in at_four[0].items():
             np.testing.assert_array_equal(params[name], value)  # bit for bit
@@ -111,6 +117,7 @@ async def test_a_replaced_rank_and_the_survivors_roll_back_and_end_as_a_straight
         final = await _params(ranks)
     for name, value in (await _straight()).items():
         np.testing.assert_array_equal(final[name], value)
+    return resumed
 
 
 async def test_a_copy_that_fails_its_digest_is_refused_and_an_older_step_used() -> None:
@@ -171,19 +178,8 @@ async def test_a_rank_told_to_leave_hands_over_at_the_next_copy_step_and_nothing
         assert isinstance(left, LeftJob) and (left.rank, left.step, left.holder) == (1, 4, 3)
         assert 4 in copies[3]._held  # landed before rank 1 left
     copies[1] = PeerCopies(2, ranks_per_node=2, leave=_Notice())  # its replacement
-    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
-        resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
-        assert {r.step for r in resumed} == {4}
-        params, optim = await _state(ranks)
-        for name, value in at_four[0].items():
-            np.testing.assert_array_equal(params[name], value)
-        for key, value in at_four[1].items():
-            np.testing.assert_array_equal(optim[key], value)
-        await asyncio.gather(*(train_rank(f, r, 4, steps=range(4, STEPS))
-                               for r, f in enumerate(ranks)))  # fmt: skip
-        final = await _params(ranks)
-    for name, value in (await _straight()).items():
-        np.testing.assert_array_equal(final[name], value)
+    resumed = await _restore_and_finish(copies, at_four)
+    assert {r.step for r in resumed} == {4}
 
 
 async def test_ranks_not_told_to_leave_go_on_through_copy_steps() -> None:
