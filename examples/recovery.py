@@ -32,7 +32,8 @@ def peer_copies(
     its next copy step and leaves (``LeftJob``), and its replacement goes on from there."""
     if not args.copy_every:
         return None
-    leave = session.leave_notice() if session.live else None
+    # (a job of one rank has nobody to hand its state to: SIGTERM ends it as before)
+    leave = session.leave_notice() if session.live and pg.world_size > 1 else None
     return PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size, leave=leave)
 
 

@@ -164,7 +164,8 @@ class PeerCopies:
     Make one per process, before the first group, and keep it: call :meth:`restore`
     after building the model on each generation's group (None: nothing in memory, load
     the disk checkpoint) and :meth:`save` after every step. Every rank gives a
-    ``leave`` notice, or none does (the copy step's question is a collective).
+    ``leave`` notice, or none does (the copy step's question is a collective); a group
+    of one rank has nobody to hand its state to and never leaves by it.
     """
 
     def __init__(
@@ -212,7 +213,9 @@ class PeerCopies:
             return
         group = self._copies(fsdp)
         await self.wait()  # the previous copy's errors surface here
-        leaving = self.leave is not None and await _anyone_leaving(group, self.leave)
+        leaving = (
+            self.leave is not None and group.size > 1 and await _anyone_leaving(group, self.leave)
+        )
         info = {
             "step": step,
             "rank": group.rank,

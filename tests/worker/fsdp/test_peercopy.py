@@ -188,3 +188,12 @@ async def test_ranks_not_told_to_leave_go_on_through_copy_steps() -> None:
     async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
         await _train_saving(ranks, copies, 2)  # nobody told: nobody leaves
         assert sorted(copies[0]._held) == [1, 2]
+
+
+async def test_a_group_of_one_never_leaves_by_its_notice() -> None:
+    notice = _Notice()
+    notice.requested = True  # nobody to hand its state to
+    copies = PeerCopies(1, leave=notice)
+    async with fsdp_world(1, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, [copies], 2)
+        assert sorted(copies._own) == [1, 2]
