@@ -282,6 +282,10 @@ class Session:
             error = PeerFailed(rank=msg.rank, reason=msg.reason, remote_traceback=msg.traceback)
         if self._chaos is not None:
             self._chaos.noticed(error)
+        if msg is not None and msg.rank == self._rank and msg.restarting:
+            # the job goes on without this process: its peers, hearing from it as it
+            # hangs up, learn of this rank's failure (and re-form), not of a job stopped
+            error = PeerFailed(rank=msg.rank, reason=msg.reason)
         self._mesh.abort(error)
 
     async def __aexit__(

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import PeerFailed, RecoveryError
+from shardwire.protocol.messages import Abort
 from shardwire.worker import init
 
 from .cluster import coordinator, worker_config
@@ -150,3 +151,33 @@ async def test_recovering_without_live_recovery_lets_the_error_through() -> None
             asyncio.gather(survivor(), fails(), return_exceptions=True), 60
         )
         assert outcomes[0] is None and isinstance(outcomes[1], RuntimeError)
+
+
+async def test_a_rank_the_coordinator_names_tells_its_peers_it_failed_as_it_hangs_up() -> None:
+    """The coordinator's Abort naming rank 1 (declared failed while its process runs, or
+    an orphan of a lost node) may reach rank 1 before its peers: as rank 1 hangs up, its
+    peers must learn that rank 1 failed, a failure they re-form after, not that the job
+    was stopped (which would end them). The Abort is handed to rank 1's session the way
+    its control connection hands it over."""
+    async with coordinator(2, max_restarts=1) as server:
+        named = init(worker_config(server, 2, 1, rank=1, recovery="live"))
+        ready = asyncio.Event()
+
+        async def rank_1() -> None:
+            async with named as pg:
+                await pg.barrier()
+                named._aborted(Abort(rank=1, reason="no heartbeat for 5.0 s", restarting=True))
+                ready.set()
+                with pytest.raises(PeerFailed):
+                    await pg.all_reduce(np.ones(4))
+
+        async def rank_0() -> PeerFailed:
+            async with init(worker_config(server, 2, 0, rank=0, recovery="live")) as pg:
+                await pg.barrier()
+                with pytest.raises(PeerFailed) as failed:
+                    await pg.recv(1, tag=9, timeout=30)
+                await ready.wait()
+                return failed.value
+
+        _, failed = await asyncio.wait_for(asyncio.gather(rank_1(), rank_0()), 60)
+        assert failed.rank == 1 and "no heartbeat for 5.0 s" in failed.reason
