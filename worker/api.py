@@ -273,20 +273,21 @@ class Session:
         if self._mesh is None:
             return
         error: JobAborted | PeerFailed
+        hang_up: PeerFailed | None = None  # what the peers hear, if not ``error``
         if msg is None:
             host, port = self.config.coordinator
             error = JobAborted(f"lost the coordinator at {host}:{port}")
         elif msg.rank == self._rank:
             error = JobAborted(f"stopped by the coordinator: {msg.reason}")
+            if msg.restarting:
+                # the job goes on without this process: its peers, hearing from it as it
+                # hangs up, learn of this rank's failure (and re-form), not of a job stopped
+                hang_up = PeerFailed(rank=msg.rank, reason=msg.reason)
         else:
             error = PeerFailed(rank=msg.rank, reason=msg.reason, remote_traceback=msg.traceback)
         if self._chaos is not None:
             self._chaos.noticed(error)
-        if msg is not None and msg.rank == self._rank and msg.restarting:
-            # the job goes on without this process: its peers, hearing from it as it
-            # hangs up, learn of this rank's failure (and re-form), not of a job stopped
-            error = PeerFailed(rank=msg.rank, reason=msg.reason)
-        self._mesh.abort(error)
+        self._mesh.abort(hang_up or error)
 
     async def __aexit__(
         self,

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 # How long a noticed SIGTERM waits for the hand-over before the process ends of it
 GRACE_S = 30.0
@@ -27,14 +26,9 @@ class LeaveNotice:
     def __init__(self, rank: int, *, grace: float = GRACE_S) -> None:
         self.rank = rank
         self.grace = grace
-        self.noticed_at: float | None = None
+        self.requested = False  # a SIGTERM arrived since the notice was armed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
-
-    @property
-    def requested(self) -> bool:
-        """Whether a SIGTERM arrived since the notice was armed."""
-        return self.noticed_at is not None
 
     def arm(self) -> bool:
         """Take SIGTERM on the running loop; False (and nothing changed) where signals
@@ -55,9 +49,9 @@ class LeaveNotice:
         self._loop = None
 
     def _noticed(self) -> None:
-        if self.noticed_at is not None or self._loop is None:
+        if self.requested or self._loop is None:
             return
-        self.noticed_at = time.monotonic()
+        self.requested = True
         print(
             f"shardwire: rank {self.rank} got SIGTERM: it leaves at its next copy step, "
             f"after handing its state to its copy holder (at most {self.grace:g} s)",
