@@ -125,7 +125,14 @@ class MessageMismatch(ShardwireError):
 
 
 class CollectiveError(ShardwireError):
-    """A collective failed; the group is poisoned and refuses further calls with this."""
+    """A collective failed; the group is poisoned and refuses further calls with this.
+
+    Attributes:
+        origin: on a rank another member relayed the error to, the rank it began on
+            (-1 where it began here).
+    """
+
+    origin: int = -1
 
 
 class CollectiveMismatch(CollectiveError, MessageMismatch):
@@ -167,6 +174,35 @@ _RELAYED: dict[str, type[CollectiveError]] = {
 }
 
 
-def relayed_error(kind: str, message: str) -> CollectiveError:
-    """Rebuild an error another rank reported for the group (unknown kinds: the base)."""
-    return _RELAYED.get(kind, CollectiveError)(message)
+def relayed_error(kind: str, message: str, origin: int = -1) -> CollectiveError:
+    """Rebuild an error rank ``origin`` reported for the group (unknown kinds: the base)."""
+    error = _RELAYED.get(kind, CollectiveError)(message)
+    error.origin = origin
+    return error
+
+
+def origin_of(error: BaseException, me: int) -> int:
+    """The rank ``error`` began on, as this rank (``me``) relays it to the others."""
+    if isinstance(error, PeerFailed):
+        return error.rank
+    if isinstance(error, CollectiveError) and error.origin >= 0:
+        return error.origin
+    return me
+
+
+def blamed_rank(exc: BaseException) -> int:
+    """The rank a failure began on when another rank's news brought it here, else -1 (a
+    relayed timeout is not blamed on the rank that timed out: the coordinator asks every
+    rank what it was doing)."""
+    if isinstance(exc, PeerFailed):
+        return exc.rank
+    if isinstance(exc, CollectiveError) and not isinstance(exc, CollectiveTimeout):
+        return exc.origin
+    return -1
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line saying how a rank failed, for the coordinator."""
+    if isinstance(exc, PeerFailed):
+        return exc.reason
+    return f"raised {type(exc).__name__}: {exc}".splitlines()[0]

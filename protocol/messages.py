@@ -298,6 +298,7 @@ class Poison(_Msg):
     # more than 32 runs (then each rank relays by its own copy of the group).
     runs: Annotated[list[tuple[int, int, int]], Field(max_length=32)] = []
     down: bool = False  # travelling from the group's first rank down, else up to it
+    origin: Annotated[int, Field(ge=-1)] = -1  # the rank the error began on
 
 
 class Leave(_Msg):

@@ -102,3 +102,20 @@ def test_torch_backend_errors_by_source() -> None:
 )
 def test_usage_errors_are_also_the_builtin_callers_catch(error, builtin) -> None:
     assert issubclass(error, ShardwireError) and issubclass(error, builtin)
+
+
+def test_a_rank_blames_the_rank_a_relayed_failure_began_on_but_never_a_timeout() -> None:
+    from shardwire.protocol import CollectiveError, CollectiveTimeout, JobAborted, PeerFailed
+    from shardwire.protocol.errors import blamed_rank, failure_reason, origin_of, relayed_error
+
+    relayed = relayed_error("CollectiveError", "fault 0 of the chaos plan", 2)
+    assert (type(relayed), blamed_rank(relayed)) == (CollectiveError, 2)
+    assert failure_reason(relayed) == "raised CollectiveError: fault 0 of the chaos plan"
+    timeout = relayed_error("CollectiveTimeout", "all_reduce #3 timed out on rank 2", 2)
+    assert isinstance(timeout, CollectiveTimeout) and blamed_rank(timeout) == -1
+    assert blamed_rank(CollectiveError("here")) == -1 and blamed_rank(JobAborted("x")) == -1
+    died = PeerFailed(rank=3, reason="connection lost")
+    assert (blamed_rank(died), failure_reason(died)) == (3, "connection lost")
+    # passed on again, an error keeps the rank it began on; one raised here names this rank
+    assert origin_of(relayed, 0) == 2 and origin_of(died, 0) == 3
+    assert origin_of(CollectiveError("here"), 5) == 5

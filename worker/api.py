@@ -21,6 +21,7 @@ from shardwire.protocol import (
     Token,
 )
 from shardwire.protocol.auth import check_bind
+from shardwire.protocol.errors import blamed_rank, failure_reason
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
 from shardwire.protocol.placement import Member
@@ -317,10 +318,11 @@ class Session:
         if self._control is not None:
             if exc is None:
                 self._control.leave()
-            elif isinstance(exc, PeerFailed) and 0 <= exc.rank != self._rank:
-                # a survivor names the rank it saw fail before its own connection closes:
-                # the coordinator must not take that close for the root cause
-                self._control.report_peer_failure(exc.rank, exc.reason)
+            elif 0 <= (blamed := blamed_rank(exc)) != self._rank:
+                # a survivor names the rank it saw fail (or whose error a collective
+                # relayed to it) before its own connection closes: the coordinator must
+                # take neither that close nor the relayed error for the root cause
+                self._control.report_peer_failure(blamed, failure_reason(exc))
             elif isinstance(exc, LeftJob):  # a planned leave: its words, no traceback
                 self._control.report_failure(str(exc), "")
             elif not isinstance(exc, JobAborted):  # a survivor is not the root cause
@@ -340,7 +342,7 @@ class Session:
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
             self._control.report_failure("interrupted (its main task was cancelled)", "")
             return
-        reason = f"raised {type(exc).__name__}: {exc}".splitlines()[0]
+        reason = failure_reason(exc)
         # A timed-out collective names no culprit by itself: the coordinator asks every
         # rank for its flight recorder and stack, and this rank waits for that verdict.
         hang = isinstance(exc, CollectiveTimeout) and self.group is not None

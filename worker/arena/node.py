@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardwire.protocol import JobAborted, MessageMismatch, PeerFailed
-from shardwire.protocol.errors import relayed_error
+from shardwire.protocol.errors import origin_of, relayed_error
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
 from shardwire.worker.arena.engine import Abandoned, Engine, Job
 from shardwire.worker.arena.programs import Clock, Context, HalfViews, Mismatch, Program
@@ -31,6 +31,7 @@ class NodeArena:
     def __init__(self, region: Region, me: int, ranks: tuple[int, ...], settings: ArenaSettings):
         self.region = region
         self.ranks = ranks  # local index -> global rank
+        self.rank = ranks[me]
         self.board = Board(region, me)
         g = region.geometry
         assert region.map is not None
@@ -128,10 +129,8 @@ class NodeArena:
 
     def poison(self, error: BaseException) -> None:
         """Wake every local rank waiting in this arena; they raise ``error`` (rebuilt)."""
-        if isinstance(error, PeerFailed):
-            cause: dict[str, Any] = {"k": "PeerFailed", "m": error.reason, "r": error.rank}
-        else:
-            cause = {"k": type(error).__name__, "m": str(error), "r": -1}
+        message = error.reason if isinstance(error, PeerFailed) else str(error)
+        cause = {"k": type(error).__name__, "m": message, "r": origin_of(error, self.rank)}
         self.board.poison(cause)
 
     def close(self) -> None:
@@ -152,9 +151,10 @@ def _deferred(
 
 def _cause_error(exc: Poisoned) -> Exception:
     kind, message = str(exc.cause.get("k", "")), str(exc.cause.get("m", ""))
+    origin = exc.cause.get("r", -1)
+    origin = origin if isinstance(origin, int) else -1
     if kind == "PeerFailed":
-        rank = exc.cause.get("r", -1)
-        return PeerFailed(rank=rank if isinstance(rank, int) else -1, reason=message)
+        return PeerFailed(rank=origin, reason=message)
     if kind in ("JobAborted", "TransportClosed"):
         return JobAborted(message)
-    return relayed_error(kind, message)
+    return relayed_error(kind, message, origin)

@@ -271,7 +271,8 @@ class Mailbox:
             notice = decode_message(unpack_object(inbound.array.tobytes()))
             if not isinstance(notice, Poison) or notice.group != meta.tag.group:
                 raise ProtocolError(f"rank {meta.src} sent a malformed poison notice")
-            self.poison_group(notice.group, relayed_error(notice.error, notice.message))
+            error = relayed_error(notice.error, notice.message, notice.origin)
+            self.poison_group(notice.group, error)
             self._on_notice(notice)
             return
         if inbound.drop:

@@ -23,6 +23,7 @@ import numpy as np
 
 from shardwire.protocol import ShardwireError, Tag, TensorMeta
 from shardwire.protocol.codec import pack_object
+from shardwire.protocol.errors import origin_of
 from shardwire.protocol.messages import Poison, encode_message
 from shardwire.protocol.ranks import from_runs, to_runs
 from shardwire.worker.transport.mailbox import POISON_OP
@@ -59,6 +60,7 @@ class Relay:
             error=type(error).__name__[:256],
             message=str(error)[:8192],
             runs=to_runs(ranks) or [],
+            origin=origin_of(error, self._t.rank),
         )
         self._pass(notice, ranks)
 

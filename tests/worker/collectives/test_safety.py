@@ -140,10 +140,12 @@ async def test_cancelled_collective_poisons_the_group_everywhere(kind: str) -> N
         work.cancel()
         with pytest.raises(asyncio.CancelledError):
             await work.wait()
-        with pytest.raises(CollectiveCancelled, match="all_reduce #1 was cancelled on rank 0"):
+        with pytest.raises(CollectiveCancelled, match="all_reduce #1 was cancelled on rank 0") as own:
             await groups[0].barrier()
-        with pytest.raises(CollectiveCancelled):
+        with pytest.raises(CollectiveCancelled) as relayed:
             await groups[1].all_reduce(np.ones(10))
+        # the rank it began on, for the coordinator: rank 1 blames rank 0, not itself
+        assert (own.value.origin, relayed.value.origin) == (-1, 0)
 
 
 async def test_group_close_cancels_forgotten_handles(kind: str) -> None:
