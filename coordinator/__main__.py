@@ -6,20 +6,23 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from shardwire.coordinator.etcd import EtcdClient
 from shardwire.coordinator.http import StatusHTTP
-from shardwire.coordinator.journal import StateDir
+from shardwire.coordinator.journal import JournalStore, StateDir
+from shardwire.coordinator.leadership import EtcdJournal, Leadership
 from shardwire.coordinator.server import CoordinatorServer, ServerConfig
 from shardwire.coordinator.settings import CoordinatorSettings
 from shardwire.coordinator.state import JobState, RendezvousConfig
 from shardwire.coordinator.tls import server_context
 from shardwire.coordinator.views import status_reply
-from shardwire.protocol import ShardwireError
+from shardwire.protocol import InvalidArgument, ShardwireError, Token
 from shardwire.protocol.auth import check_bind, load_token
 from shardwire.protocol.history import parse_nnodes
 from shardwire.protocol.nofile import ensure_nofile
@@ -87,8 +90,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--coordinator-grace",
         type=float,
-        help="with --state-dir: how long ranks wait for a coordinator that went away, and a "
-        "restarted one for them (60)",
+        help="with --state-dir or --etcd: how long ranks wait for a coordinator that went "
+        "away, and a restarted one for them (60)",
+    )
+    p.add_argument(
+        "--etcd",
+        help="ENDPOINT[,ENDPOINT...]: run as one of the job's coordinator replicas, which "
+        "elect a leader and keep its journal in this etcd cluster (default: none)",
+    )
+    p.add_argument(
+        "--etcd-ttl",
+        type=int,
+        help="seconds a leader's etcd lease outlives its last renewal: how soon a standby "
+        "takes over from a leader that died (2)",
     )
     return p
 
@@ -98,6 +112,12 @@ def settings_from(argv: list[str] | None) -> CoordinatorSettings:
     settings = CoordinatorSettings(**{k: v for k, v in args.items() if v is not None})
     if settings.nnodes:
         parse_nnodes(settings.nnodes)  # a malformed range is refused at start (ValueError)
+    if settings.etcd and settings.state_dir:
+        raise InvalidArgument(
+            "give --state-dir or --etcd, not both: with etcd the journal is there"
+        )
+    if settings.etcd and settings.port == 0:
+        raise InvalidArgument("a replica (--etcd) needs a --port of its own: workers dial each one")
     return settings
 
 
@@ -112,7 +132,7 @@ def rendezvous_config(settings: CoordinatorSettings) -> RendezvousConfig:
         min_nodes=parse_nnodes(settings.nnodes)[0] if settings.nnodes else None,
         last_call=settings.last_call,
         inquest_dir=str(Path(settings.inquest_dir).absolute()) if settings.inquest_dir else None,
-        grace=settings.coordinator_grace if settings.state_dir else 0.0,
+        grace=settings.coordinator_grace if settings.state_dir or settings.etcd else 0.0,
     )
 
 
@@ -128,14 +148,49 @@ async def serve(settings: CoordinatorSettings) -> int:
         settings.token.get_secret_value() if settings.token else None, settings.token_file
     )
     check_bind(settings.host, token, insecure=settings.insecure, what="coordinator")
+    if settings.etcd:
+        return await _replica(settings, token)
     state = None
     if settings.state_dir:  # refused at once if unusable, held by another, or another run's
         state = StateDir(settings.state_dir, settings.run_id)
         state.open()
+    try:
+        return await _serve(settings, token, state)
+    finally:
+        if state is not None:
+            state.close()
+
+
+async def _replica(settings: CoordinatorSettings, token: Token) -> int:
+    """One of the job's coordinator replicas: a standby until it leads, then the
+    coordinator, its journal in etcd, until the job ends or another replica leads."""
+    assert settings.etcd is not None
+    client = EtcdClient([e.strip() for e in settings.etcd.split(",") if e.strip()])
+    me = f"{settings.host}:{settings.port} (PID {os.getpid()} on {socket.gethostname()})"
+    leadership = Leadership(client, settings.run_id, me, ttl=settings.etcd_ttl)
+    term = await leadership.campaign(_say)
+    if isinstance(term, str):  # the job ended under another replica
+        _say(f"run {settings.run_id!r} {term} under another replica")
+        return 0 if term == "finished" else 1
+    _say(f"leading run {settings.run_id!r} (epoch {term.epoch})")
+    return await _serve(settings, token, EtcdJournal(leadership, settings.run_id), leadership)
+
+
+def _say(line: str) -> None:
+    print(f"shardwire coordinator: {line}", file=sys.stderr, flush=True)
+
+
+async def _serve(
+    settings: CoordinatorSettings,
+    token: Token,
+    state: JournalStore | None,
+    leadership: Leadership | None = None,
+) -> int:
     config = ServerConfig(
         rendezvous_config(settings),
         tls=server_context(settings.tls_cert, settings.tls_key, settings.tls_ca),
         state=state,
+        epoch=leadership.term.epoch if leadership and leadership.term else 0,
     )
     # a connection per worker, then room for node agents, handshakes (512 at most) and
     # the status page's (the soft limit goes to the hard one anyway); an elastic job's
@@ -148,8 +203,11 @@ async def serve(settings: CoordinatorSettings) -> int:
     )
     server = CoordinatorServer(config, token)
     http = StatusHTTP(server.rendezvous)
+    holding = None
     try:
         host, port = await server.start(settings.host, settings.port)
+        if leadership is not None:  # owned here: cancelled and awaited below
+            holding = asyncio.create_task(leadership.hold(server.depose), name="leadership")
         if settings.port_file:
             _write_port_file(settings.port_file, port)
         print(f"shardwire coordinator listening on {host}:{port}", file=sys.stderr, flush=True)
@@ -159,12 +217,17 @@ async def serve(settings: CoordinatorSettings) -> int:
             http_host, http_port = await http.start(settings.http_host, settings.http_port)
             print(f"status page on http://{http_host}:{http_port}/", file=sys.stderr, flush=True)
         await server.done.wait()
-        await asyncio.sleep(_LINGER)
+        if not server.deposed:
+            await asyncio.sleep(_LINGER)
     finally:
+        if holding is not None:
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
         await http.aclose()
         await server.aclose()
-        if state is not None:
-            state.close()
+    if server.deposed:
+        _say(f"deposed: {server.deposed}")
+        return 3
     server.rendezvous.links.links()  # the closing lines read every report, however late
     last = status_reply(server.rendezvous, time.monotonic(), limit=0)
     if last.straggler:  # who the others waited for, over the job's last collectives
@@ -172,11 +235,14 @@ async def serve(settings: CoordinatorSettings) -> int:
     if last.slow_link:  # the link far slower than the others
         print(f"slow link: {last.slow_link}", file=sys.stderr, flush=True)
     failure = server.rendezvous.failure
+    finished = server.rendezvous.state is JobState.FINISHED
     if failure is not None and server.rendezvous.state is JobState.FAILED:
         print(f"job failed: rank {failure.rank}: {failure.reason}", file=sys.stderr)
         if failure.stacks:
             print(failure.stacks.rstrip(), file=sys.stderr)
-    return 0 if server.rendezvous.state is JobState.FINISHED else 1
+    if leadership is not None:  # the standbys end with the job
+        await leadership.conclude("finished" if finished else "failed")
+    return 0 if finished else 1
 
 
 def _run(main: Coroutine[Any, Any, int]) -> int:

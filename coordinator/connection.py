@@ -52,12 +52,21 @@ class Host(Protocol):
 class ControlConnection(asyncio.Protocol):
     """A client's connection: handshake, then control messages to the server."""
 
-    def __init__(self, host: Host, token: Token, *, handshake_timeout: float, idle_timeout: float):
+    def __init__(
+        self,
+        host: Host,
+        token: Token,
+        *,
+        handshake_timeout: float,
+        idle_timeout: float,
+        epoch: int = 0,
+    ):
         self._host = host
         self._idle = idle_timeout
         self._handshake_timeout = handshake_timeout
         # the stage grows on demand, up to a control frame
-        self._session = Channel(ServerHandshake(token, accept=host.hello), limits=_CONTROL_LIMITS)
+        shake = ServerHandshake(token, accept=host.hello, epoch=epoch)
+        self._session = Channel(shake, limits=_CONTROL_LIMITS)
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0

@@ -23,7 +23,7 @@ import fcntl
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import ValidationError
 
@@ -35,6 +35,11 @@ from shardwire.protocol.messages import Join, NodeJoin, Restart
 class StateDirError(ShardwireError, RuntimeError):
     """A state directory the coordinator cannot use: not writable, held by another live
     coordinator, or holding another run's journal."""
+
+
+class Deposed(ShardwireError):
+    """A journal write was refused because this coordinator no longer leads its run (a
+    replica elected in its place writes the journal now)."""
 
 
 class JournalWorker(Msg):
@@ -81,12 +86,41 @@ class Journal(Msg):
     nodes: list[JournalNode]
 
 
+class JournalStore(Protocol):
+    """Where a coordinator keeps its journal: a state directory, or etcd."""
+
+    where: str  # said in messages
+
+    def read(self) -> Journal | None: ...
+
+    def write(self, journal: Journal) -> None: ...
+
+    def remove(self) -> None: ...
+
+
+def parse_journal(text: str, run_id: str, where: str) -> Journal:
+    """The journal ``text`` read from ``where`` holds, if it is run ``run_id``'s."""
+    try:
+        journal = Journal.model_validate_json(text)
+    except ValidationError as exc:
+        raise StateDirError(
+            f"{where} is not a coordinator journal this version reads: {exc.errors()[0]['msg']}"
+        ) from None
+    if journal.run_id != run_id:
+        raise StateDirError(
+            f"{where} holds run {journal.run_id!r}'s journal, not {run_id!r}'s: give each "
+            "run its own state"
+        )
+    return journal
+
+
 class StateDir:
     """A coordinator's state directory: locked while open; the journal read and written."""
 
     def __init__(self, path: str | Path, run_id: str) -> None:
         self.path = Path(path)
         self.run_id = run_id
+        self.where = str(self.path)
         self._lock: int | None = None
 
     @property
@@ -130,19 +164,7 @@ class StateDir:
             return None
         except OSError as exc:
             raise StateDirError(f"cannot read {self.journal_path}: {exc}") from exc
-        try:
-            journal = Journal.model_validate_json(text)
-        except ValidationError as exc:
-            raise StateDirError(
-                f"{self.journal_path} is not a coordinator journal this version reads: "
-                f"{exc.errors()[0]['msg']}"
-            ) from None
-        if journal.run_id != self.run_id:
-            raise StateDirError(
-                f"state directory {self.path} holds run {journal.run_id!r}'s journal, not "
-                f"{self.run_id!r}'s: give each run its own directory"
-            )
-        return journal
+        return parse_journal(text, self.run_id, str(self.journal_path))
 
     def write(self, journal: Journal) -> None:
         """Replace the journal, whole (flushed to disk before it is renamed into place)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardwire.coordinator.connection import ControlConnection
-from shardwire.coordinator.journal import StateDir
+from shardwire.coordinator.journal import Deposed, JournalStore
 from shardwire.coordinator.refusals import RefusalLog
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import (
@@ -84,7 +84,8 @@ class ServerConfig:
     # as the accept queue, so a burst of joiners is served, not told to come back
     max_unauthenticated: int = 4096
     tls: ssl.SSLContext | None = None  # mutual TLS on the listener, or plain TCP
-    state: StateDir | None = None  # where the running generation is journaled (None: not)
+    state: JournalStore | None = None  # where the running generation is journaled, if
+    epoch: int = 0  # this coordinator's leadership (etcd), said to every client it welcomes
 
 
 # Accept queue: a burst of a thousand joiners must not meet a full queue (the kernel
@@ -114,6 +115,7 @@ class CoordinatorServer:
         self.address: tuple[str, int] = ("", 0)
         self._journaled: tuple[int, JobState, bool] | None = None  # what the journal holds
         self.restored = ""  # what was taken back from a journal (said once listening)
+        self.deposed = ""  # why it stopped serving, if another replica leads in its place
         if config.state is not None:  # a journal there: this coordinator was restarted
             journal = config.state.read()
             if journal is not None:
@@ -145,7 +147,23 @@ class CoordinatorServer:
             self._token,
             handshake_timeout=cfg.handshake_timeout,
             idle_timeout=cfg.idle_timeout,
+            epoch=cfg.epoch,
         )
+
+    def depose(self, why: str) -> None:
+        """Another replica may lead now: serve nothing more, at once (the workers find
+        the leader among the replicas' addresses, and keep training meanwhile)."""
+        if self.deposed:
+            return
+        self.deposed = why
+        log.warning("deposed: %s; closing every connection", why)
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for conn in [*self._conns.values(), *self._handshaking]:
+            conn.close()
+        self._conns.clear()
+        self.done.set()
 
     async def aclose(self) -> None:
         """Stop listening, close every connection and end the ticker; re-raise a ticker
@@ -189,7 +207,11 @@ class CoordinatorServer:
 
     def apply(self, actions: list[Action]) -> None:
         """Carry out what the rendezvous core decided: log, send, close, record."""
-        self._keep_journal()  # before the placements go out: what they say is on disk
+        try:
+            self._keep_journal()  # before the placements go out: what they say is kept
+        except Deposed as exc:  # a decision this coordinator may no longer make: not sent
+            self.depose(str(exc))
+            return
         encoded = self._encoded  # one message sent to many (an abort, a page) encoded once
         if len(encoded) > 64:
             encoded.clear()
@@ -230,7 +252,7 @@ class CoordinatorServer:
             elif rdzv.state is not JobState.FAILING:  # an inquest still runs generation g
                 state.remove()
         except OSError as exc:  # supervision goes on; a restart would start afresh
-            log.warning("could not journal generation %d to %s: %s", key[0], state.path, exc)
+            log.warning("could not journal generation %d to %s: %s", key[0], state.where, exc)
 
     # ---- what a connection asks of its server (connection.Host) -----------------------
 

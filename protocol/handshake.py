@@ -39,9 +39,18 @@ class ClientHandshake:
     """Client side: produces Hello, answers the Challenge, waits for Welcome."""
 
     def __init__(
-        self, token: Token, *, role: str, run_id: str, rank: int = -1, generation: int = 0
+        self,
+        token: Token,
+        *,
+        role: str,
+        run_id: str,
+        rank: int = -1,
+        generation: int = 0,
+        min_epoch: int = 0,
     ):
         self._token = token
+        self.min_epoch = min_epoch  # an older coordinator's welcome is refused (fencing)
+        self.epoch = 0  # the welcoming coordinator's
         self.hello = Hello(
             role=role,  # type: ignore[arg-type]
             run_id=run_id,
@@ -85,6 +94,13 @@ class ClientHandshake:
                     )
                 )
             case Welcome(), _Step.WAIT_WELCOME:
+                if msg.epoch < self.min_epoch:
+                    raise RendezvousError(
+                        f"this coordinator was deposed (its epoch {msg.epoch} is older than "
+                        f"{self.min_epoch}, the leader's already followed)",
+                        code="deposed",
+                    )
+                self.epoch = msg.epoch
                 self._step = _Step.DONE
                 return None
         raise ProtocolError(f"unexpected {msg.kind!r} during handshake ({self._step.name})")
@@ -93,8 +109,9 @@ class ClientHandshake:
 class ServerHandshake:
     """Server side: accepts a Hello, issues a Challenge, verifies the Proof."""
 
-    def __init__(self, token: Token, *, accept: Callable[[Hello], Error | None]):
+    def __init__(self, token: Token, *, accept: Callable[[Hello], Error | None], epoch: int = 0):
         self._token = token
+        self._epoch = epoch
         self._accept = accept
         self._step = _Step.START
         self._nonce = new_nonce()
@@ -138,5 +155,5 @@ class ServerHandshake:
                         "check SHARDWIRE_TOKEN on both sides",
                     )
                 self._step = _Step.DONE
-                return Welcome()
+                return Welcome(epoch=self._epoch)
         return Error(code="bad_request", message=f"unexpected {msg.kind!r} during handshake")

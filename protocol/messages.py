@@ -47,9 +47,11 @@ class Proof(_Msg):
 
 
 class Welcome(_Msg):
-    """The handshake succeeded."""
+    """The handshake succeeded. ``epoch``: the coordinator's leadership among its
+    replicas (etcd's revision of its election; 0 for a coordinator without replicas)."""
 
     kind: Literal["welcome"] = "welcome"
+    epoch: Annotated[int, Field(ge=0)] = 0
 
 
 class Error(_Msg):

@@ -34,3 +34,14 @@ def port_range(text: str, setting: str) -> tuple[int, int]:
             f"{setting} must run from a lower to a higher port within 1-65535, got {text!r}"
         )
     return low, high
+
+
+def coordinator_addresses(text: str, what: str) -> list[tuple[str, int]]:
+    """``HOST:PORT[,HOST:PORT...]`` as addresses (of a coordinator's replicas)."""
+    out = []
+    for part in text.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise InvalidArgument(f"{what} must be HOST:PORT[,HOST:PORT...], got {text!r}")
+        out.append((host.strip("[]"), int(port)))
+    return out

@@ -226,7 +226,12 @@ class Session:
         relay = None
         if cfg.agent_beats and cfg.rank is not None:
             relay = (cfg.agent_beats, cfg.rank, cfg.generation)
-        await control.connect(*cfg.coordinator, timeout=cfg.join_timeout, relay=relay)
+        await control.connect(
+            *cfg.coordinator,
+            timeout=cfg.join_timeout,
+            relay=relay,
+            replicas=cfg.coordinator_replicas,
+        )
         place = await control.join(
             Join(
                 world_size=cfg.world_size,

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from shardwire.coordinator.etcd import EtcdClient
+from tests.etcdserver import etcd_server, free_ports
+
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env, run_records
 
 pytestmark = pytest.mark.e2e
@@ -41,9 +44,10 @@ def _port(tmp_path: Path, coordinator: subprocess.Popen) -> int:
     raise AssertionError("the coordinator did not say its port within 60 s")
 
 
-def _agent(port: int, run_dir: Path) -> subprocess.Popen:
+def _agent(port: int | str, run_dir: Path) -> subprocess.Popen:
+    where = port if isinstance(port, str) else f"127.0.0.1:{port}"
     return subprocess.Popen(
-        [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", "1",
+        [SHARDWIRE, "worker", "--coordinator", where, "--nnodes", "1",
          "--nproc-per-node", "2", "--run-id", "restart", "examples/digits.py", "--steps", STEPS,
          "--log-every", "100", "--run-dir", str(run_dir)],
         cwd=ROOT, env=env(**TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -68,13 +72,28 @@ def _stop(*procs: subprocess.Popen) -> None:
         proc.wait(timeout=60)
 
 
-def test_a_coordinator_killed_and_restarted_loses_no_step(tmp_path) -> None:
-    straight = subprocess.run(
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[list, dict]:
+    """The records of the same job run without a fault."""
+    where = tmp_path_factory.mktemp("straight")
+    done = subprocess.run(
         [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
-         "--steps", STEPS, "--log-every", "100", "--run-dir", str(tmp_path / "straight")],
+         "--steps", STEPS, "--log-every", "100", "--run-dir", str(where / "run")],
         cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_records(where / "run")
+
+
+def _same_as_straight(run_dir: Path, straight: tuple[list, dict]) -> None:
+    records, summary = run_records(run_dir)
+    expected, expected_summary = straight
+    assert records == expected  # every logged loss, rate and accuracy, bit for bit
+    for key in ("final_loss", "held_out_accuracy"):
+        assert summary[key] == expected_summary[key]
+
+
+def test_a_coordinator_killed_and_restarted_loses_no_step(tmp_path, straight) -> None:
     first = _coordinator(tmp_path, 0, grace=60)
     port = _port(tmp_path, first)
     agent = _agent(port, tmp_path / "restarted")
@@ -92,11 +111,7 @@ def test_a_coordinator_killed_and_restarted_loses_no_step(tmp_path) -> None:
     finally:
         _stop(agent, first, *([second] if second else []))
     assert "reconnected to the coordinator" in err
-    restarted, summary = run_records(tmp_path / "restarted")
-    expected, expected_summary = run_records(tmp_path / "straight")
-    assert restarted == expected  # every logged loss, rate and accuracy, bit for bit
-    for key in ("final_loss", "held_out_accuracy"):
-        assert summary[key] == expected_summary[key]
+    _same_as_straight(tmp_path / "restarted", straight)
     assert not (tmp_path / "state" / "journal.json").exists()  # the job is over
 
 
@@ -188,3 +203,92 @@ def test_a_coordinator_killed_while_the_job_restarts_finishes_the_restart(tmp_pa
     assert "the coordinator was killed (signal 9)" in err
     assert "restarted from its journal while the job restarted" in err
     assert "job finished after 2 generations (1 restarts)" in err
+
+
+def _replica(tmp_path: Path, etcd: str, port: int) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / f"replica-{port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [SHARDWIRE, "coordinator", "--port", str(port), "--world-size", "2", "--run-id",
+             "restart", "--etcd", etcd, "--http-port", "-1", "--coordinator-grace", "60"],
+            cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=out, text=True,
+        )  # fmt: skip
+    return proc, log
+
+
+def _leader(replicas: dict[int, tuple[subprocess.Popen, Path]], among: list[int]) -> int:
+    """The port of the replica among ``among`` that says it leads (bounded wait)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for port in among:
+            if "shardwire coordinator: leading run " in replicas[port][1].read_text():
+                return port
+        time.sleep(0.02)
+    raise AssertionError("no replica led within 60 s")
+
+
+def test_three_replicas_over_etcd_a_killed_leader_is_replaced_and_no_step_is_lost(
+    tmp_path, straight
+) -> None:
+    """Three coordinator replicas share the job through a real etcd; the leader is
+    SIGKILLed while digits trains: a standby leads within a few seconds, the node agent
+    and its ranks follow it, and the job ends exactly as an uninterrupted run."""
+    ports = free_ports(3)
+    first = ports[0]  # it leads: the address every process dials first is the one lost
+    with etcd_server(tmp_path / "etcd") as etcd:
+        replicas = {first: _replica(tmp_path, etcd, first)}
+        agent = None
+        try:
+            assert _leader(replicas, [first]) == first
+            replicas |= {port: _replica(tmp_path, etcd, port) for port in ports[1:]}
+            agent = _agent(",".join(f"127.0.0.1:{p}" for p in ports), tmp_path / "ha")
+            _until_step(agent, 300)
+            os.kill(replicas[first][0].pid, signal.SIGKILL)
+            killed = time.monotonic()
+            second = _leader(replicas, [p for p in ports if p != first])
+            took = time.monotonic() - killed
+            _out, err = agent.communicate(timeout=300)
+            assert agent.returncode == 0, err[-3000:]
+            codes = {port: proc.wait(timeout=60) for port, (proc, _) in replicas.items()}
+        finally:
+            _stop(*([agent] if agent else []), *(proc for proc, _ in replicas.values()))
+        logs = {port: log.read_text() for port, (_, log) in replicas.items()}
+    assert codes[first] == -signal.SIGKILL and codes[second] == 0, logs
+    (third,) = set(ports) - {first, second}
+    assert codes[third] == 0 and "run 'restart' finished under another replica" in logs[third]
+    assert f"standby: 127.0.0.1:{first}" in logs[second]  # it waited, then led
+    assert took < 15, took  # the lease (2 s) lapses, a standby leads: figures in the docs
+    assert f"reconnected to the coordinator at 127.0.0.1:{second}" in err
+    _same_as_straight(tmp_path / "ha", straight)
+
+
+def test_a_replica_leases_for_its_etcd_ttl_and_an_etcd_that_does_not_answer_is_named(
+    tmp_path,
+) -> None:
+    (port, dead) = free_ports(2)
+    with etcd_server(tmp_path / "etcd") as etcd:
+        log = tmp_path / "replica.log"
+        with log.open("w") as out:
+            replica = subprocess.Popen(
+                [SHARDWIRE, "coordinator", "--port", str(port), "--world-size", "2", "--run-id",
+                 "ttl", "--etcd", etcd, "--etcd-ttl", "7", "--http-port", "-1"],
+                cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=out, text=True,
+            )  # fmt: skip
+        try:
+            assert _leader({port: (replica, log)}, [port]) == port
+            client = EtcdClient([etcd])
+            key = client.get("/shardwire/ttl/leader")
+            assert key is not None and key.value.decode().startswith(f"127.0.0.1:{port} (PID ")
+            lease = client.call("/v3/lease/timetolive", {"ID": str(key.lease)})
+            assert int(lease["grantedTTL"]) == 7
+        finally:
+            _stop(replica)
+    unanswered = subprocess.run(
+        [SHARDWIRE, "coordinator", "--port", str(port), "--etcd", f"127.0.0.1:{dead}",
+         "--http-port", "-1"],
+        cwd=ROOT, env=env(**TOKEN), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert unanswered.returncode == 2, unanswered.stderr
+    assert f"no etcd endpoint answered /v3/lease/grant (http://127.0.0.1:{dead}: " in (
+        unanswered.stderr
+    )

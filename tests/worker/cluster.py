@@ -27,6 +27,7 @@ async def coordinator(
     tls: ssl.SSLContext | None = None,
     max_restarts: int | None = None,
     idle_timeout: float = 60.0,
+    epoch: int = 0,
 ) -> AsyncIterator[CoordinatorServer]:
     server = CoordinatorServer(
         ServerConfig(
@@ -41,6 +42,7 @@ async def coordinator(
             tick_interval=0.05,
             idle_timeout=idle_timeout,
             tls=tls,
+            epoch=epoch,
         ),
         token,
     )

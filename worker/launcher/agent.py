@@ -118,6 +118,8 @@ def worker_env(
         # rank 0 draws a progress bar only when the person at the terminal sees it
         "SHARDWIRE_INTERACTIVE": "1" if sys.stdout.isatty() else "0",
     }
+    if replicas := settings.coordinator_replicas():
+        child_env["SHARDWIRE_COORDINATOR_REPLICAS"] = ",".join(f"{h}:{p}" for h, p in replicas)
     if settings.bind_host:
         child_env["SHARDWIRE_BIND_HOST"] = settings.bind_host
     if ports := settings.peer_ports():
@@ -168,7 +170,9 @@ async def _agent(
         return [] if supervisor is None else supervisor.pids()
 
     try:
-        await control.connect(*address, timeout=settings.join_timeout)
+        await control.connect(
+            *address, timeout=settings.join_timeout, replicas=settings.coordinator_replicas()
+        )
         child_env["SHARDWIRE_AGENT_BEATS"] = await beats.start()
         while True:
             assignment = await control.node_join(join, timeout=settings.join_timeout)

@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.history import parse_nnodes
-from shardwire.protocol.ports import port_range, port_value
+from shardwire.protocol.ports import coordinator_addresses, port_range, port_value
 from shardwire.worker.launcher.cluster import NodePlace
 from shardwire.worker.launcher.secret import job_token
 from shardwire.worker.runtime.tls import TlsFiles
@@ -34,10 +34,15 @@ class _Client(BaseSettings):
     tls_ca: str | None = None
 
     def coordinator_address(self) -> tuple[str, int]:
-        host, sep, port = self.coordinator.rpartition(":")
-        if not sep or not port.isdigit():
-            raise InvalidArgument(f"--coordinator must be HOST:PORT, got {self.coordinator!r}")
-        return host.strip("[]"), int(port)
+        """The coordinator's address (the first replica's, of several)."""
+        return self.coordinator_addresses()[0]
+
+    def coordinator_replicas(self) -> list[tuple[str, int]]:
+        """The other replicas' addresses (``--coordinator A,B,C``: etcd's replicas)."""
+        return self.coordinator_addresses()[1:]
+
+    def coordinator_addresses(self) -> list[tuple[str, int]]:
+        return coordinator_addresses(self.coordinator, "--coordinator")
 
     def tls_files(self) -> TlsFiles | None:
         return TlsFiles.from_values(self.tls_cert, self.tls_key, self.tls_ca)

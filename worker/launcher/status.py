@@ -67,7 +67,8 @@ async def fetch(settings: StatusSettings) -> StatusReply:
     )
     host, port = settings.coordinator_address()
     try:
-        await client.connect(host, port, timeout=settings.status_timeout)
+        replicas = settings.coordinator_replicas()
+        await client.connect(host, port, timeout=settings.status_timeout, replicas=replicas)
         return await client.status(timeout=settings.status_timeout)
     finally:
         await client.aclose()

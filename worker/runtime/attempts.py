@@ -46,9 +46,9 @@ async def attempts(dial: Callable[[], Awaitable[Any]], timeout: float, tries: Wa
                 await dial()
                 return
             except RendezvousError as exc:
-                if exc.code != "busy":
+                if exc.code not in ("busy", "deposed"):
                     raise
-                tries.last = "the coordinator was busy"
+                tries.last = str(exc) if exc.code == "deposed" else "the coordinator was busy"
             except OSError as exc:
                 why = not_yet(exc)
                 if why is None and isinstance(exc, ConnectionError) and closes < _CLOSES:

@@ -6,16 +6,10 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from shardwire.protocol import (
-    ClientHandshake,
-    JobAborted,
-    Limits,
-    RendezvousError,
-    Token,
-)
+from shardwire.protocol import JobAborted, RendezvousError, Token
 from shardwire.protocol.clock import ClockQuery
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import (
@@ -39,13 +33,13 @@ from shardwire.protocol.messages import (
     StatusRequest,
 )
 from shardwire.protocol.placement import PeerQuery, Placement
-from shardwire.worker.runtime.attempts import CoordinatorUnreachable, attempts
+from shardwire.worker.runtime.attempts import CoordinatorUnreachable
+from shardwire.worker.runtime.dialer import Dialer
 from shardwire.worker.runtime.notes import FORM_HINT, NOTE_EVERY, WaitNotes
 from shardwire.worker.runtime.queries import Queries
 from shardwire.worker.runtime.rejoin import Rejoiner, join_redialing
-from shardwire.worker.transport.framing import FramedProtocol, open_connection
+from shardwire.worker.transport.framing import FramedProtocol
 
-_CONTROL_LIMITS = Limits(max_payload=0)
 log = logging.getLogger("shardwire.worker")
 __all__ = ["ControlClient", "CoordinatorUnreachable"]
 
@@ -75,10 +69,6 @@ class ControlClient(Queries):
         tls: ssl.SSLContext | None = None,
         generation: int = 0,
     ):
-        self._token = token
-        self._generation = generation
-        self._tls = tls
-        self._run_id = run_id
         self._role = role
         self._on_abort = on_abort
         self._on_diagnose = on_diagnose
@@ -94,70 +84,41 @@ class ControlClient(Queries):
         self._progress = Heartbeat()
         self._compose: Callable[[Heartbeat], Heartbeat] = lambda progress: progress
         self._route: Callable[[Heartbeat], bool] | None = None  # heartbeats via the agent
-        self._where = "?"  # the coordinator's address, once connect() is called
-        self._address = ("", 0)
         self._interval = 0.0  # between heartbeats, once started
         self._final: Message | None = None  # a last message written while it was away
+        self._dialer = Dialer(
+            token=token, role=role, run_id=run_id, generation=generation, tls=tls,
+            on_message=self._received, opened=self._opened, dialed=self._dialed,
+        )  # fmt: skip
         self._rejoiner = Rejoiner(
-            where="?", role=role, dial=self._redial, rejoin=self._send_rejoin,
-            back=self._returned, lost=self._gave_up,
+            where=lambda: self._dialer.where, role=role, dial=self._redial,
+            rejoin=self._send_rejoin, back=self._returned, lost=self._gave_up,
         )  # fmt: skip
 
     async def connect(
-        self, host: str, port: int, *, timeout: float, note_every: float = NOTE_EVERY
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float,
+        note_every: float = NOTE_EVERY,
+        replicas: Sequence[tuple[str, int]] = (),
     ) -> None:
-        """Connect and authenticate; until ``timeout``, retries a name that does not
-        resolve yet and refused or unroutable connections (the coordinator, or its
-        host's DNS record, may still be starting: a scheduler starts every task at
-        once) and "busy" refusals (a burst of joiners), with jittered backoff. While it
-        waits, a line every ``note_every`` seconds says for what."""
-        self._where = self._rejoiner.where = f"{host}:{port}"
-        self._address = (host, port)
-        tries = WaitNotes(f"{self._role}: waiting for the coordinator at {host}:{port}", timeout)
-        try:
-            await tries.around(self._attempts(host, port, timeout, tries), note_every)
-        except TimeoutError:
-            raise CoordinatorUnreachable(
-                f"no coordinator answered at {host}:{port} within {timeout:g} s "
-                f"(last attempt: {tries.last})"
-            ) from None
-        except ssl.SSLError as exc:
-            raise CoordinatorUnreachable(
-                f"TLS handshake with the coordinator at {host}:{port} failed "
-                f"({exc.reason or exc}); check --tls-cert/--tls-key/--tls-ca "
-                f"(SHARDWIRE_TLS_*) on both sides"
-            ) from None
-        except ConnectionError:
-            hint = "; if it uses TLS, set SHARDWIRE_TLS_CERT/KEY/CA" if self._tls is None else ""
-            raise CoordinatorUnreachable(
-                f"the coordinator at {host}:{port} closed the connection during the handshake{hint}"
-            ) from None
+        """Connect and authenticate (see :meth:`Dialer.reach`); ``replicas``: the
+        addresses of the coordinator's other replicas (etcd), each dialed in turn."""
+        self._dialer.addresses = [(host, port), *(a for a in replicas if a != (host, port))]
+        await self._dialer.reach(timeout, note_every)
 
-    async def _attempts(self, host: str, port: int, timeout: float, tries: WaitNotes) -> None:
-        """Dial until one attempt succeeds or ``timeout`` passes (TimeoutError)."""
-        await attempts(lambda: self._dial(host, port), timeout, tries)
+    @property
+    def where(self) -> str:
+        """The address of the coordinator (of its replicas, the one that answered last)."""
+        return self._dialer.where
 
-    async def _dial(self, host: str, port: int) -> FramedProtocol:
-        """One attempt: connect and run the handshake (a fresh one: new nonce)."""
-        shake = ClientHandshake(
-            self._token, role=self._role, run_id=self._run_id, generation=self._generation
-        )
-        proto = await open_connection(
-            lambda: FramedProtocol(shake, limits=_CONTROL_LIMITS, on_message=self._received),
-            host,
-            port,
-            ssl=self._tls,
-        )
+    def _opened(self, proto: FramedProtocol | None) -> None:
         self._proto = proto
-        try:
-            await proto.ready
-        except RendezvousError as exc:
-            if exc.code == "busy":
-                self._proto = None
-                proto.close()
-            raise
+
+    def _dialed(self, proto: FramedProtocol) -> None:
         proto.closed.add_done_callback(self._lost)  # from now on a close is the job's end
-        return proto
 
     def _received(self, msg: Message) -> None:
         if isinstance(msg, DiagnoseRequest):
@@ -188,7 +149,7 @@ class ControlClient(Queries):
             self._on_abort(None)
 
     async def _redial(self) -> None:
-        await self._dial(*self._address)
+        await self._dialer.dial_any()
 
     async def _send_rejoin(self, msg: Rejoin | NodeRejoin, timeout: float) -> None:
         await self._ask(msg, Rejoined, timeout)
@@ -229,7 +190,7 @@ class ControlClient(Queries):
             except JobAborted:
                 if not self._rejoiner.away:
                     raise
-        raise JobAborted(f"the coordinator at {self._where} went away twice during one request")
+        raise JobAborted(f"the coordinator at {self.where} went away twice during one request")
 
     async def _ask(self, msg: Message, expect: type, timeout: float):
         assert self._proto is not None
@@ -287,15 +248,15 @@ class ControlClient(Queries):
         self, msg: Join | NodeJoin, expect: type, what: str, timeout: float, note_every: float
     ) -> Any:
         """Ask to join and wait for the answer, dialing a lost coordinator again."""
-        waiting = f"{self._role}: waiting for the job to form at {self._where}"
+        waiting = f"{self._role}: waiting for the job to form at {self.where}"
         tries = WaitNotes(waiting, timeout, hint=FORM_HINT, last=f"joined, {what}")
         self._joining = True
         try:
             return await join_redialing(
                 lambda left: tries.around(self._request(msg, expect, left), note_every),
                 lost=lambda: self._proto is not None and self._proto.closed.done(),
-                redial=lambda left: self.connect(*self._address, timeout=left),
-                timeout=timeout, who=f"{self._role}: the coordinator at {self._where}",
+                redial=lambda left: self._dialer.reach(left, NOTE_EVERY),
+                timeout=timeout, who=f"{self._role}: the coordinator at {self.where}",
             )  # fmt: skip
         finally:
             self._joining = False

@@ -29,7 +29,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from shardwire.protocol import Token
@@ -119,18 +119,25 @@ class ControlThread:
     # ---- used from the user's loop ------------------------------------------------------
 
     async def connect(
-        self, host: str, port: int, *, timeout: float, relay: tuple[str, int, int] | None = None
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float,
+        relay: tuple[str, int, int] | None = None,
+        replicas: Sequence[tuple[str, int]] = (),
     ) -> None:
         """Start the thread, connect and authenticate, start heartbeats and the ticker.
         ``relay``: (socket path, rank, generation) of this worker under a node agent,
         whose socket then carries the heartbeats (``worker/runtime/beats.py``); if it
-        cannot be reached, they go to the coordinator directly."""
+        cannot be reached, they go to the coordinator directly. ``replicas``: the
+        coordinator's other replicas' addresses (etcd)."""
         self._user_loop = asyncio.get_running_loop()
         self._user_thread = threading.get_ident()
         self._verdict = self._user_loop.create_future()
         self._thread.start()
         self._tick()
-        await self._call(self._connect(host, port, timeout, relay))
+        await self._call(self._connect(host, port, timeout, relay, replicas))
 
     async def join(self, msg: Join, *, timeout: float) -> Placement:
         """Join and wait for this worker's placement (bounded by ``timeout``)."""
@@ -243,7 +250,12 @@ class ControlThread:
     # ---- on the control loop ------------------------------------------------------------
 
     async def _connect(
-        self, host: str, port: int, timeout: float, relay: tuple[str, int, int] | None
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        relay: tuple[str, int, int] | None,
+        replicas: Sequence[tuple[str, int]],
     ) -> None:
         client = ControlClient(
             token=self._token,
@@ -255,7 +267,7 @@ class ControlThread:
             tls=self._tls,
         )
         self._client = client
-        await client.connect(host, port, timeout=timeout)
+        await client.connect(host, port, timeout=timeout, replicas=replicas)
         if relay is not None:
             await self._relay(*relay)
         client.start_heartbeats(self._interval, compose=self._compose)

@@ -38,14 +38,14 @@ class Rejoiner:
     def __init__(
         self,
         *,
-        where: str,
+        where: Callable[[], str],
         role: str,
         dial: Callable[[], Awaitable[None]],
         rejoin: Callable[[Rejoin | NodeRejoin, float], Awaitable[None]],
         back: Callable[[], None],
         lost: Callable[[str], None],
     ) -> None:
-        self.where = where  # the coordinator's address (set once known)
+        self._where = where  # the coordinator's address (the one last dialed)
         self._role = role
         self._dial = dial  # one connection attempt with a fresh handshake
         self._rejoin = rejoin  # send the rejoin and wait (bounded) for Rejoined
@@ -79,7 +79,7 @@ class Rejoiner:
         self._until = time.monotonic() + self.grace
         log.warning(
             "%s: lost the coordinator at %s; reconnecting for up to %g s (training goes on)",
-            self._role, self.where, self.grace,
+            self._role, self._where(), self.grace,
         )  # fmt: skip
         self._task = asyncio.create_task(self._run(), name="shardwire-rejoin")
         return True
@@ -95,13 +95,13 @@ class Rejoiner:
             except RendezvousError as exc:
                 if exc.code in ("rejoin", "run_id", "stale_generation", "auth"):
                     self.grace = 0.0  # given up: the refusal's closed connection is no news
-                    self._lost(f"the coordinator at {self.where} refused to take it back: {exc}")
+                    self._lost(f"the coordinator at {self._where()} refused to take it back: {exc}")
                     return
                 last = str(exc)
             except (OSError, TimeoutError, ConnectionError) as exc:
                 last = str(exc) or type(exc).__name__
             else:
-                log.warning("%s: reconnected to the coordinator at %s", self._role, self.where)
+                log.warning("%s: reconnected to the coordinator at %s", self._role, self._where())
                 self.went.clear()
                 self.returned.set()
                 self._back()
@@ -110,7 +110,7 @@ class Rejoiner:
             delay = min(delay * 2, _MAX_DELAY)
         grace, self.grace = self.grace, 0.0  # given up, once
         self._lost(
-            f"the coordinator at {self.where} did not come back within {grace:g} s "
+            f"the coordinator at {self._where()} did not come back within {grace:g} s "
             f"(last attempt: {last})"
         )
 

@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, fiel
 
 from shardwire.protocol import InvalidArgument, ShardwireError, Token
 from shardwire.protocol.auth import is_loopback, load_token
-from shardwire.protocol.ports import port_range
+from shardwire.protocol.ports import coordinator_addresses, port_range
 from shardwire.worker.runtime.tls import TlsFiles
 from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES
 
@@ -95,6 +95,12 @@ class WorkerEnv(BaseModel):
     )
     master_port: int = Field(
         default=29400, validation_alias=_alias("MASTER_PORT"), description="The coordinator's port."
+    )
+    coordinator_replicas: str = Field(
+        default="",
+        validation_alias=_alias("SHARDWIRE_COORDINATOR_REPLICAS"),
+        description="Set by the node agent: the other coordinator replicas' HOST:PORT, "
+        "comma-separated (etcd); each is dialed in turn, and the leader answers.",
     )
     run_id: str = Field(
         default="shardwire",
@@ -274,6 +280,8 @@ class WorkerConfig:
 
     Attributes:
         coordinator: (host, port) of the coordinator.
+        coordinator_replicas: the (host, port) of its other replicas (etcd), if any: the
+            control connection dials each in turn and follows the one that leads.
         world_size: total number of worker processes.
         local_rank: this process's index on its node.
         local_world_size: processes per node.
@@ -325,6 +333,7 @@ class WorkerConfig:
 
     coordinator: tuple[str, int]
     world_size: int
+    coordinator_replicas: tuple[tuple[str, int], ...] = ()
     local_rank: int = 0
     local_world_size: int = 1
     rank: int | None = None
@@ -363,6 +372,11 @@ class WorkerConfig:
         bind = env.bind_host or ("127.0.0.1" if is_loopback(env.master_addr) else "0.0.0.0")
         derived = dict(
             coordinator=(env.master_addr, env.master_port),
+            coordinator_replicas=tuple(
+                coordinator_addresses(env.coordinator_replicas, "SHARDWIRE_COORDINATOR_REPLICAS")
+                if env.coordinator_replicas
+                else ()
+            ),
             local_world_size=env.local_world_size or env.world_size,
             token=token,
             node_id=env.node_id or socket.gethostname(),

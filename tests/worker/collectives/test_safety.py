@@ -140,7 +140,8 @@ async def test_cancelled_collective_poisons_the_group_everywhere(kind: str) -> N
         work.cancel()
         with pytest.raises(asyncio.CancelledError):
             await work.wait()
-        with pytest.raises(CollectiveCancelled, match="all_reduce #1 was cancelled on rank 0") as own:
+        cancelled = "all_reduce #1 was cancelled on rank 0"
+        with pytest.raises(CollectiveCancelled, match=cancelled) as own:
             await groups[0].barrier()
         with pytest.raises(CollectiveCancelled) as relayed:
             await groups[1].all_reduce(np.ones(10))

@@ -23,7 +23,7 @@ def _rejoiner(refuse: bool, lost: list[str], back: list[bool], gone: asyncio.Eve
         raise RendezvousError("node 'n0' cannot rejoin: the job is waiting", code="rejoin")
 
     rejoiner = Rejoiner(
-        where="127.0.0.1:1", role="agent", dial=dial, rejoin=rejoin,
+        where=lambda: "127.0.0.1:1", role="agent", dial=dial, rejoin=rejoin,
         back=lambda: back.append(True), lost=lambda why: (lost.append(why), gone.set()),
     )  # fmt: skip
     rejoiner.grace, rejoiner.message = 0.5, MESSAGE
