@@ -143,10 +143,12 @@ class EtcdClient:
         compare: list[dict[str, Any]],
         success: list[dict[str, Any]],
         failure: list[dict[str, Any]] | None = None,
+        *,
+        patience: float | None = None,
     ) -> tuple[bool, dict[str, Any]]:
         """One transaction: ``success`` if every comparison holds, else ``failure``."""
         body = {"compare": compare, "success": success, "failure": failure or []}
-        reply = self.call("/v3/kv/txn", body)
+        reply = self.call("/v3/kv/txn", body, patience=patience)
         return bool(reply.get("succeeded", False)), reply
 
 

@@ -125,22 +125,27 @@ class Leadership:
         ]
 
     async def hold(self, deposed: Callable[[str], None]) -> None:
-        """Renew the lease while leading; on losing it, call ``deposed(why)`` and return."""
+        """Renew the lease while leading; on losing it, call ``deposed(why)`` and return.
+
+        It steps down once a quarter of the TTL is all that may be left of its lease
+        (counted from the last renewal that succeeded, as sent): before etcd can let the
+        lease lapse and a standby lead, so two replicas never serve at once."""
         term = self.term
         assert term is not None
+        every = self.ttl / 4
         last = time.monotonic()  # when the last renewal that succeeded was sent
         while True:
-            await asyncio.sleep(self.ttl / 4)
+            await asyncio.sleep(every)
             sent = time.monotonic()
-            left = last + self.ttl - sent
+            deadline = last + self.ttl * 0.75
             try:
                 remaining = await asyncio.to_thread(
-                    self.client.keepalive, term.lease, patience=max(0.0, left)
+                    self.client.keepalive, term.lease, patience=max(0.0, deadline - sent)
                 )
             except (EtcdUnavailable, EtcdRefused) as exc:
-                if time.monotonic() < last + self.ttl:
+                if time.monotonic() + every < deadline:
                     continue  # it may still renew in time
-                deposed(f"its etcd lease could not be renewed within {self.ttl} s ({exc})")
+                deposed(f"its etcd lease could not be renewed in time ({exc})")
                 return
             if remaining <= 0:
                 deposed("its etcd lease expired (a standby may lead now)")
@@ -190,8 +195,10 @@ class EtcdJournal:
         self._fenced({"request_delete_range": {"key": b64(self.key)}})
 
     def _fenced(self, op: dict) -> None:
+        # a leader that cannot write within most of its lease could not lead past it
+        patience = self._leadership.ttl * 0.75
         try:
-            done, _ = self._client.txn(self._leadership.fence(), [op])
+            done, _ = self._client.txn(self._leadership.fence(), [op], patience=patience)
         except (EtcdUnavailable, EtcdRefused) as exc:  # unjournaled, it must not decide
             raise Deposed(f"this coordinator could not journal its decision: {exc}") from exc
         if not done:

@@ -51,28 +51,32 @@ def _answers(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def etcd_server(directory: Path) -> Iterator[str]:
-    """A running one-member etcd cluster; yields its client endpoint."""
+def etcd_server(directory: Path, *, netns: str = "", host: str = "127.0.0.1") -> Iterator[str]:
+    """A running one-member etcd cluster on ``host`` (inside network namespace ``netns``
+    if given); yields its client endpoint."""
     binary = etcd_binary()
-    client, peer = free_ports(2)
+    client, peer = free_ports(2) if not netns else (2379, 2380)  # a namespace's own ports
     directory.mkdir(parents=True, exist_ok=True)
-    log = (directory / "etcd.log").open("w")
+    log_path = directory / "etcd.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
-        [binary, "--name", "t", "--data-dir", str(directory / "data"),
-         "--listen-client-urls", f"http://127.0.0.1:{client}",
-         "--advertise-client-urls", f"http://127.0.0.1:{client}",
-         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-cluster", f"t=http://127.0.0.1:{peer}"],
+        [*(["ip", "netns", "exec", netns] if netns else []),
+         binary, "--name", "t", "--data-dir", str(directory / "data"),
+         "--listen-client-urls", f"http://{host}:{client}",
+         "--advertise-client-urls", f"http://{host}:{client}",
+         "--listen-peer-urls", f"http://{host}:{peer}",
+         "--initial-advertise-peer-urls", f"http://{host}:{peer}",
+         "--initial-cluster", f"t=http://{host}:{peer}"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + _START
-        while not _answers(client):
-            assert proc.poll() is None, (directory / "etcd.log").read_text()[-3000:]
+        # from outside a namespace its address cannot be dialed: its log says it is ready
+        while not (_ready(log_path) if netns else _answers(client)):
+            assert proc.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, f"etcd did not answer within {_START:g} s"
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{client}"
+        yield f"http://{host}:{client}"
     finally:
         proc.terminate()
         try:
@@ -81,3 +85,7 @@ def etcd_server(directory: Path) -> Iterator[str]:
             proc.kill()
             proc.wait(timeout=30)
         log.close()
+
+
+def _ready(log: Path) -> bool:
+    return "ready to serve client requests" in log.read_text()
