@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import time
@@ -23,7 +24,13 @@ import yaml
 from shardwire.coordinator.__main__ import settings_from
 from shardwire.worker.launcher.cli import parser as worker_parser
 from shardwire.worker.launcher.kubernetes import main, render
-from shardwire.worker.launcher.manifests import Deployment, default_shm_bytes, manifests, quantity
+from shardwire.worker.launcher.manifests import (
+    COORDINATOR_REPLACEMENTS,
+    Deployment,
+    default_shm_bytes,
+    manifests,
+    quantity,
+)
 from shardwire.worker.launcher.options import LaunchSettings
 from shardwire.worker.launcher.yamldoc import dump_all, scalar
 
@@ -93,7 +100,8 @@ PARAMETER_SETS = {
 @pytest.mark.parametrize("argv", PARAMETER_SETS.values(), ids=PARAMETER_SETS.keys())
 def test_every_document_validates_against_the_kubernetes_schemas(argv, version) -> None:
     docs = list(yaml.safe_load_all(render(argv)))
-    assert [d["kind"] for d in docs] == ["Service", "Job", "Service", "Job"]
+    kinds = ["Service", "PersistentVolumeClaim", "Job", "Service", "Job"]
+    assert [d["kind"] for d in docs] == kinds
     for doc in docs:
         kubernetes_validate.validate(doc, version, strict=True)
 
@@ -165,12 +173,13 @@ def test_name_names_every_object_and_the_run(monkeypatch) -> None:
     docs = rendered("--name", "mnist", "train.py")
     assert set(docs) == {
         ("Service", "mnist-coordinator"),
+        ("PersistentVolumeClaim", "mnist-coordinator-state"),
         ("Job", "mnist-coordinator"),
         ("Service", "mnist"),
         ("Job", "mnist"),
     }
     for (_kind, name), doc in docs.items():
-        component = "coordinator" if name.endswith("-coordinator") else "worker"
+        component = "coordinator" if "-coordinator" in name else "worker"
         labels = doc["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == "mnist"
         assert labels["app.kubernetes.io/component"] == component
@@ -212,7 +221,8 @@ def test_max_restarts_reach_the_coordinator_the_agents_and_the_backoff_limit(
         assert coordinator_settings(docs, "j").max_restarts == restarts
         assert worker_settings(docs, "j", monkeypatch).max_restarts == restarts
         assert docs["Job", "j"]["spec"]["backoffLimit"] == restarts
-        assert docs["Job", "j-coordinator"]["spec"]["backoffLimit"] == 0  # never restarted
+        # a lost coordinator pod is replaced on its claim, however many restarts the job has
+        assert docs["Job", "j-coordinator"]["spec"]["backoffLimit"] == COORDINATOR_REPLACEMENTS
 
 
 def test_recovery_reaches_the_agents(monkeypatch) -> None:
@@ -427,12 +437,16 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _as_kubernetes_would(c: Doc, *, pod_name: str, secrets: dict, services: set[str]):
+def _as_kubernetes_would(
+    c: Doc, *, pod_name: str, secrets: dict, services: set[str], claims: dict[str, Path]
+):
     """A container's argv and environment as its pod would see them here: ``valueFrom``
-    resolved, Service names and the wildcard address replaced by loopback."""
+    resolved, Service names and the wildcard address replaced by loopback, and the paths
+    where claims are mounted (``claims``: mount path -> a directory here) by theirs."""
     argv = [*c["command"], *c["args"]]
     assert argv[0] == "shardwire"  # the image's entrypoint, on PATH
-    argv = [SHARDWIRE, *("127.0.0.1" if a == "0.0.0.0" else a for a in argv[1:])]
+    local = {"0.0.0.0": "127.0.0.1", **{m: str(d) for m, d in claims.items()}}
+    argv = [SHARDWIRE, *(local.get(a, a) for a in argv[1:])]
     environ = {
         k: v
         for k, v in os.environ.items()
@@ -478,18 +492,33 @@ def _read_only(argv: list[str]) -> list[str]:
             str(ROOT), *argv]  # fmt: skip
 
 
-def _run_pods(docs, name: str, tmp_path: Path, *, read_only: bool = False) -> list[Path]:
+def _claims(docs, job: str, tmp_path: Path) -> dict[str, Path]:
+    """Where the pods of ``job`` mount claims -> a directory of the claim's here."""
+    spec = pod(docs, job)
+    volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+               for v in spec.get("volumes", []) if "persistentVolumeClaim" in v}  # fmt: skip
+    mounts = container(docs, job).get("volumeMounts", [])
+    return {m["mountPath"]: tmp_path / volumes[m["name"]] for m in mounts if m["name"] in volumes}
+
+
+def _run_pods(
+    docs, name: str, tmp_path: Path, *, read_only: bool = False, lose_coordinator_at: str = ""
+) -> list[Path]:
     """Start the rendered pods' commands as local processes (workers first, as Kubernetes
-    may start them), wait for the job to end and return each pod's log."""
+    may start them), wait for the job to end and return each pod's log. With
+    ``lose_coordinator_at``: once worker 0 logs it, the coordinator pod is killed and a
+    replacement started on the same claim, as the Job's pod replacement does."""
     secrets = {(f"{name}-token", "token"): "kubernetes-test-token"}
     services = {n for kind, n in docs if kind == "Service"}
     procs: list[subprocess.Popen] = []
     logs: list[Path] = []
 
     def start(c: Doc, pod_name: str, **extra: str) -> subprocess.Popen:
+        job = pod_name.rsplit("-", 1)[0] if "coordinator" in pod_name else name
         argv, environ = _as_kubernetes_would(
-            c, pod_name=pod_name, secrets=secrets, services=services
-        )
+            c, pod_name=pod_name, secrets=secrets, services=services,
+            claims=_claims(docs, job, tmp_path),
+        )  # fmt: skip
         logs.append(tmp_path / f"{pod_name}.log")
         with logs[-1].open("w") as log:
             proc = subprocess.Popen(
@@ -513,6 +542,14 @@ def _run_pods(docs, name: str, tmp_path: Path, *, read_only: bool = False) -> li
             assert coordinator.poll() is None and time.monotonic() < deadline, logs[-1].read_text()
             time.sleep(0.05)
         assert _get(f"http://127.0.0.1:{ports[live['port']]}{live['path']}") == 200
+        if lose_coordinator_at:
+            while lose_coordinator_at not in logs[0].read_text():
+                assert workers[0].poll() is None and time.monotonic() < deadline + 90
+                time.sleep(0.05)
+            coordinator.kill()  # its pod lost: the Job starts another on the same claim
+            assert coordinator.wait(timeout=30) == -signal.SIGKILL
+            replaced = container(docs, f"{name}-coordinator")
+            coordinator = start(replaced, f"{name}-coordinator-r")
         codes = [w.wait(timeout=180) for w in workers]
         assert codes == [0, 0], [log.read_text()[-3000:] for log in logs]
         assert coordinator.wait(timeout=30) == 0, logs[-1].read_text()[-3000:]
@@ -543,6 +580,29 @@ def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
     assert summary["workers"] == 4
     # JOB_COMPLETION_INDEX is the node rank: pod 0 holds ranks 0 and 1
     assert "[rank0]:" in logs[0].read_text() and "[rank0]:" not in logs[1].read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_coordinator_pod_lost_mid_job_is_replaced_and_resumes_from_its_claim(
+    tmp_path: Path,
+) -> None:
+    control, http = _free_ports(2)
+    name = "lost"
+    docs = rendered(
+        "--name", name, "--nodes", "2", "--nproc-per-node", "1",
+        "--port", str(control), "--http-port", str(http),
+        "examples/digits.py", "--steps", "1500", "--log-every", "100",
+        "--run-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    logs = _run_pods(docs, name, tmp_path, lose_coordinator_at="step 300/")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["steps"] == 1500
+    replaced = logs[-1].read_text()
+    said = "coordinator restarted from its journal: generation 1 of 2 ranks; waiting up to 180 s"
+    assert said in replaced, replaced[-3000:]
+    assert "reconnected to the coordinator" in logs[0].read_text()
+    assert (tmp_path / f"{name}-coordinator-state").is_dir()  # the claim, not the root
 
 
 def _documented_command() -> list[str]:

@@ -10,13 +10,18 @@ Four objects, in the order they should exist:
   can dial. It publishes the coordinator before it is ready: ``/readyz`` answers 503
   while the job restarts a generation, and that is exactly when the node agents must
   reach it to rejoin; readiness is a signal for people and dashboards, not a gate.
-* Job ``NAME-coordinator``: one pod, never restarted (``backoffLimit: 0``). The
-  coordinator is a process of its own, not one of the workers, so that its probes sit
-  on the one process that serves them (a probe in an Indexed Job's shared template would
-  fire in every worker pod), its life is the job's (it exits 0 when the job finishes, 1
-  when it fails, and the Job completes or fails with it), and no worker has to know
-  which of them hosts it. A restarted coordinator would have forgotten the job, so
-  Kubernetes never restarts it.
+* PersistentVolumeClaim ``NAME-coordinator-state``: the coordinator's state directory
+  (its journal of the running generation), which outlives its pod.
+* Job ``NAME-coordinator``: one pod at a time. The coordinator is a process of its own,
+  not one of the workers, so that its probes sit on the one process that serves them (a
+  probe in an Indexed Job's shared template would fire in every worker pod), its life
+  is the job's (it exits 0 when the job finishes, 1 when it fails, and the Job completes
+  or fails with it), and no worker has to know which of them hosts it. A coordinator
+  pod lost otherwise (killed, OOM, a failed liveness probe, its node gone) is replaced,
+  up to ``COORDINATOR_REPLACEMENTS`` times and only once the old pod is gone: the new
+  one resumes the job from the journal on the claim, while the ranks train on and wait
+  for it (``COORDINATOR_GRACE``). Its own exit statuses (1, the job failed; 2, it was
+  misconfigured) fail the Job at once (``podFailurePolicy``).
 * Service ``NAME`` (headless): stable DNS names ``NAME-INDEX.NAME`` for the worker pods.
 * Job ``NAME`` (Indexed, ``completions = parallelism = nodes``): one node agent per pod;
   Kubernetes sets ``JOB_COMPLETION_INDEX``, which the agent takes as its node rank.
@@ -65,6 +70,12 @@ SHM_PEERS = 2  # local peers a rank sends large point-to-point payloads to (pipe
 SHM_FLOOR = 64 * MiB  # Docker's default /dev/shm, for what else the script puts there
 SHM_ROUND = 16 * MiB
 COORDINATOR_RESOURCES = {"cpu": "1", "memory": "512Mi"}  # requests = limits
+# A replaced coordinator pod must be scheduled, pulled and started before the ranks give
+# up on it: longer than the 60 s of a coordinator restarted in place on one machine.
+COORDINATOR_GRACE = 180
+COORDINATOR_REPLACEMENTS = 10  # as many as `launch --standalone` restarts its own
+STATE = "/state"  # where the claim is mounted in the coordinator's pod
+STATE_SIZE = "1Gi"  # a journal is kilobytes; 1Gi is the least many provisioners grant
 Doc = dict[str, Any]
 
 
@@ -132,13 +143,23 @@ class Deployment:
         return f"{self.name}-coordinator"
 
     @property
+    def state_claim(self) -> str:
+        return f"{self.name}-coordinator-state"
+
+    @property
     def secret(self) -> str:
         return self.token_secret or f"{self.name}-token"
 
 
 def manifests(d: Deployment) -> list[Doc]:
     """The job's objects, Services before the Jobs whose pods look them up."""
-    return [_coordinator_service(d), _coordinator_job(d), _worker_service(d), _worker_job(d)]
+    return [
+        _coordinator_service(d),
+        _coordinator_state(d),
+        _coordinator_job(d),
+        _worker_service(d),
+        _worker_job(d),
+    ]
 
 
 def _labels(d: Deployment, component: str) -> dict[str, str]:
@@ -209,6 +230,7 @@ def _pod(container: Doc, volumes: list[Doc], **extra: Any) -> Doc:
             "runAsNonRoot": True,
             "runAsUser": USER_ID,
             "runAsGroup": USER_ID,
+            "fsGroup": USER_ID,  # a claim's fresh volume is writable by that user
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
@@ -250,6 +272,19 @@ def _coordinator_args(d: Deployment) -> Iterator[str]:
     yield from ("--world-size", str(d.nodes * d.nproc_per_node), "--run-id", d.name)
     yield from ("--max-restarts", str(d.max_restarts), "--join-timeout", number(d.join_timeout))
     yield from ("--inquest-dir", INQUESTS)  # the root filesystem is read-only
+    yield from ("--state-dir", STATE, "--coordinator-grace", str(COORDINATOR_GRACE))
+
+
+def _coordinator_state(d: Deployment) -> Doc:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(d, d.state_claim, "coordinator"),
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": STATE_SIZE}},
+        },
+    }
 
 
 def _coordinator_job(d: Deployment) -> Doc:
@@ -274,10 +309,31 @@ def _coordinator_job(d: Deployment) -> Doc:
             "limits": dict(COORDINATOR_RESOURCES),
         },
         "securityContext": _container_security(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "state", "mountPath": STATE},
+        ],
     }
-    spec = {"completions": 1, "parallelism": 1, "backoffLimit": 0}
-    return _job(d, d.coordinator, "coordinator", spec, _pod(container, [_TMP]))
+    spec = {
+        "completions": 1,
+        "parallelism": 1,
+        "backoffLimit": COORDINATOR_REPLACEMENTS,
+        "podReplacementPolicy": "Failed",  # never two coordinators on one journal
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",  # its own verdict: the job failed, or a bad flag
+                    "onExitCodes": {
+                        "containerName": "coordinator",
+                        "operator": "In",
+                        "values": [1, 2],
+                    },
+                }
+            ]
+        },
+    }
+    state = {"name": "state", "persistentVolumeClaim": {"claimName": d.state_claim}}
+    return _job(d, d.coordinator, "coordinator", spec, _pod(container, [_TMP, state]))
 
 
 def _worker_env(d: Deployment) -> list[Doc]:
