@@ -29,8 +29,9 @@ RUN if command -v apt-get >/dev/null; then \
       && rm -rf /var/lib/apt/lists/*; \
     fi
 COPY examples /app/examples
-# The checkpoint volume's mount point: a new volume takes this owner, so workers can write.
-RUN mkdir /checkpoints && chown 10001:10001 /checkpoints
+# The volumes' mount points (checkpoints, the coordinator's state): a new volume takes
+# this owner, so the non-root user can write.
+RUN mkdir /checkpoints /state && chown 10001:10001 /checkpoints /state
 WORKDIR /app
 USER 10001:10001
 # The slim image has no curl; `shardwire health` asks the coordinator's /healthz.

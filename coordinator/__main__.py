@@ -17,6 +17,7 @@ from shardwire.coordinator.etcd import EtcdClient
 from shardwire.coordinator.http import StatusHTTP
 from shardwire.coordinator.journal import JournalStore, StateDir
 from shardwire.coordinator.leadership import EtcdJournal, Leadership
+from shardwire.coordinator.respawn import respawn
 from shardwire.coordinator.server import CoordinatorServer, ServerConfig
 from shardwire.coordinator.settings import CoordinatorSettings
 from shardwire.coordinator.state import JobState, RendezvousConfig
@@ -94,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
         "away, and a restarted one for them (60)",
     )
     p.add_argument(
+        "--respawn",
+        type=int,
+        help="with --state-dir and a --port: start the coordinator again there whenever a "
+        "signal kills it (the OOM killer, a kill), at most this many times (0)",
+    )
+    p.add_argument(
         "--etcd",
         help="ENDPOINT[,ENDPOINT...]: run as one of the job's coordinator replicas, which "
         "elect a leader and keep its journal in this etcd cluster (default: none)",
@@ -115,6 +122,11 @@ def settings_from(argv: list[str] | None) -> CoordinatorSettings:
     if settings.etcd and settings.state_dir:
         raise InvalidArgument(
             "give --state-dir or --etcd, not both: with etcd the journal is there"
+        )
+    if settings.respawn and (not settings.state_dir or settings.port == 0):
+        raise InvalidArgument(
+            "--respawn needs --state-dir and a --port: a coordinator started again resumes "
+            "the job from its journal, where the ranks dial it"
         )
     if settings.etcd and settings.port == 0:
         raise InvalidArgument("a replica (--etcd) needs a --port of its own: workers dial each one")
@@ -261,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"shardwire coordinator: {exc}", file=sys.stderr)
         return 2
+    if settings.respawn:
+        return respawn(sys.argv[1:] if argv is None else argv, settings.respawn)
     logging.basicConfig(level=settings.log_level.upper(), format="%(message)s")
     try:
         return _run(serve(settings))

@@ -39,6 +39,7 @@ class CoordinatorSettings(BaseSettings):
     # a journal of the running generation, so a coordinator restarted on it resumes the job
     state_dir: str | None = None
     coordinator_grace: float = Field(default=60.0, gt=0, le=86400)
+    respawn: int = Field(default=0, ge=0, le=100)  # starts again when a signal kills it
     # replicas: the journal in etcd (comma-separated endpoints), one leader under a lease
     etcd: str | None = None
     etcd_ttl: int = Field(default=2, ge=2, le=600)  # etcd grants 2 s at the least

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from shardwire.coordinator.__main__ import settings_from
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -64,7 +66,20 @@ def test_workers_restart_and_resume_from_a_shared_checkpoint_volume() -> None:
     assert worker["volumes"] == ["checkpoints:/checkpoints"]
     assert ckpt.split("=", 1)[1].startswith("/checkpoints/") and "checkpoints" in COMPOSE["volumes"]
     # the volume's mount point belongs to the image's non-root user
-    assert "chown 10001:10001 /checkpoints" in DOCKERFILE
+    assert "chown 10001:10001 /checkpoints /state" in DOCKERFILE
+
+
+def test_the_coordinator_journals_to_a_volume_and_is_respawned_on_it() -> None:
+    coordinator = COMPOSE["services"]["coordinator"]
+    assert coordinator["volumes"] == ["coordinator-state:/state"]
+    assert "coordinator-state" in COMPOSE["volumes"]
+    command = coordinator["command"]
+    assert "--state-dir=/state" in command and "--respawn=10" in command
+    # what the coordinator makes of its command: the flags are its own, and they hold
+    flags = [a.replace("${SHARDWIRE_RUN_ID:-compose}", "compose") for a in command[1:]]
+    flags = [a.replace("${SHARDWIRE_JOIN_TIMEOUT:-300}", "300") for a in flags]
+    settings = settings_from([f for f in flags if not f.startswith("--token-file")])
+    assert (settings.state_dir, settings.respawn, settings.port) == ("/state", 10, 29400)
 
 
 def test_the_image_copies_every_package_directory() -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.etcdserver import free_ports
+
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
 from .journaled import TOKEN, node_agent, same_as_straight, stop, straight_run, until_step
 
@@ -155,3 +157,69 @@ def test_a_coordinator_killed_while_the_job_restarts_finishes_the_restart(tmp_pa
     assert "the coordinator was killed (signal 9)" in err
     assert "restarted from its journal while the job restarted" in err
     assert "job finished after 2 generations (1 restarts)" in err
+
+
+def _child_of(pid: int) -> int:
+    """The one child process of ``pid`` (bounded wait for it to start)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} started no child within 60 s")
+
+
+def test_a_respawning_coordinator_killed_by_a_signal_comes_back_in_place(
+    tmp_path, straight
+) -> None:
+    """``--respawn``: the coordinator process SIGKILLed (as the OOM killer does in its
+    container) is started again by the one that supervises it, on its state directory
+    and port; the job ends exactly as an uninterrupted run, and so does the supervisor."""
+    (port,) = free_ports(1)
+    log = tmp_path / "coordinator.log"
+    with log.open("w") as out:
+        supervisor = subprocess.Popen(
+            [SHARDWIRE, "coordinator", "--port", str(port), "--world-size", "2", "--run-id",
+             "restart", "--state-dir", str(tmp_path / "state"), "--http-port", "-1",
+             "--respawn", "2"],
+            cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=out,
+        )  # fmt: skip
+    agent = node_agent(port, tmp_path / "respawned")
+    try:
+        until_step(agent, 300)
+        first = _child_of(supervisor.pid)
+        os.kill(first, signal.SIGKILL)
+        _out, err = agent.communicate(timeout=300)
+        assert agent.returncode == 0, err[-3000:]
+        assert supervisor.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        stop(agent, supervisor)
+    said = "killed by signal 9; starting it again on its state directory (1 of 2)"
+    assert said in log.read_text()
+    assert "reconnected to the coordinator" in err
+    same_as_straight(tmp_path / "respawned", straight)
+
+
+def test_a_respawning_coordinator_stopped_with_sigterm_stays_stopped(tmp_path) -> None:
+    (port,) = free_ports(1)
+    supervisor = subprocess.Popen(
+        [SHARDWIRE, "coordinator", "--port", str(port), "--world-size", "2", "--state-dir",
+         str(tmp_path / "state"), "--http-port", "-1", "--respawn", "3"],
+        cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert supervisor.stderr is not None
+        assert "listening on" in supervisor.stderr.readline()
+        supervisor.terminate()  # as `docker stop` does: the coordinator hears it too
+        _out, err = supervisor.communicate(timeout=60)
+    finally:
+        stop(supervisor)
+    assert supervisor.returncode == 128 + signal.SIGTERM, err
+    assert "starting it again" not in err
+    refused = subprocess.run(
+        [SHARDWIRE, "coordinator", "--port", "0", "--respawn", "3", "--http-port", "-1"],
+        cwd=ROOT, env=env(**TOKEN), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "--respawn needs --state-dir and a --port" in refused.stderr
