@@ -215,11 +215,11 @@ async def _serve(
     )
     server = CoordinatorServer(config, token)
     http = StatusHTTP(server.rendezvous)
-    holding = None
+    keeper = None
     try:
         host, port = await server.start(settings.host, settings.port)
-        if leadership is not None:  # owned here: cancelled and awaited below
-            holding = asyncio.create_task(leadership.hold(server.depose), name="leadership")
+        if leadership is not None:  # owned here: stopped below
+            keeper = leadership.hold(server.depose)
         if settings.port_file:
             _write_port_file(settings.port_file, port)
         print(f"shardwire coordinator listening on {host}:{port}", file=sys.stderr, flush=True)
@@ -232,9 +232,8 @@ async def _serve(
         if not server.deposed:
             await asyncio.sleep(_LINGER)
     finally:
-        if holding is not None:
-            holding.cancel()
-            await asyncio.gather(holding, return_exceptions=True)
+        if keeper is not None:
+            await asyncio.to_thread(keeper.stop)
         await http.aclose()
         await server.aclose()
     if server.deposed:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -124,33 +125,14 @@ class Leadership:
             {"key": b64(self.key), "target": "CREATE", "create_revision": epoch, "result": "EQUAL"}
         ]
 
-    async def hold(self, deposed: Callable[[str], None]) -> None:
-        """Renew the lease while leading; on losing it, call ``deposed(why)`` and return.
-
-        It steps down once a quarter of the TTL is all that may be left of its lease
-        (counted from the last renewal that succeeded, as sent): before etcd can let the
-        lease lapse and a standby lead, so two replicas never serve at once."""
-        term = self.term
-        assert term is not None
-        every = self.ttl / 4
-        last = time.monotonic()  # when the last renewal that succeeded was sent
-        while True:
-            await asyncio.sleep(every)
-            sent = time.monotonic()
-            deadline = last + self.ttl * 0.75
-            try:
-                remaining = await asyncio.to_thread(
-                    self.client.keepalive, term.lease, patience=max(0.0, deadline - sent)
-                )
-            except (EtcdUnavailable, EtcdRefused) as exc:
-                if time.monotonic() + every < deadline:
-                    continue  # it may still renew in time
-                deposed(f"its etcd lease could not be renewed in time ({exc})")
-                return
-            if remaining <= 0:
-                deposed("its etcd lease expired (a standby may lead now)")
-                return
-            last = sent
+    def hold(self, deposed: Callable[[str], None]) -> LeaseKeeper:
+        """Renew the lease while leading, on a thread of its own (a coordinator's loop
+        busy with ten thousand joins must not lose it); ``deposed(why)`` runs on the
+        calling loop if it is lost. The caller stops the keeper when done."""
+        assert self.term is not None
+        keeper = LeaseKeeper(self.client, self.term.lease, self.ttl)
+        keeper.start(asyncio.get_running_loop(), deposed)
+        return keeper
 
     async def conclude(self, outcome: str) -> None:
         """The job ended with ``outcome`` ("finished" or "failed"): say so to the
@@ -206,3 +188,56 @@ class EtcdJournal:
                 f"this coordinator ({self._leadership.me}) no longer leads: another replica "
                 f"holds {self._leadership.key}"
             )
+
+
+class LeaseKeeper:
+    """A leader's lease renewals, on a thread owned by this object (:meth:`stop` joins
+    it).
+
+    It renews every ``ttl / 4`` seconds and steps down once a quarter of the TTL is all
+    that may be left of the lease (counted from the last renewal that succeeded, as
+    sent): before etcd can let the lease lapse and a standby lead, so two replicas never
+    serve at once. The verdict reaches the loop only through ``call_soon_threadsafe``.
+    """
+
+    def __init__(self, client: EtcdClient, lease: int, ttl: int) -> None:
+        self._client = client
+        self._lease = lease
+        self._ttl = ttl
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, deposed: Callable[[str], None]) -> None:
+        def tell(why: str) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(deposed, why)
+
+        self._thread = threading.Thread(
+            target=self._run, args=(tell,), name="shardwire-lease", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, tell: Callable[[str], None]) -> None:
+        every = self._ttl / 4
+        last = time.monotonic()  # when the last renewal that succeeded was sent
+        while not self._stop.wait(every):
+            sent = time.monotonic()
+            deadline = last + self._ttl * 0.75
+            try:
+                remaining = self._client.keepalive(self._lease, patience=max(0.0, deadline - sent))
+            except (EtcdUnavailable, EtcdRefused) as exc:
+                if time.monotonic() + every < deadline:
+                    continue  # it may still renew in time
+                tell(f"its etcd lease could not be renewed in time ({exc})")
+                return
+            if remaining <= 0:
+                tell("its etcd lease expired (a standby may lead now)")
+                return
+            last = sent
+
+    def stop(self) -> None:
+        """End the renewals and join the thread (within one call's patience)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._ttl + 1.0)
+            self._thread = None

@@ -99,12 +99,18 @@ async def test_a_leader_whose_lease_is_gone_hears_it_is_deposed(etcd) -> None:
     term = await a.campaign(print)
     assert isinstance(term, Term)
     why: list[str] = []
-    holding = asyncio.create_task(a.hold(why.append))
-    await asyncio.sleep(TTL)  # renewed meanwhile: still leading
-    assert not holding.done() and not why
-    a.client.revoke(term.lease)  # as etcd does when renewals stop reaching it
-    async with asyncio.timeout(30):
-        await holding
+    heard = asyncio.Event()
+    keeper = a.hold(lambda reason: (why.append(reason), heard.set()))
+    try:
+        time.sleep(TTL)  # noqa: ASYNC251 (the loop blocked, as by ten thousand joins)
+        await asyncio.sleep(TTL)
+        assert not why
+        assert a.client.keepalive(term.lease) > 0  # still held
+        a.client.revoke(term.lease)  # as etcd does when renewals stop reaching it
+        async with asyncio.timeout(30):
+            await heard.wait()
+    finally:
+        await asyncio.to_thread(keeper.stop)
     assert why and "lease expired" in why[0]
 
 

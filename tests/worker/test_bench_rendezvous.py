@@ -9,6 +9,7 @@ import pytest
 
 from shardwire.protocol import InvalidArgument
 from shardwire.worker.bench.rendezvous import main, measure
+from tests.etcdserver import etcd_server
 
 
 def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
@@ -52,3 +53,21 @@ def test_a_coordinator_killed_and_started_again_takes_every_worker_back(tmp_path
 def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts() -> None:
     with pytest.raises(InvalidArgument, match="60 workers do not fill nodes of 8"):
         measure(60, 2, 8)
+
+
+def test_a_replica_over_etcd_forms_the_job_and_its_etcd_writes_are_counted(
+    tmp_path, capsys
+) -> None:
+    out = tmp_path / "r.json"
+    args = ["--workers", "32", "--processes", "1", "--per-node", "4", "--beat-window", "1"]
+    with etcd_server(tmp_path / "etcd") as etcd:
+        assert main([*args, "--etcd", etcd, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())[0]
+    assert result["coordinator_exit"] == 0
+    # the journal when the nodes are assigned and when the generation runs; nothing for
+    # heartbeats
+    assert 1 <= result["etcd_writes_forming"] <= 5 and result["etcd_put_bytes_forming"] > 100
+    assert result["etcd_writes_per_s_running"] == 0
+    assert "writes/s while every worker heartbeats" in capsys.readouterr().out
+    without = measure(32, 1, 4, beat_window=0.5)
+    assert without["etcd_writes_forming"] is None  # no etcd: nothing counted

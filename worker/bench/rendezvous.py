@@ -2,7 +2,7 @@
 
     shardwire bench rendezvous [--workers 1000] [--processes 4] [--per-node 8]
                                [--beat-window 5] [--direct] [--reform | --restart]
-                               [--json OUT]
+                               [--etcd ENDPOINT] [--json OUT]
 
 A real coordinator runs as its own process (``python -m shardwire.coordinator``); the
 workers are simulated by ``--processes`` client processes, each running its share of
@@ -32,6 +32,11 @@ Printed and written as JSON:
   and started again on its journal and port: the seconds from the kill to the last
   worker and agent taken back (the coordinator watching every rank again), with
   ``coordinator_up_s``, the kill to the new coordinator listening.
+* ``etcd_writes_forming`` / ``etcd_put_bytes_forming`` / ``etcd_writes_per_s_running``
+  (``--etcd ENDPOINT``: the coordinator runs as a replica keeping its journal in that
+  etcd): the writes (etcd revisions) and bytes put from its start to the last worker
+  placed, and the writes per second while every worker heartbeats (etcd's own
+  ``/metrics``).
 
 Nothing here asserts a speed: the figures are for comparing runs on one machine.
 """
@@ -43,11 +48,13 @@ import json
 import logging
 import os
 import secrets
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,6 +86,7 @@ def measure(
     agents: bool = True,
     reform: bool = False,
     restart: bool = False,
+    etcd: str | None = None,
 ) -> dict:
     """One run: a coordinator and ``processes`` client processes for ``workers`` (with an
     agent per node that batches its workers' heartbeats, unless ``agents`` is False);
@@ -96,11 +104,13 @@ def measure(
                  "--port-file", str(port_file), "--world-size", str(workers), "--run-id",
                  "bench", "--http-port", "-1", "--log-level", "WARNING",
                  *(["--max-restarts", "1"] if reform else []),
-                 *(["--state-dir", str(Path(tmp) / "state")] if restart else [])],
+                 *(["--state-dir", str(Path(tmp) / "state")] if restart else []),
+                 *(["--etcd", etcd] if etcd else [])],
                 env=env, stdout=subprocess.DEVNULL, stderr=(Path(tmp) / "log").open("a"),
             )  # fmt: skip
 
-        coordinator = start(0)
+        before = etcd_counts(etcd)
+        coordinator = start(free_port() if etcd else 0)  # a replica's port is its own
         clients: list[subprocess.Popen] = []
         try:
             port = coordinator_port(port_file, coordinator)
@@ -134,9 +144,11 @@ def measure(
                 firsts.append(report["first"])
                 times += [tuple(t) for t in report["joins"]]
             cpu, rss = _proc_stats(coordinator.pid)
+            formed = etcd_counts(etcd)
             # every worker now heartbeats once a second: what that costs the coordinator
             time.sleep(beat_window)
             beat_cpu, rss = _proc_stats(coordinator.pid)
+            beating = etcd_counts(etcd)
             reform_s = restart_s = up_s = None
             if reform:
                 reform_s = _reform(clients)
@@ -173,9 +185,40 @@ def measure(
         "reform_s": reform_s,
         "restart_s": restart_s,
         "coordinator_up_s": up_s,
+        "etcd_writes_forming": formed[0] - before[0] if etcd else None,
+        "etcd_put_bytes_forming": formed[1] - before[1] if etcd else None,
+        "etcd_writes_per_s_running": (beating[0] - formed[0]) / beat_window if etcd else None,
         "coordinator_exit": coordinator.returncode,
         "coordinator_last_line": log[-1] if log else "",
     }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def etcd_counts(endpoint: str | None) -> tuple[int, int]:
+    """(revision, bytes put) of the etcd at ``endpoint`` (its ``/metrics``); (0, 0)
+    without one. Its revision grows by one for each write it commits."""
+    if not endpoint:
+        return 0, 0
+    url = (endpoint if "://" in endpoint else f"http://{endpoint}").rstrip("/") + "/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:  # noqa: S310 (the user's etcd)
+        text = reply.read().decode()
+    found = dict.fromkeys(_ETCD_METRICS, 0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = int(float(value))
+    return found[_ETCD_METRICS[0]], found[_ETCD_METRICS[1]]
+
+
+_ETCD_METRICS = (
+    "etcd_debugging_mvcc_current_revision",
+    "etcd_debugging_mvcc_total_put_size_in_bytes",
+)
 
 
 def _report(client: subprocess.Popen) -> dict:
@@ -265,6 +308,11 @@ def main(argv: list[str]) -> int:
         help="then the coordinator (with a state directory) is SIGKILLed and started again "
         "on its journal: the seconds to every worker and agent taken back",
     )
+    p.add_argument(
+        "--etcd",
+        help="ENDPOINT of a running etcd: the coordinator runs as a replica keeping its "
+        "journal there, and the etcd writes it makes are counted",
+    )
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     if args.reform and args.restart:
@@ -276,7 +324,7 @@ def main(argv: list[str]) -> int:
     for n in args.workers:
         r = measure(
             n, args.processes, args.per_node, args.beat_window, agents=not args.direct,
-            reform=args.reform, restart=args.restart,
+            reform=args.reform, restart=args.restart, etcd=args.etcd,
         )  # fmt: skip
         results.append(r)
         print(
@@ -288,6 +336,10 @@ def main(argv: list[str]) -> int:
         if r["reform_s"] is not None:
             print(f"  one worker failed; the next generation formed in process in "
                   f"{r['reform_s']:.2f} s", flush=True)  # fmt: skip
+        if r["etcd_writes_forming"] is not None:
+            print(f"  etcd: {r['etcd_writes_forming']} writes ({r['etcd_put_bytes_forming']} "
+                  f"bytes put) to form the job, then {r['etcd_writes_per_s_running']:.2f} "
+                  "writes/s while every worker heartbeats", flush=True)  # fmt: skip
         if r["restart_s"] is not None:
             print(f"  coordinator SIGKILLed and started again: listening after "
                   f"{r['coordinator_up_s']:.2f} s, every worker and agent back after "
