@@ -25,17 +25,22 @@ def straight_run(where: Path) -> tuple[list, dict]:
     return run_records(where / "run")
 
 
-def node_agent(port: int | str, run_dir: Path, *netns: str) -> subprocess.Popen:
+def node_agent(
+    port: int | str, run_dir: Path, *netns: str, output: Path | None = None
+) -> subprocess.Popen:
     """The job's node agent, dialing ``port`` on loopback (or the addresses given),
-    inside network namespace ``netns[0]`` if given."""
+    inside network namespace ``netns[0]`` if given; its output in pipes, or in the files
+    ``output``.out and .err (for a test that does not read it as it comes)."""
     where = port if isinstance(port, str) else f"127.0.0.1:{port}"
-    inside = ["ip", "netns", "exec", netns[0]] if netns else []
-    return subprocess.Popen(
-        [*inside, SHARDWIRE, "worker", "--coordinator", where, "--nnodes", "1",
-         "--nproc-per-node", "2", "--run-id", "restart", "examples/digits.py", "--steps", STEPS,
-         "--log-every", "100", "--run-dir", str(run_dir)],
-        cwd=ROOT, env=env(**TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    argv = [*(["ip", "netns", "exec", netns[0]] if netns else []),
+            SHARDWIRE, "worker", "--coordinator", where, "--nnodes", "1",
+            "--nproc-per-node", "2", "--run-id", "restart", "examples/digits.py", "--steps",
+            STEPS, "--log-every", "100", "--run-dir", str(run_dir)]  # fmt: skip
+    if output is None:
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        return subprocess.Popen(argv, cwd=ROOT, env=env(**TOKEN), **pipes)  # type: ignore[call-overload]
+    with output.with_suffix(".out").open("w") as out, output.with_suffix(".err").open("w") as err:
+        return subprocess.Popen(argv, cwd=ROOT, env=env(**TOKEN), stdout=out, stderr=err)
 
 
 def until_step(agent: subprocess.Popen, step: int) -> None:

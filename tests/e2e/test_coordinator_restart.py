@@ -17,7 +17,7 @@ import pytest
 from tests.etcdserver import free_ports
 
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
-from .journaled import TOKEN, node_agent, same_as_straight, stop, straight_run, until_step
+from .journaled import STEPS, TOKEN, node_agent, same_as_straight, stop, straight_run, until_step
 
 pytestmark = pytest.mark.e2e
 
@@ -223,3 +223,38 @@ def test_a_respawning_coordinator_stopped_with_sigterm_stays_stopped(tmp_path) -
     )  # fmt: skip
     assert refused.returncode == 2
     assert "--respawn needs --state-dir and a --port" in refused.stderr
+
+
+def test_a_job_that_finishes_while_its_coordinator_is_away_ends_well_when_it_is_back(
+    tmp_path, straight
+) -> None:
+    """The coordinator SIGKILLed and started again 10 s later: the ranks train on and
+    finish meanwhile, keep their last word until it is back, deliver it once, and the
+    job ends as an uninterrupted run (every process exits 0, nothing left pending)."""
+    first = _coordinator(tmp_path, 0, grace=60)
+    port = _port(tmp_path, first)
+    agent = node_agent(port, tmp_path / "run", output=tmp_path / "agent")
+    second = None
+    try:
+        deadline = time.monotonic() + 240
+        while "step 300/" not in (tmp_path / "agent.out").read_text():
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(first.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        first.wait(timeout=30)
+        while f"step {STEPS}/" not in (tmp_path / "agent.out").read_text():
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(max(0.0, killed + 10 - time.monotonic()))  # away 10 s
+        second = _coordinator(tmp_path, port, grace=60)
+        assert agent.wait(timeout=120) == 0, (tmp_path / "agent.err").read_text()[-3000:]
+        assert second.wait(timeout=60) == 0
+    finally:
+        stop(agent, first, *([second] if second else []))
+    err = (tmp_path / "agent.err").read_text()
+    for who in ("agent:", "[rank0]: worker:", "[rank1]: worker:"):
+        assert err.count(f"{who} lost the coordinator") == 1, err[-3000:]
+        assert err.count(f"{who} reconnected to the coordinator") == 1, err[-3000:]
+    assert "Task was destroyed" not in err
+    same_as_straight(tmp_path / "run", straight)

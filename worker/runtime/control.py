@@ -162,6 +162,7 @@ class ControlClient(Queries):
             )
         if self._final is not None and self._proto is not None:
             self._proto.write_message(self._final)
+            self._final = None  # delivered: the connection's end is no more news
 
     def _gave_up(self, why: str) -> None:
         log.error("%s: %s", self._role, why)

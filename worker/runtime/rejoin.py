@@ -58,6 +58,7 @@ class Rejoiner:
         self.went = asyncio.Event()  # set when it goes away (cleared when it is back)
         self._task: asyncio.Task[None] | None = None
         self._until = 0.0
+        self._closed = False  # closed by its client: it starts nothing more
 
     @property
     def away(self) -> bool:
@@ -70,7 +71,7 @@ class Rejoiner:
     def start(self) -> bool:
         """The connection dropped: reconnect in the background if a grace was given
         (True), else the caller ends the job (False)."""
-        if self.grace <= 0 or self.message is None:
+        if self.grace <= 0 or self.message is None or self._closed:
             return False
         if self.away:
             return True
@@ -132,6 +133,7 @@ class Rejoiner:
         return True
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
