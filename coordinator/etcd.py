@@ -176,6 +176,7 @@ def _decoded(status: int, reply: bytes, path: str) -> Any:
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise EtcdRefused(f"etcd answered {path} with HTTP {status} and no JSON") from None
     if status != 200 or "error" in doc:
-        message = doc.get("message") or doc.get("error") or f"HTTP {status}"
-        raise EtcdRefused(f"etcd refused {path}: {message}")
+        error = doc.get("error")  # a string, or (from a stream) an object with a message
+        said = error.get("message") if isinstance(error, dict) else error
+        raise EtcdRefused(f"etcd refused {path}: {doc.get('message') or said or status}")
     return doc

@@ -157,23 +157,22 @@ class CoordinatorServer:
             return
         self.deposed = why
         log.warning("deposed: %s; closing every connection", why)
+        self._stop_serving()
+        self.done.set()
+
+    def _stop_serving(self) -> None:
+        """Stop listening and close every connection (nothing is served from now on)."""
         self._closing = True
         if self._server is not None:
             self._server.close()
         for conn in [*self._conns.values(), *self._handshaking]:
             conn.close()
         self._conns.clear()
-        self.done.set()
 
     async def aclose(self) -> None:
         """Stop listening, close every connection and end the ticker; re-raise a ticker
         error."""
-        self._closing = True
-        if self._server is not None:
-            self._server.close()
-        for conn in [*self._conns.values(), *self._handshaking]:
-            conn.close()
-        self._conns.clear()
+        self._stop_serving()
         ticker_error: BaseException | None = None
         if self._ticker is not None:
             self._ticker.cancel()

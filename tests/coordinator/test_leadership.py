@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from shardwire.coordinator.etcd import EtcdClient, EtcdUnavailable
+from shardwire.coordinator.etcd import EtcdClient, EtcdRefused, EtcdUnavailable
 from shardwire.coordinator.journal import Deposed, Journal, JournalWorker, StateDirError
 from shardwire.coordinator.leadership import POLL, EtcdJournal, Leadership, Term
 from shardwire.protocol.errors import InvalidArgument
@@ -163,3 +163,9 @@ def test_an_etcd_that_does_not_answer_is_named_with_what_each_endpoint_said() ->
     assert time.monotonic() - start < 10  # bounded by its patience, not a hang
     with pytest.raises(InvalidArgument, match="etcd's TLS is not supported"):
         EtcdClient(["https://127.0.0.1:2379"])
+
+
+def test_a_request_etcd_refuses_says_what_etcd_said(etcd) -> None:
+    client = EtcdClient([etcd])
+    with pytest.raises(EtcdRefused, match=r"etcd refused /v3/kv/range: .*illegal base64"):
+        client.call("/v3/kv/range", {"key": "not base64!"})
