@@ -219,8 +219,14 @@ class ControlThread:
             if self._thread.ident is None:  # never started
                 self._loop.close()
             return
-        # a last word kept while the coordinator is away waits (bounded) for its return
-        extra = self._client.closing_bound() if self._client is not None else 0.0
+        # a last word kept while the coordinator is away waits (bounded) for its return;
+        # asked on the control loop, after what was posted before (the leave, above all:
+        # on a busy machine it may not have run yet)
+        extra = 0.0
+        if self._client is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CLOSE_WAIT):
+                    extra = await self._call(self._closing_bound())
         try:
             async with asyncio.timeout(_CLOSE_WAIT + extra):
                 await self._call(self._shutdown())
@@ -283,6 +289,10 @@ class ControlThread:
             )  # fmt: skip
             return
         self._client.relay(self._relay_to)
+
+    async def _closing_bound(self) -> float:
+        assert self._client is not None
+        return self._client.closing_bound()
 
     async def _shutdown(self) -> None:
         # the client first: its heartbeats stop before the relay they go through closes
