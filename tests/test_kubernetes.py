@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -35,6 +34,7 @@ from shardwire.worker.launcher.options import LaunchSettings
 from shardwire.worker.launcher.yamldoc import dump_all, scalar
 
 from .e2e.cli import ROOT, SHARDWIRE, page_commands
+from .etcdserver import free_ports
 
 # The oldest release with everything the manifests use (podReplacementPolicy on by
 # default), and the newest the validator ships.
@@ -426,17 +426,6 @@ def test_a_deployment_is_rendered_deterministically() -> None:
 # --- the rendered pods, run on this machine -------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _as_kubernetes_would(
     c: Doc, *, pod_name: str, secrets: dict, services: set[str], claims: dict[str, Path]
 ):
@@ -568,7 +557,7 @@ def _run_pods(
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
-    control, http = _free_ports(2)
+    control, http = free_ports(2)
     name = "kube"
     docs = rendered(
         "--name", name, "--nodes", "2", "--nproc-per-node", "2",
@@ -587,7 +576,7 @@ def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
 def test_a_coordinator_pod_lost_mid_job_is_replaced_and_resumes_from_its_claim(
     tmp_path: Path,
 ) -> None:
-    control, http = _free_ports(2)
+    control, http = free_ports(2)
     name = "lost"
     docs = rendered(
         "--name", name, "--nodes", "2", "--nproc-per-node", "1",
@@ -622,7 +611,7 @@ def test_the_clusters_page_example_runs_with_a_read_only_root(tmp_path: Path) ->
         pytest.skip(f"cannot make a read-only mount namespace here: {probe.stderr.strip()}")
     argv = _documented_command()
     assert argv[argv.index("--name") + 1] == "digits"
-    control, http = _free_ports(2)  # the documented ports may be taken on this machine
+    control, http = free_ports(2)  # the documented ports may be taken on this machine
     docs = rendered("--port", str(control), "--http-port", str(http), *argv)
     logs = _run_pods(docs, "digits", tmp_path, read_only=True)
     assert "held_out_accuracy" in logs[0].read_text()

@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,7 @@ from pathlib import Path
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import coordinator_port
+from shardwire.worker.bench.torchrun import free_port
 
 _TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
 
@@ -191,12 +191,6 @@ def measure(
         "coordinator_exit": coordinator.returncode,
         "coordinator_last_line": log[-1] if log else "",
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def etcd_counts(endpoint: str | None) -> tuple[int, int]:
