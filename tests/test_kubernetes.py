@@ -33,7 +33,8 @@ from shardwire.worker.launcher.manifests import (
 from shardwire.worker.launcher.options import LaunchSettings
 from shardwire.worker.launcher.yamldoc import dump_all, scalar
 
-from .e2e.cli import ROOT, SHARDWIRE, page_commands
+from .docblocks import block
+from .e2e.cli import ROOT, SHARDWIRE
 from .etcdserver import free_ports
 
 # The oldest release with everything the manifests use (podReplacementPolicy on by
@@ -596,7 +597,7 @@ def test_a_coordinator_pod_lost_mid_job_is_replaced_and_resumes_from_its_claim(
 
 def _documented_command() -> list[str]:
     """The ``shardwire kubernetes`` command of the clusters page, as a user copies it."""
-    commands = page_commands((ROOT / "docs" / "clusters.md").read_text())
+    commands = block("kubernetes-render").commands()
     (command,) = [c for c in commands if c.startswith("shardwire kubernetes ")]
     return shlex.split(command.split("|", 1)[0])[2:]
 

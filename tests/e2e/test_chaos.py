@@ -15,7 +15,8 @@ import pytest
 from shardwire.worker.chaos.inject import read_log
 from shardwire.worker.transport.shmfiles import SHM_DIR, segment_names
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, page_commands, run, start_coordinator
+from ..docblocks import block
+from .cli import ROOT, SCRIPTS, SHARDWIRE, run, start_coordinator
 
 pytestmark = pytest.mark.e2e
 
@@ -110,7 +111,9 @@ GUIDE = ROOT / "docs" / "guide" / "chaos.md"
 def _guide_command(plan: str) -> tuple[list[str], dict[str, str]]:
     """The page's command that runs ``plan`` (the first one's, with its name, when the
     plan has none of its own), as arguments and the variables it sets."""
-    commands = [c for c in page_commands(GUIDE.read_text()) if "shardwire chaos" in c]
+    labels = ["chaos-rank-dies", "chaos-coordinator-dies", "chaos-slow-link", "chaos-live"]
+    commands = [c for label in labels for c in block(label).commands()]
+    assert all("shardwire chaos" in c for c in commands)
     command = next((c for c in commands if plan in c), None)
     if command is None:
         command = commands[0].replace("rank-dies.toml", plan)

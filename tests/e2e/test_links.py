@@ -11,8 +11,10 @@ import subprocess
 
 import pytest
 
+from ..docblocks import block
 from .cli import SCRIPTS, env
 from .netns import coordinator_inside, make_hosts, worker_inside
+from .pageruns import assert_shows
 
 pytestmark = pytest.mark.e2e
 SUBNET = "10.77.3"
@@ -86,6 +88,7 @@ def test_the_slowed_rank_and_the_shaped_link_are_both_named(four_hosts) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    assert_shows(block("four-hosts-output").output(), closing)  # the why-slow page's lines
     straggler = re.search(
         r"^straggler: rank 3 \(10\.77\.3\.4\) was last into (\d+)% of its collectives "
         r"\(of the last \d+\), (\d+) ms late on average$",

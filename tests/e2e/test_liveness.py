@@ -14,7 +14,9 @@ import pytest
 
 from shardwire.coordinator import JobState
 
+from ..docblocks import block
 from .cli import SCRIPTS, shardwire
+from .pageruns import assert_shows, run_page_command
 from .faults import Job, job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.one_loop]
@@ -115,21 +117,10 @@ async def test_a_rank_that_skips_a_collective_is_named_with_its_stack() -> None:
         assert "CollectiveTimeout" in "\n".join(w.err)
 
 
-def test_the_launcher_log_shows_a_busy_rank_and_the_job_goes_on() -> None:
-    result = shardwire(
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--stall-warn",
-        "1",
-        str(SCRIPTS / "steps.py"),
-        STEPS="4",
-        STALL_RANK="1",
-        STALL_AT="2",
-        STALL_SECONDS="4",
-    )
+def test_the_launcher_log_shows_a_busy_rank_and_the_job_goes_on(tmp_path) -> None:
+    result = run_page_command("busy-rank-output", tmp_path)  # the failures page's run
     assert result.returncode == 0, result.stderr[-3000:]
+    assert_shows(block("busy-rank-output").output(), result.stderr)
     line = _marker_line("nap-sleep")
     assert re.search(
         rf"^\[coordinator\]: rank 1 busy for \d+ s at steps\.py:{line} in nap \(its event "
@@ -142,23 +133,11 @@ def test_the_launcher_log_shows_a_busy_rank_and_the_job_goes_on() -> None:
 
 
 def test_the_launcher_summary_names_the_rank_that_never_arrived(tmp_path) -> None:
-    result = shardwire(
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "3",
-        "--term-timeout",
-        "2",
-        str(SCRIPTS / "steps.py"),
-        STEPS="10",
-        SKIP_RANK="2",
-        SKIP_AT="3",
-        SHARDWIRE_TIMEOUT="3",
-        SHARDWIRE_INQUEST_DIR=str(tmp_path / "inquests"),
-    )
+    result = run_page_command("failure-report-output", tmp_path)  # the failures page's run
     assert result.returncode != 0
+    assert_shows(block("failure-report-output").output(), result.stderr)
     summary = result.stderr[result.stderr.index("shardwire: job failed") :]
-    inquest = tmp_path / "inquests" / "shardwire-generation-1-inquest.json"
+    inquest = tmp_path / "inquests" / "shardwire-generation-1-inquest.json"  # ./inquests
     assert str(inquest) in summary  # the verdict names the file with every rank's detail
     detail = json.loads(inquest.read_text())
     assert detail["absent"] == [2] and detail["entered"] == [0, 1]

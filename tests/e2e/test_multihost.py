@@ -5,11 +5,14 @@ digits example with the token. Skipped (with the reason) where namespaces cannot
 
 from __future__ import annotations
 
+import shlex
+
 import json
 
 import pytest
 
-from .cli import SHARDWIRE, env, run_records, shardwire
+from ..docblocks import block
+from .cli import SHARDWIRE, env, run, run_records, shardwire
 from .netns import SUBNET, coordinator_inside, inside, worker_inside
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +68,8 @@ def _resumable(hosts, tmp_path, steps: int, node_ranks: tuple[int, int]) -> str:
     shared filesystem), logging into one run directory."""
     return _two_hosts(
         hosts, "--steps", str(steps), "--save-every", "50", "--log-every", "25",
-        "--checkpoint-dir", str(tmp_path / "ckpt"), "--run-dir", str(tmp_path / "run"),
+        "--checkpoint-dir", str(tmp_path / "checkpoints" / "digits"),
+        "--run-dir", str(tmp_path / "run"),
         node_ranks=node_ranks,
     )  # fmt: skip
 
@@ -81,8 +85,11 @@ def test_a_checkpoint_on_a_shared_directory_resumes_with_the_hosts_swapped(hosts
     assert max(first) == 100 and max(records) == 150
     assert {s: records[s] for s in first} == first  # run 1's records, kept as they were
     assert summary["workers"] == 4 and summary["held_out_accuracy"] >= 0.9
-    verify = shardwire("checkpoint", "verify", str(tmp_path / "ckpt"))
+    # the clusters page's check of it, run where the job ran
+    (command,) = block("checkpoint-verify").commands()
+    verify = run([SHARDWIRE, *shlex.split(command)[1:]], cwd=tmp_path)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "digits" in command
 
 
 def test_coordinator_refuses_a_public_bind_without_a_token(hosts) -> None:

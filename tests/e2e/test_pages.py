@@ -12,14 +12,15 @@ import pytest
 
 from shardwire.worker.runtime.worker_config import LAUNCHER_VARIABLES
 
-from .cli import ROOT, SHARDWIRE, env, page_commands
+from ..docblocks import block
+from .cli import ROOT, SHARDWIRE, env
 
 pytestmark = pytest.mark.e2e
 
 # What varies from run to run, the times and rates: replaced by a mark on both sides.
 _VOLATILE = [
     (r"samples/s \d+$", "samples/s <rate>"),
-    (r"^(\[rank0\]: (?:time_s|samples_per_s) +)\S+$", r"\1<time>"),
+    (r"^(\[rank0\]: (?:time_s|samples_per_s|tokens_per_s) +)\S+$", r"\1<time>"),
     (r"^(\[rank0\]: comm_share_per_rank +)\[.*\]$", r"\1<shares>"),
 ]
 
@@ -30,18 +31,10 @@ def _steady(line: str) -> str:
     return line
 
 
-def _block(page: str, first_line: str) -> list[str]:
-    """The lines of the console block of ``page`` that starts with ``first_line``."""
-    text = (ROOT / page).read_text()
-    for block in re.findall(r"```console\n(.*?)```", text, re.S):
-        lines = block.splitlines()
-        if lines and lines[0] == first_line:
-            return lines[1:]
-    raise AssertionError(f"no console block starting {first_line!r} in {page}")
-
-
 def test_the_main_job_prints_what_getting_started_shows(tmp_path) -> None:
-    sample = _block("docs/getting-started.md", "$ make run")
+    shown = block("main-job-output")
+    assert shown.commands() == ["make run"]
+    sample = shown.output()
     # make run is this command (the Makefile's run target, NPROC=4)
     makefile = (ROOT / "Makefile").read_text()
     assert "launch --standalone --nproc-per-node $(NPROC) examples/digits.py" in makefile
@@ -51,22 +44,57 @@ def test_the_main_job_prints_what_getting_started_shows(tmp_path) -> None:
         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    out = [_steady(line) for line in done.stdout.splitlines()]
+    _printed_in_order(sample, done.stdout)
+
+
+def _printed_in_order(sample: list[str], stdout: str) -> None:
+    """Every line of a page's ``sample`` (but ``...``) was printed, in that order, times
+    and rates aside; a line ending in ``...'`` shows the start of what was printed."""
+    out = [_steady(line) for line in stdout.splitlines()]
     at = 0
     for line in sample:
         if line == "...":
             continue
-        found = next((i for i in range(at, len(out)) if out[i] == _steady(line)), None)
-        assert found is not None, f"not printed (in this order): {line!r}\n" + done.stdout
+        want = _steady(line)
+        cut = want.endswith(" ...'")
+
+        def same(printed: str, want: str = want, cut: bool = cut) -> bool:
+            return printed.startswith(want[:-4]) if cut else printed == want
+
+        found = next((i for i in range(at, len(out)) if same(out[i])), None)
+        assert found is not None, f"not printed (in this order): {line!r}\n" + stdout
         at = found + 1
+
+
+def test_charlm_prints_what_getting_started_shows(tmp_path) -> None:
+    shown = block("charlm-output")
+    (command,) = shown.commands()
+    argv = command.split()
+    assert argv[0] == ".venv/bin/shardwire"
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    done = subprocess.run(
+        [SHARDWIRE, *argv[1:]], cwd=tmp_path, env=env(), capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    _printed_in_order(shown.output(), done.stdout)
+
+
+def test_the_worker_script_of_getting_started_runs(tmp_path) -> None:
+    (tmp_path / "script.py").write_text(block("worker-script").text)
+    launch = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "script.py"]
+    done = subprocess.run(
+        launch, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_the_readme_first_script_runs_as_written(tmp_path) -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## A first script", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    (tmp_path / "first.py").write_text(code)
-    (command,) = page_commands(section)
+    (tmp_path / "first.py").write_text(block("readme-first-script").text)
+    (command,) = block("readme-first-launch").commands()
     argv = command.split()
     assert argv[0] == ".venv/bin/shardwire"
     done = subprocess.run(

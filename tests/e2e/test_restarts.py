@@ -15,7 +15,9 @@ import pytest
 
 from shardwire.worker.transport import shm
 
+from ..docblocks import block
 from .cli import ROOT, SHARDWIRE, env, run_records
+from .pageruns import assert_shows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -98,6 +100,9 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_like_an_uninterrupted_run
     assert restarted.returncode == 0, restarted.stderr[-4000:]
     err = restarted.stderr
     assert "starting generation 2 (restart 1 of 2)" in err
+    # the elastic guide's sample; who notices the death first, and so its words, varies
+    why = ((r"rank 2 failed: .*?(\); starting|$)", r"rank 2 failed: <why>\1"),)
+    assert_shows(block("restart-output").output(), err, vary=why)
     report = err[err.index("shardwire: job finished after 2 generations (1 restarts)") :]
     assert "generation 1: 4 ranks on 1 node" in report
     assert "rank 2 failed" in report and "generation 2: 4 ranks on 1 node" in report

@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
 
+from ..docblocks import block
 from .cli import ROOT, SCRIPTS, SHARDWIRE
 
 pytestmark = pytest.mark.e2e
 
 WHOAMI = str(SCRIPTS / "whoami.py")
-FOUR_RANKS = [  # two nodes of two ranks, in Slurm's node order
-    "rank 0 of 4 local 0 of 2 node 0 id swnode1 ok",
-    "rank 1 of 4 local 1 of 2 node 0 id swnode1 ok",
-    "rank 2 of 4 local 0 of 2 node 1 id swnode2 ok",
-    "rank 3 of 4 local 1 of 2 node 1 id swnode2 ok",
-]
 
 
 def _private_secret(tmp_path: Path) -> dict[str, str]:
@@ -37,14 +33,36 @@ def _ranks(out: str) -> list[str]:
     return sorted(lines, key=lambda line: int(line.split()[1]))
 
 
+def _page_step(label: str, script: str) -> list[str]:
+    """The clusters page's ``srun`` command ``label`` with its placeholder script
+    (``train.py`` and its arguments) replaced by ``script``, and two nodes: the page's
+    command runs inside an allocation of two, which this cluster's ``srun`` is given."""
+    (command,) = block(label).commands()
+    argv = shlex.split(command)
+    at = argv.index("train.py")
+    assert argv[0] == "srun" and argv[argv.index("shardwire") + 1] in ("worker", "run")
+    argv[argv.index("shardwire")] = SHARDWIRE
+    return ["srun", "-N2", *argv[1:at], script]
+
+
+def _nodes_of(ranks: int) -> list[str]:
+    """What every rank of two nodes of ``ranks // 2`` ranks says, in Slurm's order."""
+    local = ranks // 2
+    return [
+        f"rank {r} of {ranks} local {r % local} of {local} node {r // local} "
+        f"id swnode{r // local + 1} ok"
+        for r in range(ranks)
+    ]
+
+
 @pytest.mark.timeout(400)
 def test_one_task_per_node_needs_only_the_script(slurm, tmp_path) -> None:
     done = slurm.run(
-        "srun", "-N2", "--ntasks-per-node=1", SHARDWIRE, "worker", "--nproc-per-node", "2",
-        WHOAMI, env=_private_secret(tmp_path), timeout=300, cwd=ROOT,
+        *_page_step("slurm-srun-worker", WHOAMI), env=_private_secret(tmp_path), timeout=300,
+        cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + slurm.log_tail()
-    assert _ranks(done.stdout) == FOUR_RANKS
+    assert _ranks(done.stdout) == _nodes_of(8)  # the page's 4 ranks a node
     # the first node started the coordinator, at the job's port, on every address
     (port,) = re.findall(r"\[coordinator\]: listening on 0\.0\.0\.0:(\d+)", done.stderr)
     assert 20000 <= int(port) < 30000
@@ -55,12 +73,13 @@ def test_one_task_per_node_needs_only_the_script(slurm, tmp_path) -> None:
 
 @pytest.mark.timeout(400)
 def test_one_task_per_rank_needs_only_the_script(slurm, tmp_path) -> None:
+    argv = _page_step("slurm-srun-run", WHOAMI)
+    assert argv[1:3] == ["-N2", "-N"]  # the page's step spans two nodes itself
     done = slurm.run(
-        "srun", "-N2", "--ntasks-per-node=2", "--distribution=block", SHARDWIRE, "run",
-        WHOAMI, env=_private_secret(tmp_path), timeout=300, cwd=ROOT,
+        *argv[:1], *argv[2:], env=_private_secret(tmp_path), timeout=300, cwd=ROOT
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:] + slurm.log_tail()
-    assert _ranks(done.stdout) == FOUR_RANKS
+    assert _ranks(done.stdout) == _nodes_of(8)
 
 
 @pytest.mark.timeout(400)
@@ -75,8 +94,9 @@ def test_a_cyclic_step_is_refused_with_the_fix(slurm, tmp_path) -> None:
 
 @pytest.mark.timeout(500)
 def test_the_example_batch_file_trains_and_checkpoints(slurm, tmp_path) -> None:
+    (submit,) = block("slurm-sbatch").commands()  # the file the page has a user copy
     batch = tmp_path / "train.sbatch"
-    text = (ROOT / "examples" / "slurm" / "train.sbatch").read_text()
+    text = (ROOT / submit.removeprefix("sbatch ")).read_text()
     ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
     train = (
         f"TRAIN=(examples/digits.py --steps 60 --save-every 30 --log-every 20 "

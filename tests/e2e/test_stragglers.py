@@ -10,8 +10,10 @@ import urllib.request
 
 import pytest
 
+from ..docblocks import block
 from .cli import SCRIPTS, shardwire
 from .faults import job
+from .pageruns import assert_shows, run_page_command
 
 pytestmark = pytest.mark.e2e
 
@@ -45,15 +47,16 @@ async def test_a_slowed_rank_is_named_the_straggler() -> None:
         assert share and float(share.group(1)) >= 0.7
 
 
-def test_the_job_ends_with_the_straggler_line() -> None:
-    done = shardwire(
-        "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "steps.py"),
-        timeout=240, STEPS="150", SLOW_RANK="0", SLOW_SECONDS="0.04",
-    )  # fmt: skip
+def test_the_job_ends_with_the_straggler_line(tmp_path) -> None:
+    done = run_page_command("slowdemo", tmp_path, timeout=240)  # why-slow's own run
     assert done.returncode == 0, done.stderr[-3000:]
+    assert_shows(block("slowdemo").output(), done.stderr)
     assert re.search(
-        r"^\[coordinator\]: straggler: rank 0 \(127\.0\.0\.1\) was last into \d+% of its "
+        r"^\[coordinator\]: straggler: rank 3 \(127\.0\.0\.1\) was last into \d+% of its "
         r"collectives \(of the last \d+\), \d+ ms late on average$",
         done.stderr,
         re.M,
     ), done.stderr[-3000:]
+    traces = tmp_path / "traces" / "slowdemo"  # where the page says --trace writes
+    written = sorted(p.name for p in traces.iterdir())
+    assert written == sorted(["job.json", *(f"rank-{r}.json" for r in range(4))])
