@@ -62,7 +62,7 @@ class Replicas:
         quantize = None if a.outer_quantize == "none" else a.outer_quantize
         self.diloco = DiLoCo(
             model, self.outer, every=a.diloco, fragments=a.fragments, overlap=a.overlap,
-            quantize=quantize, outer_lr=float(__import__('os').environ.get('XLR','0.7')), outer_momentum=float(__import__('os').environ.get('XMOM','0.9')), nesterov=__import__('os').environ.get('XNEST','1')=='1',
+            quantize=quantize,
         )  # fmt: skip
         await self.diloco.begin()
 

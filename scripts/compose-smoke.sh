@@ -73,9 +73,17 @@ tar -C "$work/rootfs" -c . | docker import \
   --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
   --change 'CMD ["python3"]' - shardwire-base:bookworm >/dev/null
 
-mkdir -p "$work/secrets"
-python3 -c 'import secrets; print(secrets.token_hex(32))' > "$work/secrets/token"
-export SHARDWIRE_TOKEN_FILE="$work/secrets/token"
+# The running guide's Compose commands (block "compose"), run as written in a copy of the
+# checkout, so that its token file is made there and not over one kept in .secrets/.
+checkout="$work/checkout"
+mkdir -p "$checkout"
+git ls-files -z | tar --null -T - -c | tar -x -C "$checkout"
+mapfile -t page < <(python3 -c 'import sys; sys.path.insert(0, "."); from tests.docblocks import block
+print("\n".join(block("compose").commands()))')
+if [ "${#page[@]}" != 2 ]; then say "the running guide's Compose block is not two commands"; exit 1; fi
+cd "$checkout"
+eval "${page[0]}"
+export COMPOSE_PROJECT_NAME=shardwire-smoke
 export SHARDWIRE_BASE_IMAGE=shardwire-base:bookworm
 export SHARDWIRE_WORKERS=3 SHARDWIRE_NPROC_PER_NODE=1 SHARDWIRE_STEPS=300
 export SHARDWIRE_HTTP_PORT=0
@@ -91,7 +99,7 @@ if ! docker compose -p shardwire-smoke build >"$work/build.log" 2>&1; then
   exit 1
 fi
 set +e
-docker compose -p shardwire-smoke up --abort-on-container-failure 2>&1 | tee "$work/compose.log"
+eval "${page[1]}" 2>&1 | tee "$work/compose.log"
 code=${PIPESTATUS[0]}
 set -e
 if [ "$code" != 0 ] || ! grep -q "held_out_accuracy" "$work/compose.log"; then

@@ -30,6 +30,7 @@ from shardwire.worker.bench import BENCHES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_pages  # noqa: E402
+import figure_pages  # noqa: E402
 import slowlink_pages  # noqa: E402
 from diagrams import FIGURES  # noqa: E402
 
@@ -349,6 +350,7 @@ def main() -> int:
     files[ROOT / "docs" / "img" / "collectives-latency.svg"] = bench_pages.plot()
     files[slowlink_pages.PAGE] = slowlink_pages.page()
     files[slowlink_pages.PLOT] = slowlink_pages.plot()
+    files.update(figure_pages.pages(files))
     stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
     if args.check:
         for path in stale:

@@ -4,11 +4,14 @@ ports, no inline secrets."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import yaml
 
 from shardwire.coordinator.__main__ import settings_from
+
+from .docblocks import block
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -89,3 +92,25 @@ def test_the_image_copies_every_package_directory() -> None:
     folders = set(project["tool"]["setuptools"]["package-dir"].values())
     copied = set(re.findall(r"^COPY (\S+) \1$", DOCKERFILE, re.MULTILINE))
     assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
+
+
+def test_the_compose_smoke_runs_the_running_guide_s_commands(tmp_path) -> None:
+    """The Compose smoke test (``scripts/compose-smoke.sh``, run by CI where a Docker
+    daemon can start) runs the guide's two commands as written: its token command makes
+    the secret file the Compose file reads by default, in a directory only its owner may
+    enter (the file itself must stay readable by the containers' user)."""
+    make, up = block("compose").commands()
+    smoke = (ROOT / "scripts" / "compose-smoke.sh").read_text()
+    assert 'block("compose")' in smoke and 'eval "${page[0]}"' in smoke
+    assert 'eval "${page[1]}"' in smoke
+    assert up.split() == ["docker", "compose", "up", "--build", "--abort-on-container-failure"]
+    subprocess.run(["sh", "-c", make], cwd=tmp_path, check=True, timeout=60)
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    default = re.fullmatch(
+        r"\$\{SHARDWIRE_TOKEN_FILE:-(.+)\}", compose["secrets"]["shardwire_token"]["file"]
+    )
+    assert default is not None
+    token = tmp_path / default.group(1)
+    assert re.fullmatch(r"[0-9a-f]{64}\n", token.read_text())
+    assert token.parent.stat().st_mode & 0o077 == 0, oct(token.parent.stat().st_mode)
+    assert token.stat().st_mode & 0o004, oct(token.stat().st_mode)  # the container reads it

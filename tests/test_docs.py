@@ -94,25 +94,26 @@ def test_every_benchmark_has_its_help_in_the_cli_reference() -> None:
 
 def test_every_block_has_a_name_and_a_test_that_reads_it() -> None:
     """A console or Python block a user could copy is run by a test, which reads it from
-    its page by name: a new block without its test, or a test reading a name no block
-    has any more, fails here."""
+    its page by name (``tests/docblocks.py``): a new block without its test, or a test
+    asking for a name no block has any more, fails here."""
     found = blocks()
     unnamed = [f"{b.page}:{b.line}" for b in found if b.label is None]
     assert unnamed == [], "name these blocks (<!-- block: NAME --> above the fence)"
     labels = [b.label for b in found]
     assert sorted({x for x in labels if labels.count(x) > 1}) == []
+    # a test names the block it runs: ``block("NAME")``, or the name handed to a helper
+    # that reads the block
     sources = [p.read_text() for p in (ROOT / "tests").rglob("*.py")]
-    read = set()
-    for source in sources:
-        read.update(re.findall(r"\bblock\(\s*\"([a-z0-9-]+)\"", source))
-    assert sorted(set(labels) - read) == [], "blocks no test reads"
-    assert sorted(read - set(labels)) == [], "names read that no block has"
+    named = {name for source in sources for name in re.findall(r'"([a-z0-9-]+)"', source)}
+    asked = {n for source in sources for n in re.findall(r'block\(\s*"([a-z0-9-]+)"', source)}
+    assert sorted(set(labels) - named) == [], "blocks no test runs"
+    assert sorted(asked - set(labels)) == [], "names asked for that no block has"
 
 
 def test_ci_runs_the_set_up_commands_the_readme_and_getting_started_give() -> None:
     """The two set-up commands are what CI runs on a fresh clone, in that order."""
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    for label in ("readme-setup", "setup"):
+    for label in ("readme-setup", "gs-setup"):
         commands = [c.split("#")[0].strip() for c in block(label).commands()]
         assert commands == ["make run", "make test"]
         assert [ci.index(c) for c in commands] == sorted(ci.index(c) for c in commands)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +11,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
-
-
-def page_commands(text: str) -> list[str]:
-    """The commands of the console blocks of a page's ``text`` as a user copies them:
-    each ``$ `` line with its backslash continuations, without the prompt."""
-    blocks = re.findall(r"```console\n(.*?)```", text, re.S)
-    joined = "\n".join(block.replace("\\\n", " ") for block in blocks)
-    return [line.removeprefix("$ ") for line in joined.splitlines() if line.startswith("$ ")]
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -8,7 +8,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from ..docblocks import block
+from tests.docblocks import block
+
 from .cli import ROOT, SHARDWIRE, env
 
 _NUMBER = re.compile(r"\d+(?:\\\.\d+)?")
@@ -28,7 +29,9 @@ def page_command(label: str) -> tuple[list[str], dict[str, str]]:
     return argv, variables
 
 
-def run_page_command(label: str, where: Path, *, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_page_command(
+    label: str, where: Path, *, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """Block ``label``'s command run in ``where``, a fresh directory in which the
     repository's ``examples/`` and ``tests/`` are where the page's paths expect them."""
     for name in ("examples", "tests"):
@@ -47,9 +50,7 @@ def _pattern(line: str) -> re.Pattern[str]:
     return re.compile(escaped.replace(re.escape("..."), ".*"))
 
 
-def assert_shows(
-    sample: list[str], printed: str, vary: tuple[tuple[str, str], ...] = ()
-) -> None:
+def assert_shows(sample: list[str], printed: str, vary: tuple[tuple[str, str], ...] = ()) -> None:
     """Every line of ``sample`` but ``...`` was printed, in that order (numbers aside);
     ``vary`` are substitutions made on both sides first, for words that differ from run
     to run."""
@@ -68,3 +69,15 @@ def assert_shows(
         found = next((i for i in range(at, len(lines)) if pattern.fullmatch(lines[i])), None)
         assert found is not None, f"the page shows {line!r}, not printed so:\n{printed[-4000:]}"
         at = found + 1
+
+
+def page_argv(label: str, given: dict[str, str], *, which: int = 0) -> list[str]:
+    """Command ``which`` of block ``label`` with the values of the options in ``given``
+    replaced (a test's own addresses, paths and sizes where the page shows a user's);
+    every option in ``given`` must be on the page."""
+    argv = shlex.split(block(label).commands()[which])
+    assert argv[0] == "shardwire", argv
+    for option, value in given.items():
+        assert option in argv, f"the page's command has no {option}: {argv}"
+        argv[argv.index(option) + 1] = value
+    return [SHARDWIRE, *argv[1:]]

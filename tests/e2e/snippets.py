@@ -18,8 +18,14 @@ import numpy as np
 
 import shardwire.worker as sw
 from shardwire.worker.fsdp import FSDP, PeerCopies, by_type
-from shardwire.worker.nn import Block, Linear, ReLU, Sequential, TransformerLM
-from shardwire.worker.nn import softmax_cross_entropy
+from shardwire.worker.nn import (
+    Block,
+    Linear,
+    ReLU,
+    Sequential,
+    TransformerLM,
+    softmax_cross_entropy,
+)
 from shardwire.worker.optim import SGD, AdamW
 
 Names = dict[str, Any]
@@ -155,14 +161,14 @@ async def pipeline(pg: sw.ProcessGroup) -> tuple[Names, Check]:
 
 
 CONTEXTS: dict[str, Callable[[sw.ProcessGroup], Awaitable[tuple[Names, Check]]]] = {
-    "collectives": collectives,
-    "fsdp": fsdp,
-    "fsdp-offload": fsdp_offload,
-    "checkpoints": checkpoints,
-    "aggregation": aggregation,
-    "chaos-held-state": chaos_held_state,
-    "parallelism": parallelism,
-    "pipeline": pipeline,
+    "sample-collectives": collectives,
+    "sample-fsdp": fsdp,
+    "sample-offload": fsdp_offload,
+    "sample-checkpoints": checkpoints,
+    "sample-aggregation": aggregation,
+    "sample-held-state": chaos_held_state,
+    "sample-tp": parallelism,
+    "sample-pipeline": pipeline,
 }
 
 
@@ -216,8 +222,8 @@ async def _torch_done(ns: Names) -> None:
 
 
 SESSIONS: dict[str, tuple[Callable[[], Names], Callable[[Names], Any]]] = {
-    "live-recovery": (_elastic, _elastic_done),
-    "live-leave": (_elastic, _elastic_done),
-    "diloco": (dict, _diloco_done),
-    "torch-init": (dict, _torch_done),
+    "sample-live-recovery": (_elastic, _elastic_done),
+    "sample-live-leave": (_elastic, _elastic_done),
+    "sample-diloco": (dict, _diloco_done),
+    "sample-torch": (dict, _torch_done),
 }

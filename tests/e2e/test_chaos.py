@@ -14,8 +14,8 @@ import pytest
 
 from shardwire.worker.chaos.inject import read_log
 from shardwire.worker.transport.shmfiles import SHM_DIR, segment_names
+from tests.docblocks import block
 
-from ..docblocks import block
 from .cli import ROOT, SCRIPTS, SHARDWIRE, run, start_coordinator
 
 pytestmark = pytest.mark.e2e

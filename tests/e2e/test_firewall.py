@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ..docblocks import block
+from tests.docblocks import block
+
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
 from .netns import SUBNET, inside
 
@@ -28,7 +29,7 @@ SETTINGS = {"SHARDWIRE_CONNECT_TIMEOUT": "8"}
 def guide_token(directory: Path) -> Path:
     """A token file made in ``directory`` by the running guide's own command (the
     first; the second copies it to the other hosts, which here share the directory)."""
-    make, copy = block("token").commands()
+    make, copy = block("running-token").commands()
     assert copy.startswith("scp -p token WORKER_HOST:")
     subprocess.run(["sh", "-c", make], cwd=directory, check=True, timeout=60)
     return directory / "token"
@@ -128,7 +129,9 @@ def test_the_running_guide_trains_across_firewalled_hosts_as_written(firewalled)
     here = token.parent  # the token, and examples/ as in a checkout
     (here / "examples").symlink_to(ROOT / "examples")
     address = f"{SUBNET}.1"
-    procs = [_host(coordinator_ns, "coordinator-host", _guide("running-coordinator", address), here)]
+    procs = [
+        _host(coordinator_ns, "coordinator-host", _guide("running-coordinator", address), here)
+    ]
     try:
         for i, ns in enumerate(nodes):
             procs.append(_host(ns, f"worker-host-{i}", _guide("running-worker", address), here))

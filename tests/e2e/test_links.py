@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from ..docblocks import block
+from tests.docblocks import block
+
 from .cli import SCRIPTS, env
 from .netns import coordinator_inside, make_hosts, worker_inside
 from .pageruns import assert_shows

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 
 from shardwire.coordinator import JobState
+from tests.docblocks import block
 
-from ..docblocks import block
-from .cli import SCRIPTS, shardwire
-from .pageruns import assert_shows, run_page_command
+from .cli import SCRIPTS
 from .faults import Job, job
+from .pageruns import assert_shows, run_page_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.one_loop]
 

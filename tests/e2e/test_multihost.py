@@ -5,14 +5,14 @@ digits example with the token. Skipped (with the reason) where namespaces cannot
 
 from __future__ import annotations
 
-import shlex
-
 import json
+import shlex
 
 import pytest
 
-from ..docblocks import block
-from .cli import SHARDWIRE, env, run, run_records, shardwire
+from tests.docblocks import block
+
+from .cli import SHARDWIRE, env, run, run_records
 from .netns import SUBNET, coordinator_inside, inside, worker_inside
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from shardwire.worker.runtime.worker_config import LAUNCHER_VARIABLES
+from tests.docblocks import block
 
-from ..docblocks import block
 from .cli import ROOT, SHARDWIRE, env
 
 pytestmark = pytest.mark.e2e
@@ -81,7 +81,7 @@ def test_charlm_prints_what_getting_started_shows(tmp_path) -> None:
 
 
 def test_the_worker_script_of_getting_started_runs(tmp_path) -> None:
-    (tmp_path / "script.py").write_text(block("worker-script").text)
+    (tmp_path / "script.py").write_text(block("sample-worker-script").text)
     launch = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "script.py"]
     done = subprocess.run(
         launch, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120,

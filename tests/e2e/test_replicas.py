@@ -21,6 +21,7 @@ from tests.etcdserver import etcd_server, free_ports
 from .cli import ROOT, SHARDWIRE, env
 from .journaled import TOKEN, node_agent, same_as_straight, stop, straight_run, until_step
 from .netns import SUBNET
+from .pageruns import page_argv
 
 pytestmark = pytest.mark.e2e
 Replicas = dict[int, tuple[subprocess.Popen, Path]]
@@ -34,15 +35,30 @@ def straight(tmp_path_factory) -> tuple[list, dict]:
 def _replica(
     tmp_path: Path, etcd: str, port: int, *extra: str, netns: str = "", host: str = "127.0.0.1"
 ) -> tuple[subprocess.Popen, Path]:
+    """One replica as the failures page starts it (the test's world size, token file,
+    address and etcd in the place of the page's)."""
+    token = tmp_path / "token"
+    if not token.exists():
+        token.touch(0o600)
+        token.write_text(TOKEN["SHARDWIRE_TOKEN"])
+    given = {"--world-size": "2", "--token-file": str(token), "--host": host,
+             "--port": str(port), "--etcd": etcd}  # fmt: skip
+    argv = page_argv("coordinator-etcd", given)
     log = tmp_path / f"replica-{port}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*(["ip", "netns", "exec", netns] if netns else []),
-             SHARDWIRE, "coordinator", "--host", host, "--port", str(port), "--world-size", "2",
-             "--run-id", "restart", "--etcd", etcd, "--http-port", "-1", *extra],
-            cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=out, text=True,
+            [*(["ip", "netns", "exec", netns] if netns else []), *argv,
+             "--run-id", "restart", "--http-port", "-1", *extra],
+            cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=out, text=True,
         )  # fmt: skip
     return proc, log
+
+
+def _page_dials_every_replica() -> None:
+    """The page's worker command names every replica's address, as the agent here."""
+    argv = page_argv("coordinator-etcd", {}, which=1)
+    assert argv[1] == "worker"
+    assert len(argv[argv.index("--coordinator") + 1].split(",")) == 3
 
 
 def _leader(replicas: Replicas, among: list[int]) -> int:
@@ -77,6 +93,7 @@ def test_three_replicas_over_etcd_a_killed_leader_is_replaced_and_no_step_is_los
         try:
             assert _leader(replicas, [first]) == first
             replicas |= {port: _replica(tmp_path, etcd, port) for port in ports[1:]}
+            _page_dials_every_replica()
             agent = node_agent(",".join(f"127.0.0.1:{p}" for p in ports), tmp_path / "ha")
             until_step(agent, 300)
             os.kill(replicas[first][0].pid, signal.SIGKILL)

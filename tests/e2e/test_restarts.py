@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from shardwire.worker.transport import shm
+from tests.docblocks import block
 
-from ..docblocks import block
 from .cli import ROOT, SHARDWIRE, env, run_records
 from .pageruns import assert_shows
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ..docblocks import block
+from tests.docblocks import block
+
 from .cli import ROOT, SCRIPTS, SHARDWIRE
 
 pytestmark = pytest.mark.e2e

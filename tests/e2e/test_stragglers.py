@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from ..docblocks import block
-from .cli import SCRIPTS, shardwire
+from tests.docblocks import block
+
 from .faults import job
 from .pageruns import assert_shows, run_page_command
 

@@ -36,34 +36,45 @@ def steps_to(records: list[dict], target: float) -> int | None:
     return next((r["step"] for r in records if r.get("accuracy", 0) >= target), None)
 
 
+def table(rows: list[dict]) -> str:
+    """The rows as two markdown tables: top-k against uncompressed gradients, then the
+    parameter server's step against the ring all-reduce's."""
+    codecs = [r for r in rows if "compress" in r]
+    steps = [r for r in rows if "n" in r]
+    out = [
+        "| ranks | gradients | grad MiB sent per rank | fewer bytes | steps to 95 % | accuracy |",
+        "|---|---|---|---|---|---|",
+    ]
+    base = codecs[0]["summary"]["grad_MiB_sent_per_rank"][0]
+    for r in codecs:
+        sent = r["summary"]["grad_MiB_sent_per_rank"][0]
+        out.append(
+            f"| 2 | {r['compress']} | {sent:.2f} | {base / sent:.0f}x | {r['to95']} | "
+            f"{r['summary']['held_out_accuracy']:.4f} |"
+        )
+    out += ["", "| ranks | parameter server step (ms) | ring all-reduce step (ms) |"]
+    out += ["|---|---|---|"]
+    out += [f"| {r['n']} | {r['ps_ms']:.2f} | {r['ring_ms']:.2f} |" for r in steps]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = parser("aggregation", __doc__)
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--json")
     args = p.parse_args(argv)
     rows: list[dict] = []
-    print("| ranks | gradients | grad MiB sent per rank | fewer bytes | steps to 95 % | accuracy |")
-    print("|---|---|---|---|---|---|")
     for compress in ("none", "topk:0.01"):
         summary, records = digits(
             2, "--aggregator", "allreduce", "--compress", compress,
             steps=args.steps, log_every=10,
         )  # fmt: skip
         rows.append({"compress": compress, "summary": summary, "to95": steps_to(records, 0.95)})
-    base = rows[0]["summary"]["grad_MiB_sent_per_rank"][0]
-    for r in rows:
-        sent = r["summary"]["grad_MiB_sent_per_rank"][0]
-        print(
-            f"| 2 | {r['compress']} | {sent:.2f} | {base / sent:.0f}x | {r['to95']} | "
-            f"{r['summary']['held_out_accuracy']:.4f} |"
-        )
-    print("\n| ranks | parameter server step (ms) | ring all-reduce step (ms) |")
-    print("|---|---|---|")
     for n in (2, 4):
         ps, _ = digits(n, "--aggregator", "ps", steps=200, log_every=100)
         ring, _ = digits(n, "--aggregator", "allreduce", steps=200, log_every=100)
         rows.append({"n": n, "ps_ms": ps["step_ms"], "ring_ms": ring["step_ms"]})
-        print(f"| {n} | {ps['step_ms']:.2f} | {ring['step_ms']:.2f} |")
+    print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

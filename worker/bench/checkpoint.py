@@ -102,20 +102,26 @@ async def worker(directory: str, mib: int) -> dict | None:
         }
 
 
-def report(rows: list[dict]) -> None:
-    print(
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table."""
+    out = [
         "| n | checkpoint MiB | save GB/s | load GB/s | raw numpy.save GB/s | save / raw "
-        "| async save s | blocked s | blocked / save | slowed s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+        "| async save s | blocked s | blocked / save | slowed s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         gb = r["bytes"] / 1e9
-        print(
+        out.append(
             f"| {r['n']} | {r['bytes'] / 2**20:.0f} | {gb / r['save_s']:.2f} | "
             f"{gb / r['load_s']:.2f} | {gb / r['raw_s']:.2f} | {r['raw_s'] / r['save_s']:.0%} | "
             f"{r['async_s']:.2f} | {r['blocked_s']:.3f} | {r['blocked_s'] / r['async_s']:.0%} | "
             f"{r['slowed_s']:.2f} |"
         )
+    return "\n".join(out)
+
+
+def report(rows: list[dict]) -> None:
+    print(table(rows))
 
 
 def main(argv: list[str] | None = None) -> None:

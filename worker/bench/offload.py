@@ -99,16 +99,17 @@ async def worker(mib: int, layers: int, steps: int, depth: int, offload: bool) -
         }
 
 
-def report(rows: list[dict]) -> None:
-    print(
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table, and whether offload changed the trained weights."""
+    out = [
         "| ranks | model MiB | offload | training peak MiB / rank | vs in memory "
-        "| process peak MiB | step s | step vs in memory |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+        "| process peak MiB | step s | step vs in memory |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     base = {r["n"]: r for r in rows if not r["offload"]}
     for r in rows:
         b = base[r["n"]]
-        print(
+        out.append(
             f"| {r['n']} | {r['params_mib']:.0f} | {'yes' if r['offload'] else 'no'} | "
             f"{r['training_peak_mib']:.0f} | {r['training_peak_mib'] / b['training_peak_mib']:.0%}"
             f" | {r['process_peak_mib']:.0f} | {r['step_s']:.2f} | "
@@ -116,7 +117,12 @@ def report(rows: list[dict]) -> None:
         )
     for n, b in base.items():
         same = all(r["checksum"] == b["checksum"] for r in rows if r["n"] == n)
-        print(f"\n{n} ranks: trained weights identical with and without offload: {same}")
+        out.append(f"\n{n} ranks: trained weights identical with and without offload: {same}")
+    return "\n".join(out)
+
+
+def report(rows: list[dict]) -> None:
+    print(table(rows))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -147,22 +147,31 @@ async def worker(layers: int) -> dict | None:
         return {"n": pg.world_size, "pipeline": pipeline, "fsdp_ms": fsdp_ms, "tp_ms": tp_ms}
 
 
-def report(rows: list[dict]) -> None:
-    print(
+def table(rows: list[dict]) -> str:
+    """The rows as two markdown tables: the pipeline bubbles, then FSDP beside tensor
+    parallel."""
+    out = [
         "| stages p | layers a stage | schedule | chunks v | micro-batches m "
-        "| bubble measured | theory |"
-    )
-    print("|---|---|---|---|---|---|---|")
+        "| bubble measured | theory |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         for c in r["pipeline"]:
-            print(
+            out.append(
                 f"| {r['n']} | {c['layers']} | {c['schedule']} | {c['chunks']} | {c['micro']} | "
                 f"{c['bubble']:.0%} | {c['theory']:.0%} |"
             )
-    print("\n| ranks | FSDP FULL_SHARD step (ms) | tensor parallel step (ms) |")
-    print("|---|---|---|")
-    for r in rows:
-        print(f"| {r['n']} | {r['fsdp_ms']:.1f} | {r['tp_ms']:.1f} |")
+    out += [
+        "",
+        "| ranks | FSDP FULL_SHARD step (ms) | tensor parallel step (ms) |",
+        "|---|---|---|",
+    ]
+    out += [f"| {r['n']} | {r['fsdp_ms']:.1f} | {r['tp_ms']:.1f} |" for r in rows]
+    return "\n".join(out)
+
+
+def report(rows: list[dict]) -> None:
+    print(table(rows))
 
 
 def main(argv: list[str] | None = None) -> None:
