@@ -92,8 +92,9 @@ def slowdemo() -> str:
     for key, begin in begins.items():
         slice_ms = (ends[key]["ts"] - begin["ts"]) / 1000
         ranks.setdefault(begin["pid"], []).append({"ms": slice_ms, **begin["args"]})
+    keys = ("ms", "wait_ms", "reduce_ms", "move_ms")
     med = {
-        rank: {k: statistics.median(s[k] for s in slices) for k in ("ms", "wait_ms", "reduce_ms", "move_ms")}
+        rank: {k: statistics.median(s[k] for s in slices) for k in keys}
         for rank, slices in sorted(ranks.items())
     }
     out = [
@@ -115,24 +116,40 @@ FIGURES: dict[str, tuple[str, Callable[[], str]]] = {
     "transport": ("guide/performance.md", transport),
     "checkpoint": (
         "guide/performance.md",
-        _table("checkpoint", checkpoint.table, " A blocking save against one fsynced "
-               "`numpy.save` of the same bytes, a load, and an asynchronous save's stall."),
+        _table(
+            "checkpoint",
+            checkpoint.table,
+            " A blocking save against one fsynced "
+            "`numpy.save` of the same bytes, a load, and an asynchronous save's stall.",
+        ),
     ),  # fmt: skip
     "parallel": (
         "guide/performance.md",
-        _table("parallel", parallel.table, " The pipeline bubble per schedule, measured "
-               "beside its theory, and a small LM's step under FSDP and tensor parallel."),
+        _table(
+            "parallel",
+            parallel.table,
+            " The pipeline bubble per schedule, measured "
+            "beside its theory, and a small LM's step under FSDP and tensor parallel.",
+        ),
     ),  # fmt: skip
     "offload": (
         "guide/fsdp.md",
-        _table("offload", offload.table, " Peak resident memory per rank over the "
-               "training steps (`VmHWM`), FULL_SHARD with AdamW."),
+        _table(
+            "offload",
+            offload.table,
+            " Peak resident memory per rank over the "
+            "training steps (`VmHWM`), FULL_SHARD with AdamW.",
+        ),
     ),  # fmt: skip
     "aggregation": (
         "guide/aggregation.md",
-        _table("aggregation", aggregation.table, " digits with top-k 1 % gradients and "
-               "error feedback beside uncompressed ones, and the parameter server's step "
-               "beside the ring all-reduce's."),
+        _table(
+            "aggregation",
+            aggregation.table,
+            " digits with top-k 1 % gradients and "
+            "error feedback beside uncompressed ones, and the parameter server's step "
+            "beside the ring all-reduce's.",
+        ),
     ),  # fmt: skip
     "trace": ("why-slow.md", trace),
     "slowdemo": ("why-slow.md", slowdemo),

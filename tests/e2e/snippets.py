@@ -101,7 +101,9 @@ async def checkpoints(pg: sw.ProcessGroup) -> tuple[Names, Check]:
     given = {"fsdp": model, "step": 7, "loss": 0.5, "draw": np.random.default_rng(1)}
 
     def check(ns: Names) -> None:
-        assert ns["report"] is not None and ns["start"] == 7 and ns["loss"] == 0.5
+        # the load waited for the save in flight: the latest is its step
+        assert ns["report"].step == 7 and ns["start"] == 8 and ns["loss"] == 0.5
+        assert ns["work"].done()
 
     return given, check
 

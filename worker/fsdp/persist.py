@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardwire.protocol.errors import ShardwireError
 from shardwire.worker.collectives import Group, Work
 from shardwire.worker.fsdp import reshard, store
 from shardwire.worker.fsdp.generators import generator_states, set_generator_states
@@ -279,6 +280,19 @@ class Checkpointer:
 
     # ---- load --------------------------------------------------------------------------
 
+    async def _settled(self) -> None:
+        """Let a save in flight finish first: it speaks on the checkpoint group too, and
+        each rank would otherwise interleave its messages with the load's differently.
+        How it ended is its own Work's to report (a failed save leaves the previous
+        checkpoint, which the load then reads)."""
+        if self._inflight is None:
+            return
+        inflight, self._inflight = self._inflight, None
+        try:
+            await inflight.wait()
+        except ShardwireError as exc:
+            log.warning("loading after a checkpoint save that failed: %s", exc)
+
     async def load(
         self,
         directory: str | Path,
@@ -290,6 +304,7 @@ class Checkpointer:
         with any strategy. Every rank reads only the pieces overlapping what it holds and
         checks their digests; nothing is changed unless every rank read everything."""
         fsdp = self._fsdp
+        await self._settled()
         failure: Exception | None = None
         known = {e.name for unit in fsdp.all_units() for e in unit.layout.entries}
         if self._stages is not None:  # the other stages' parameters are known too

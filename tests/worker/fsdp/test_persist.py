@@ -127,6 +127,29 @@ async def test_an_async_save_keeps_the_snapshot_while_training_goes_on(tmp_path)
         np.testing.assert_array_equal(loaded[name], value)
 
 
+async def test_a_load_while_a_save_is_in_flight_waits_for_it(tmp_path) -> None:
+    """Both speak on the checkpoint group: a load that began while the save was still
+    writing would interleave their messages differently on each rank and hang."""
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train(ranks, range(SAVED_AT))
+        at_save = (await asyncio.gather(*(f.state_dict() for f in ranks)))[0]
+        works = await asyncio.gather(
+            *(f.save(tmp_path, step=SAVED_AT, blocking=False) for f in ranks)
+        )
+        await _train(ranks, range(SAVED_AT, SAVED_AT + 1))
+
+        async def load(rank: int):
+            await asyncio.sleep(0.05 * rank)  # the ranks' writes at different points
+            return await ranks[rank].load(tmp_path)
+
+        resumed = await asyncio.wait_for(asyncio.gather(load(0), load(1)), 60)
+        assert [r.step for r in resumed] == [SAVED_AT, SAVED_AT]
+        assert all(w.done() for w in works)
+        loaded = (await asyncio.gather(*(f.state_dict() for f in ranks)))[0]
+    for name, value in at_save.items():
+        np.testing.assert_array_equal(loaded[name], value)
+
+
 async def test_keep_retains_the_newest_and_latest_points_at_the_last(tmp_path) -> None:
     async with fsdp_world(2, Strategy.NO_SHARD, "sgd") as ranks:
         for step in (1, 2, 3):
