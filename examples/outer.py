@@ -31,6 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--outer-quantize", default="none", choices=["none", "int8", "int4"],
         help="DiLoCo outer sync's wire format",
     )  # fmt: skip
+    p.add_argument(
+        "--outer-lr", type=float, default=0.7,
+        help="DiLoCo's outer learning rate (the paper's 0.7; 1 with --outer-momentum 0: "
+        "the replicas' parameters averaged)",
+    )  # fmt: skip
+    p.add_argument(
+        "--outer-momentum", type=float, default=0.9,
+        help="DiLoCo's outer Nesterov momentum (the paper's 0.9)",
+    )  # fmt: skip
 
 
 class Replicas:
@@ -62,7 +71,7 @@ class Replicas:
         quantize = None if a.outer_quantize == "none" else a.outer_quantize
         self.diloco = DiLoCo(
             model, self.outer, every=a.diloco, fragments=a.fragments, overlap=a.overlap,
-            quantize=quantize,
+            quantize=quantize, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
         )  # fmt: skip
         await self.diloco.begin()
 
@@ -82,7 +91,9 @@ class Replicas:
         return {
             "diloco": {"every": self.args.diloco, "replicas": self.count,
                        "fragments": self.args.fragments, "overlap": self.args.overlap,
-                       "quantize": self.args.outer_quantize},
+                       "quantize": self.args.outer_quantize,
+                       "outer_lr": self.args.outer_lr,
+                       "outer_momentum": self.args.outer_momentum},
             "outer_sent_bytes": self.diloco.sent_bytes,
             "outer_largest_exchange_bytes": self.diloco.largest_sent,
         }  # fmt: skip

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KEPT = ROOT / "docs" / "data" / "bench"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], kept: Path = KEPT) -> int:
     if len(argv) < 4 or argv[2] != "--" or argv[3] != "shardwire":
         raise SystemExit(__doc__)
     name, machine, command = argv[0], argv[1], argv[3:]
@@ -32,15 +32,16 @@ def main(argv: list[str]) -> int:
         out = Path(tmp) / "out.json"
         subprocess.run([shardwire, *command[1:], "--json", str(out)], cwd=ROOT, check=True)
         result = json.loads(out.read_text())
-    kept = {
+    record = {
         "benchmark": " ".join(command),
         "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
         "commit": commit,
         "machine": machine,
         "result": result,
     }
-    (KEPT / f"{name}.json").write_text(json.dumps(kept, indent=2) + "\n")
-    print(f"kept in {KEPT / f'{name}.json'}")
+    path = kept / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"kept in {path}")
     return 0
 
 

@@ -5,6 +5,7 @@ written they run for minutes; the suite runs each benchmark small in its own tes
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -58,3 +59,17 @@ def test_every_option_a_benchmark_command_shows_is_one_its_benchmark_takes() -> 
         section = reference.split(f"## `shardwire bench {name}`", 1)[1].split("\n## ", 1)[0]
         for option in options:
             assert re.search(rf"{option}\b", section), (command, option)
+
+
+def test_a_kept_run_holds_its_command_date_commit_machine_and_output(tmp_path) -> None:
+    spec = importlib.util.spec_from_file_location("keep_bench", ROOT / "scripts" / "keep_bench.py")
+    assert spec is not None and spec.loader is not None
+    keep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keep)
+    command = ["shardwire", "bench", "checkpoint", "--world", "1", "--mib", "1"]
+    assert keep.main(["probe", "a test machine", "--", *command], kept=tmp_path) == 0
+    kept = json.loads((tmp_path / "probe.json").read_text())
+    assert kept["benchmark"] == " ".join(command) and kept["machine"] == "a test machine"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", kept["date"]) and re.fullmatch(r"[0-9a-f]{7,}", kept["commit"])
+    (row,) = kept["result"]
+    assert row["n"] == 1 and row["save_s"] > 0

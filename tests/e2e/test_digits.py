@@ -225,3 +225,12 @@ def test_aggregators_train_like_fsdp_and_top_k_sends_far_less(tmp_path) -> None:
     full, few = ring["grad_MiB_sent_per_rank"][0], sparse["grad_MiB_sent_per_rank"][0]
     assert full / few >= 20
     assert sparse["held_out_accuracy"] > 0.8
+
+
+def test_digits_takes_diloco_s_outer_optimizer_from_its_flags(tmp_path) -> None:
+    diloco = ("--diloco", "5", "--replicas", "2")
+    paper = _summary(tmp_path, "paper", *diloco)
+    averaged = _summary(tmp_path, "averaged", *diloco, "--outer-lr", "1", "--outer-momentum", "0")
+    assert (paper["diloco"]["outer_lr"], paper["diloco"]["outer_momentum"]) == (0.7, 0.9)
+    assert (averaged["diloco"]["outer_lr"], averaged["diloco"]["outer_momentum"]) == (1.0, 0.0)
+    assert averaged["final_loss"] != paper["final_loss"]

@@ -35,3 +35,21 @@ def test_the_example_benchmarks_need_a_checkout(tmp_path: Path, monkeypatch) -> 
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "charlm.py").write_text("")
     assert example("charlm.py") == tmp_path / "examples" / "charlm.py"
+
+
+def test_the_transport_benchmark_measures_every_variant_and_their_costs(tmp_path) -> None:
+    out = tmp_path / "transport.json"
+    result = subprocess.run(
+        [SHARDWIRE, "bench", "transport", "--sizes", "64K", "1M", "--trials", "1", "--json",
+         str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    kept = json.loads(out.read_text())
+    assert [r["size"] for r in kept["throughput"]] == [64 << 10, 1 << 20]
+    for r in kept["throughput"]:
+        for name in ("raw", "shardwire", "no checksum", "tcp only", "tls"):
+            assert r[f"{name}_gbps"] > 0, r
+        # TLS covers connections: it is measured over TCP only, against TCP only
+        assert r["tls_cost"] == 1 - r["tls_gbps"] / r["tcp only_gbps"]
+        assert r["checksum_cost"] == 1 - r["shardwire_gbps"] / r["no checksum_gbps"]
+    assert set(kept["rtt_us"]) == {"raw", "shardwire", "no checksum", "tcp only", "tls"}
