@@ -72,6 +72,7 @@ class Replicas:
         self.diloco = DiLoCo(
             model, self.outer, every=a.diloco, fragments=a.fragments, overlap=a.overlap,
             quantize=quantize, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
+            nesterov=a.outer_momentum > 0,  # Nesterov's look-ahead needs a momentum
         )  # fmt: skip
         await self.diloco.begin()
 

@@ -87,8 +87,12 @@ def trace() -> str:
 def slowdemo() -> str:
     """The why-slow run's all_reduce slices, per rank, from its kept trace."""
     events = json.loads((DOCS / "data" / "slowdemo-trace.json").read_text())["traceEvents"]
-    begins = {e["id"]: e for e in events if e.get("ph") == "b" and e["name"] == "all_reduce"}
-    ends = {e["id"]: e for e in events if e.get("ph") == "e" and e["id"] in begins}
+
+    def key(e: dict[str, Any]) -> tuple[int, str]:  # a call's id is the same on every rank
+        return e["pid"], e["id"]
+
+    begins = {key(e): e for e in events if e.get("ph") == "b" and e["name"] == "all_reduce"}
+    ends = {key(e): e for e in events if e.get("ph") == "e" and key(e) in begins}
     ranks: dict[int, list[dict[str, float]]] = {}
     for key, begin in begins.items():
         slice_ms = (ends[key]["ts"] - begin["ts"]) / 1000

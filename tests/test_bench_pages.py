@@ -70,6 +70,8 @@ def test_a_kept_run_holds_its_command_date_commit_machine_and_output(tmp_path) -
     assert keep.main(["probe", "a test machine", "--", *command], kept=tmp_path) == 0
     kept = json.loads((tmp_path / "probe.json").read_text())
     assert kept["benchmark"] == " ".join(command) and kept["machine"] == "a test machine"
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d", kept["date"]) and re.fullmatch(r"[0-9a-f]{7,}", kept["commit"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", kept["date"]) and re.fullmatch(
+        r"[0-9a-f]{7,}", kept["commit"]
+    )
     (row,) = kept["result"]
     assert row["n"] == 1 and row["save_s"] > 0
