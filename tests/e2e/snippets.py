@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -123,9 +124,8 @@ async def aggregation(pg: sw.ProcessGroup) -> tuple[Names, Check]:
 async def chaos_held_state(pg: sw.ProcessGroup) -> tuple[Names, Check]:
     from shardwire.worker.runtime.runlog import RunLog
 
-    here = __import__("pathlib").Path.cwd()
     model = await FSDP.create(lm(), pg, optimizer=AdamW(lr=1e-3))
-    log = RunLog(pg, here / "runs" / "held", 1, every=1)
+    log = RunLog(pg, Path.cwd() / "runs" / "held", 1, every=1)  # the job runs in a tmp dir
     given = {"log": log, "step": 1, "batch_size": 4, "batch_indices": np.arange(4)}
     given.update(fsdp=model, loss=1.25)
 

@@ -7,7 +7,6 @@ are not available."""
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 import subprocess
 import time
@@ -19,6 +18,7 @@ from tests.docblocks import block
 
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
 from .netns import SUBNET, inside
+from .pageruns import page_argv
 
 pytestmark = pytest.mark.e2e
 
@@ -37,11 +37,10 @@ def guide_token(directory: Path) -> Path:
 
 def _guide(label: str, coordinator: str) -> list[str]:
     """The running guide's command ``label`` as a user types it on a host whose
-    coordinator is at ``coordinator`` (``shardwire`` being the project's)."""
-    (command,) = block(label).commands()
-    argv = shlex.split(command.replace("COORDINATOR_HOST", coordinator))
-    assert argv[0] == "shardwire"
-    return [SHARDWIRE, *argv[1:]]
+    coordinator is at ``coordinator`` (in the place of the page's COORDINATOR_HOST)."""
+    if label == "running-coordinator":
+        return page_argv(label, {})
+    return page_argv(label, {"--coordinator": f"{coordinator}:{COORDINATOR_PORT}"})
 
 
 def _admitted() -> tuple[int, int]:
