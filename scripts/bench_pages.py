@@ -7,17 +7,17 @@ rows ``shardwire bench collectives --json`` wrote): the table between the page's
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 from diagrams import _svg
+from slowlink_pages import marks, size, source
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 KEPT = DOCS / "data" / "bench" / "collectives.json"
 PAGE = DOCS / "guide" / "performance.md"
-MARKS = re.compile(r"(<!-- generated: collectives -->\n)(.*?)(<!-- end generated -->)", re.S)
+MARKS = marks("collectives")
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
 SYSTEMS = {"": "shardwire", "mpi_": "Open MPI (shm)", "gloo_": "gloo"}
 
@@ -26,24 +26,19 @@ def _kept() -> dict[str, Any]:
     return json.loads(KEPT.read_text())
 
 
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
-
-
 def table() -> str:
     """The markdown the page holds between its marks."""
     kept = _kept()
     rows = kept["rows"]
     sizes = sorted({r["bytes"] for r in rows})
     out = [
-        f"Measured by `{kept['benchmark']}` on {kept['date']} (commit {kept['commit']}; "
-        f"{kept['machine']}). Ratio: the other's median time over shardwire's (above 1, "
+        source(kept) + " Ratio: the other's median time over shardwire's (above 1, "
         "shardwire is faster).",
         "",
         "| op | ranks | "
-        + " | ".join(f"{_size(s)} vs Open MPI" for s in sizes)
+        + " | ".join(f"{size(s)} vs Open MPI" for s in sizes)
         + " | "
-        + " | ".join(f"{_size(s)} vs gloo" for s in sizes)
+        + " | ".join(f"{size(s)} vs gloo" for s in sizes)
         + " |",
         "|---|---|" + "---|" * (2 * len(sizes)),
     ]

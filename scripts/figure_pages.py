@@ -8,11 +8,12 @@ them and ``--check`` fails when one is stale."""
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from slowlink_pages import marks, size, source
 
 from shardwire.worker.bench import aggregation, checkpoint, offload, parallel
 
@@ -24,22 +25,11 @@ def _kept(name: str) -> dict[str, Any]:
     return json.loads((KEPT / f"{name}.json").read_text())
 
 
-def _source(kept: dict[str, Any]) -> str:
-    return (
-        f"Measured by `{kept['benchmark']}` on {kept['date']} (commit {kept['commit']}; "
-        f"{kept['machine']})."
-    )
-
-
-def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
-
-
 def transport() -> str:
     kept = _kept("transport")
     rows, rtt = kept["result"]["throughput"], kept["result"]["rtt_us"]
     out = [
-        _source(kept) + " Point-to-point between two ranks of one host, best of the trials, "
+        source(kept) + " Point-to-point between two ranks of one host, best of the trials, "
         "GB/s of payload. TLS runs over TCP only (it covers connections; shared memory never "
         "leaves the host): its cost is against TCP only, the checksum's against no checksum.",
         "",
@@ -49,7 +39,7 @@ def transport() -> str:
     ]
     for r in rows:
         out.append(
-            f"| {_size(r['size'])} | {r['raw_gbps']:.2f} | {r['shardwire_gbps']:.2f} | "
+            f"| {size(r['size'])} | {r['raw_gbps']:.2f} | {r['shardwire_gbps']:.2f} | "
             f"{r['no checksum_gbps']:.2f} | {r['tcp only_gbps']:.2f} | {r['tls_gbps']:.2f} | "
             f"{r['checksum_cost']:.0%} | {r['tls_cost']:.0%} |"
         )
@@ -60,7 +50,7 @@ def transport() -> str:
 def _table(name: str, make: Callable[[Any], str], lead: str) -> Callable[[], str]:
     def render() -> str:
         kept = _kept(name)
-        return "\n".join([_source(kept) + lead, "", make(kept["result"]), ""])
+        return "\n".join([source(kept) + lead, "", make(kept["result"]), ""])
 
     return render
 
@@ -68,7 +58,7 @@ def _table(name: str, make: Callable[[Any], str], lead: str) -> Callable[[], str
 def trace() -> str:
     kept = _kept("trace")
     out = [
-        _source(kept) + " Tokens/s of charlm with and without `--trace`, alternating; the "
+        source(kept) + " Tokens/s of charlm with and without `--trace`, alternating; the "
         "cost is the untraced median over the traced one.",
         "",
         "| ranks | untraced tokens/s | traced tokens/s | cost | events a rank recorded |",
@@ -161,10 +151,6 @@ FIGURES: dict[str, tuple[str, Callable[[], str]]] = {
 }
 
 
-def _marks(name: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- generated: {name} -->\n)(.*?)(<!-- end generated -->)", re.S)
-
-
 def pages(made: dict[Path, str]) -> dict[Path, str]:
     """Every page that holds figures, with them brought up to date (from its text in
     ``made`` where another generator made it first)."""
@@ -172,8 +158,8 @@ def pages(made: dict[Path, str]) -> dict[Path, str]:
     for name, (page, render) in FIGURES.items():
         path = DOCS / page
         text = texts.get(path) or made.get(path) or path.read_text()
-        marks = _marks(name)
-        if not marks.search(text):
+        section = marks(name)
+        if not section.search(text):
             raise SystemExit(f"{path} has no <!-- generated: {name} --> marks")
-        texts[path] = marks.sub(lambda m, r=render: m.group(1) + r() + "\n" + m.group(3), text)
+        texts[path] = section.sub(lambda m, r=render: m.group(1) + r() + "\n" + m.group(3), text)
     return texts

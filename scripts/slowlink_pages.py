@@ -23,7 +23,8 @@ PAGE = DOCS / "guide" / "slow-links.md"
 PLOT = DOCS / "img" / "slowlink-loss.svg"
 
 
-def _marks(name: str) -> re.Pattern[str]:
+def marks(name: str) -> re.Pattern[str]:
+    """A page's generated section ``name``: its opening mark, its text, its end mark."""
     return re.compile(rf"(<!-- generated: {name} -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
@@ -31,11 +32,13 @@ def _kept(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _size(n: int) -> str:
+def size(n: int) -> str:
+    """A byte count as the tables show it (KiB or MiB)."""
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def _source(kept: dict[str, Any]) -> str:
+def source(kept: dict[str, Any]) -> str:
+    """The sentence that names a kept run: its command, date, commit and machine."""
     return (
         f"Measured by `{kept['benchmark']}` on {kept['date']} (commit {kept['commit']}; "
         f"{kept['machine']})."
@@ -45,7 +48,7 @@ def _source(kept: dict[str, Any]) -> str:
 def hosts_table() -> str:
     kept = _kept(HOSTS)
     out = [
-        _source(kept) + " Bus bandwidth as a fraction of the link's rate; the last column is "
+        source(kept) + " Bus bandwidth as a fraction of the link's rate; the last column is "
         "gloo's median time over shardwire's (above 1, shardwire is faster).",
         "",
         "| op | hosts | size | algorithm | shardwire | gloo | gloo time / shardwire time |",
@@ -55,7 +58,7 @@ def hosts_table() -> str:
         gloo = f"{r['gloo_link_fraction']:.2f}" if "gloo_link_fraction" in r else "-"
         vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
         out.append(
-            f"| {r['op']} | {r['hosts']} | {_size(r['bytes'])} | {r['algorithm']} | "
+            f"| {r['op']} | {r['hosts']} | {size(r['bytes'])} | {r['algorithm']} | "
             f"{r['link_fraction']:.2f} | {gloo} | {vs} |"
         )
     return "\n".join(out) + "\n"
@@ -65,7 +68,7 @@ def slowlink_table() -> str:
     kept = _kept(SLOWLINK)
     model = kept["model"]
     out = [
-        _source(kept) + f" charlm (dim {model['dim']}, {model['layers']} layers, batch "
+        source(kept) + f" charlm (dim {model['dim']}, {model['layers']} layers, batch "
         f"{model['batch']} × {model['context']} characters), DiLoCo with H = {kept['every']} "
         f"and, streaming, {kept['fragments']} fragments.",
         "",
@@ -90,10 +93,10 @@ def page() -> str:
     """The guide with its generated parts brought up to date."""
     text = PAGE.read_text()
     for name, make in (("hosts", hosts_table), ("slowlink", slowlink_table)):
-        marks = _marks(name)
-        if not marks.search(text):
+        section = marks(name)
+        if not section.search(text):
             raise SystemExit(f"{PAGE} has no <!-- generated: {name} --> marks")
-        text = marks.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(3), text)
+        text = section.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(3), text)
     return text
 
 

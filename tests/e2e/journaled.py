@@ -14,6 +14,16 @@ TOKEN = {"SHARDWIRE_TOKEN": "restart-token"}
 STEPS = "1500"
 
 
+def token_file(where: Path) -> Path:
+    """The job's token in a file of mode 0600 in ``where`` (made once), for the
+    coordinators started as the failures page starts them."""
+    token = where / "token"
+    if not token.exists():
+        token.touch(0o600)
+        token.write_text(TOKEN["SHARDWIRE_TOKEN"])
+    return token
+
+
 def straight_run(where: Path) -> tuple[list, dict]:
     """The records of the job run without a fault."""
     done = subprocess.run(

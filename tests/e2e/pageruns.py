@@ -44,16 +44,25 @@ def run_page_command(
     )  # fmt: skip
 
 
-def _pattern(line: str) -> re.Pattern[str]:
-    """A sample line as a pattern: any number where it shows one, anything at ``...``."""
-    escaped = _NUMBER.sub(r"\\d+(?:\\.\\d+)?", re.escape(line))
+def _pattern(line: str, *, numbers_vary: bool) -> re.Pattern[str]:
+    """A sample line as a pattern: anything at ``...``, and any number where it shows
+    one unless the numbers must be the same."""
+    escaped = re.escape(line)
+    if numbers_vary:
+        escaped = _NUMBER.sub(r"\\d+(?:\\.\\d+)?", escaped)
     return re.compile(escaped.replace(re.escape("..."), ".*"))
 
 
-def assert_shows(sample: list[str], printed: str, vary: tuple[tuple[str, str], ...] = ()) -> None:
-    """Every line of ``sample`` but ``...`` was printed, in that order (numbers aside);
-    ``vary`` are substitutions made on both sides first, for words that differ from run
-    to run."""
+def assert_shows(
+    sample: list[str],
+    printed: str,
+    vary: tuple[tuple[str, str], ...] = (),
+    *,
+    same_numbers: bool = False,
+) -> None:
+    """Every line of ``sample`` but ``...`` was printed, in that order (numbers aside,
+    unless ``same_numbers``); ``vary`` are substitutions made on both sides first, for
+    what differs from run to run."""
 
     def steady(line: str) -> str:
         for pattern, mark in vary:
@@ -65,7 +74,7 @@ def assert_shows(sample: list[str], printed: str, vary: tuple[tuple[str, str], .
     for line in sample:
         if line.strip() == "...":
             continue
-        pattern = _pattern(steady(line))
+        pattern = _pattern(steady(line), numbers_vary=not same_numbers)
         found = next((i for i in range(at, len(lines)) if pattern.fullmatch(lines[i])), None)
         assert found is not None, f"the page shows {line!r}, not printed so:\n{printed[-4000:]}"
         at = found + 1

@@ -17,7 +17,16 @@ import pytest
 from tests.etcdserver import free_ports
 
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
-from .journaled import STEPS, TOKEN, node_agent, same_as_straight, stop, straight_run, until_step
+from .journaled import (
+    STEPS,
+    TOKEN,
+    node_agent,
+    same_as_straight,
+    stop,
+    straight_run,
+    token_file,
+    until_step,
+)
 from .pageruns import page_argv
 
 pytestmark = pytest.mark.e2e
@@ -26,13 +35,9 @@ pytestmark = pytest.mark.e2e
 def _coordinator(tmp_path: Path, port: int, *, grace: float) -> subprocess.Popen:
     """The failures page's coordinator (its world size, token file and state directory
     the test's), on ``port`` (0: a free one, said in the port file)."""
-    token = tmp_path / "token"
-    if not token.exists():
-        token.touch(0o600)
-        token.write_text(TOKEN["SHARDWIRE_TOKEN"])
     given = {
         "--world-size": "2",
-        "--token-file": str(token),
+        "--token-file": str(token_file(tmp_path)),
         "--state-dir": str(tmp_path / "state"),
     }
     argv = page_argv("coordinator-state-dir", given)

@@ -14,21 +14,16 @@ from shardwire.worker.runtime.worker_config import LAUNCHER_VARIABLES
 from tests.docblocks import block
 
 from .cli import ROOT, SHARDWIRE, env
+from .pageruns import assert_shows
 
 pytestmark = pytest.mark.e2e
 
 # What varies from run to run, the times and rates: replaced by a mark on both sides.
-_VOLATILE = [
+_VOLATILE = (
     (r"samples/s \d+$", "samples/s <rate>"),
     (r"^(\[rank0\]: (?:time_s|samples_per_s|tokens_per_s) +)\S+$", r"\1<time>"),
     (r"^(\[rank0\]: comm_share_per_rank +)\[.*\]$", r"\1<shares>"),
-]
-
-
-def _steady(line: str) -> str:
-    for volatile, mark in _VOLATILE:
-        line = re.sub(volatile, mark, line)
-    return line
+)
 
 
 def test_the_main_job_prints_what_getting_started_shows(tmp_path) -> None:
@@ -44,26 +39,7 @@ def test_the_main_job_prints_what_getting_started_shows(tmp_path) -> None:
         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    _printed_in_order(sample, done.stdout)
-
-
-def _printed_in_order(sample: list[str], stdout: str) -> None:
-    """Every line of a page's ``sample`` (but ``...``) was printed, in that order, times
-    and rates aside; a line ending in ``...'`` shows the start of what was printed."""
-    out = [_steady(line) for line in stdout.splitlines()]
-    at = 0
-    for line in sample:
-        if line == "...":
-            continue
-        want = _steady(line)
-        cut = want.endswith(" ...'")
-
-        def same(printed: str, want: str = want, cut: bool = cut) -> bool:
-            return printed.startswith(want[:-4]) if cut else printed == want
-
-        found = next((i for i in range(at, len(out)) if same(out[i])), None)
-        assert found is not None, f"not printed (in this order): {line!r}\n" + stdout
-        at = found + 1
+    assert_shows(sample, done.stdout, _VOLATILE, same_numbers=True)
 
 
 def test_charlm_prints_what_getting_started_shows(tmp_path) -> None:
@@ -77,7 +53,7 @@ def test_charlm_prints_what_getting_started_shows(tmp_path) -> None:
         timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    _printed_in_order(shown.output(), done.stdout)
+    assert_shows(shown.output(), done.stdout, _VOLATILE, same_numbers=True)
 
 
 def test_the_worker_script_of_getting_started_runs(tmp_path) -> None:

@@ -19,7 +19,15 @@ from shardwire.coordinator.etcd import EtcdClient
 from tests.etcdserver import etcd_server, free_ports
 
 from .cli import ROOT, SHARDWIRE, env
-from .journaled import TOKEN, node_agent, same_as_straight, stop, straight_run, until_step
+from .journaled import (
+    TOKEN,
+    node_agent,
+    same_as_straight,
+    stop,
+    straight_run,
+    token_file,
+    until_step,
+)
 from .netns import SUBNET
 from .pageruns import page_argv
 
@@ -37,11 +45,7 @@ def _replica(
 ) -> tuple[subprocess.Popen, Path]:
     """One replica as the failures page starts it (the test's world size, token file,
     address and etcd in the place of the page's)."""
-    token = tmp_path / "token"
-    if not token.exists():
-        token.touch(0o600)
-        token.write_text(TOKEN["SHARDWIRE_TOKEN"])
-    given = {"--world-size": "2", "--token-file": str(token), "--host": host,
+    given = {"--world-size": "2", "--token-file": str(token_file(tmp_path)), "--host": host,
              "--port": str(port), "--etcd": etcd}  # fmt: skip
     argv = page_argv("coordinator-etcd", given)
     log = tmp_path / f"replica-{port}.log"
