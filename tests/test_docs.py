@@ -74,7 +74,7 @@ def test_every_public_name_and_every_error_is_on_the_api_page() -> None:
         ):
             assert module in listed, f"{module} declares __all__ but has no section"
     errors = reference.errors()
-    assert ("shardwire.worker.runtime.worker_config", "NotLaunched") in errors
+    assert ("shardwire.worker.runtime.launched", "NotLaunched") in errors
     assert ("shardwire.worker.transport.listen", "ListenFailed") in errors
     for module, name in errors:
         assert f"::: {module}.{name}\n" in page, name

@@ -32,8 +32,9 @@ from shardwire.worker.collectives import Group, ReduceOp, Work
 from shardwire.worker.collectives.process import ProcessGroup, StepState
 from shardwire.worker.observe.trace import span
 from shardwire.worker.parallelism import Mesh, MeshError
+from shardwire.worker.runtime.launched import NotLaunched
 from shardwire.worker.runtime.loop import run
-from shardwire.worker.runtime.worker_config import NotLaunched, WorkerConfig
+from shardwire.worker.runtime.worker_config import WorkerConfig
 
 __all__ = [
     "AuthFailed",

@@ -30,9 +30,10 @@ from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe import trace
 from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.runtime import leave
+from shardwire.worker.runtime.launched import check_launched
 from shardwire.worker.runtime.liveness import ControlThread
 from shardwire.worker.runtime.parent import end_with_parent
-from shardwire.worker.runtime.worker_config import WorkerConfig, check_launched
+from shardwire.worker.runtime.worker_config import WorkerConfig
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
@@ -67,6 +68,7 @@ def mesh_config(cfg: WorkerConfig, *, run_id: str, token: Token) -> MeshConfig:
         busy_poll_us=cfg.busy_poll_us,
         arena=cfg.transport == "auto",
         arena_slot_bytes=cfg.arena_slot_bytes,
+        arena_peer_reads=cfg.arena_peer_reads,
         tls_server=tls.server_context() if tls else None,
         tls_client=tls.client_context() if tls else None,
     )

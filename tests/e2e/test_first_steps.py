@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from shardwire.worker.runtime.worker_config import LAUNCHER_VARIABLES
+from shardwire.worker.runtime.launched import LAUNCHER_VARIABLES
 from tests.worker.transport.fabric import free_port_range
 
 from .cli import ROOT, SCRIPTS, background, env, shardwire

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from shardwire.worker.runtime.worker_config import LAUNCHER_VARIABLES
+from shardwire.worker.runtime.launched import LAUNCHER_VARIABLES
 from tests.docblocks import block
 
 from .cli import ROOT, SHARDWIRE, env

@@ -1,6 +1,7 @@
 """Shared memory between worker processes: a rank killed in the middle of a large
-all_reduce fails the others at once, no segment outlives the job, and 32 local ranks
-fit a 256 MiB /dev/shm (their node arena grows with the ranks, not their pairs)."""
+all_reduce fails the others at once, no segment outlives the job, 32 local ranks fit a
+256 MiB /dev/shm (their node arena grows with the ranks, not their pairs), and a large
+all_gather reads each part from its owner's memory unless that is turned off."""
 
 from __future__ import annotations
 
@@ -107,3 +108,37 @@ def test_thirty_two_local_ranks_fit_a_256_mib_dev_shm() -> None:
     assert "no node arena" not in result.stderr  # the arena formed: no fallback warning
     used = int(re.search(r"shm-used (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
     assert DEFAULT_SLOT_BYTES * ranks <= used <= ranks * (DEFAULT_SLOT_BYTES + (64 << 10))
+
+
+def _yama_forbids_reads() -> str:
+    path = Path("/proc/sys/kernel/yama/ptrace_scope")
+    scope = path.read_text().strip() if path.exists() else "0"
+    return "" if scope == "0" else f"Yama's ptrace_scope is {scope}: sibling ranks may not read"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("setting", ["on", "off", "auto"])
+def test_a_large_all_gather_reads_parts_from_their_owners_processes(setting: str) -> None:
+    ranks = 3
+    # auto reads where the node has a CPU per local rank
+    reads = setting == "on" or (setting == "auto" and ranks <= len(os.sched_getaffinity(0)))
+    if reads and (why := _yama_forbids_reads()):
+        pytest.skip(why)
+    cmd = [
+        SHARDWIRE,
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        str(SCRIPTS / "gather_reads.py"),
+    ]
+    result = subprocess.run(
+        cmd, check=False, env=env(SHARDWIRE_ARENA_PEER_READS=setting), capture_output=True,
+        text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    read = dict(re.findall(r"\bread (\d+) (\d+)$", result.stdout, re.M))
+    sizes = [(1 << 18) + 1000 * q for q in range(ranks)]
+    for r in range(ranks):  # three calls, each reading the other ranks' float32 parts
+        expected = 3 * 4 * (sum(sizes) - sizes[r]) if reads else 0
+        assert int(read[str(r)]) == expected, (r, read)

@@ -13,7 +13,7 @@ import pytest
 from shardwire.worker.bench import collectives
 from shardwire.worker.transport.shmfiles import SHM_DIR
 
-_MEDIANS = {"auto": 0.001, "tcp": 0.004, "mpi-shm": 0.0005, "mpi-tcp": 0.002}
+_MEDIANS = {"auto": 0.001, "tcp": 0.004, "region": 0.003, "mpi-shm": 0.0005, "mpi-tcp": 0.002}
 
 
 def _fake_run(seen: list[str], commands: list[list[str]] | None = None):
@@ -29,6 +29,8 @@ def _fake_run(seen: list[str], commands: list[list[str]] | None = None):
             cell["times"] = times
         else:
             kind = env["SHARDWIRE_TRANSPORT"]
+            if env.get("SHARDWIRE_ARENA_PEER_READS") == "off":
+                kind = "region"
             cell = {"n": 2, "op": "all_reduce", "bytes": 1 << 20, "algorithm": "ring"}
             cell.update(median_s=_MEDIANS[kind], iters=10)
         seen.append(kind)
@@ -48,6 +50,15 @@ def test_compare_tcp_runs_a_second_job_with_shared_memory_off(monkeypatch, capsy
     assert collectives.main(["--world", "4", "--sizes", "1M"]) == 0
     assert seen == ["auto"]
     assert "tcp only" not in capsys.readouterr().out
+
+
+def test_compare_region_runs_a_second_job_with_peer_reads_off(monkeypatch, capsys) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr(collectives.subprocess, "run", _fake_run(seen))
+    assert collectives.main(["--world", "2", "--sizes", "1M", "--compare-region"]) == 0
+    assert seen == ["auto", "region"]
+    out = capsys.readouterr().out
+    assert "region only busbw" in out and "| 3.00x |" in out
 
 
 def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(

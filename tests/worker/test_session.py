@@ -404,7 +404,7 @@ async def test_node_group_asked_twice_is_one_group_and_closes_with_the_session()
 
 def test_only_init_asks_for_a_launcher_and_names_the_script() -> None:
     from shardwire.worker import NotLaunched
-    from shardwire.worker.runtime.worker_config import check_launched
+    from shardwire.worker.runtime.launched import check_launched
 
     with pytest.raises(NotLaunched, match="--nproc-per-node 2 mine.py\n"):
         check_launched({"SHARDWIRE_TOKEN": "t"}, "mine.py")  # a token is not a launcher

@@ -37,6 +37,7 @@ import time
 
 from shardwire.protocol.errors import InvalidState
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
+from shardwire.worker.arena.peerread import ReadFailed
 from shardwire.worker.arena.programs import Mismatch, Need, Program
 from shardwire.worker.observe.split import Split
 
@@ -270,7 +271,7 @@ class Engine:
                     job.need_at = time.monotonic()
         except StopIteration:
             return True
-        except (Poisoned, Stalled, Mismatch, Abandoned) as exc:
+        except (Poisoned, Stalled, Mismatch, Abandoned, ReadFailed) as exc:
             # Expected ends: no traceback, whose frames would keep views of the region
             # (and so its mapping) alive for as long as the caller keeps the error.
             job.error = exc.with_traceback(None)

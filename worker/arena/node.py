@@ -7,18 +7,21 @@ It is opened by the arena backend over the group's own messages
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import zlib
 from collections.abc import Callable
 from typing import Any
 
-from shardwire.protocol import JobAborted, MessageMismatch, PeerFailed
+from shardwire.protocol import CollectiveError, JobAborted, MessageMismatch, PeerFailed
 from shardwire.protocol.errors import origin_of, relayed_error
 from shardwire.worker.arena.board import Board, Poisoned, Stalled
 from shardwire.worker.arena.engine import Abandoned, Engine, Job
+from shardwire.worker.arena.peerread import ReadFailed
 from shardwire.worker.arena.programs import Clock, Context, HalfViews, Mismatch, Program
 from shardwire.worker.arena.region import Region
 from shardwire.worker.observe.split import Split
-from shardwire.worker.transport.arena_settings import ArenaSettings
+from shardwire.worker.transport.arena_settings import READS_SETTING, ArenaSettings
 
 
 class ArenaTimeout(TimeoutError):
@@ -28,7 +31,14 @@ class ArenaTimeout(TimeoutError):
 class NodeArena:
     """One group's arena on this node, attached."""
 
-    def __init__(self, region: Region, me: int, ranks: tuple[int, ...], settings: ArenaSettings):
+    def __init__(
+        self,
+        region: Region,
+        me: int,
+        ranks: tuple[int, ...],
+        settings: ArenaSettings,
+        pids: list[int] | None = None,
+    ):
         self.region = region
         self.ranks = ranks  # local index -> global rank
         self.rank = ranks[me]
@@ -39,6 +49,7 @@ class NodeArena:
         self.halves = HalfViews(region.map, offsets, g.half_bytes)
         self.clock = Clock()
         self.context = Context(self.board, self.halves, self.clock, 0)
+        self.context.pids = pids  # the ranks may read each other's memory (``peerread``)
         self._stamps: dict[str, int] = {}
         self._counted = (0, 0)
         self.engine = Engine(
@@ -121,6 +132,8 @@ class NodeArena:
             ) from None
         except Abandoned as exc:
             raise JobAborted(f"the node arena was closed: {exc}") from None
+        except ReadFailed as exc:
+            raise _read_error(exc, self.ranks[exc.rank], signature) from None
 
     def relayed(self, job: Job) -> BaseException | None:
         """The error a local rank poisoned the arena with, if it ended ``job``."""
@@ -147,6 +160,16 @@ def _deferred(
     the context)."""
     context.signature, context.split = stamp, split
     yield from build(context)
+
+
+def _read_error(exc: ReadFailed, rank: int, signature: str) -> Exception:
+    if exc.code == errno.ESRCH:
+        return PeerFailed(rank=rank, reason=f"its process is gone (read in {signature})")
+    return CollectiveError(
+        f"{signature}: reading rank {rank}'s input from its memory failed "
+        f"({os.strerror(exc.code)}); {READS_SETTING}=0 keeps the node arena's all_gather "
+        "in the shared region"
+    )
 
 
 def _cause_error(exc: Poisoned) -> Exception:

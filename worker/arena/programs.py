@@ -20,7 +20,11 @@ rank never waits for a frame or the event loop: it waits for words in shared mem
 from this rank's own call arguments and the region's geometry.
 
 * all_gather: one chunk per slot half of the widest part; each rank copies every other
-  part straight into the caller's output.
+  part straight into the caller's output. Parts of ``READ_BYTES`` or more, where ranks
+  may read each other's memory (``peerread``), skip the region: each rank publishes
+  where its input lies, the others copy it from there (one copy per reader, not two),
+  and it returns once all released. A rank that leaves early has poisoned the arena
+  first (its group does, on any error): readers check the abort word after reading.
 * reduce_scatter: a rank writes, for every destination, its piece of that destination's
   segment; rank r reduces piece r of every half, in rank order, into its output.
 * all_reduce: small payloads (``DIRECT_BYTES``) are reduced whole by every rank (one
@@ -42,14 +46,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardwire.protocol.errors import InvalidArgument
+from shardwire.worker.arena import peerread
 from shardwire.worker.arena.board import DONE, READY, Board
 from shardwire.worker.kernels.reduce import ReduceOp, finish
 from shardwire.worker.kernels.segments import bounds
 from shardwire.worker.observe.split import Split, reduce_with
 
-# all_reduce payloads up to this size are reduced whole by every rank: one
-# synchronisation instead of two, for k-fold reads of a few KiB.
+# all_reduce payloads up to this size are reduced whole by every rank (one sync, not 2).
 DIRECT_BYTES = 64 * 1024
+# all_gather parts from this size are read from their owners' memory, where ranks may.
+READ_BYTES = 256 * 1024
+_WHERE = np.dtype(np.uint64)  # an all_gather's input address and size, in its half
 _HEADS = 64  # sliced views kept (HalfViews.heads)
 
 
@@ -87,6 +94,7 @@ class Context:
 
     def __init__(self, board: Board, halves: HalfViews, clock: Clock, signature: int) -> None:
         self.board = board
+        self.pids: list[int] | None = None  # local ranks' process ids, if they may read
         self.halves = halves
         self.clock = clock
         self.signature = signature
@@ -94,7 +102,8 @@ class Context:
         self._scratch: dict[np.dtype, np.ndarray] = {}
         self.split: Split | None = None  # the running call's, when the job is traced
         self.sent = 0  # bytes this rank wrote for the others (its contributions)
-        self.received = 0  # bytes this rank read from the others' halves
+        self.received = 0  # bytes this rank read from the others' halves (or memory)
+        self.read = 0  # of those, bytes read from the others' memory (``peerread``)
 
     def next_chunk(self) -> tuple[int, int]:
         self.clock.chunk += 1
@@ -202,6 +211,9 @@ def all_gather(ctx: Context, parts: list[np.ndarray], src: np.ndarray) -> Progra
     """Every ``parts[r]`` (flat views of the output) gets rank r's part, ``src`` being
     this rank's. Its own part is copied out of its half, still in cache, rather than
     from ``src`` a second time: one pass over the input instead of two."""
+    if ctx.pids is not None and max(p.nbytes for p in parts) >= READ_BYTES:
+        yield from _all_gather_reads(ctx, parts, src, ctx.pids)
+        return
     dtype = parts[ctx.me].dtype
     per = ctx.halves.elements(dtype)
     mine = parts[ctx.me]
@@ -225,6 +237,41 @@ def all_gather(ctx: Context, parts: list[np.ndarray], src: np.ndarray) -> Progra
                 dst[:] = ctx.half(r, h, dtype)[: len(dst)]
                 ctx.received += dst.nbytes
         ctx.release(g)
+
+
+def _all_gather_reads(
+    ctx: Context, parts: list[np.ndarray], src: np.ndarray, pids: list[int]
+) -> Program:
+    """all_gather by reads of the owners' memory (see the module docstring)."""
+    src = np.ascontiguousarray(src)  # the caller's input itself: calls take only contiguous ones
+    g, h = ctx.next_chunk()
+    if need := ctx.writable(g):
+        yield need
+    where = ctx.half(ctx.me, h, _WHERE)
+    where[0], where[1] = src.ctypes.data, src.nbytes
+    tick = ctx.written(h)
+    parts[ctx.me][:] = src
+    ctx.sent += src.nbytes
+    if need := ctx.unmet(READY, ctx.others, tick):
+        yield need
+    ctx.check(ctx.others, h)
+    for r in ctx.others:
+        dst = parts[r]
+        address, nbytes = (int(v) for v in ctx.half(r, h, _WHERE)[:2])
+        if nbytes != dst.nbytes:
+            raise Mismatch(r)
+        if nbytes:
+            try:
+                peerread.read(pids[r], dst, address, rank=r)
+            except peerread.ReadFailed:
+                ctx.board.check_abort()  # its owner left first: that is the cause
+                raise
+            ctx.received += nbytes
+            ctx.read += nbytes
+    ctx.board.check_abort()  # an owner that left while we read may have changed its bytes
+    ctx.release(g)
+    if need := ctx.unmet(DONE, ctx.others, g):  # the others have read this rank's input
+        yield need
 
 
 def reduce_scatter(

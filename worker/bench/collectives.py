@@ -1,10 +1,12 @@
 """``shardwire bench collectives``: time every collective for float32 sizes 4 KiB-256 MiB
 on N local processes, next to baselines measured in the same invocation, size by size
 (every system at one size, then every system at the next): shardwire with
-shared memory off (``--compare-tcp``), Open MPI through mpi4py with its shared-memory
-transport and again with ``--mca btl tcp,self`` (``--compare-mpi``), torch's gloo
-(``--compare-gloo``), and torch.distributed over the shardwire backend
-(``--compare-torch``: what a torch user of shardwire gets, against gloo). With
+shared memory off (``--compare-tcp``), shardwire whose node arena copies every
+all_gather part through its shared region (``--compare-region``), Open MPI through
+mpi4py with its shared-memory transport and again with ``--mca btl tcp,self``
+(``--compare-mpi``), torch's gloo (``--compare-gloo``), and torch.distributed over the
+shardwire backend (``--compare-torch``: what a torch user of shardwire gets, against
+gloo). With
 ``--hosts N --link RATE`` (root) the ranks run on N emulated hosts whose links are shaped
 to RATE, beside gloo, and bus bandwidth is printed as a fraction of the link's rate
 (:mod:`shardwire.worker.bench.across`).
@@ -35,11 +37,13 @@ from shardwire.worker.transport.shmfiles import SHM_DIR
 
 
 def _shardwire_cells(
-    n: int, config: dict, tmp: str, transport: str = "auto", nodes: int = 1
+    n: int, config: dict, tmp: str, transport: str = "auto", nodes: int = 1, *, reads: str = ""
 ) -> list[dict]:
-    out = os.path.join(tmp, f"shardwire-{n}-{transport}-{nodes}.json")
+    out = os.path.join(tmp, f"shardwire-{n}-{transport}-{reads}-{nodes}.json")
     module_args = ["shardwire.worker.bench.measure", out, json.dumps(config)]
     env = {**os.environ, "SHARDWIRE_TRANSPORT": transport}
+    if reads:
+        env["SHARDWIRE_ARENA_PEER_READS"] = reads
     if nodes > 1:
         run_nodes(["-m", *module_args], n, nodes, env)
     else:
@@ -114,6 +118,7 @@ def side_python(requested: str | None, venv: str, probe: str) -> str | None:
 # Baselines in table order: key, column title.
 BASELINES = {
     "tcp": "tcp only",
+    "region": "region only",
     "mpi": "Open MPI",
     "mpi_tcp": "Open MPI tcp",
     "gloo": "gloo",
@@ -202,6 +207,9 @@ def _one_size(
     ]
     if args.compare_tcp:
         systems.append(("tcp", lambda: _shardwire_cells(n, config, tmp, "tcp", args.nodes)))
+    if args.compare_region:
+        region = lambda: _shardwire_cells(n, config, tmp, nodes=args.nodes, reads="off")  # noqa: E731
+        systems.append(("region", region))
     if pythons.get("mpi"):
         mpi = pythons["mpi"]
         systems.append(("mpi", lambda: _mpi_cells(n, config, mpi, tmp, tcp_only=False)))
@@ -250,6 +258,12 @@ def parser() -> argparse.ArgumentParser:
         "--compare-tcp",
         action="store_true",
         help="also time shardwire with SHARDWIRE_TRANSPORT=tcp (no shared memory)",
+    )
+    p.add_argument(
+        "--compare-region",
+        action="store_true",
+        help="also time shardwire with SHARDWIRE_ARENA_PEER_READS=off (a node arena's "
+        "all_gather copies every part through its shared region)",
     )
     p.add_argument(
         "--compare-mpi",

@@ -9,7 +9,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from shardwire.protocol import JobAborted, LeftJob
-from shardwire.worker.runtime.worker_config import NotLaunched
+from shardwire.worker.runtime.launched import NotLaunched
 
 T = TypeVar("T")
 

@@ -11,23 +11,11 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from shardwire.protocol import InvalidArgument, ShardwireError, Token
+from shardwire.protocol import InvalidArgument, Token
 from shardwire.protocol.auth import is_loopback, load_token
 from shardwire.protocol.ports import coordinator_addresses, port_range
 from shardwire.worker.runtime.tls import TlsFiles
 from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES
-
-# What every launcher (shardwire's, torchrun, a scheduler's wrapper) sets; a process with
-# none of them was started by hand and has no job to join.
-LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
-
-
-class NotLaunched(ShardwireError):
-    """The script was started without a launcher (none of ``MASTER_ADDR``,
-    ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK`` is set): there is no job to join. The
-    message shows the command that starts it; :func:`shardwire.worker.run` prints it
-    without a traceback and exits with status 2."""
-
 
 _SWITCH_WORDS = {"0", "1", "off", "on", "f", "t", "false", "true", "n", "y", "no", "yes"}
 
@@ -41,19 +29,6 @@ def trace_switch(value: object) -> object:
             "a directory goes in SHARDWIRE_TRACE_DIR"
         )
     return value
-
-
-def check_launched(environ: Mapping[str, str], script: str) -> None:
-    """Raise :class:`NotLaunched`, showing how to launch ``script``, where no launcher
-    variable is set (torch's own rendezvous, which brings rank and size itself, does
-    not ask)."""
-    if not any(name in environ for name in LAUNCHER_VARIABLES):
-        raise NotLaunched(
-            f"no launcher started this process ({', '.join(LAUNCHER_VARIABLES)} are all "
-            f"unset), so there is no job to join; start it with\n"
-            f"    shardwire launch --standalone --nproc-per-node 2 {script}\n"
-            "or set MASTER_ADDR, MASTER_PORT and WORLD_SIZE to join a running coordinator"
-        )
 
 
 def _alias(*names: str) -> AliasChoices:
@@ -235,6 +210,12 @@ class WorkerEnv(BaseModel):
         validation_alias=_alias("SHARDWIRE_ARENA_SLOT_BYTES"),
         description="Each local rank's slot in a node arena, in bytes.",
     )
+    arena_peer_reads: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        validation_alias=_alias("SHARDWIRE_ARENA_PEER_READS"),
+        description="A node arena's all_gather of parts of 256 KiB or more reads them from "
+        "their owners' memory: auto where the node has a CPU per local rank, on, off.",
+    )
     trace: bool = Field(
         default=False,
         validation_alias=_alias("SHARDWIRE_TRACE"),
@@ -310,6 +291,9 @@ class WorkerConfig:
         arena_slot_bytes: each local rank's slot in a node arena (used as two halves of
             double buffering); a group of k ranks on a node reserves k slots plus 4 KiB
             and 512 bytes per rank in ``/dev/shm``, once, when its first collective runs.
+        arena_peer_reads: a node arena's all_gather of parts of 256 KiB or more reads them
+            from their owners' memory (one copy, not two) where the system allows it:
+            "auto" on a node with a usable CPU per local rank, "on" always, "off" never.
         busy_poll_us: a receive of at most 64 KiB, or a node-arena wait, that has to
             wait polls this many microseconds before the process sleeps, which
             saves the kernel's wake-up latency on small messages. None: 100 when this node has at
@@ -357,6 +341,7 @@ class WorkerConfig:
     shm_slot_bytes: int = 1 << 20
     busy_poll_us: int | None = None
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
+    arena_peer_reads: Literal["auto", "on", "off"] = "auto"
     tls: TlsFiles | None = None
     generation: int = 0
     recovery: Literal["relaunch", "live"] = "relaunch"

@@ -9,6 +9,7 @@ DEFAULT_SLOT_BYTES = 4 << 20
 # all_reduce: 290-420 us against 580-630 us handing every wait to the engine's thread.
 CROWDED_NAP = 1e-3
 SLOT_SETTING = "SHARDWIRE_ARENA_SLOT_BYTES"
+READS_SETTING = "SHARDWIRE_ARENA_PEER_READS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,11 @@ class ArenaSettings:
         nap: seconds a call run at once (``Gate.express``) may then sleep on the futex
             on the event loop's thread before the engine's thread takes over: on a node
             with more ranks than CPUs this skips two thread hand-offs per wait.
+        peer_reads: an all_gather of large parts copies each part straight from its
+            owner's memory (``arena.peerread``) where the system allows it: "on", "off",
+            or "auto": on where the node has a usable CPU per local rank (``yield_cpu``
+            is False); on a crowded node the wait for every reader costs more than the
+            copy it saves.
     """
 
     run_id: str
@@ -32,3 +38,8 @@ class ArenaSettings:
     spin: float = 100e-6
     yield_cpu: bool = False
     nap: float = 0.0
+    peer_reads: str = "auto"
+
+    def reads(self) -> bool:
+        """Whether this rank lets its arena's peers read its memory (``peer_reads``)."""
+        return self.peer_reads == "on" or (self.peer_reads == "auto" and not self.yield_cpu)

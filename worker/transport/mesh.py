@@ -67,9 +67,8 @@ class MeshConfig:
     listen_ports: tuple[int, int] | None = None  # the listener's: ephemeral, or LOW-HIGH
     connect_timeout: float = 30.0
     max_payload: int = 1 << 32
-    # Before authentication a connection costs a decoder buffer and a slot: it gets
-    # handshake_timeout seconds to prove itself, and at most max_unauthenticated of them
-    # are open at once (further ones are closed on arrival).
+    # Before authentication (a decoder buffer and a slot) a connection gets handshake_timeout
+    # seconds to prove itself; at most max_unauthenticated are open (more closed at once).
     handshake_timeout: float = 10.0
     max_unauthenticated: int = 512  # above the largest burst of legitimate dialers
     # A connection nothing moved on for about this many seconds is closed (both ranks
@@ -90,9 +89,10 @@ class MeshConfig:
     # (None: 100 when this node's ranks have a core each, else 0; see transport.poll).
     busy_poll_us: int | None = None
     # Groups whose ranks all share this node run their collectives through a node arena
-    # (one shared-memory region per group, slots of arena_slot_bytes per local rank).
+    # (see ArenaSettings: slot_bytes, peer_reads).
     arena: bool = False
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
+    arena_peer_reads: str = "auto"
 
 
 class TcpMesh(MailboxTransport):
@@ -206,6 +206,7 @@ class TcpMesh(MailboxTransport):
                 spin=self.poll.budget,
                 yield_cpu=crowded,
                 nap=CROWDED_NAP if crowded else 0.0,
+                peer_reads=self.config.arena_peer_reads,
             )
         if nodes is None:
             nodes = NodeMap(placement.local_world_size, placement.world_size)
