@@ -23,7 +23,8 @@ SYSTEMS = {"": "shardwire", "mpi_": "Open MPI (shm)", "gloo_": "gloo"}
 
 
 def _kept() -> dict[str, Any]:
-    return json.loads(KEPT.read_text())
+    kept = json.loads(KEPT.read_text())
+    return {**kept, **kept["result"]} if "result" in kept else kept
 
 
 def table() -> str:
@@ -48,9 +49,38 @@ def table() -> str:
             mpi = [f"{cells[s]['vs_mpi']:.2f}×" if s in cells else "" for s in sizes]
             gloo = [f"{cells[s]['vs_gloo']:.2f}×" if s in cells else "" for s in sizes]
             out.append(f"| {op} | {n} | " + " | ".join(mpi + gloo) + " |")
+    out += _reads(rows, sizes)
     out += ["", "![Median latency against size per op and world size, shardwire beside Open "
             "MPI and gloo](../img/collectives-latency.svg)", ""]  # fmt: skip
     return "\n".join(out)
+
+
+def _reads(rows: list[dict], sizes: list[int]) -> list[str]:
+    """all_gather as run (parts read from their owners' memory where the arena may) beside
+    the same job with every part copied through the arena's region (``--compare-region``)."""
+    gathers = [r for r in rows if r["op"] == "all_gather" and "vs_region" in r]
+    if not gathers:
+        return []
+    out = [
+        "",
+        "all_gather as run, and with every part copied through the node arena's shared "
+        "region instead (`--compare-region`, the same run): median µs, and the region's "
+        "time over the run's.",
+        "",
+        "| ranks | " + " | ".join(size(s) for s in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for n in sorted({r["n"] for r in gathers}):
+        cells = {r["bytes"]: r for r in gathers if r["n"] == n}
+        shown = [
+            f"{cells[s]['median_us']:.0f} / {cells[s]['region_median_us']:.0f} "
+            f"({cells[s]['vs_region']:.2f}×)"
+            if s in cells
+            else ""
+            for s in sizes
+        ]
+        out.append(f"| {n} | " + " | ".join(shown) + " |")
+    return out
 
 
 def page() -> str:
