@@ -8,6 +8,8 @@ from pydantic import ValidationError
 
 from shardwire.coordinator.__main__ import rendezvous_config, settings_from
 from shardwire.protocol import InvalidArgument
+from shardwire.protocol.messages import NodeAssignment
+from shardwire.worker.launcher.agent import _launch
 from shardwire.worker.launcher.cli import launch_settings, parser
 from shardwire.worker.launcher.hosted import coordinator_command
 from shardwire.worker.launcher.options import LaunchSettings
@@ -46,3 +48,16 @@ def test_the_standalone_coordinator_gets_the_restart_budget() -> None:
     command = coordinator_command(LaunchSettings(max_restarts=3, nproc_per_node=4))
     assert command[command.index("--max-restarts") + 1] == "3"
     assert command[command.index("--world-size") + 1] == "4"
+
+
+def test_the_warm_spare_is_on_unless_the_flag_or_the_variable_turns_it_off(monkeypatch) -> None:
+    assignment = NodeAssignment(node_rank=0, nnodes=1, world_size=2)
+
+    def spare(*flags: str) -> bool:
+        args = parser().parse_args(["launch", "--standalone", "--recovery", "live", *flags, "x.py"])
+        return _launch(launch_settings(args), ["python", "-u", "x.py"], {}, "n", assignment).spare
+
+    assert spare() is True
+    assert spare("--no-warm-spare") is False
+    monkeypatch.setenv("SHARDWIRE_WARM_SPARE", "0")
+    assert spare() is False

@@ -106,6 +106,8 @@ def test_survivors_keep_their_processes_and_peers_copies_restore_the_run_exactly
     assert "resuming" in done.stdout and "at step 25" in done.stdout
     assert "at step 40" in done.stdout
     assert done.stderr.count("started anew") == 2
+    # the first replacement is the node's warm spare (the next starts 2 s after it)
+    assert "rank 1 killed by signal SIGKILL; started anew from the warm spare" in done.stderr
 
 
 def test_a_rank_sent_sigterm_hands_its_state_over_and_no_completed_step_is_lost(
@@ -130,13 +132,15 @@ def test_without_copies_the_ranks_roll_back_to_the_disk_checkpoint_in_their_proc
 ) -> None:
     plan = 'seed = 1\n[[faults]]\nkind = "kill"\nrank = 3\nstep = 35\n'
     disk = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "20")
-    done, entries = _launch(
-        tmp_path, "run", "--max-restarts", "1", "--recovery", "live", plan=plan, args=disk
-    )
+    live = ("--max-restarts", "1", "--recovery", "live")
+    # without a warm spare (the environment's switch for --no-warm-spare)
+    done, entries = _launch(tmp_path, "run", *live, plan=plan, args=disk, SHARDWIRE_WARM_SPARE="0")
     assert done.returncode == 0, done.stderr[-3000:]
     _same(tmp_path / "run", straight)
     assert {r: len(set(p)) for r, p in _pids(entries).items()} == {0: 1, 1: 1, 2: 1, 3: 2}
     assert "at step 20" in done.stdout
+    assert "rank 3 killed by signal SIGKILL; started anew (pid" in done.stderr
+    assert "warm spare" not in done.stderr
 
 
 def test_a_script_that_never_re_forms_is_relaunched_and_told_what_to_call(tmp_path) -> None:
@@ -224,15 +228,18 @@ def _two_nodes(tmp_path: Path, name: str, *, lose_b_at: str | None) -> tuple[dic
                 if lose_b_at in line:
                     break
             assert line, "the job ended before node b could be lost"
-            orphans = _children(b.pid)
-            assert len(orphans) == 2
+            children = _children(b.pid)
+            spares = [pid for pid in children if b"launcher.spare" in _cmdline(pid)]
+            orphans = [pid for pid in children if pid not in spares]
+            assert len(orphans) == 2 and len(spares) <= 1  # a warm spare once it started
             os.kill(b.pid, signal.SIGKILL)  # its ranks are orphans: they must not re-form
             b.wait(timeout=30)
             procs.append(again := _node(int(port), "b", tmp_path / f"{name}-b2", copies=True))
             _out, err = again.communicate(timeout=240)
             (tmp_path / f"{name}-b2.err").write_text(err)
             assert again.returncode == 0, err[-3000:]
-            assert not [pid for pid in orphans if _running(pid)]
+            # and its spare ends by itself: its input closed with the agent
+            assert not [pid for pid in orphans + spares if _running(pid)]
         out, err = a.communicate(timeout=240)
         (tmp_path / f"{name}-a.out").write_text(out)  # kept for a failure's reader
         (tmp_path / f"{name}-a.err").write_text(err)
@@ -257,6 +264,13 @@ def _running(pid: int) -> bool:
         return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _children(pid: int) -> list[int]:

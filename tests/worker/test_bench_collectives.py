@@ -39,26 +39,24 @@ def _fake_run(seen: list[str], commands: list[list[str]] | None = None):
     return run
 
 
-def test_compare_tcp_runs_a_second_job_with_shared_memory_off(monkeypatch, capsys) -> None:
+@pytest.mark.parametrize(
+    ("flag", "kind", "shown"),
+    [
+        ("--compare-tcp", "tcp", "tcp only busbw"),  # shared memory off
+        ("--compare-region", "region", "region only busbw"),  # peer reads off
+    ],
+)
+def test_a_compare_flag_runs_a_second_job_with_its_setting(monkeypatch, capsys, flag, kind, shown):
     seen: list[str] = []
     monkeypatch.setattr(collectives.subprocess, "run", _fake_run(seen))
-    assert collectives.main(["--world", "4", "--sizes", "1M", "--compare-tcp"]) == 0
-    assert seen == ["auto", "tcp"]
+    assert collectives.main(["--world", "4", "--sizes", "1M", flag]) == 0
+    assert seen == ["auto", kind]
     out = capsys.readouterr().out
-    assert "tcp only busbw" in out and "| 4.00x |" in out
+    assert shown in out and f"| {_MEDIANS[kind] / _MEDIANS['auto']:.2f}x |" in out
     seen.clear()
     assert collectives.main(["--world", "4", "--sizes", "1M"]) == 0
     assert seen == ["auto"]
-    assert "tcp only" not in capsys.readouterr().out
-
-
-def test_compare_region_runs_a_second_job_with_peer_reads_off(monkeypatch, capsys) -> None:
-    seen: list[str] = []
-    monkeypatch.setattr(collectives.subprocess, "run", _fake_run(seen))
-    assert collectives.main(["--world", "2", "--sizes", "1M", "--compare-region"]) == 0
-    assert seen == ["auto", "region"]
-    out = capsys.readouterr().out
-    assert "region only busbw" in out and "| 3.00x |" in out
+    assert shown not in capsys.readouterr().out
 
 
 def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(

@@ -226,6 +226,7 @@ def _launch(
         term_timeout=settings.term_timeout,
         generation=assignment.generation,
         respawns=settings.max_restarts if settings.recovery == "live" else 0,
+        spare=settings.warm_spare,
     )
 
 

@@ -78,6 +78,15 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "calls session.reform) (relaunch)",
     )
     p.add_argument(
+        "--no-warm-spare",
+        dest="warm_spare",
+        action="store_false",
+        default=None,
+        help="with --recovery live, each node keeps a process started and imported ahead "
+        "that becomes a failed rank's replacement (a warm spare); this flag turns it off: "
+        "the replacement is started only then",
+    )
+    p.add_argument(
         "--chaos",
         metavar="PLAN",
         help="inject the faults of this plan file into this node's ranks (and the "

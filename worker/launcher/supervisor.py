@@ -6,6 +6,14 @@ read line by line and echoed with a ``[rankN]:`` prefix, and the last lines of s
 kept for the summary. The first child to exit non-zero (or the rank the coordinator names
 in an abort) is the root cause; the others are then given ``term_timeout`` seconds after
 SIGTERM before SIGKILL.
+
+Under live recovery with a warm spare (``Launch.spare``) the supervisor also keeps one
+spare process (``launcher.spare``): Python started and shardwire imported, waiting on
+its input. A dead rank's replacement is that spare, told the rank's environment and
+arguments, rather than a process started then; a new spare is started ``SPARE_DELAY``
+seconds later, so that its imports do not take a core from the ranks that are
+recovering. The spare is not a child: it gets no signals meant for the ranks, and is
+killed when the node stops or its children have all ended.
 """
 
 from __future__ import annotations
@@ -20,9 +28,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from shardwire.worker.launcher.spares import WarmSpare
+
 _TAIL_LINES = 20
 _STACK_LINES = 30
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+SPARE_DELAY = 2.0  # seconds after a spare became a rank before the next one starts
 
 
 @dataclass
@@ -74,6 +85,7 @@ class Launch:
     # live recovery: a dead rank's process is started anew (at most this many times per
     # local rank) while its node's other processes go on; 0: a death stops the node
     respawns: int = 0
+    spare: bool = False  # live recovery: keep a warm spare process (see the module docstring)
 
 
 class Supervisor:
@@ -96,6 +108,10 @@ class Supervisor:
         self._respawned = [0] * launch.nproc  # by local rank (live recovery)
         self.era = 0  # live recovery: the generations this node's processes went through
         self._group: asyncio.TaskGroup | None = None  # the children's watchers
+        self.spare = WarmSpare(  # used under live recovery with Launch.spare
+            [launch.argv[0], "-u", "-m", "shardwire.worker.launcher.spare"],
+            {**self.child_env(0), "SHARDWIRE_GENERATION": "0"},
+        )
 
     def child_env(self, local_rank: int) -> dict[str, str]:
         la = self.launch
@@ -137,6 +153,8 @@ class Supervisor:
         self._spawned = True
         if self._halted and self._reaper is None:
             self._reaper = asyncio.create_task(self.stop())
+        if self.launch.spare and self.launch.respawns and not self._halted:
+            self.spare.start(SPARE_DELAY)
         try:
             async with asyncio.TaskGroup() as tg:
                 self._group = tg
@@ -144,6 +162,7 @@ class Supervisor:
                     tg.create_task(self._watch(child))
         finally:
             self._group = None
+            await self.spare.drop()
             if self._reaper is not None:
                 self._reaper.cancel()
                 await asyncio.gather(self._reaper, return_exceptions=True)
@@ -164,11 +183,17 @@ class Supervisor:
             return False
         self._respawned[local] += 1
         env = {**self.child_env(local), "SHARDWIRE_GENERATION": "0"}  # whichever forms
-        fresh = await self._spawn(local, env)
+        proc = await self.spare.take(env, self.launch.argv[2:])  # past the python and -u
+        how = "started anew" if proc is None else "started anew from the warm spare"
+        if proc is None:
+            fresh = await self._spawn(local, env)
+        else:
+            fresh = Child(child.rank, local, proc)
+            self.spare.start(SPARE_DELAY)
         fresh.replaced_in = self.era
         self.children[self.children.index(child)] = fresh
         self._err.write(
-            f"[agent]: rank {child.rank} {child.outcome()}; started anew (pid {fresh.proc.pid}, "
+            f"[agent]: rank {child.rank} {child.outcome()}; {how} (pid {fresh.proc.pid}, "
             f"{self._respawned[local]} of {self.launch.respawns}), the other ranks go on\n"
         )
         self._err.flush()
@@ -227,6 +252,7 @@ class Supervisor:
     async def stop(self, sig: int = signal.SIGTERM) -> None:
         """Signal every running child, then SIGKILL whoever outlives ``term_timeout``."""
         self._stopping.set()
+        await self.spare.drop()
         for child in self.children:
             child.was_stopped = child.proc.returncode is None and _is_stopped(child.proc.pid)
         self.signal_all(sig)
