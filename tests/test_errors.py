@@ -31,8 +31,9 @@ ALLOWED = {
 }
 # Exceptions that never leave the node arena: NodeArena.run turns each into a
 # ShardwireError (Poisoned into the poisoning rank's error, Stalled and ArenaTimeout
-# into CollectiveTimeout, Mismatch into CollectiveMismatch, Abandoned into JobAborted).
-ARENA_INTERNAL = {"Poisoned", "Stalled", "ArenaTimeout", "Mismatch", "Abandoned"}
+# into CollectiveTimeout, Mismatch into CollectiveMismatch, Abandoned into JobAborted,
+# ReadFailed into PeerFailed or CollectiveError).
+ARENA_INTERNAL = {"Poisoned", "Stalled", "ArenaTimeout", "Mismatch", "Abandoned", "ReadFailed"}
 BUILTIN_ERRORS = {
     name
     for name, value in vars(builtins).items()
