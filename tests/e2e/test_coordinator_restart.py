@@ -270,8 +270,12 @@ def test_a_job_that_finishes_while_its_coordinator_is_away_ends_well_when_it_is_
     finally:
         stop(agent, first, *([second] if second else []))
     err = (tmp_path / "agent.err").read_text()
-    for who in ("agent:", "[rank0]: worker:", "[rank1]: worker:"):
+    for who in ("[rank0]: worker:", "[rank1]: worker:"):  # each kept its last word for it
         assert err.count(f"{who} lost the coordinator") == 1, err[-3000:]
         assert err.count(f"{who} reconnected to the coordinator") == 1, err[-3000:]
+    # The agent has no last word of its own: it is back on the coordinator only if it is
+    # still there when its ranks, once they have delivered theirs, end. It never gives up.
+    assert err.count("agent: lost the coordinator") == 1, err[-3000:]
+    assert "did not come back" not in err and "refused to take it back" not in err
     assert "Task was destroyed" not in err
     same_as_straight(tmp_path / "run", straight)
