@@ -36,7 +36,8 @@ from shardwire.worker.runtime.parent import end_with_parent
 from shardwire.worker.runtime.worker_config import WorkerConfig
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
-from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
+from shardwire.worker.transport.mesh import TcpMesh
+from shardwire.worker.transport.mesh_config import MeshConfig
 
 T = TypeVar("T")
 

@@ -18,6 +18,7 @@ all_gather keeps to the shared region, and rank 0 says why at INFO).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -139,7 +140,7 @@ def _readers(bait: Bait | None, answers: list[dict], what: str) -> list[int] | N
     each other rank's bait; each of them tried rank 0's), else None."""
     if bait is None:
         return None
-    pids, refused = [int(bait.offer()["pid"])], []
+    pids, refused = [os.getpid()], []
     for p, answer in enumerate(answers[1:], 1):
         reads = answer.get("reads")
         if not isinstance(reads, dict):
@@ -148,7 +149,8 @@ def _readers(bait: Bait | None, answers: list[dict], what: str) -> list[int] | N
         why = str(reads.get("refused", "")) or peerread.probe(reads, p)
         if why:
             refused.append(why)
-        pids.append(int(reads.get("pid", -1)))
+        else:  # the probe read its bait: its pid is a number
+            pids.append(int(reads["pid"]))
     if not refused:
         return pids
     log.info(

@@ -5,7 +5,8 @@ from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.dialing import ConnectFailed
 from shardwire.worker.transport.listen import ListenFailed
 from shardwire.worker.transport.memory import MemoryHub, MemoryTransport
-from shardwire.worker.transport.mesh import MeshConfig, TcpMesh
+from shardwire.worker.transport.mesh import TcpMesh
+from shardwire.worker.transport.mesh_config import MeshConfig
 
 __all__ = [
     "AddressBook",

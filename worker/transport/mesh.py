@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,7 +30,6 @@ from shardwire.protocol import (
     ServerHandshake,
     ShardwireError,
     TensorMeta,
-    Token,
     TransportClosed,
 )
 from shardwire.protocol.control import message_bytes
@@ -40,12 +37,13 @@ from shardwire.protocol.decoder import StagePool
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import Error, Failure, Hello, Leave
 from shardwire.protocol.placement import Placement
-from shardwire.worker.transport.arena_settings import CROWDED_NAP, DEFAULT_SLOT_BYTES, ArenaSettings
+from shardwire.worker.transport.arena_settings import CROWDED_NAP, ArenaSettings
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.dialing import CROSSED, Links
 from shardwire.worker.transport.framing import HANG_UP_GRACE, Refused, open_connection
 from shardwire.worker.transport.idle import IdleCloser
 from shardwire.worker.transport.listen import bind_listener
+from shardwire.worker.transport.mesh_config import MeshConfig
 from shardwire.worker.transport.messaging import MailboxTransport
 from shardwire.worker.transport.peer import PeerConnection
 from shardwire.worker.transport.place import NodeMap, Place, Topology
@@ -57,42 +55,6 @@ _JOB_ABORTED = "job_aborted"  # Failure code: the sender stops because the job w
 
 # Accept queue of the peer listener (the kernel caps it at net.core.somaxconn).
 BACKLOG = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class MeshConfig:
-    run_id: str
-    token: Token
-    bind_host: str = "127.0.0.1"
-    listen_ports: tuple[int, int] | None = None  # the listener's: ephemeral, or LOW-HIGH
-    connect_timeout: float = 30.0
-    max_payload: int = 1 << 32
-    # Before authentication (a decoder buffer and a slot) a connection gets handshake_timeout
-    # seconds to prove itself; at most max_unauthenticated are open (more closed at once).
-    handshake_timeout: float = 10.0
-    max_unauthenticated: int = 512  # above the largest burst of legitimate dialers
-    # A connection nothing moved on for about this many seconds is closed (both ranks
-    # agreeing; the next send dials again). 0: never.
-    idle_close: float = 0.0
-    # Data frames carry an xxh3-64 checksum of meta and payload, verified on arrival.
-    checksum: bool = True
-    # TLS (mutual): the listener's context and the dialer's, or None for plain TCP.
-    tls_server: ssl.SSLContext | None = None
-    tls_client: ssl.SSLContext | None = None
-    # Peers on the same node (by placement) move payloads of 128 KiB and more through a
-    # shared-memory segment per direction of shm_slots x shm_slot_bytes, if it attaches;
-    # it is offered with the first such payload (collectives on one node use the arena).
-    shm: bool = False
-    shm_slots: int = 4
-    shm_slot_bytes: int = 1 << 20
-    # A waiting receive keeps the loop polling this many microseconds before it sleeps
-    # (None: 100 when this node's ranks have a core each, else 0; see transport.poll).
-    busy_poll_us: int | None = None
-    # Groups whose ranks all share this node run their collectives through a node arena
-    # (see ArenaSettings: slot_bytes, peer_reads).
-    arena: bool = False
-    arena_slot_bytes: int = DEFAULT_SLOT_BYTES
-    arena_peer_reads: str = "auto"
 
 
 class TcpMesh(MailboxTransport):

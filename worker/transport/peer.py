@@ -48,7 +48,7 @@ from shardwire.worker.transport.traffic import RTT_EVERY, TIMED_BYTES, Path, Tra
 
 if TYPE_CHECKING:
     from shardwire.worker.transport.idle import IdleCloser
-    from shardwire.worker.transport.mesh import MeshConfig
+    from shardwire.worker.transport.mesh_config import MeshConfig
 
 # Payloads at least this large wait (one loop turn) for their receive to be posted
 # rather than being read into scratch space: at 1 MiB this took p2p throughput on
