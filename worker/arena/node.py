@@ -167,7 +167,7 @@ def _read_error(exc: ReadFailed, rank: int, signature: str) -> Exception:
         return PeerFailed(rank=rank, reason=f"its process is gone (read in {signature})")
     return CollectiveError(
         f"{signature}: reading rank {rank}'s input from its memory failed "
-        f"({os.strerror(exc.code)}); {READS_SETTING}=0 keeps the node arena's all_gather "
+        f"({os.strerror(exc.code)}); {READS_SETTING}=off keeps the node arena's all_gather "
         "in the shared region"
     )
 
