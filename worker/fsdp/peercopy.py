@@ -12,12 +12,15 @@ a single node, the next rank). The exchange runs in the background on a group of
 own while training goes on; the next snapshot first waits for it. The newest ``keep``
 steps are kept, own and held (memory: ``2 * keep`` times the rank's state).
 
-After a re-formation, :meth:`PeerCopies.restore` finds the newest step that every rank
-can restore (from its own snapshot, or from its holder's copy), has each holder send
-the copies that are missing, checks every copy's xxh3 digest, and loads it. A copy that
-fails its check is refused, and said: the next older step is tried, then none (the
-caller loads its disk checkpoint). Copies are bound to the layout they were taken in
-(world size, strategy, model): a re-formation at another world size restores from disk.
+After a re-formation, :meth:`PeerCopies.restore` finds the newest step whose every
+rank's snapshot is still held somewhere (by its rank, or by that rank's holder), and
+every rank of the new group gathers its part from them, exactly as a disk checkpoint
+is read at any world size: a rank that kept its part reads it from its own snapshot,
+and only what moved crosses the wire (a replaced rank's state from its holder; on a
+shrink, the lost ranks' parts spread over the survivors; on a grow, parts for the new
+ranks). Snapshots and the pieces sent are checked against their xxh3 digests; one that
+fails is refused, and said: the next older step is tried, then none (the caller loads
+its disk checkpoint). Copies of another model or optimizer are not restored.
 
 Given a notice to leave (``leave``: ``Session.leave_notice()``, SIGTERM), every copy
 step first asks whether any rank was told to leave (one small all-reduce per copy
@@ -30,24 +33,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple
 from typing import Any, Protocol
 
-import msgpack
 import numpy as np
-import xxhash
 
 from shardwire.protocol.errors import InvalidArgument, LeftJob
 from shardwire.worker.collectives import Group, Work
+from shardwire.worker.fsdp import copywire as wire
+from shardwire.worker.fsdp.copyplan import (
+    Have,
+    Piece,
+    Snapshot,
+    cut,
+    holder,
+    pack,
+    place,
+    source,
+    sources,
+)
 from shardwire.worker.fsdp.generators import generator_states, set_generator_states
-from shardwire.worker.fsdp.persist import Resumed
+from shardwire.worker.fsdp.persist import Resumed, owned_range
 from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.fsdp.wrapper import FSDP
 
 log = logging.getLogger(__name__)
-
-_HEADER, _DATA = 1, 2  # point-to-point tags of a copy's two messages
 
 
 class Notice(Protocol):
@@ -55,80 +65,6 @@ class Notice(Protocol):
 
     @property
     def requested(self) -> bool: ...
-
-
-# ---- pure core ---------------------------------------------------------------------------
-
-
-def holder(rank: int, world: int, ranks_per_node: int) -> int:
-    """The rank that holds ``rank``'s copy: the same local rank on the next node, or on
-    a single node the next rank."""
-    stride = ranks_per_node if world > ranks_per_node else 1
-    return (rank + stride) % world
-
-
-def source(rank: int, world: int, ranks_per_node: int) -> int:
-    """The rank whose copy ``rank`` holds (the inverse of :func:`holder`)."""
-    stride = ranks_per_node if world > ranks_per_node else 1
-    return (rank - stride) % world
-
-
-def choose(
-    own: Sequence[Sequence[int]],
-    held: Sequence[Sequence[int]],
-    holder_of: Callable[[int], int],
-    refused: set[int] = frozenset(),  # type: ignore[assignment]
-) -> tuple[int, list[int]] | None:
-    """The newest step every rank can restore (``own[r]``: the steps rank r snapshotted;
-    ``held[r]``: those of the copies it holds), and the ranks that need their holder's
-    copy of it; None if there is no such step (outside ``refused``)."""
-    steps = {s for steps in own for s in steps} | {s for steps in held for s in steps}
-    for step in sorted(steps - set(refused), reverse=True):
-        need = [r for r in range(len(own)) if step not in own[r]]
-        if all(step in held[holder_of(r)] for r in need):
-            return step, need
-    return None
-
-
-@dataclass
-class Snapshot:
-    """One rank's state at a step: its arrays' bytes end to end, and what they are."""
-
-    meta: dict[str, Any]  # step, rank, layout, optimizer steps, generators, extra, digest
-    data: np.ndarray  # uint8
-
-    @property
-    def step(self) -> int:
-        return int(self.meta["step"])
-
-    def intact(self) -> bool:
-        return _digest(self.data) == self.meta["digest"]
-
-    def arrays(self) -> list[np.ndarray]:
-        """Copies of the arrays, in layout order (the snapshot stays as it is)."""
-        out, at = [], 0
-        for _name, shape, dtype in self.meta["layout"]:
-            kind = np.dtype(dtype)
-            size = int(np.prod(shape)) * kind.itemsize
-            out.append(self.data[at : at + size].view(kind).reshape(shape).copy())
-            at += size
-        return out
-
-
-def _digest(data: np.ndarray) -> str:
-    return xxhash.xxh3_64_hexdigest(data.data)  # the bytes, no copy
-
-
-def pack(arrays: Sequence[tuple[str, np.ndarray]], info: dict[str, Any]) -> Snapshot:
-    """A snapshot of named ``arrays`` (copied) with ``info`` (step, rank, ...)."""
-    data = np.empty(sum(a.nbytes for _n, a in arrays), np.uint8)
-    at = 0
-    for _name, array in arrays:
-        data[at : at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        at += array.nbytes
-    layout = [[name, list(a.shape), a.dtype.str] for name, a in arrays]
-    meta = {**info, "layout": layout, "digest": _digest(data)}
-    return Snapshot(meta, data)
 
 
 def layout_of(fsdp: FSDP) -> list[tuple[str, np.ndarray]]:
@@ -216,19 +152,31 @@ class PeerCopies:
         leaving = (
             self.leave is not None and group.size > 1 and await _anyone_leaving(group, self.leave)
         )
+        self._take(fsdp, group, step, generator_states(fsdp, rngs or {}), extra or {})
+        if leaving:
+            await self._hand_over(group, step)
+
+    def _take(
+        self, fsdp: FSDP, group: Group, step: int, rngs: dict[str, str], extra: dict[str, Any]
+    ) -> None:
+        """Snapshot this rank at ``step``, keep it, and send its copy in the background."""
+        shards, shard = _geometry(fsdp)
         info = {
             "step": step,
             "rank": group.rank,
+            "world": group.size,
+            "shards": shards,
+            "shard": shard,
+            "numels": [u.layout.numel for u in fsdp.all_units()],
+            "kind": {k: v for k, v in _kind(fsdp).items() if k != "slots"},
             "steps": fsdp.optimizer.steps,
-            "rngs": generator_states(fsdp, rngs or {}),
-            "extra": extra or {},
+            "rngs": rngs,
+            "extra": extra,
         }
         snap = pack(layout_of(fsdp), info)
         self._keep(self._own, snap)
         if group.size > 1:
             self._exchange = group.spawn(self._swap(group, snap))
-        if leaving:
-            await self._hand_over(group, step)
 
     async def _hand_over(self, group: Group, step: int) -> None:
         """A rank was told to leave: once every copy of ``step`` is at its holder, the
@@ -249,105 +197,170 @@ class PeerCopies:
     async def _swap(self, group: Group, snap: Snapshot) -> None:
         world, me = group.size, group.rank
         to, of = holder(me, world, self.ranks_per_node), source(me, world, self.ranks_per_node)
-        _sent, got = await asyncio.gather(_send(group, to, snap), _receive(group, of))
-        if self._accept(got, of, "received"):
+        _sent, got = await asyncio.gather(wire.send(group, to, snap), wire.receive(group, of))
+        if got.intact():
             self._keep(self._held, got)
+        else:
+            self._refuse(f"the copy of rank {of}'s state at step {got.step} (received)")
 
-    def _accept(self, snap: Snapshot, rank: int, how: str) -> bool:
-        if snap.intact():
-            return True
-        said = (
-            f"the copy of rank {rank}'s state at step {snap.step} ({how}) does not match its "
-            "digest: refused"
-        )
+    def _refuse(self, what: str) -> None:
+        said = f"{what} does not match its digest: refused"
         self.refused.append(said)
         log.warning("%s", said)
-        return False
 
     async def restore(
         self, fsdp: FSDP, *, rngs: dict[str, np.random.Generator] | None = None
     ) -> Resumed | None:
-        """Every rank of ``fsdp``'s group (a new generation's, the same ranks) rolls back
-        to the newest step all can restore; None when there is none (the caller loads
-        its disk checkpoint). Copies taken at another layout are dropped."""
+        """Every rank of ``fsdp``'s group (a new generation's: the same ranks, fewer or
+        more) rolls back to the newest step whose every rank's copy is still held
+        somewhere; None when there is none (the caller loads its disk checkpoint).
+        Copies of another model or optimizer are dropped."""
         group = self._copies(fsdp)
-        mine = [(name, array.shape, array.dtype.str) for name, array in layout_of(fsdp)]
+        kind = _kind(fsdp)
         for store in (self._own, self._held):
-            for step in [s for s, snap in store.items() if not _fits(snap, mine, fsdp)]:
-                del store[step]
-        said = await group.all_gather_object({"own": sorted(self._own), "held": sorted(self._held)})
-        own, held = [s["own"] for s in said], [s["held"] for s in said]
-        world, me = group.size, group.rank
-
-        def holder_of(rank: int) -> int:
-            return holder(rank, world, self.ranks_per_node)
-
-        refused: set[int] = set()
-        while (choice := choose(own, held, holder_of, refused)) is not None:
-            step, need = choice
-            sends = [_send(group, rank, self._held[step]) for rank in need if holder_of(rank) == me]
-            received = [_receive(group, holder_of(me))] if me in need else []
-            results = await asyncio.gather(*sends, *received)
-            ok = True
-            if received:
-                got = results[-1]
-                assert isinstance(got, Snapshot)
-                ok = got.step == step and self._accept(got, me, "sent back by its holder")
-                if ok:
-                    self._keep(self._own, got)
-            everyone = await group.all_gather_object(ok)
+            for step in list(store):
+                snap = store[step]
+                if not _fits(snap, kind):
+                    del store[step]
+                elif not snap.intact():
+                    self._refuse(f"the copy of rank {snap.have.rank}'s state at step {step} (held)")
+                    del store[step]
+        said = await group.all_gather_object(
+            {
+                "have": [[s.step, *astuple(s.have)] for s in self._snapshots()],
+                "want": list(_geometry(fsdp)),
+            }
+        )
+        want = [tuple(s["want"]) for s in said]
+        by_step: dict[int, list[list[Have]]] = {}
+        for r, s in enumerate(said):
+            for step, *have in s["have"]:
+                by_step.setdefault(step, [[] for _ in said])[r].append(Have(*have))
+        for step in sorted(by_step, reverse=True):
+            plan = sources(by_step[step], want, kind["numels"])
+            if plan is None:
+                continue
+            got = await self._gather(group, step, plan, want)
+            everyone = await group.all_gather_object(got is not None)
             if all(everyone):
-                return await self._load(fsdp, self._own[step], rngs)
-            refused.add(step)
+                assert got is not None
+                return await self._load(fsdp, group, step, got, rngs)
         return None
 
+    def _snapshots(self) -> list[Snapshot]:
+        return [*self._own.values(), *self._held.values()]
+
+    def _find(self, step: int, old: int) -> Snapshot:
+        return next(s for s in self._snapshots() if s.step == step and s.have.rank == old)
+
+    async def _gather(
+        self,
+        group: Group,
+        step: int,
+        plan: list[list[tuple[int, int]]],
+        want: list[tuple[int, ...]],
+    ) -> tuple[list[Piece], dict[str, Any]] | None:
+        """This rank's pieces of ``step`` (its own and those the plan has others send it),
+        sending what the plan asks of it; with the snapshot meta of its own old rank.
+        None if a piece sent here failed its digest."""
+        me = group.rank
+        sends = [
+            wire.send_pieces(group, to, self._find(step, old), want[to])
+            for to, pairs in enumerate(plan)
+            for server, old in pairs
+            if server == me and to != me
+        ]
+        mine = [old for server, old in plan[me] if server == me]
+        received_from = [(server, old) for server, old in plan[me] if server != me]
+        received = [wire.receive_pieces(group, server, old) for server, old in received_from]
+        _sent, answers = await asyncio.gather(asyncio.gather(*sends), asyncio.gather(*received))
+        pieces: list[Piece] = []
+        metas: dict[int, dict[str, Any]] = {}
+        for old in mine:
+            snap = self._find(step, old)
+            pieces += cut(snap, *want[me])
+            metas[old] = snap.meta
+        intact = True
+        for (server, old), (meta, got, ok) in zip(received_from, answers, strict=True):
+            if not ok:
+                self._refuse(f"the copy of rank {old}'s state at step {step} (from rank {server})")
+                intact = False
+            pieces += got
+            metas[old] = meta
+        world = int(next(iter(metas.values()))["world"])
+        return (pieces, metas[me if me < world else 0]) if intact else None
+
     async def _load(
-        self, fsdp: FSDP, snap: Snapshot, rngs: dict[str, np.random.Generator] | None
+        self,
+        fsdp: FSDP,
+        group: Group,
+        step: int,
+        got: tuple[list[Piece], dict[str, Any]],
+        rngs: dict[str, np.random.Generator] | None,
     ) -> Resumed:
-        arrays = dict(zip([n for n, _s, _d in snap.meta["layout"]], snap.arrays(), strict=True))
+        pieces, meta = got
+        units = fsdp.all_units()
+        slots = sorted({name.split(":", 1)[1] for name, _s, _d in meta["layout"]} - {"param"})
+        dtypes = {name: np.dtype(dtype) for name, _shape, dtype in meta["layout"]}
+        targets: dict[str, np.ndarray] = {}
+        for index, unit in enumerate(units):
+            for slot in ["param", *slots]:
+                name = f"{index}:{slot}"  # each array's own dtype (an empty unit's may differ)
+                targets[name] = np.zeros_like(unit.shard, dtype=dtypes[name])
+        bases = [owned_range(unit)[0] for unit in units]
+        place(pieces, targets, bases)
         state = []
-        for index, unit in enumerate(fsdp.all_units()):
-            unit.shard[...] = arrays[f"{index}:param"]
+        for index, unit in enumerate(units):
+            unit.shard[...] = targets[f"{index}:param"]
             await unit.reload()
-            prefix = f"{index}:"
-            state.append({k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)})
-            del state[-1]["param"]
-        if any(state):
+            state.append({slot: targets[f"{index}:{slot}"] for slot in slots})
+        if slots:
             fsdp.optimizer.set_state(state)
-        for unit in fsdp.all_units():
+        for unit in units:
             unit.page_out()
-        fsdp.optimizer.steps = int(snap.meta["steps"])
-        set_generator_states(fsdp, rngs or {}, snap.meta["rngs"])
-        # the abandoned steps after it are gone (training repeats them)
+        fsdp.optimizer.steps = int(meta["steps"])
+        if int(meta["rank"]) == fsdp.group.rank:  # a rank the old group had: its streams
+            set_generator_states(fsdp, rngs or {}, meta["rngs"])
+        # the abandoned steps after it are gone (training repeats them); the state
+        # restored is snapshotted and copied at once, in this group's parts and
+        # placement, so a failure before the next copy step rolls back to it again
         for store in (self._own, self._held):
-            for step in [s for s in store if s > snap.step]:
-                del store[step]
-        return Resumed(snap.step, dict(snap.meta["extra"]), None)
+            for later in [s for s in store if s > step]:
+                del store[later]
+        self._take(fsdp, group, step, generator_states(fsdp, rngs or {}), dict(meta["extra"]))
+        return Resumed(step, dict(meta["extra"]), None)
 
 
-def _fits(snap: Snapshot, mine: list[tuple[str, Any, str]], fsdp: FSDP) -> bool:
-    """A snapshot taken in this layout (an optimizer not yet stepped has no slots)."""
-    layout = [(n, tuple(s), d) for n, s, d in snap.meta["layout"]]
-    params = [(n, tuple(s), d) for n, s, d in mine if n.endswith(":param")]
-    if fsdp.optimizer.state:
-        return layout == [(n, tuple(s), d) for n, s, d in mine]
-    return [entry for entry in layout if entry[0].endswith(":param")] == params
+def _geometry(fsdp: FSDP) -> tuple[int, int]:
+    """Which part of each unit's flat buffer this rank holds: ``(shards, shard)``."""
+    units = fsdp.all_units()
+    if not units or not units[0].strategy.shards_grads:
+        return 1, 0
+    return units[0].layout.shards, units[0].shard_group.rank
+
+
+def _kind(fsdp: FSDP) -> dict[str, Any]:
+    """What a snapshot must match to be restored here: each unit's values and dtype, and
+    the optimizer (its slots, once it has any)."""
+    units = fsdp.all_units()
+    slots = sorted(fsdp.optimizer.state[0]) if fsdp.optimizer.state else None
+    return {
+        "numels": [u.layout.numel for u in units],
+        "dtypes": [u.layout.dtype.str for u in units],
+        "optimizer": type(fsdp.optimizer).__name__,
+        "slots": slots,
+    }
+
+
+def _fits(snap: Snapshot, kind: dict[str, Any]) -> bool:
+    """Whether ``snap`` was taken of this model and optimizer (whose slots, once it has
+    any, must be the snapshot's)."""
+    slots = sorted({n.split(":", 1)[1] for n, _s, _d in snap.meta["layout"]} - {"param"})
+    same = all(snap.meta["kind"][k] == kind[k] for k in ("numels", "dtypes", "optimizer"))
+    return same and (kind["slots"] is None or kind["slots"] == slots)
 
 
 async def _anyone_leaving(group: Group, leave: Notice) -> bool:
     """Whether any rank was told to leave (every rank asks at the same copy step)."""
     told = await group.all_reduce(np.array([int(leave.requested)], np.int64), "max")
     return bool(told[0])
-
-
-async def _send(group: Group, to: int, snap: Snapshot) -> None:
-    header = np.frombuffer(msgpack.packb(snap.meta), np.uint8)
-    await group.send(header, to, tag=_HEADER)
-    await group.send(snap.data, to, tag=_DATA)
-
-
-async def _receive(group: Group, of: int) -> Snapshot:
-    header = await group.recv(of, tag=_HEADER)
-    meta = msgpack.unpackb(np.ascontiguousarray(header).tobytes())
-    data = await group.recv(of, tag=_DATA)
-    return Snapshot(meta, np.ascontiguousarray(data).view(np.uint8).reshape(-1))

@@ -1,7 +1,8 @@
 """Peer copies of the training state: a replaced rank takes its state from its holder's
-memory and every rank rolls back to the same step, bit for bit; a copy that fails its
-digest is refused and the next older step is used; the placement puts each copy on
-another node."""
+memory and every rank rolls back to the same step, bit for bit; a group of another size
+or strategy restores from the copies exactly what the disk checkpoint of that step
+gives it; a copy that fails its digest is refused and the next older step is used; the
+placement puts each copy on another node."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 from shardwire.protocol.errors import InvalidArgument, LeftJob
-from shardwire.worker.fsdp import PeerCopies, Strategy
-from shardwire.worker.fsdp.peercopy import choose, holder, pack, source
+from shardwire.worker.fsdp import PeerCopies, Strategy, copywire
+from shardwire.worker.fsdp.copyplan import Have, holder, pack, source, sources, span
 
 from .test_persist import _optimizer_state
 from .training import STEPS, fsdp_world, train_rank
@@ -28,19 +29,41 @@ def test_the_holder_is_on_another_node_and_source_inverts_it(world, per_node) ->
     assert sorted(holder(r, world, per_node) for r in range(world)) == list(range(world))
 
 
-def test_the_newest_step_every_rank_can_restore_is_chosen() -> None:
-    def nxt(r: int) -> int:
-        return (r + 1) % 3
+def _have(rank: int, world: int, shards: int | None = None, shard: int | None = None) -> Have:
+    return Have(rank, world, world if shards is None else shards, rank if shard is None else shard)
 
-    # rank 1 was replaced (no own snapshots); its holder, rank 2, has steps 4 and 8
-    own, held = [[4, 8], [], [4, 8]], [[4, 8], [4, 8], [4, 8]]
-    assert choose(own, held, nxt) == (8, [1])
-    # the copy of step 8 never reached rank 2 (rank 1 died mid-copy): step 4
-    assert choose(own, [[4, 8], [4, 8], [4]], nxt) == (4, [1])
-    assert choose(own, held, nxt, refused={8}) == (4, [1])
-    assert choose(own, held, nxt, refused={4, 8}) is None
-    assert choose([[], [], []], [[], [], []], nxt) is None
-    assert choose([[4], [4], [4]], [[], [], []], nxt) == (4, [])  # survivors only
+
+def test_a_kept_rank_reads_itself_and_a_replaced_one_its_holder() -> None:
+    # rank 1 was replaced (no own snapshots); rank 2 holds its copy
+    have = [[_have(0, 3), _have(2, 3)], [], [_have(2, 3), _have(1, 3)]]
+    have[1] = [_have(0, 3)]  # rank 1 holds rank 0's copy
+    want = [(3, 0), (3, 1), (3, 2)]
+    assert sources(have, want, [10, 7]) == [[(0, 0)], [(2, 1)], [(2, 2)]]
+    assert sources([[_have(0, 3)], [], [_have(2, 3)]], want, [10]) is None  # 1's copy lost
+    assert sources([[_have(0, 2)], [_have(1, 3)]], want[:2], [10]) is None  # two worlds
+
+
+def test_a_shrink_spreads_the_lost_ranks_parts_over_the_survivors() -> None:
+    # 4 ranks on 2 nodes; node b (ranks 2, 3) lost; ranks 0 and 1 held their copies
+    have = [[_have(0, 4), _have(2, 4)], [_have(1, 4), _have(3, 4)]]
+    assert [span(10, 4, k) for k in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert sources(have, [(2, 0), (2, 1)], [10]) == [
+        [(0, 0), (1, 1)],  # values 0..5: its own, and rank 1's 3..5
+        [(0, 2), (1, 1), (1, 3)],  # 5..10: its own 5, rank 2's from rank 0, rank 3's
+    ]
+    # the whole buffer (NO_SHARD) needs every part; a grow gives old rank 0's meta
+    assert sources(have, [(1, 0)], [10]) == [[(0, 0), (0, 2), (1, 1), (1, 3)]]
+    grown = sources(have + [[], []], [(6, k) for k in range(6)], [12])
+    assert grown is not None and grown[4][0] == (0, 0) and grown[5] == [(0, 0), (1, 3)]
+
+
+def test_a_replica_s_part_serves_when_its_own_rank_is_gone() -> None:
+    # HYBRID_SHARD, 2 replicas of 2 shards: rank 1 (shard 1 of replica 0) replaced
+    have = [[_have(0, 4, 2, 0)], [_have(0, 4, 2, 0)], [_have(2, 4, 2, 0)], [_have(3, 4, 2, 1)]]
+    have[0].append(_have(1, 4, 2, 1))  # rank 0 held rank 1's copy
+    want = [(2, 0), (2, 1), (2, 0), (2, 1)]
+    plan = sources(have, want, [9])
+    assert plan == [[(0, 0)], [(0, 1)], [(2, 2)], [(3, 3)]]
 
 
 def test_a_snapshot_round_trips_and_a_flipped_byte_is_caught() -> None:
@@ -129,20 +152,116 @@ async def test_a_copy_that_fails_its_digest_is_refused_and_an_older_step_used() 
     async with fsdp_world(3, Strategy.SHARD_GRAD_OP, "adam") as ranks:
         resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
         assert {r.step for r in resumed} == {1}
-        assert "rank 0's state at step 2" in copies[0].refused[0]
-        assert not copies[1].refused and not copies[2].refused
+        assert copies[1].refused == [
+            "the copy of rank 0's state at step 2 (held) does not match its digest: refused"
+        ]
+        assert not copies[0].refused and not copies[2].refused
 
 
-async def test_copies_of_another_layout_are_not_restored() -> None:
+async def test_pieces_damaged_on_the_wire_are_refused_and_an_older_step_used(monkeypatch) -> None:
+    copies = [PeerCopies(1, ranks_per_node=1) for _ in range(2)]
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 2)
+    copies[1] = PeerCopies(1, ranks_per_node=1)  # rank 1 replaced; rank 0 holds its copies
+    real, damaged = copywire.bytes_pieces, []
+
+    def damage(table, data):
+        if not damaged:  # the first message only: step 2's
+            data[len(data) // 2] ^= 0xFF
+            damaged.append(True)
+        return real(table, data)
+
+    monkeypatch.setattr(copywire, "bytes_pieces", damage)
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
+        assert {r.step for r in resumed} == {1}
+        assert copies[1].refused == [
+            "the copy of rank 1's state at step 2 (from rank 0) does not match its digest: refused"
+        ]
+
+
+async def _disk_state(root, world: int, strategy: Strategy, **options) -> tuple[dict, dict]:
+    """The state a group of ``world`` loads from the checkpoint in ``root``."""
+    async with fsdp_world(world, strategy, "adam", **options) as ranks:
+        await asyncio.gather(*(f.load(root) for f in ranks))
+        return await _state(ranks)
+
+
+async def _restored(copies: list[PeerCopies], strategy: Strategy, **options) -> tuple:
+    """What a group of ``len(copies)`` ranks restores from ``copies``, and its state."""
+    async with fsdp_world(len(copies), strategy, "adam", **options) as ranks:
+        resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
+        assert {f.optimizer.steps for f in ranks} == {4}
+        await asyncio.gather(*(c.wait() for c in copies))  # the restored step's copies
+        return resumed, await _state(ranks)
+
+
+@pytest.mark.parametrize("survivors", [(0, 1), (2, 3)])
+async def test_a_shrink_restores_from_copies_what_the_checkpoint_gives(tmp_path, survivors) -> None:
+    """4 ranks on 2 nodes; one node is lost and the other's two ranks go on alone (as
+    ranks 0 and 1): they restore the lost ranks' parts from the copies they held, the
+    same state, bit for bit, as loading the checkpoint of that step at 2 ranks."""
+    copies = [PeerCopies(2, ranks_per_node=2) for _ in range(4)]
+    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 4)
+        await asyncio.gather(*(f.save(tmp_path, step=4, extra={"at": 4}) for f in ranks))
+    kept = [copies[r] for r in survivors]
+    resumed, state = await _restored(kept, Strategy.FULL_SHARD)
+    assert {(r.step, r.extra["at"]) for r in resumed} == {(4, 4)}
+    _assert_same(state, await _disk_state(tmp_path, 2, Strategy.FULL_SHARD))
+    # the restored step was copied again in the smaller group: a second loss rolls back
+    # to it, not past it
+    assert all(c._own[4].meta["world"] == c._held[4].meta["world"] == 2 for c in kept)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [
+        (Strategy.FULL_SHARD, {}),
+        (Strategy.NO_SHARD, {}),
+        (Strategy.HYBRID_SHARD, {"shard_size": 2}),
+    ],
+)
+async def test_a_grow_or_another_strategy_restores_what_the_checkpoint_gives(
+    tmp_path, strategy, options
+) -> None:
+    copies = [PeerCopies(2) for _ in range(2)]
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 4)
+        await asyncio.gather(*(f.save(tmp_path, step=4) for f in ranks))
+    grown = [*copies, PeerCopies(2), PeerCopies(2)]  # two new ranks, nothing in memory
+    _resumed, state = await _restored(grown, strategy, **options)
+    _assert_same(state, await _disk_state(tmp_path, 4, strategy, **options))
+
+
+def _assert_same(state: tuple[dict, dict], oracle: tuple[dict, dict]) -> None:
+    for got, want in zip(state, oracle, strict=True):
+        assert sorted(got) == sorted(want)
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value)  # bit for bit
+
+
+async def test_a_replica_s_copy_restores_a_replaced_rank_under_hybrid_shard() -> None:
+    copies = [PeerCopies(2, ranks_per_node=2) for _ in range(4)]
+    async with fsdp_world(4, Strategy.HYBRID_SHARD, "adam", shard_size=2) as ranks:
+        await _train_saving(ranks, copies, 4)
+        at_four = await _state(ranks)
+    copies[1] = PeerCopies(2, ranks_per_node=2)
+    _resumed, state = await _restored(copies, Strategy.HYBRID_SHARD, shard_size=2)
+    _assert_same(state, at_four)
+
+
+async def test_copies_of_another_model_or_optimizer_are_not_restored() -> None:
     copies = [PeerCopies(1) for _ in range(2)]
     async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
         await asyncio.gather(*(train_rank(f, r, 2, steps=range(1)) for r, f in enumerate(ranks)))
         await _save(ranks, copies, 1)
-    async with fsdp_world(2, Strategy.NO_SHARD, "adam") as ranks:  # whole, not halves
+    async with fsdp_world(2, Strategy.FULL_SHARD, "sgd") as ranks:  # SGD has other slots
         assert (
             await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
             == [None] * 2
         )
+    assert all(not c._own and not c._held for c in copies)
 
 
 async def test_only_the_newest_keep_steps_are_kept() -> None:
