@@ -124,6 +124,11 @@ class PeerCopies:
         return self._own[max(self._own)].data.nbytes if self._own else 0
 
     def _copies(self, fsdp: FSDP) -> Group:
+        if fsdp.mesh is not None and fsdp.mesh.sizes[1:] != (1, 1):
+            raise InvalidArgument(
+                "peer copies hold FSDP state of plain data parallelism; a tensor-parallel or "
+                "pipeline layout (a mesh with tp or pp above 1) restores from disk checkpoints"
+            )
         if self._base is not fsdp.group or self._group is None:
             self._base = fsdp.group
             self._group = fsdp.group.new_group(range(fsdp.group.size), name="peer-copies")
