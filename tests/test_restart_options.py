@@ -3,13 +3,15 @@ variables of the coordinator and the launcher."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from pydantic import ValidationError
 
 from shardwire.coordinator.__main__ import rendezvous_config, settings_from
 from shardwire.protocol import InvalidArgument
 from shardwire.protocol.messages import NodeAssignment
-from shardwire.worker.launcher.agent import _launch
+from shardwire.worker.launcher.agent import _launch, stop_grace
 from shardwire.worker.launcher.cli import launch_settings, parser
 from shardwire.worker.launcher.hosted import coordinator_command
 from shardwire.worker.launcher.options import LaunchSettings
@@ -61,3 +63,20 @@ def test_the_warm_spare_is_on_unless_the_flag_or_the_variable_turns_it_off(monke
     assert spare("--no-warm-spare") is False
     monkeypatch.setenv("SHARDWIRE_WARM_SPARE", "0")
     assert spare() is False
+
+
+def test_a_notice_gives_the_ranks_the_leave_timeout_under_live_recovery(monkeypatch) -> None:
+    assignment = NodeAssignment(node_rank=0, nnodes=1, world_size=2)
+
+    def launch(*flags: str):
+        args = parser().parse_args(["launch", "--standalone", *flags, "x.py"])
+        return _launch(launch_settings(args), ["python", "-u", "x.py"], {}, "n", assignment)
+
+    live = ("--recovery", "live", "--max-restarts", "1", "--term-timeout", "2")
+    assert stop_grace(launch(*live), signal.SIGTERM) == 30.0  # the default
+    assert stop_grace(launch(*live, "--leave-timeout", "60"), signal.SIGTERM) == 60.0
+    assert stop_grace(launch(*live, "--leave-timeout", "1"), signal.SIGTERM) == 2.0
+    assert stop_grace(launch(*live), signal.SIGINT) is None  # Ctrl-C: --term-timeout
+    assert stop_grace(launch("--max-restarts", "1"), signal.SIGTERM) is None  # relaunch
+    monkeypatch.setenv("SHARDWIRE_LEAVE_TIMEOUT", "45")
+    assert stop_grace(launch(*live), signal.SIGTERM) == 45.0

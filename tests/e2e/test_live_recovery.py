@@ -195,12 +195,14 @@ def test_bench_copies_measures_the_overhead_and_a_restore(tmp_path) -> None:
     assert "peer copies" in done.stdout
 
 
-def _node(port: int, name: str, run_dir: Path, *, copies: bool, nnodes: str) -> subprocess.Popen:
+def _node(
+    port: int, name: str, run_dir: Path, *, nnodes: str, copy_every: int = 5, flags=()
+) -> subprocess.Popen:
     return subprocess.Popen(
         [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", nnodes,
          "--nproc-per-node", "2", "--node-id", name, "--run-id", "nodes", "--max-restarts",
-         "1", "--recovery", "live", *DIGITS_LONG, "--run-dir", str(run_dir),
-         *(["--copy-every", "5"] if copies else [])],
+         "2", "--recovery", "live", *flags, *DIGITS_LONG, "--run-dir", str(run_dir),
+         "--copy-every", str(copy_every)],
         cwd=ROOT, env=env(**NODES_TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -211,20 +213,28 @@ DIGITS_LONG = ["examples/digits.py", "--steps", "300", "--log-every", "10"]
 
 
 def _two_nodes(
-    tmp_path: Path, name: str, *, lose_b_at: str | None, shrink: bool = False
+    tmp_path: Path,
+    name: str,
+    *,
+    lose_b_at: str | None,
+    shrink: bool = False,
+    notice: bool = False,
+    copy_every: int = 5,
 ) -> tuple[dict, dict]:
     """digits on two nodes (agents a and b, two ranks each) under a coordinator; with
-    ``lose_b_at``, node b's agent is SIGKILLed once rank 0 logs that step, and a new
-    agent for b is started (with ``shrink``, none is: the job, ``--nnodes 1:2``, goes on
-    with node a alone). Returns node a's run records."""
+    ``lose_b_at``, node b's agent is SIGKILLed (with ``notice``, sent SIGTERM) once rank
+    0 logs that step, and a new agent for b is started (with ``shrink``, none is: the
+    job, ``--nnodes 1:2``, goes on with node a alone). Returns node a's run records."""
     nnodes = "1:2" if shrink else "2"
     size = ["--nnodes", nnodes, "--last-call", "2"] if shrink else ["--world-size", "4"]
     coordinator, port = start_coordinator(
-        *size, "--run-id", "nodes", "--max-restarts", "1", "--http-port", "-1", **NODES_TOKEN
+        *size, "--run-id", "nodes", "--max-restarts", "2", "--http-port", "-1", **NODES_TOKEN
     )
     run = tmp_path / name
-    a = _node(int(port), "a", run, copies=True, nnodes=nnodes)
-    b = _node(int(port), "b", tmp_path / f"{name}-b", copies=True, nnodes=nnodes)
+    a = _node(int(port), "a", run, nnodes=nnodes, copy_every=copy_every)
+    b_flags = ["--term-timeout", "0.5"]  # a notice's grace is --leave-timeout's, not this
+    b = _node(int(port), "b", tmp_path / f"{name}-b", nnodes=nnodes, copy_every=copy_every,
+              flags=b_flags)  # fmt: skip
     procs = [coordinator, a, b]
     try:
         if lose_b_at is not None:
@@ -237,11 +247,16 @@ def _two_nodes(
             spares = [pid for pid in children if b"launcher.spare" in _cmdline(pid)]
             orphans = [pid for pid in children if pid not in spares]
             assert len(orphans) == 2 and len(spares) <= 1  # a warm spare once it started
-            os.kill(b.pid, signal.SIGKILL)  # its ranks are orphans: they must not re-form
-            b.wait(timeout=30)
+            if notice:  # a preemption notice: its ranks hand their state over and leave
+                os.kill(b.pid, signal.SIGTERM)
+                _out, err = b.communicate(timeout=60)
+                (tmp_path / f"{name}-b.err").write_text(err)
+            else:  # its ranks are orphans: they must not re-form
+                os.kill(b.pid, signal.SIGKILL)
+                b.wait(timeout=30)
             if not shrink:
                 b2 = tmp_path / f"{name}-b2"
-                procs.append(again := _node(int(port), "b", b2, copies=True, nnodes=nnodes))
+                procs.append(again := _node(int(port), "b", b2, nnodes=nnodes))
                 _out, err = again.communicate(timeout=240)
                 (tmp_path / f"{name}-b2.err").write_text(err)
                 assert again.returncode == 0, err[-3000:]
@@ -260,7 +275,7 @@ def _two_nodes(
                 proc.kill()
             rest = proc.communicate(timeout=60)
             (tmp_path / f"{name}-{i}.rest").write_text(f"{rest[0]}\n{rest[1]}")
-    if lose_b_at is not None:  # from the copies, not from step 0 (there is no checkpoint)
+    if lose_b_at is not None and not notice:  # from the copies, not step 0 (no checkpoint)
         resumed = re.search(r"resuming .* at step (\d+)", out)
         # at or after the last copy before step 100 (the kill may land a few steps later
         # than the line that triggered it on a busy machine)
@@ -332,6 +347,27 @@ def test_a_lost_node_s_ranks_are_spread_over_the_survivors_from_the_copies_they_
         s: r for s, r in straight[0].items() if s <= resumed
     }
     assert summary["held_out_accuracy"] > 0.9
+
+
+def test_a_node_sent_sigterm_hands_its_ranks_state_over_before_it_goes(tmp_path) -> None:
+    """``--nnodes 1:2``, copies every 100 steps: node b's agent is sent SIGTERM (a
+    preemption notice) at step 110. Its ranks go on to the next copy step, 200, which
+    is more than node b's ``--term-timeout`` (0.5 s) away but within ``--leave-timeout``
+    (30 s): there every copy lands, they leave, and node a's ranks go on alone from that
+    step, not from the copy before the notice (100). Node b takes no part in the next
+    generation: the job re-forms once, at two ranks."""
+    records, summary = _two_nodes(
+        tmp_path, "noticed", lose_b_at="step 110/300", shrink=True, notice=True, copy_every=100
+    )
+    out = (tmp_path / "noticed-a.out").read_text()
+    err = (tmp_path / "noticed-b.err").read_text()
+    assert "left on SIGTERM after handing its state at step" in err, err[-3000:]
+    found = re.search(r"resuming .* at step (\d+)", out)
+    assert found and int(found.group(1)) >= 200, f"{err[-3000:]}\n{out[-1500:]}"
+    assert summary["workers"] == 2 and summary["held_out_accuracy"] > 0.9
+    assert (
+        "job finished after 2 generations (1 restarts)" in (tmp_path / "noticed-a.err").read_text()
+    )
 
 
 def test_kills_at_random_times_mid_collective_or_mid_copy_still_end_bit_identical(

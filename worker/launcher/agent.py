@@ -224,6 +224,7 @@ def _launch(
         nproc=settings.nproc_per_node,
         world_size=assignment.world_size,
         term_timeout=settings.term_timeout,
+        leave_timeout=settings.leave_timeout,
         generation=assignment.generation,
         respawns=settings.max_restarts if settings.recovery == "live" else 0,
         spare=settings.warm_spare,
@@ -239,7 +240,8 @@ async def supervise_live(
 ) -> int:
     """Live recovery: one supervisor for the whole job. A dead rank's process is started
     anew by the supervisor; on each ``Restart`` this agent joins the next generation at
-    once, its running processes re-forming into it, until the job finishes or fails."""
+    once, its running processes re-forming into it, until the job finishes or fails, or
+    this agent was told to stop."""
     run = asyncio.ensure_future(_supervise(supervisor))
     try:
         while True:
@@ -248,12 +250,27 @@ async def supervise_live(
             if run.done() or not isinstance(watch.verdict, Restart):
                 heard.cancel()
                 return await run  # finished, or failed for good: the processes end
+            if supervisor.interrupted_by:
+                # told to go (SIGTERM: a notice): this node takes no part in the next
+                # generation; its ranks finish leaving, and its connection's close tells
+                # the coordinator it is gone
+                return await run
             print(f"[agent]: {watch.restart_line()}", file=sys.stderr, flush=True)
             watch.renew(await control.node_join(join, timeout=settings.join_timeout))
     finally:
         if not run.done():  # the coordinator could not be joined again: the node stops
             await supervisor.stop()
             await asyncio.gather(run, return_exceptions=True)
+
+
+def stop_grace(launch: Launch, sig: int) -> float | None:
+    """The seconds this node's ranks get after the agent passes ``sig`` on to them, before
+    SIGKILL (None: ``--term-timeout``'s). Under live recovery SIGTERM is a notice (a spot
+    machine's, say): the ranks hand their state over at their next copy step and leave,
+    which may take longer, so they get ``--leave-timeout``'s."""
+    if sig == signal.SIGTERM and launch.respawns > 0:
+        return max(launch.leave_timeout, launch.term_timeout)
+    return None
 
 
 async def _supervise(supervisor: Supervisor) -> int:
@@ -264,7 +281,7 @@ async def _supervise(supervisor: Supervisor) -> int:
     def forward(sig: int) -> None:
         received.append(sig)
         supervisor.interrupted_by = supervisor.interrupted_by or sig
-        task = asyncio.ensure_future(supervisor.stop(sig))
+        task = asyncio.ensure_future(supervisor.stop(sig, grace=stop_grace(supervisor.launch, sig)))
         stop_tasks.add(task)
 
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -116,6 +116,13 @@ def _add_rank_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
     p.add_argument("--term-timeout", type=float, help="grace after SIGTERM before SIGKILL (5)")
     p.add_argument(
+        "--leave-timeout",
+        type=float,
+        help="with --recovery live: when this node's agent is sent SIGTERM (a preemption "
+        "notice), the grace its ranks get to hand their state over at their next copy "
+        "step and leave, before SIGKILL (30)",
+    )
+    p.add_argument(
         "--stall-warn",
         type=float,
         help="seconds a worker's event loop may be busy before it is reported busy (10)",

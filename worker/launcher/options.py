@@ -78,6 +78,8 @@ class LaunchSettings(_Client):
     trace: bool = False
     trace_dir: str | None = None  # None: traces/RUN_ID under the current directory
     term_timeout: float = Field(default=5.0, gt=0)
+    # live recovery: after SIGTERM to the agent, its ranks' time to hand over and leave
+    leave_timeout: float = Field(default=30.0, gt=0)
     chaos: str | None = None  # a fault plan's path (``shardwire chaos`` sets it too)
 
     @field_validator("coordinator_port", mode="before")

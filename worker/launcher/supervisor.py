@@ -81,6 +81,7 @@ class Launch:
     nproc: int
     world_size: int
     term_timeout: float = 5.0
+    leave_timeout: float = 30.0  # live recovery: the grace after a SIGTERM notice
     generation: int = 1
     # live recovery: a dead rank's process is started anew (at most this many times per
     # local rank) while its node's other processes go on; 0: a death stops the node
@@ -249,8 +250,9 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.proc.pid, sig)
 
-    async def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Signal every running child, then SIGKILL whoever outlives ``term_timeout``."""
+    async def stop(self, sig: int = signal.SIGTERM, *, grace: float | None = None) -> None:
+        """Signal every running child, then SIGKILL whoever outlives ``grace`` seconds
+        (``term_timeout`` unless given)."""
         self._stopping.set()
         await self.spare.drop()
         for child in self.children:
@@ -259,7 +261,7 @@ class Supervisor:
         self.signal_all(signal.SIGCONT)  # a stopped child acts on the signal only once continued
         running = [c.proc.wait() for c in self.children if c.proc.returncode is None]
         try:
-            async with asyncio.timeout(self.launch.term_timeout):
+            async with asyncio.timeout(self.launch.term_timeout if grace is None else grace):
                 await asyncio.gather(*running)
         except TimeoutError:
             for child in self.children:
