@@ -216,6 +216,7 @@ class Lifecycle:
         self, rank: int, reason: str, traceback: str = "", *, stacks: str = "", failure: bool
     ) -> list[Action]:
         """End this generation and open the next once its processes are gone."""
+        forming = self.state is JobState.WAITING
         cause = f"rank {rank} failed: {reason}" if failure else f"membership change: {reason}"
         self.gens.end(cause, self._now)
         ended = self.generation
@@ -227,6 +228,12 @@ class Lifecycle:
         used = f" (restart {self.gens.restarts} of {self.gens.max_restarts})" if failure else ""
         self._event(f"generation {ended} ended: {cause}; restarting{used}")
         abort = Abort(rank=rank, reason=reason, traceback=traceback, stacks=stacks, restarting=True)
+        if forming:  # ended before it formed: the survivors that joined it, re-forming
+            # in their processes, join the next one instead (they were told nothing)
+            for conn, w in list(self._workers.items()):
+                if w.join.reforming and w.connected:
+                    self._parked[conn] = (w.join, w.host)
+                    del self._workers[conn]
         restart = Restart(
             generation=self.generation,
             rank=rank,

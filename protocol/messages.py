@@ -74,6 +74,9 @@ class Join(_Msg):
     listen_port: Annotated[int, Field(ge=0, le=65535)] = 0
     fingerprint: Str = ""
     requested_rank: Rank | None = None
+    # a survivor re-forming in its process (live recovery): should the generation it
+    # joins end before it forms, it joins the next one rather than being fenced off
+    reforming: bool = False
 
 
 class NodeJoin(_Msg):

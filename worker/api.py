@@ -92,6 +92,7 @@ class Session:
         self._chaos: inject.Injector | None = None  # a chaos plan's faults for this rank
         self._parent = os.getppid()  # under a node agent: the agent
         self._leave: leave.LeaveNotice | None = None  # SIGTERM as a notice to leave
+        self._reforming = False  # joins after the first are re-formations (live recovery)
 
     async def __aenter__(self) -> ProcessGroup:
         if self.config.agent_beats:  # under a node agent: a rank does not outlive it
@@ -195,6 +196,7 @@ class Session:
         self.group = self._mesh = self._control = self._chaos = None
         # the next generation's number is learned from the placement
         self.config = dataclasses.replace(self.config, generation=0)
+        self._reforming = True
         try:
             return await self._start()
         except BaseException:
@@ -244,6 +246,7 @@ class Session:
                 listen_host=cfg.advertise_host,
                 listen_port=port,
                 requested_rank=cfg.rank,
+                reforming=self._reforming,
             ),
             timeout=cfg.join_timeout,
         )

@@ -247,7 +247,7 @@ def test_a_long_history_sends_the_first_and_latest_generations_inside_a_frame() 
 def _rejoin(rank: int, name: str) -> Join:
     """A survivor re-forming in its process: it asks for its rank (as an agent's do)."""
     return Join(world_size=2 * LWS, node_id=name, local_rank=rank % LWS, local_world_size=LWS,
-                requested_rank=rank)  # fmt: skip
+                requested_rank=rank, reforming=True)  # fmt: skip
 
 
 def test_survivors_rejoining_in_their_processes_wait_for_the_next_generation() -> None:
@@ -308,6 +308,37 @@ def test_survivors_of_a_lost_node_form_a_smaller_generation_after_the_last_call(
     assert {(p.world_size, p.node_rank) for p in placed.values()} == {(LWS, 0)}
     assert sent(actions, NodeAssignment)[kept].node_rank == 0
     assert set(placed) == {old + 20 for old in survivors}
+
+
+def test_survivors_in_a_generation_that_ends_before_it_forms_join_the_next() -> None:
+    """Survivors re-forming in their processes have joined generation 2, which waits for
+    the failed rank's replacement, when node b's agent is lost: generation 2 ends before
+    it formed. The survivors are neither aborted nor fenced off as its processes: their
+    joins carry over, and generation 3 forms with node a's (``--nnodes 1:2``)."""
+    r = rdzv(last_call=1.0)
+    r.node_join(100, node("a", low=1, budget=2), 0.0)
+    r.node_join(101, node("b", low=1, budget=2), 0.0)
+    rosters = run_generation(r, {"a": 100, "b": 101}, 1.0, 1)
+    ranks = {c: p.rank for c, p in rosters.items()}
+    node_of = {c: "a" if ranks[c] < LWS else "b" for c in rosters}
+    dead = next(c for c in rosters if ranks[c] == 2)
+    r.disconnected(dead)
+    survivors = [c for c in rosters if c != dead]
+    for old in survivors:
+        r.join(old + 20, _rejoin(ranks[old], node_of[old]), peer_host="10.0.0.1", now=2.0)
+        r.disconnected(old)
+    r.node_join(100, node("a", low=1, budget=2), 2.5)
+    assert sent(r.node_join(101, node("b", low=1, budget=2), 2.5), NodeAssignment)
+    assert r.state is JobState.WAITING  # the survivors are in; the replacement is not
+    actions = r.disconnected(101)  # node b's agent is lost
+    assert r.state is JobState.RESTARTING and r.generation == 3
+    assert not set(sent(actions, Abort)) & {old + 20 for old in survivors}
+    r.disconnected(next(c + 20 for c in survivors if node_of[c] == "b"))  # died with b's agent
+    assert sent(r.node_join(100, node("a", low=1, budget=2), 3.0), Placement) == {}
+    placed = sent(r.tick(4.5), Placement)  # the last call is over
+    assert r.state is JobState.RUNNING and r.generation == 3
+    assert set(placed) == {c + 20 for c in survivors if node_of[c] == "a"}
+    assert sorted(p.rank for p in placed.values()) == [0, 1]
 
 
 def test_a_parked_survivor_that_goes_away_is_forgotten_and_one_parked_at_the_end_hears() -> None:

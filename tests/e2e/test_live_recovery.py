@@ -365,9 +365,9 @@ def test_a_node_sent_sigterm_hands_its_ranks_state_over_before_it_goes(tmp_path)
     found = re.search(r"resuming .* at step (\d+)", out)
     assert found and int(found.group(1)) >= 200, f"{err[-3000:]}\n{out[-1500:]}"
     assert summary["workers"] == 2 and summary["held_out_accuracy"] > 0.9
-    assert (
-        "job finished after 2 generations (1 restarts)" in (tmp_path / "noticed-a.err").read_text()
-    )
+    told = (tmp_path / "noticed-a.err").read_text()
+    assert "job finished after 2 generations (1 restarts)" in told
+    assert "starting generation 3" not in told  # node b did not join generation 2
 
 
 def test_kills_at_random_times_mid_collective_or_mid_copy_still_end_bit_identical(
