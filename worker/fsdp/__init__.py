@@ -1,9 +1,10 @@
 """Fully sharded data parallel training (ZeRO-3 / ZeRO-2 / DDP / hybrid)."""
 
 from shardwire.worker.fsdp.config import FSDPConfig, MixedPrecision
+from shardwire.worker.fsdp.copystate import held_state
 from shardwire.worker.fsdp.offload import Offload
 from shardwire.worker.fsdp.partition import fingerprint
-from shardwire.worker.fsdp.peercopy import PeerCopies, held_state
+from shardwire.worker.fsdp.peercopy import PeerCopies
 from shardwire.worker.fsdp.persist import Resumed, SaveReport
 from shardwire.worker.fsdp.store import CheckpointCorrupt, CheckpointError
 from shardwire.worker.fsdp.store import latest as latest_checkpoint

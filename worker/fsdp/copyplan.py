@@ -12,6 +12,7 @@ lost some (a shrink) or gained some.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,25 +50,47 @@ def span(numel: int, shards: int, shard: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Have:
     """A snapshot some rank can serve: of which old rank, in a group of ``world``, with
-    the part ``shard`` of ``shards`` of every unit."""
+    the part ``shard`` of ``shards`` of every unit, and a digest of its random
+    generators' states (``streams``)."""
 
     rank: int
     world: int
     shards: int
     shard: int
+    streams: str
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one rank of the new group restores from: ``(server, old rank)`` pairs of the
+    snapshots it reads its part from, and the old rank whose generators and data
+    position it takes (``meta``; its snapshot is among the pairs)."""
+
+    pairs: list[tuple[int, int]]
+    meta: int
+
+
+def _covered(spans: Sequence[tuple[int, int]], numel: int) -> bool:
+    at = 0
+    for lo, hi in sorted(spans):
+        if lo > at:
+            return False
+        at = max(at, hi)
+    return at >= numel
 
 
 def sources(
     have: Sequence[Sequence[Have]], want: Sequence[tuple[int, int]], numels: Sequence[int]
-) -> list[list[tuple[int, int]]] | None:
-    """For every rank ``r`` of the new group (``want[r]``: its ``(shards, shard)``;
-    ``have[r]``: the snapshots of one step it holds), the ``(server, old rank)`` pairs
-    of the snapshots it restores from: each old rank's part it needs, from itself when
-    it holds one, and always the snapshot of its own old rank (its random generators;
-    old rank 0's for a rank the old group did not have). None when some old rank's
-    snapshot is held nowhere (the step cannot be restored)."""
+) -> list[Source] | None:
+    """Where every rank ``r`` of the new group (``want[r]``: its ``(shards, shard)``;
+    ``have[r]``: the snapshots of one step it holds) restores from: each part it needs,
+    from itself when it holds one, and the generators of its own old rank. None when the
+    step cannot be restored: some values are held nowhere, or a rank's own snapshot is
+    gone and the others' generators differ (a replica's part then serves, but not its
+    streams). A rank the old group did not have takes the step's meta from a snapshot it
+    reads (it keeps its own generators, as when loading a checkpoint)."""
     where: dict[int, list[int]] = {}
-    geometry: dict[int, tuple[int, int]] = {}
+    snaps: dict[int, Have] = {}
     worlds = {h.world for held in have for h in held}
     if len(worlds) != 1:
         return None
@@ -75,18 +98,22 @@ def sources(
     for server, held in enumerate(have):
         for h in held:
             where.setdefault(h.rank, []).append(server)
-            geometry[h.rank] = (h.shards, h.shard)
-    if sorted(where) != list(range(world)):
-        return None
+            snaps[h.rank] = h
     by_part: dict[tuple[int, int], list[int]] = {}
-    for old in range(world):
-        by_part.setdefault(geometry[old], []).append(old)
+    for old in sorted(snaps):
+        by_part.setdefault((snaps[old].shards, snaps[old].shard), []).append(old)
+    parts = [[span(n, *part) for n in numels] for part in by_part]
+    if not all(_covered([p[u] for p in parts], n) for u, n in enumerate(numels)):
+        return None
+    same_streams = len({h.streams for h in snaps.values()}) == 1
     plan = []
     for r, (shards, shard) in enumerate(want):
+        if r < world and r not in snaps and not same_streams:
+            return None
         need = [span(n, shards, shard) for n in numels]
         chosen: dict[int, int] = {}  # old rank -> server
-        first = r if r < world else 0
-        chosen[first] = r if r in where[first] else where[first][0]
+        if r in snaps:  # its own old rank's: its generators (and, mostly, its part)
+            chosen[r] = r if r in where[r] else where[r][0]
         for part, olds in by_part.items():
             spans = [span(n, *part) for n in numels]
             if not any(max(a[0], b[0]) < min(a[1], b[1]) for a, b in zip(spans, need, strict=True)):
@@ -96,7 +123,9 @@ def sources(
             local = [o for o in olds if r in where[o]]
             old = local[0] if local else olds[0]
             chosen[old] = r if r in where[old] else where[old][0]
-        plan.append(sorted((server, old) for old, server in chosen.items()))
+        first = r if r in snaps else min(chosen or snaps)  # streams all alike (checked)
+        chosen.setdefault(first, r if r in where[first] else where[first][0])
+        plan.append(Source(sorted((server, old) for old, server in chosen.items()), first))
     return plan
 
 
@@ -121,7 +150,8 @@ class Snapshot:
     @property
     def have(self) -> Have:
         m = self.meta
-        return Have(int(m["rank"]), int(m["world"]), int(m["shards"]), int(m["shard"]))
+        streams = xxhash.xxh3_64_hexdigest(json.dumps(m["rngs"], sort_keys=True).encode())
+        return Have(int(m["rank"]), int(m["world"]), int(m["shards"]), int(m["shard"]), streams)
 
     def intact(self) -> bool:
         return digest(self.data) == self.meta["digest"]

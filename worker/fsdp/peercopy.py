@@ -45,16 +45,16 @@ from shardwire.worker.fsdp.copyplan import (
     Have,
     Piece,
     Snapshot,
+    Source,
     cut,
     holder,
-    pack,
     place,
     source,
     sources,
 )
+from shardwire.worker.fsdp.copystate import Live, fits, geometry, kind, snapshot
 from shardwire.worker.fsdp.generators import generator_states, set_generator_states
 from shardwire.worker.fsdp.persist import Resumed, owned_range
-from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.fsdp.wrapper import FSDP
 
 log = logging.getLogger(__name__)
@@ -65,33 +65,6 @@ class Notice(Protocol):
 
     @property
     def requested(self) -> bool: ...
-
-
-def layout_of(fsdp: FSDP) -> list[tuple[str, np.ndarray]]:
-    """What a rank alone holds, by name: each unit's shard, then its optimizer slots."""
-    state = fsdp.optimizer.state
-    out = []
-    for index, unit in enumerate(fsdp.all_units()):
-        out.append((f"{index}:param", unit.shard))
-        slots = state[index] if index < len(state) else {}
-        out += [(f"{index}:{slot}", slots[slot]) for slot in sorted(slots)]
-    return out
-
-
-def held_state(fsdp: FSDP) -> tuple[str, list[np.ndarray]]:
-    """What this rank holds (its shards and optimizer slots), with a key that ranks
-    holding the same bytes share: every rank under NO_SHARD, the same shard of each
-    replica under HYBRID_SHARD (in the same stage and tensor-parallel slice of a mesh).
-    A chaos plan's checks compare the digests of the ranks of one key."""
-    group = fsdp.shard_group
-    key = "whole" if fsdp.strategy is Strategy.NO_SHARD else f"shard {group.rank}/{group.size}"
-    if fsdp.mesh is not None:
-        c = fsdp.mesh.coords
-        key = f"stage {c.stage}, tp {c.shard}: {key}"
-    return key, [array for _name, array in layout_of(fsdp)]
-
-
-# ---- the shell on a group --------------------------------------------------------------
 
 
 class PeerCopies:
@@ -117,6 +90,7 @@ class PeerCopies:
         self._group: Group | None = None
         self._exchange: Work[None] | None = None
         self.refused: list[str] = []  # every copy refused, said
+        self._live: Live | None = None  # the last save's model and step
 
     @property
     def state_bytes(self) -> int:
@@ -150,6 +124,8 @@ class PeerCopies:
     ) -> None:
         """After training step ``step``: every ``every`` steps, snapshot this rank and
         send the copy to its holder in the background (waiting for the previous one)."""
+        states = generator_states(fsdp, rngs or {})
+        self._live = Live(fsdp, step, fsdp.optimizer.steps, states, dict(extra or {}))
         if step % self.every:
             return
         group = self._copies(fsdp)
@@ -157,7 +133,7 @@ class PeerCopies:
         leaving = (
             self.leave is not None and group.size > 1 and await _anyone_leaving(group, self.leave)
         )
-        self._take(fsdp, group, step, generator_states(fsdp, rngs or {}), extra or {})
+        self._take(fsdp, group, step, states, extra or {})
         if leaving:
             await self._hand_over(group, step)
 
@@ -165,23 +141,23 @@ class PeerCopies:
         self, fsdp: FSDP, group: Group, step: int, rngs: dict[str, str], extra: dict[str, Any]
     ) -> None:
         """Snapshot this rank at ``step``, keep it, and send its copy in the background."""
-        shards, shard = _geometry(fsdp)
-        info = {
-            "step": step,
-            "rank": group.rank,
-            "world": group.size,
-            "shards": shards,
-            "shard": shard,
-            "numels": [u.layout.numel for u in fsdp.all_units()],
-            "kind": {k: v for k, v in _kind(fsdp).items() if k != "slots"},
-            "steps": fsdp.optimizer.steps,
-            "rngs": rngs,
-            "extra": extra,
-        }
-        snap = pack(layout_of(fsdp), info)
+        snap = snapshot(fsdp, step, rngs, extra)
         self._keep(self._own, snap)
         if group.size > 1:
             self._exchange = group.spawn(self._swap(group, snap))
+
+    def _adopt_live(self, fsdp: FSDP) -> None:
+        """Before a restore: the state the last generation's model holds, as a snapshot of
+        the step it was last saved after, if nothing changed it since (its optimizer took
+        no further step). Under NO_SHARD and HYBRID_SHARD another replica's then serves a
+        lost rank's part, and nothing is rolled back (with offload its state is gone)."""
+        live, self._live = self._live, None
+        if live is None or live.fsdp is fsdp or live.step in self._own:
+            return
+        old = live.fsdp
+        if old.offload is not None or old.optimizer.steps != live.steps:
+            return
+        self._own[live.step] = snapshot(old, live.step, live.rngs, live.extra)
 
     async def _hand_over(self, group: Group, step: int) -> None:
         """A rank was told to leave: once every copy of ``step`` is at its holder, the
@@ -221,11 +197,12 @@ class PeerCopies:
         somewhere; None when there is none (the caller loads its disk checkpoint).
         Copies of another model or optimizer are dropped."""
         group = self._copies(fsdp)
-        kind = _kind(fsdp)
+        self._adopt_live(fsdp)
+        mine = kind(fsdp)
         for store in (self._own, self._held):
             for step in list(store):
                 snap = store[step]
-                if not _fits(snap, kind):
+                if not fits(snap, mine):
                     del store[step]
                 elif not snap.intact():
                     self._refuse(f"the copy of rank {snap.have.rank}'s state at step {step} (held)")
@@ -233,7 +210,7 @@ class PeerCopies:
         said = await group.all_gather_object(
             {
                 "have": [[s.step, *astuple(s.have)] for s in self._snapshots()],
-                "want": list(_geometry(fsdp)),
+                "want": list(geometry(fsdp)),
             }
         )
         want = [tuple(s["want"]) for s in said]
@@ -242,7 +219,7 @@ class PeerCopies:
             for step, *have in s["have"]:
                 by_step.setdefault(step, [[] for _ in said])[r].append(Have(*have))
         for step in sorted(by_step, reverse=True):
-            plan = sources(by_step[step], want, kind["numels"])
+            plan = sources(by_step[step], want, mine["numels"])
             if plan is None:
                 continue
             got = await self._gather(group, step, plan, want)
@@ -262,21 +239,21 @@ class PeerCopies:
         self,
         group: Group,
         step: int,
-        plan: list[list[tuple[int, int]]],
+        plan: list[Source],
         want: list[tuple[int, ...]],
     ) -> tuple[list[Piece], dict[str, Any]] | None:
         """This rank's pieces of ``step`` (its own and those the plan has others send it),
-        sending what the plan asks of it; with the snapshot meta of its own old rank.
+        sending what the plan asks of it; with the snapshot meta the plan names for it.
         None if a piece sent here failed its digest."""
         me = group.rank
         sends = [
             wire.send_pieces(group, to, self._find(step, old), want[to])
-            for to, pairs in enumerate(plan)
-            for server, old in pairs
+            for to, source in enumerate(plan)
+            for server, old in source.pairs
             if server == me and to != me
         ]
-        mine = [old for server, old in plan[me] if server == me]
-        received_from = [(server, old) for server, old in plan[me] if server != me]
+        mine = [old for server, old in plan[me].pairs if server == me]
+        received_from = [(server, old) for server, old in plan[me].pairs if server != me]
         received = [wire.receive_pieces(group, server, old) for server, old in received_from]
         _sent, answers = await asyncio.gather(asyncio.gather(*sends), asyncio.gather(*received))
         pieces: list[Piece] = []
@@ -292,8 +269,7 @@ class PeerCopies:
                 intact = False
             pieces += got
             metas[old] = meta
-        world = int(next(iter(metas.values()))["world"])
-        return (pieces, metas[me if me < world else 0]) if intact else None
+        return (pieces, metas[plan[me].meta]) if intact else None
 
     async def _load(
         self,
@@ -324,7 +300,7 @@ class PeerCopies:
         for unit in units:
             unit.page_out()
         fsdp.optimizer.steps = int(meta["steps"])
-        if int(meta["rank"]) == fsdp.group.rank:  # a rank the old group had: its streams
+        if fsdp.group.rank < int(meta["world"]):  # a rank the old group had: its streams
             set_generator_states(fsdp, rngs or {}, meta["rngs"])
         # the abandoned steps after it are gone (training repeats them); the state
         # restored is snapshotted and copied at once, in this group's parts and
@@ -334,35 +310,6 @@ class PeerCopies:
                 del store[later]
         self._take(fsdp, group, step, generator_states(fsdp, rngs or {}), dict(meta["extra"]))
         return Resumed(step, dict(meta["extra"]), None)
-
-
-def _geometry(fsdp: FSDP) -> tuple[int, int]:
-    """Which part of each unit's flat buffer this rank holds: ``(shards, shard)``."""
-    units = fsdp.all_units()
-    if not units or not units[0].strategy.shards_grads:
-        return 1, 0
-    return units[0].layout.shards, units[0].shard_group.rank
-
-
-def _kind(fsdp: FSDP) -> dict[str, Any]:
-    """What a snapshot must match to be restored here: each unit's values and dtype, and
-    the optimizer (its slots, once it has any)."""
-    units = fsdp.all_units()
-    slots = sorted(fsdp.optimizer.state[0]) if fsdp.optimizer.state else None
-    return {
-        "numels": [u.layout.numel for u in units],
-        "dtypes": [u.layout.dtype.str for u in units],
-        "optimizer": type(fsdp.optimizer).__name__,
-        "slots": slots,
-    }
-
-
-def _fits(snap: Snapshot, kind: dict[str, Any]) -> bool:
-    """Whether ``snap`` was taken of this model and optimizer (whose slots, once it has
-    any, must be the snapshot's)."""
-    slots = sorted({n.split(":", 1)[1] for n, _s, _d in snap.meta["layout"]} - {"param"})
-    same = all(snap.meta["kind"][k] == kind[k] for k in ("numels", "dtypes", "optimizer"))
-    return same and (kind["slots"] is None or kind["slots"] == slots)
 
 
 async def _anyone_leaving(group: Group, leave: Notice) -> bool:

@@ -29,17 +29,26 @@ def test_the_holder_is_on_another_node_and_source_inverts_it(world, per_node) ->
     assert sorted(holder(r, world, per_node) for r in range(world)) == list(range(world))
 
 
-def _have(rank: int, world: int, shards: int | None = None, shard: int | None = None) -> Have:
-    return Have(rank, world, world if shards is None else shards, rank if shard is None else shard)
+def _have(
+    rank: int, world: int, shards: int | None = None, shard: int | None = None, streams: str = "s"
+) -> Have:
+    shards = world if shards is None else shards
+    return Have(rank, world, shards, rank if shard is None else shard, streams)
+
+
+def _pairs(plan) -> list:
+    return None if plan is None else [source.pairs for source in plan]
 
 
 def test_a_kept_rank_reads_itself_and_a_replaced_one_its_holder() -> None:
-    # rank 1 was replaced (no own snapshots); rank 2 holds its copy
-    have = [[_have(0, 3), _have(2, 3)], [], [_have(2, 3), _have(1, 3)]]
-    have[1] = [_have(0, 3)]  # rank 1 holds rank 0's copy
+    # rank 1 was replaced (no own snapshots); rank 2 holds its copy, rank 1's replacement
+    # holds nothing, rank 0's copy went with rank 1's memory
+    have = [[_have(0, 3)], [], [_have(2, 3), _have(1, 3)]]
     want = [(3, 0), (3, 1), (3, 2)]
-    assert sources(have, want, [10, 7]) == [[(0, 0)], [(2, 1)], [(2, 2)]]
-    assert sources([[_have(0, 3)], [], [_have(2, 3)]], want, [10]) is None  # 1's copy lost
+    plan = sources(have, want, [10, 7])
+    assert _pairs(plan) == [[(0, 0)], [(2, 1)], [(2, 2)]]
+    assert plan is not None and [s.meta for s in plan] == [0, 1, 2]
+    assert sources([[_have(0, 3)], [], [_have(2, 3)]], want, [10]) is None  # 1's part lost
     assert sources([[_have(0, 2)], [_have(1, 3)]], want[:2], [10]) is None  # two worlds
 
 
@@ -47,23 +56,31 @@ def test_a_shrink_spreads_the_lost_ranks_parts_over_the_survivors() -> None:
     # 4 ranks on 2 nodes; node b (ranks 2, 3) lost; ranks 0 and 1 held their copies
     have = [[_have(0, 4), _have(2, 4)], [_have(1, 4), _have(3, 4)]]
     assert [span(10, 4, k) for k in range(4)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
-    assert sources(have, [(2, 0), (2, 1)], [10]) == [
+    assert _pairs(sources(have, [(2, 0), (2, 1)], [10])) == [
         [(0, 0), (1, 1)],  # values 0..5: its own, and rank 1's 3..5
         [(0, 2), (1, 1), (1, 3)],  # 5..10: its own 5, rank 2's from rank 0, rank 3's
     ]
-    # the whole buffer (NO_SHARD) needs every part; a grow gives old rank 0's meta
-    assert sources(have, [(1, 0)], [10]) == [[(0, 0), (0, 2), (1, 1), (1, 3)]]
+    # the whole buffer (NO_SHARD) needs every part; new ranks take a part's meta
+    assert _pairs(sources(have, [(1, 0)], [10])) == [[(0, 0), (0, 2), (1, 1), (1, 3)]]
     grown = sources(have + [[], []], [(6, k) for k in range(6)], [12])
-    assert grown is not None and grown[4][0] == (0, 0) and grown[5] == [(0, 0), (1, 3)]
+    assert _pairs(grown)[4:] == [[(0, 2), (1, 3)], [(1, 3)]]  # values 8..10 and 10..12
+    assert grown is not None and [s.meta for s in grown] == [0, 1, 2, 3, 2, 3]
 
 
 def test_a_replica_s_part_serves_when_its_own_rank_is_gone() -> None:
-    # HYBRID_SHARD, 2 replicas of 2 shards: rank 1 (shard 1 of replica 0) replaced
-    have = [[_have(0, 4, 2, 0)], [_have(0, 4, 2, 0)], [_have(2, 4, 2, 0)], [_have(3, 4, 2, 1)]]
-    have[0].append(_have(1, 4, 2, 1))  # rank 0 held rank 1's copy
+    # HYBRID_SHARD, 2 replicas of 2 shards: rank 1 (shard 1 of replica 0) is gone with its
+    # copies; rank 3 holds the same part, and every rank's generators are alike
+    have = [[_have(0, 4, 2, 0)], [], [_have(2, 4, 2, 0)], [_have(3, 4, 2, 1)]]
     want = [(2, 0), (2, 1), (2, 0), (2, 1)]
     plan = sources(have, want, [9])
-    assert plan == [[(0, 0)], [(0, 1)], [(2, 2)], [(3, 3)]]
+    assert _pairs(plan) == [[(0, 0)], [(3, 3)], [(2, 2)], [(3, 3)]]
+    assert plan is not None and plan[1].meta == 3  # rank 3's streams are rank 1's too
+    # each rank's own generators (dropout, say): rank 1's are gone, so is the step
+    apart = [[_have(r, 4, 2, r % 2, streams=f"s{r}") for r in held] for held in [[0], [], [2], [3]]]
+    assert sources(apart, want, [9]) is None
+    # the whole buffer (NO_SHARD): any rank's serves every rank
+    whole = [[_have(0, 3, 1, 0)], [], [_have(2, 3, 1, 0)]]
+    assert _pairs(sources(whole, [(1, 0)] * 3, [9])) == [[(0, 0)], [(0, 0)], [(2, 2)]]
 
 
 def test_a_snapshot_round_trips_and_a_flipped_byte_is_caught() -> None:
@@ -107,8 +124,8 @@ async def _state(ranks) -> tuple[dict, dict]:
     return (await _params(ranks)), _optimizer_state(ranks)
 
 
-async def _straight() -> dict:
-    async with fsdp_world(4, Strategy.FULL_SHARD, "adam") as ranks:
+async def _straight(strategy: Strategy = Strategy.FULL_SHARD, **options) -> dict:
+    async with fsdp_world(4, strategy, "adam", **options) as ranks:
         await asyncio.gather(*(train_rank(f, r, 4) for r, f in enumerate(ranks)))
         return await _params(ranks)
 
@@ -187,11 +204,18 @@ async def _disk_state(root, world: int, strategy: Strategy, **options) -> tuple[
         return await _state(ranks)
 
 
-async def _restored(copies: list[PeerCopies], strategy: Strategy, **options) -> tuple:
-    """What a group of ``len(copies)`` ranks restores from ``copies``, and its state."""
+async def _restored(
+    copies: list[PeerCopies], strategy: Strategy, steps: int = 4, *, finish: bool = False, **options
+) -> tuple:
+    """What a group of ``len(copies)`` ranks restores from ``copies``, and its state (with
+    ``finish``, after training on to the end: its parameters then)."""
     async with fsdp_world(len(copies), strategy, "adam", **options) as ranks:
         resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
-        assert {f.optimizer.steps for f in ranks} == {4}
+        assert {f.optimizer.steps for f in ranks} == {steps}
+        if finish:
+            await asyncio.gather(*(train_rank(f, r, 4, steps=range(steps, STEPS))
+                                   for r, f in enumerate(ranks)))  # fmt: skip
+            return resumed, await _params(ranks)
         await asyncio.gather(*(c.wait() for c in copies))  # the restored step's copies
         return resumed, await _state(ranks)
 
@@ -249,6 +273,50 @@ async def test_a_replica_s_copy_restores_a_replaced_rank_under_hybrid_shard() ->
     copies[1] = PeerCopies(2, ranks_per_node=2)
     _resumed, state = await _restored(copies, Strategy.HYBRID_SHARD, shard_size=2)
     _assert_same(state, at_four)
+
+
+REPLICATED = [
+    (Strategy.NO_SHARD, {}, 3),  # a replica of every part: the live state, nothing lost
+    (Strategy.HYBRID_SHARD, {"shard_size": 2}, 3),
+    (Strategy.FULL_SHARD, {}, 2),  # rank 1's part lives nowhere else: its copy of step 2
+]
+
+
+@pytest.mark.parametrize(("strategy", "options", "back_to"), REPLICATED)
+async def test_a_replica_s_live_state_serves_a_lost_rank_and_nothing_is_rolled_back(
+    strategy, options, back_to
+) -> None:
+    """Copies every 2 steps; rank 1 dies during step 4. Where another rank holds the same
+    part (NO_SHARD, HYBRID_SHARD), every rank goes on from the state the survivors hold
+    after step 3; under FULL_SHARD from the copies of step 2. Either way the run ends as
+    the one without the failure."""
+    copies = [PeerCopies(2, ranks_per_node=2) for _ in range(4)]
+    async with fsdp_world(4, strategy, "adam", **options) as ranks:
+        await _train_saving(ranks, copies, 2)
+        states = {2: await _state(ranks)}
+        await asyncio.gather(*(train_rank(f, r, 4, steps=range(2, 3)) for r, f in enumerate(ranks)))
+        await asyncio.gather(*(c.save(f, 3) for f, c in zip(ranks, copies, strict=True)))
+        states[3] = await _state(ranks)
+    copies[1] = PeerCopies(2, ranks_per_node=2)  # rank 1's process died with its memory
+    resumed, state = await _restored(copies, strategy, back_to, **options)
+    assert {r.step for r in resumed} == {back_to}
+    _assert_same(state, states[back_to])
+    _resumed, final = await _restored(copies, strategy, back_to, finish=True, **options)
+    for name, value in (await _straight(strategy, **options)).items():
+        np.testing.assert_array_equal(final[name], value)
+
+
+async def test_a_live_state_changed_after_its_last_save_is_not_used() -> None:
+    """The survivors' optimizer took step 4 before the failure was seen, and step 4 was
+    never saved: their state is past every step they could name, so the copies of
+    step 2 are restored."""
+    copies = [PeerCopies(2, ranks_per_node=2) for _ in range(4)]
+    async with fsdp_world(4, Strategy.NO_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 3)
+        await asyncio.gather(*(train_rank(f, r, 4, steps=range(3, 4)) for r, f in enumerate(ranks)))
+    copies[1] = PeerCopies(2, ranks_per_node=2)
+    resumed, _state_then = await _restored(copies, Strategy.NO_SHARD, 2)
+    assert {r.step for r in resumed} == {2}
 
 
 async def test_copies_of_another_model_or_optimizer_are_not_restored() -> None:
