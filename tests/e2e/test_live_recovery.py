@@ -111,6 +111,25 @@ def test_survivors_keep_their_processes_and_peers_copies_restore_the_run_exactly
     assert "rank 1 killed by signal SIGKILL; started anew from the warm spare" in done.stderr
 
 
+def test_under_no_shard_kills_at_random_times_end_bit_identical(tmp_path) -> None:
+    """NO_SHARD: every rank holds every value, so where ranks die mid-step the survivors
+    go on from the last step they all completed (a replica's live state), and where one
+    dies in a step's logging, from the copies (every 20 steps). Either way the run ends
+    bit for bit as the one without faults (the live path alone: the unit tests)."""
+    times = (1.3, 2.2, 1.7)  # after each rank's joining (again after a re-formation)
+    plan = "seed = 3\n" + "".join(
+        f'[[faults]]\nkind = "kill"\nrank = "random"\nafter_s = {t}\n' for t in times
+    )
+    args = ("--steps", "300", "--strategy", "no_shard", "--copy-every", "20")
+    done, _ = _launch(tmp_path, "straight", args=args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    live = ["--max-restarts", "5", "--recovery", "live"]
+    done, entries = _launch(tmp_path, "run", *live, plan=plan, args=args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len([e for e in entries if e["event"] == "injected"]) >= 2, "too short for the plan"
+    _same(tmp_path / "run", run_records(tmp_path / "straight"))
+
+
 def test_a_rank_sent_sigterm_hands_its_state_over_and_no_completed_step_is_lost(
     tmp_path, straight
 ) -> None:

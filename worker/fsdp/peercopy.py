@@ -22,6 +22,11 @@ ranks). Snapshots and the pieces sent are checked against their xxh3 digests; on
 fails is refused, and said: the next older step is tried, then none (the caller loads
 its disk checkpoint). Copies of another model or optimizer are not restored.
 
+``save`` also notes, every step, what it was called with; the last generation's model,
+if its optimizer took no further step since, then serves as a snapshot of that step.
+Where a replica holds a lost rank's values (NO_SHARD, HYBRID_SHARD), and every survivor
+stopped after the same step, nothing is rolled back.
+
 Given a notice to leave (``leave``: ``Session.leave_notice()``, SIGTERM), every copy
 step first asks whether any rank was told to leave (one small all-reduce per copy
 step). If one was, the step's copies are exchanged, every rank waits until all have
@@ -146,18 +151,23 @@ class PeerCopies:
         if group.size > 1:
             self._exchange = group.spawn(self._swap(group, snap))
 
-    def _adopt_live(self, fsdp: FSDP) -> None:
+    def _adopt_live(self, fsdp: FSDP) -> list[int] | None:
         """Before a restore: the state the last generation's model holds, as a snapshot of
         the step it was last saved after, if nothing changed it since (its optimizer took
-        no further step). Under NO_SHARD and HYBRID_SHARD another replica's then serves a
-        lost rank's part, and nothing is rolled back (with offload its state is gone)."""
+        no further step; with offload it is gone). Under NO_SHARD and HYBRID_SHARD another
+        replica's then serves a lost rank's part, and nothing is rolled back. Says what it
+        found: None (no save in this process), else ``[step, old rank, added]`` (step -1:
+        the state moved on)."""
         live, self._live = self._live, None
-        if live is None or live.fsdp is fsdp or live.step in self._own:
-            return
+        if live is None or live.fsdp is fsdp:
+            return None
         old = live.fsdp
         if old.offload is not None or old.optimizer.steps != live.steps:
-            return
+            return [-1, old.group.rank, 0]
+        if live.step in self._own:  # a copy step: its snapshot is this state
+            return [live.step, old.group.rank, 0]
         self._own[live.step] = snapshot(old, live.step, live.rngs, live.extra)
+        return [live.step, old.group.rank, 1]
 
     async def _hand_over(self, group: Group, step: int) -> None:
         """A rank was told to leave: once every copy of ``step`` is at its holder, the
@@ -197,7 +207,7 @@ class PeerCopies:
         somewhere; None when there is none (the caller loads its disk checkpoint).
         Copies of another model or optimizer are dropped."""
         group = self._copies(fsdp)
-        self._adopt_live(fsdp)
+        live = self._adopt_live(fsdp)
         mine = kind(fsdp)
         for store in (self._own, self._held):
             for step in list(store):
@@ -211,13 +221,23 @@ class PeerCopies:
             {
                 "have": [[s.step, *astuple(s.have)] for s in self._snapshots()],
                 "want": list(geometry(fsdp)),
+                "live": live,
             }
         )
         want = [tuple(s["want"]) for s in said]
+        # the survivors' live states serve only if all stopped after the same step's save
+        # (one that stopped in a later step's logging, say, would miss that step's record)
+        lives = [s["live"] for s in said if s["live"] is not None]
+        drop = {(step, old) for step, old, added in lives if added}
+        if len({step for step, _old, _added in lives}) < 2:
+            drop = set()
+        elif live is not None and live[2]:
+            del self._own[live[0]]
         by_step: dict[int, list[list[Have]]] = {}
         for r, s in enumerate(said):
             for step, *have in s["have"]:
-                by_step.setdefault(step, [[] for _ in said])[r].append(Have(*have))
+                if (step, have[0]) not in drop:
+                    by_step.setdefault(step, [[] for _ in said])[r].append(Have(*have))
         for step in sorted(by_step, reverse=True):
             plan = sources(by_step[step], want, mine["numels"])
             if plan is None:

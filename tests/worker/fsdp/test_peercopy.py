@@ -319,6 +319,34 @@ async def test_a_live_state_changed_after_its_last_save_is_not_used() -> None:
     assert {r.step for r in resumed} == {2}
 
 
+async def test_a_grow_goes_on_from_the_live_state_under_full_shard(tmp_path) -> None:
+    """Copies every 3 steps; after step 4 two ranks join (nobody failed): the new group
+    of 4 takes the state of step 4 from the 2 ranks' live models, as the checkpoint of
+    step 4 would give it, not the copies of step 3."""
+    copies = [PeerCopies(3) for _ in range(2)]
+    async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 4)
+        await asyncio.gather(*(f.save(tmp_path, step=4) for f in ranks))
+    resumed, state = await _restored([*copies, PeerCopies(3), PeerCopies(3)], Strategy.FULL_SHARD)
+    assert {r.step for r in resumed} == {4}
+    _assert_same(state, await _disk_state(tmp_path, 4, Strategy.FULL_SHARD))
+
+
+async def test_live_states_that_stopped_at_different_steps_are_not_used() -> None:
+    """Step 3 was trained everywhere, but rank 0 failed before its save of step 3 (in
+    the step's logging, say) while ranks 2 and 3 saved it: going on from their state
+    would skip what rank 0 had still to do, so every rank takes the copies of step 2."""
+    copies = [PeerCopies(2, ranks_per_node=2) for _ in range(4)]
+    async with fsdp_world(4, Strategy.NO_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 2)
+        await asyncio.gather(*(train_rank(f, r, 4, steps=range(2, 3)) for r, f in enumerate(ranks)))
+        await asyncio.gather(*(copies[r].save(ranks[r], 3) for r in (2, 3)))
+    copies[1] = PeerCopies(2, ranks_per_node=2)
+    resumed, _state_then = await _restored(copies, Strategy.NO_SHARD, 2)
+    assert {r.step for r in resumed} == {2}
+    assert all(3 not in c._own for c in copies)
+
+
 async def test_copies_of_another_model_or_optimizer_are_not_restored() -> None:
     copies = [PeerCopies(1) for _ in range(2)]
     async with fsdp_world(2, Strategy.FULL_SHARD, "adam") as ranks:
