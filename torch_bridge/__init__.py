@@ -12,7 +12,10 @@ coordinator with no other argument. Elsewhere (torchrun, ``env://``, ``tcp://``,
 ``file://``, a store passed in) the ranks meet through torch's store. Every collective
 torch calls on a CPU group then runs on shardwire: its loop on a thread of its own, its
 node arena between ranks of one host, its TCP mesh between hosts; a failed peer raises
-``PeerFailed`` naming the rank from ``Work.wait()`` on every rank.
+``PeerFailed`` naming the rank from ``Work.wait()`` on every rank. Under
+``shardwire launch --recovery live`` a script can go on in its processes:
+``shardwire.torch.recovering(train)`` catches it, re-forms the default group on the
+job's next generation (:func:`reform`) and runs ``train`` again.
 
 Inside a shardwire job, ``env://`` rendezvous goes through the coordinator (torch's
 ``MASTER_ADDR``/``MASTER_PORT`` name it there); the package installs that handler for
@@ -22,6 +25,8 @@ Inside a shardwire job, ``env://`` rendezvous goes through the coordinator (torc
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 try:
     import torch
@@ -31,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - exercised where torch is absent
         "shardwire's torch backend needs torch: pip install 'shardwire[torch]'"
     ) from exc
 
+from shardwire.protocol import PeerFailed
 from shardwire.torch.bridge import Bridge, rendezvous_handlers
 from shardwire.torch.diloco import TorchDiLoCo
 from shardwire.torch.group import ShardwireProcessGroup
@@ -53,6 +59,32 @@ if _version(torch.__version__) < MIN_TORCH:
     )
 
 bridge = Bridge(os.environ)
+
+T = TypeVar("T")
+
+
+def reform(error: BaseException) -> None:
+    """Re-form after a peer's failure, in this process (``--recovery live``): the
+    default process group is destroyed and created again on the job's next generation.
+    See :meth:`Bridge.reform`."""
+    bridge.reform(error)
+
+
+def recovering(train: Callable[[], T]) -> T:
+    """Run ``train()``; under live recovery, when a peer's failure ends the generation
+    (``PeerFailed`` from a collective), re-form (:func:`reform`) and run it again, until
+    it returns. ``train`` builds its model on the current default group and restores
+    its state (a ``torch.distributed.checkpoint``, say) before it trains. Without live
+    recovery the error propagates, as from ``train`` itself."""
+    while True:
+        try:
+            return train()
+        except PeerFailed as error:
+            if not bridge.live:
+                raise
+            reform(error)
+
+
 if "shardwire" not in dist.Backend.backend_list:
     dist.Backend.register_backend("shardwire", bridge.create, extended_api=True, devices=["cpu"])
     rendezvous_handlers()["env"] = bridge.env_rendezvous
@@ -65,4 +97,6 @@ __all__ = [
     "TorchDiLoCo",
     "UnsupportedTensor",
     "bridge",
+    "recovering",
+    "reform",
 ]

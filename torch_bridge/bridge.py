@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from shardwire.protocol import ShardwireError
-from shardwire.protocol.errors import InvalidState
+from shardwire.protocol.errors import InvalidState, RecoveryError
 from shardwire.torch.engine import Engine
 from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.join import Joined, through_coordinator, through_store
@@ -52,6 +52,7 @@ class Bridge:
         self._engine: Engine | None = None
         self._joined: Joined | None = None
         self._failure: BaseException | None = None
+        self._reforming = False  # the default group's shutdown then does not leave the job
         self._torch_env = rendezvous_handlers()["env"]
 
     @property
@@ -59,8 +60,48 @@ class Bridge:
         """Whether this process was started as a worker of a shardwire job."""
         return any(self._environ.get(k) for k in _JOB_MARKERS)
 
+    @property
+    def live(self) -> bool:
+        """Whether the job recovers live (``--recovery live``): a survivor of another
+        rank's failure re-forms in its process (:meth:`reform`)."""
+        return self.in_job and self._config().recovery == "live"
+
     def _config(self) -> WorkerConfig:
         return WorkerConfig.from_env(self._environ)
+
+    # ---- live recovery -----------------------------------------------------------------
+
+    def reform(self, error: BaseException) -> None:
+        """Leave the generation a peer's failure ended and join the next one in this
+        process: torch's process groups are destroyed (the job is not left) and the
+        default group is created again on the new generation (``init_process_group``),
+        with this rank's place in it. What was built on the old groups (an FSDP2 model,
+        its optimizer, subgroups) must be built anew and its state restored.
+
+        Raises:
+            RecoveryError: this process did not join a shardwire job through the
+                launcher (torch's store has no next generation), or the session refused
+                (no live recovery, no restart left, this rank is the one that failed).
+        """
+        with self._lock:
+            joined, engine = self._joined, self._engine
+            if joined is None or engine is None:
+                raise RecoveryError("reform() is for a process in a shardwire job's group")
+            if joined.reform is None:
+                raise RecoveryError(
+                    "re-forming in the process needs a job started by shardwire's launcher "
+                    "(with --recovery live); this group met through torch's store"
+                )
+            self._reforming = True
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            new = engine.run(joined.reform(error), self._config().join_timeout + 120)
+        finally:
+            self._reforming = False
+        with self._lock:
+            self._joined = new
+        dist.init_process_group("shardwire")
 
     # ---- torch's callbacks -------------------------------------------------------------
 
@@ -170,8 +211,11 @@ class Bridge:
 
     def close(self) -> None:
         """Leave the job (reporting the exception the process dies of, if any) and stop
-        the engine. Runs at exit; safe to call more than once."""
+        the engine. Runs at exit; safe to call more than once. Not while re-forming: the
+        default group's shutdown then only ends torch's use of it."""
         with self._lock:
+            if self._reforming:
+                return
             engine, joined = self._engine, self._joined
             self._engine = self._joined = None
         if engine is None:

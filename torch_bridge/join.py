@@ -35,6 +35,7 @@ from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import TcpMesh
 
 Close = Callable[[BaseException | None], Coroutine[Any, Any, None]]
+Reform = Callable[[BaseException], Coroutine[Any, Any, "Joined"]]
 
 _KEY = "shardwire/"
 
@@ -47,6 +48,9 @@ class Joined:
     world: Group
     ranks: list[int]
     close: Close
+    # through the coordinator: leave the generation a failure ended and join the next in
+    # this process (live recovery; the session says why not, otherwise); None: a store's
+    reform: Reform | None = None
 
 
 async def through_coordinator(config: WorkerConfig) -> Joined:
@@ -59,7 +63,13 @@ async def through_coordinator(config: WorkerConfig) -> Joined:
         else:
             await session.__aexit__(type(error), error, error.__traceback__)
 
-    return Joined(group, list(range(group.size)), close)
+    def joined(world: Group) -> Joined:
+        async def reform(error: BaseException) -> Joined:
+            return joined(await session.reform(error))
+
+        return Joined(world, list(range(world.size)), close, reform)
+
+    return joined(group)
 
 
 async def through_store(

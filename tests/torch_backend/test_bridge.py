@@ -217,3 +217,24 @@ def test_only_a_receive_has_a_source_rank(engine):
     other = BridgeWork(engine, engine.submit(received()), [], op="all_reduce #1", limit=5)
     with pytest.raises(InvalidArgument, match="all_reduce #1 is not a receive"):
         other._source_rank()
+
+
+def test_re_forming_is_refused_without_a_job_or_where_ranks_met_through_torch_s_store():
+    from shardwire.protocol.errors import RecoveryError
+    from shardwire.torch.bridge import Bridge
+    from shardwire.torch.join import Joined
+
+    bridge = Bridge({})
+    with pytest.raises(RecoveryError, match="in a shardwire job"):
+        bridge.reform(RuntimeError("a peer failed"))
+    assert not bridge.live  # not started by shardwire's launcher
+
+    async def close(_error):
+        return None
+
+    bridge._engine = Engine()  # not started: nothing runs on it
+    bridge._joined = Joined(world=None, ranks=[0], close=close)  # type: ignore[arg-type]
+    with pytest.raises(RecoveryError, match="met through torch's store"):
+        bridge.reform(RuntimeError("a peer failed"))
+    assert bridge.live is False and Bridge({"SHARDWIRE_RUN_ID": "r",
+                                            "SHARDWIRE_RECOVERY": "live"}).live  # fmt: skip
