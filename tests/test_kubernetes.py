@@ -227,9 +227,9 @@ def test_max_restarts_reach_the_coordinator_the_agents_and_the_backoff_limit(
 
 
 def test_recovery_reaches_the_agents(monkeypatch) -> None:
-    assert worker_settings(rendered("--name", "j", "t.py"), "j", monkeypatch).recovery == "relaunch"
-    docs = rendered("--name", "j", "--recovery", "live", "--max-restarts", "2", "t.py")
-    assert worker_settings(docs, "j", monkeypatch).recovery == "live"
+    assert worker_settings(rendered("--name", "j", "t.py"), "j", monkeypatch).recovery == "live"
+    docs = rendered("--name", "j", "--recovery", "relaunch", "--max-restarts", "2", "t.py")
+    assert worker_settings(docs, "j", monkeypatch).recovery == "relaunch"
 
 
 def test_join_timeout_reaches_the_coordinator_and_the_agents(monkeypatch) -> None:

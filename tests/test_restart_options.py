@@ -72,11 +72,12 @@ def test_a_notice_gives_the_ranks_the_leave_timeout_under_live_recovery(monkeypa
         args = parser().parse_args(["launch", "--standalone", *flags, "x.py"])
         return _launch(launch_settings(args), ["python", "-u", "x.py"], {}, "n", assignment)
 
-    live = ("--recovery", "live", "--max-restarts", "1", "--term-timeout", "2")
+    live = ("--max-restarts", "1", "--term-timeout", "2")  # live recovery: the default
     assert stop_grace(launch(*live), signal.SIGTERM) == 30.0  # the default
     assert stop_grace(launch(*live, "--leave-timeout", "60"), signal.SIGTERM) == 60.0
     assert stop_grace(launch(*live, "--leave-timeout", "1"), signal.SIGTERM) == 2.0
     assert stop_grace(launch(*live), signal.SIGINT) is None  # Ctrl-C: --term-timeout
-    assert stop_grace(launch("--max-restarts", "1"), signal.SIGTERM) is None  # relaunch
+    relaunch = ("--recovery", "relaunch", "--max-restarts", "1")
+    assert stop_grace(launch(*relaunch), signal.SIGTERM) is None
     monkeypatch.setenv("SHARDWIRE_LEAVE_TIMEOUT", "45")
     assert stop_grace(launch(*live), signal.SIGTERM) == 45.0

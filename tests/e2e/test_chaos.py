@@ -425,8 +425,8 @@ def test_a_restart_that_forgets_its_data_order_breaks_data_once(tmp_path, forget
     verdict = tmp_path / "verdict.json"
     done = _run(
         [SHARDWIRE, "chaos", "plan.toml", "--verdict", str(verdict), "--", SHARDWIRE, "launch",
-         "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-         str(SCRIPTS / "forgetful.py")],
+         "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--recovery",
+         "relaunch", str(SCRIPTS / "forgetful.py")],
         tmp_path, 180, STEPS="20", STATE_DIR=str(tmp_path / "state"), FORGET=str(int(forget)),
     )  # fmt: skip
     outcome = json.loads(verdict.read_text())

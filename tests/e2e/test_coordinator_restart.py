@@ -152,7 +152,8 @@ def test_a_coordinator_killed_while_the_job_restarts_finishes_the_restart(tmp_pa
     log = tmp_path / "chaos.jsonl"
     launch = subprocess.Popen(
         [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-         "--term-timeout", "20", "--chaos", str(plan), str(SCRIPTS / "steps.py")],
+         "--recovery", "relaunch", "--term-timeout", "20", "--chaos", str(plan),
+         str(SCRIPTS / "steps.py")],
         cwd=ROOT, env=env(SHARDWIRE_CHAOS_LOG=str(log), STEPS="20", STEP_DELAY="0.05",
                           TERM_DELAY="3"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

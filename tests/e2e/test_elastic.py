@@ -27,7 +27,8 @@ def _node(ns: str, name: str, tmp_path: Path) -> subprocess.Popen:
     return inside(
         ns,
         SHARDWIRE, "worker", "--coordinator", f"{SUBNET}.1:29400", "--nnodes", "1:2",
-        "--nproc-per-node", "2", "--max-restarts", "1", "--node-id", name, "--run-id", RUN,
+        "--nproc-per-node", "2", "--max-restarts", "1", "--recovery", "relaunch",
+        "--node-id", name, "--run-id", RUN,
         "examples/digits.py", "--steps", "600", "--log-every", "20", "--save-every", "10",
         "--run-dir", str(tmp_path / name), "--checkpoint-dir", str(tmp_path / "ckpt"),
         env=env(**TOKEN),

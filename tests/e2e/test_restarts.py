@@ -96,7 +96,7 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_like_an_uninterrupted_run
     )  # fmt: skip
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "generation" not in straight.stderr  # one generation: no history printed
-    restarted = _run_and_kill(tmp_path, "killed", "--max-restarts", "2")
+    restarted = _run_and_kill(tmp_path, "killed", "--recovery", "relaunch", "--max-restarts", "2")
     assert restarted.returncode == 0, restarted.stderr[-4000:]
     err = restarted.stderr
     assert "starting generation 2 (restart 1 of 2)" in err

@@ -73,9 +73,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--recovery",
         choices=["relaunch", "live"],
-        help="on a rank's failure: relaunch every process of the job, or start only the "
-        "failed rank anew while the others re-form in their processes (live; the script "
-        "calls session.reform) (relaunch)",
+        help="on a rank's failure: start only the failed rank anew while the others "
+        "re-form in their processes (live; the script calls session.reform, else its "
+        "ranks are relaunched), or relaunch every process of the job (live)",
     )
     p.add_argument(
         "--no-warm-spare",

@@ -156,9 +156,9 @@ def parser() -> argparse.ArgumentParser:
     add(
         "--recovery",
         choices=["relaunch", "live"],
-        default="relaunch",
-        help="after a rank's failure, start every process again (relaunch), or only the "
-        "failed rank while the others re-form in their processes (live)",
+        default="live",
+        help="after a rank's failure, start only the failed rank while the others re-form "
+        "in their processes (live), or start every process again (relaunch) (live)",
     )
     add(
         "--join-timeout",

@@ -129,7 +129,7 @@ class Deployment:
     namespace: str | None = None
     image: str = DEFAULT_IMAGE
     max_restarts: int = 0
-    recovery: str = "relaunch"  # or "live": a failed rank alone is started again
+    recovery: str = "live"  # a failed rank alone is started again; or "relaunch"
     join_timeout: float = 300.0
     token_secret: str = ""  # "": NAME-token
     port: int = CONTROL_PORT

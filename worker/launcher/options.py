@@ -62,8 +62,8 @@ class LaunchSettings(_Client):
     nproc_per_node: int = Field(default=1, ge=1, le=1024)
     nnodes: str = "1"  # N, or MIN:MAX for an elastic job
     max_restarts: int = Field(default=0, ge=0, le=1 << 20)
-    # how a rank's failure is met: relaunch every process, or keep the survivors (live)
-    recovery: Literal["relaunch", "live"] = "relaunch"
+    # how a rank's failure is met: keep the survivors (live), or relaunch every process
+    recovery: Literal["relaunch", "live"] = "live"
     warm_spare: bool = True  # live recovery: a process per node started and imported ahead
     node_id: str | None = None
     node_rank: int | None = Field(default=None, ge=0, lt=1 << 24)  # the scheduler's node index

@@ -92,8 +92,9 @@ class WorkerEnv(BaseModel):
     recovery: Literal["relaunch", "live"] = Field(
         default="relaunch",
         validation_alias=_alias("SHARDWIRE_RECOVERY"),
-        description="How the node agent answers a rank's failure: relaunch every process, "
-        "or keep the survivors, which re-form in their processes (live).",
+        description="How the node agent answers a rank's failure: keep the survivors, which "
+        "re-form in their processes (live), or relaunch every process. The agent sets it "
+        "from --recovery (whose default is live); a worker started without one relaunches.",
     )
     token: SecretStr | None = Field(
         default=None,
