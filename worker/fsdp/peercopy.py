@@ -127,8 +127,10 @@ class PeerCopies:
         rngs: dict[str, np.random.Generator] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        """After training step ``step``: every ``every`` steps, snapshot this rank and
-        send the copy to its holder in the background (waiting for the previous one)."""
+        """After training step ``step``: note it (should a failure come before the next
+        step changes the model, its state serves as this step's), and every ``every``
+        steps snapshot this rank and send the copy to its holder in the background
+        (waiting for the previous one)."""
         states = generator_states(fsdp, rngs or {})
         self._live = Live(fsdp, step, fsdp.optimizer.steps, states, dict(extra or {}))
         if step % self.every:
@@ -253,7 +255,7 @@ class PeerCopies:
         return [*self._own.values(), *self._held.values()]
 
     def _find(self, step: int, old: int) -> Snapshot:
-        return next(s for s in self._snapshots() if s.step == step and s.have.rank == old)
+        return next(s for s in self._snapshots() if s.step == step and s.meta["rank"] == old)
 
     async def _gather(
         self,
