@@ -200,7 +200,7 @@ async def train_lm(
     if args.pp > 1:
         from lm_pipeline import train_pipeline  # beside this script
 
-        await train_pipeline(args, pg, mesh, (train, held, len(chars)))
+        await train_pipeline(args, pg, mesh, (train, held, len(chars)), copies)
         return
     fsdp = await build(args, mesh, vocab=len(chars))
     try:
@@ -310,8 +310,8 @@ def parse() -> argparse.Namespace:
     add_copy_argument(p)
     add_arguments(p)
     args = p.parse_args()
-    if args.copy_every and (args.diloco or args.pp > 1 or args.tp > 1):
-        p.error("--copy-every copies plain FSDP state; drop --diloco, --pp and --tp")
+    if args.copy_every and args.diloco:
+        p.error("--copy-every copies FSDP state, not DiLoCo's outer state; drop --diloco")
     if args.diloco and args.pp > 1:
         p.error("--diloco runs FSDP (and --tp) inside each replica, not pipelines (--pp)")
     return args

@@ -18,10 +18,11 @@ import time
 import numpy as np
 
 import shardwire.worker as sw
-from shardwire.worker.fsdp import FSDP, Offload, by_type
+from shardwire.worker.fsdp import FSDP, Offload, PeerCopies, by_type
 from shardwire.worker.nn import Block, softmax_cross_entropy
 from shardwire.worker.nn.pipeline import PipelineParallelConfig, PipelineStage, split_into_stages
 from shardwire.worker.optim import AdamW, warmup_cosine
+from shardwire.worker.runtime.runlog import RunLog
 
 
 async def held_out_loss(
@@ -72,11 +73,16 @@ async def build_stage(args: argparse.Namespace, mesh: sw.Mesh, *, vocab: int) ->
 
 
 async def train_pipeline(
-    args: argparse.Namespace, pg: sw.ProcessGroup, mesh: sw.Mesh, data: tuple
+    args: argparse.Namespace,
+    pg: sw.ProcessGroup,
+    mesh: sw.Mesh,
+    data: tuple,
+    copies: PeerCopies | None = None,
 ) -> None:
-    """Train for ``args.steps`` steps (or ``args.minutes``), resuming from the latest
-    checkpoint in ``--checkpoint-dir``; logs and summarises as the plain run does."""
-    from charlm import resume, windows  # the sibling example's data and resumption
+    """Train for ``args.steps`` steps (or ``args.minutes``), resuming from the peers'
+    copies of a re-formed job or the latest checkpoint in ``--checkpoint-dir``; logs and
+    summarises as the plain run does."""
+    from charlm import resume  # the sibling example's resumption
 
     train, held, vocab = data
     pp = args.pp
@@ -89,11 +95,58 @@ async def train_pipeline(
     config = PipelineParallelConfig(pp, args.micro_batches, "1f1b")
     pipe = PipelineStage(fsdp, mesh, config, loss=loss_fn)
     draw = np.random.default_rng(args.seed + 1)  # the data order, as in the FSDP run
-    step, loss, log = await resume(args, pg, fsdp, draw, f"runs/charlm-pp{pp}-seed{args.seed}")
-    ckpt, saving = args.checkpoint_dir, None
+    try:
+        step, loss, log = await resume(
+            args, pg, fsdp, draw, f"runs/charlm-pp{pp}-seed{args.seed}", copies=copies
+        )
+        began, first = time.perf_counter(), step
+        step, loss = await _steps(
+            args, pg, mesh, pipe, fsdp, data=(train, held), draw=draw, log=log, step=step,
+            copies=copies,
+        )  # fmt: skip
+    except BaseException:
+        await fsdp.aclose()  # a failure may leave reductions in flight
+        raise
+    elapsed = time.perf_counter() - began
+    held_loss = await held_out_loss(pipe, mesh, held, context=args.context)
+    offloaded = sum(fsdp.memory_stats()["offloaded"].values())
+    await fsdp.aclose()
+    log.finish(
+        {
+            "steps": step,
+            "workers": pg.world_size,
+            "layout": {"dp": mesh.dp.size, "pp": pp, "tp": args.tp},
+            "micro_batches": args.micro_batches,
+            "offloaded_bytes": offloaded,
+            "time_s": round(elapsed, 1),
+            "train_loss": round(loss, 4),
+            "held_out_nats_per_char": round(held_loss, 4),
+            "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
+        }
+    )
+
+
+async def _steps(
+    args: argparse.Namespace,
+    pg: sw.ProcessGroup,
+    mesh: sw.Mesh,
+    pipe: PipelineStage,
+    fsdp: FSDP,
+    *,
+    data: tuple,
+    draw: np.random.Generator,
+    log: RunLog,
+    step: int,
+    copies: PeerCopies | None,
+) -> tuple[int, float]:
+    """Train from ``step`` to the end (or ``args.minutes``); the last step and loss
+    (each step copied to a peer's memory with ``copies``)."""
+    from charlm import windows  # the sibling example's data
+
+    train, held = data
+    ckpt, saving, loss = args.checkpoint_dir, None, float("nan")
     mine = np.array_split(np.arange(args.batch), mesh.dp.size)[mesh.dp.rank]
     deadline = time.monotonic() + args.minutes * 60
-    began, first = time.perf_counter(), step
     while step < args.steps:
         starts = draw.integers(0, len(train) - args.context - 1, args.batch)[mine]
         ids, targets = windows(train, starts, args.context)
@@ -112,26 +165,12 @@ async def train_pipeline(
             saving = await fsdp.save(
                 ckpt, step=step, extra={"loss": loss}, rngs={"draw": draw}, blocking=False
             )
+        if copies is not None:
+            await copies.save(fsdp, step, rngs={"draw": draw}, extra={"loss": loss})
         out_of_time = time.monotonic() > deadline  # every rank stops at the same step
         if (await pg.all_reduce(np.array([out_of_time], np.int64)))[0]:
             log.total_steps = step
             break
     if saving is not None:
         await saving.wait()
-    elapsed = time.perf_counter() - began
-    held_loss = await held_out_loss(pipe, mesh, held, context=args.context)
-    offloaded = sum(fsdp.memory_stats()["offloaded"].values())
-    await fsdp.aclose()
-    log.finish(
-        {
-            "steps": step,
-            "workers": pg.world_size,
-            "layout": {"dp": mesh.dp.size, "pp": pp, "tp": args.tp},
-            "micro_batches": args.micro_batches,
-            "offloaded_bytes": offloaded,
-            "time_s": round(elapsed, 1),
-            "train_loss": round(loss, 4),
-            "held_out_nats_per_char": round(held_loss, 4),
-            "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
-        }
-    )
+    return step, loss

@@ -130,6 +130,29 @@ def test_under_no_shard_kills_at_random_times_end_bit_identical(tmp_path) -> Non
     _same(tmp_path / "run", run_records(tmp_path / "straight"))
 
 
+@pytest.mark.parametrize("layout", [("--tp", "2"), ("--pp", "2")], ids=["tp2", "pp2"])
+def test_a_mesh_s_ranks_roll_back_to_their_groups_copies_and_end_bit_identical(
+    tmp_path, layout
+) -> None:
+    """charlm split over tensor-parallel slices or pipeline stages, copies every 5 steps
+    (each kept within the ranks of one slice or stage): rank 1 is SIGKILLed at step 22,
+    every rank of the mesh goes on from step 20, and every logged loss equals the run
+    without the failure."""
+    small = ["examples/charlm.py", "--steps", "40", "--log-every", "5", "--dim", "32",
+             "--layers", "2", "--heads", "4", "--sample", "5", *layout]  # fmt: skip
+    done, _ = _launch(tmp_path, "straight", script=small, args=("--run-dir", str(tmp_path / "a")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = 'seed = 1\n[[faults]]\nkind = "kill"\nrank = 1\nstep = 22\n'
+    live = ["--max-restarts", "1"]  # live recovery: the default
+    done, _ = _launch(tmp_path, "run", *live, plan=plan, script=small,
+                      args=("--copy-every", "5", "--run-dir", str(tmp_path / "b")))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming" in done.stdout and "at step 20" in done.stdout, done.stdout[-2000:]
+    lines = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in ("a", "b")]
+    losses = [[(json.loads(x)["step"], json.loads(x)["loss"]) for x in run] for run in lines]
+    assert losses[0] == losses[1] and len(losses[0]) == 8
+
+
 def test_a_rank_sent_sigterm_hands_its_state_over_and_no_completed_step_is_lost(
     tmp_path, straight
 ) -> None:

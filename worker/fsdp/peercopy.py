@@ -22,6 +22,10 @@ ranks). Snapshots and the pieces sent are checked against their xxh3 digests; on
 fails is refused, and said: the next older step is tried, then none (the caller loads
 its disk checkpoint). Copies of another model or optimizer are not restored.
 
+With a mesh (tensor-parallel slices, pipeline stages) the copies move within FSDP's
+data-parallel group, and every group of the mesh restores the same step and hands over
+at the same one.
+
 ``save`` also notes, every step, what it was called with; the last generation's model,
 if its optimizer took no further step since, then serves as a snapshot of that step.
 Where a replica holds a lost rank's values (NO_SHARD, HYBRID_SHARD), and every survivor
@@ -96,6 +100,7 @@ class PeerCopies:
         self._exchange: Work[None] | None = None
         self.refused: list[str] = []  # every copy refused, said
         self._live: Live | None = None  # the last save's model and step
+        self._per_node = ranks_per_node  # the copies group's ranks per node
 
     @property
     def state_bytes(self) -> int:
@@ -103,16 +108,24 @@ class PeerCopies:
         return self._own[max(self._own)].data.nbytes if self._own else 0
 
     def _copies(self, fsdp: FSDP) -> Group:
-        if fsdp.mesh is not None and fsdp.mesh.sizes[1:] != (1, 1):
-            raise InvalidArgument(
-                "peer copies hold FSDP state of plain data parallelism; a tensor-parallel or "
-                "pipeline layout (a mesh with tp or pp above 1) restores from disk checkpoints"
-            )
+        """The group the copies move in: over FSDP's group (with a mesh, its data-parallel
+        group: the ranks of one pipeline stage and tensor-parallel slice, which hold the
+        same units)."""
         if self._base is not fsdp.group or self._group is None:
             self._base = fsdp.group
             self._group = fsdp.group.new_group(range(fsdp.group.size), name="peer-copies")
             self._exchange = None  # the old generation's, gone with its group
+            # a mesh's data-parallel ranks on one node: its ranks over the tp slices
+            tp = fsdp.mesh.sizes[2] if fsdp.mesh is not None else 1
+            self._per_node = max(1, self.ranks_per_node // tp)
         return self._group
+
+    @staticmethod
+    def _whole(fsdp: FSDP) -> Group | None:
+        """With a mesh of several stages or slices, the group of all its ranks: they must
+        restore the same step and hand over at the same one."""
+        mesh = fsdp.mesh
+        return mesh.group if mesh is not None and mesh.group.size > fsdp.group.size else None
 
     def _keep(self, store: dict[int, Snapshot], snap: Snapshot) -> None:
         store[snap.step] = snap
@@ -137,12 +150,13 @@ class PeerCopies:
             return
         group = self._copies(fsdp)
         await self.wait()  # the previous copy's errors surface here
+        whole = self._whole(fsdp) or group
         leaving = (
-            self.leave is not None and group.size > 1 and await _anyone_leaving(group, self.leave)
+            self.leave is not None and group.size > 1 and await _anyone_leaving(whole, self.leave)
         )
         self._take(fsdp, group, step, states, extra or {})
         if leaving:
-            await self._hand_over(group, step)
+            await self._hand_over(group, whole, step)
 
     def _take(
         self, fsdp: FSDP, group: Group, step: int, rngs: dict[str, str], extra: dict[str, Any]
@@ -171,14 +185,15 @@ class PeerCopies:
         self._own[live.step] = snapshot(old, live.step, live.rngs, live.extra)
         return [live.step, old.group.rank, 1]
 
-    async def _hand_over(self, group: Group, step: int) -> None:
-        """A rank was told to leave: once every copy of ``step`` is at its holder, the
-        ranks told to leave do (the others go on; a re-formation restores ``step``)."""
+    async def _hand_over(self, group: Group, whole: Group, step: int) -> None:
+        """A rank was told to leave: once every copy of ``step`` is at its holder (in
+        every group of a mesh), the ranks told to leave do (the others go on; a
+        re-formation restores ``step``)."""
         await self.wait()
-        await group.barrier()  # every holder has its copy
+        await whole.barrier()  # every holder has its copy
         if self.leave is not None and self.leave.requested:
-            to = holder(group.rank, group.size, self.ranks_per_node)
-            raise LeftJob(rank=group.rank, step=step, holder=to)
+            to = holder(group.rank, group.size, self._per_node)
+            raise LeftJob(rank=group.ranks[group.rank], step=step, holder=group.ranks[to])
 
     async def wait(self) -> None:
         """Until the copy in flight has landed at its holder (and the one this rank holds
@@ -189,7 +204,7 @@ class PeerCopies:
 
     async def _swap(self, group: Group, snap: Snapshot) -> None:
         world, me = group.size, group.rank
-        to, of = holder(me, world, self.ranks_per_node), source(me, world, self.ranks_per_node)
+        to, of = holder(me, world, self._per_node), source(me, world, self._per_node)
         _sent, got = await asyncio.gather(wire.send(group, to, snap), wire.receive(group, of))
         if got.intact():
             self._keep(self._held, got)
@@ -227,25 +242,30 @@ class PeerCopies:
             }
         )
         want = [tuple(s["want"]) for s in said]
+        whole = self._whole(fsdp)  # a mesh's other groups must agree on the step too
         # the survivors' live states serve only if all stopped after the same step's save
         # (one that stopped in a later step's logging, say, would miss that step's record)
         lives = [s["live"] for s in said if s["live"] is not None]
-        drop = {(step, old) for step, old, added in lives if added}
-        if len({step for step, _old, _added in lives}) < 2:
-            drop = set()
-        elif live is not None and live[2]:
+        stopped = {step for step, _old, _added in lives}
+        if whole is not None:
+            stopped = set().union(*await whole.all_gather_object(sorted(stopped)))
+        drop = {(step, old) for step, old, added in lives if added} if len(stopped) > 1 else set()
+        if drop and live is not None and live[2]:
             del self._own[live[0]]
         by_step: dict[int, list[list[Have]]] = {}
         for r, s in enumerate(said):
             for step, *have in s["have"]:
                 if (step, have[0]) not in drop:
                     by_step.setdefault(step, [[] for _ in said])[r].append(Have(*have))
-        for step in sorted(by_step, reverse=True):
-            plan = sources(by_step[step], want, mine["numels"])
-            if plan is None:
-                continue
+        plans = {step: sources(by_step[step], want, mine["numels"]) for step in by_step}
+        steps = {step for step, plan in plans.items() if plan is not None}
+        if whole is not None:  # the steps every group of the mesh can restore
+            steps = set.intersection(*map(set, await whole.all_gather_object(sorted(steps))))
+        for step in sorted(steps, reverse=True):
+            plan = plans[step]
+            assert plan is not None
             got = await self._gather(group, step, plan, want)
-            everyone = await group.all_gather_object(got is not None)
+            everyone = await (whole or group).all_gather_object(got is not None)
             if all(everyone):
                 assert got is not None
                 return await self._load(fsdp, group, step, got, rngs)

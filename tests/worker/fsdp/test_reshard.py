@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker import Mesh
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import FSDP, CheckpointError, PeerCopies, Strategy, by_type
+from shardwire.worker.fsdp import FSDP, CheckpointError, Strategy, by_type
 from shardwire.worker.fsdp import tools as checkpoint_tools
 from shardwire.worker.fsdp.store import read_manifest, resolve
 from shardwire.worker.nn import Block, TransformerLM, softmax_cross_entropy
@@ -180,12 +179,3 @@ async def test_a_split_model_without_its_mesh_is_refused(tmp_path: Path) -> None
                 await ranks[0].save(tmp_path, step=1)
         finally:
             await close_all(ranks, groups)
-
-
-async def test_peer_copies_of_a_tensor_parallel_or_pipeline_layout_are_refused() -> None:
-    for pp, tp in ((1, 2), (2, 1)):
-        async with _layout(2, pp, tp) as ranks:
-            with pytest.raises(InvalidArgument, match="restores from disk checkpoints"):
-                await PeerCopies(1).save(ranks[0].fsdp, 1)
-            with pytest.raises(InvalidArgument, match="tensor-parallel or pipeline"):
-                await PeerCopies(1).restore(ranks[1].fsdp)
