@@ -445,10 +445,10 @@ def test_the_re_formation_figures_on_the_guide_are_the_kept_benchmark_s() -> Non
     kept = json.loads((ROOT / "docs" / "data" / "bench" / "reform.json").read_text())
     page = " ".join((ROOT / "docs" / "guide" / "elastic.md").read_text().split())
     assert kept["benchmark"] in page
-    times = sorted(r["reform_s"] for r in kept["results"])
+    times = sorted(r["reform_s"] for r in kept["result"])
     said = f"with 1,000 workers the next generation formed {times[0]:.2f}, {times[1]:.2f} and "
     assert said + f"{times[2]:.2f} s after the failure" in page
-    assert all(r["workers"] == 1000 and r["coordinator_exit"] == 0 for r in kept["results"])
+    assert all(r["workers"] == 1000 and r["coordinator_exit"] == 0 for r in kept["result"])
 
 
 def test_a_hung_rank_is_killed_by_its_agent_and_replaced(tmp_path, straight) -> None:
