@@ -142,7 +142,11 @@ class Rendezvous(Recovery):
             return []
         if self.state is not JobState.WAITING:
             return self._started(conn)
-        refusal = self._admit(conn, msg.world_size, msg.local_world_size, now, agent=False)
+        world = msg.world_size
+        if msg.reforming:  # it cannot know the next generation's size (after a grow, say)
+            shaped = self._shape.world_size if self._shape else None
+            world = self._world or self.config.world_size or shaped or world
+        refusal = self._admit(conn, world, msg.local_world_size, now, agent=False)
         if refusal:
             return refusal
         shape = self._generation_shape()

@@ -341,6 +341,33 @@ def test_survivors_in_a_generation_that_ends_before_it_forms_join_the_next() -> 
     assert sorted(p.rank for p in placed.values()) == [0, 1]
 
 
+def test_survivors_re_forming_into_a_grown_job_are_admitted_whatever_size_they_knew() -> None:
+    """``--nnodes 1:2``: node a ran alone (2 ranks); node b joins. Node a's ranks re-form
+    in their processes saying the world size they were started with (2): the job's size
+    is the coordinator's to decide, and the grown generation forms with all four."""
+    r = rdzv(last_call=1.0)
+    r.node_join(100, node("a", low=1, budget=1), 0.0)
+    assigned = sent(r.tick(1.5), NodeAssignment)
+    assert assigned[100].world_size == LWS
+    rosters = run_generation(r, {"a": 100}, 2.0, 1)
+    actions = r.node_join(101, node("b", low=1, budget=1), 3.0)  # a node joins: it grows
+    assert all(a.restarting for a in sent(actions, Abort).values())
+    for old, place in rosters.items():
+        rejoin = Join(world_size=LWS, node_id="a", local_rank=place.rank, local_world_size=LWS,
+                      requested_rank=place.rank, reforming=True)  # fmt: skip
+        assert r.join(old + 20, rejoin, peer_host="10.0.0.1", now=3.5) == []
+        r.disconnected(old)
+    r.node_join(100, node("a", low=1, budget=1), 4.0)
+    assert r.state is JobState.WAITING and r._world == 2 * LWS
+    placed = {}
+    for local in range(LWS):  # node b's new processes
+        msg = Join(world_size=2 * LWS, node_id="b", local_rank=local, local_world_size=LWS)
+        placed |= sent(r.join(40 + local, msg, peer_host="10.0.0.2", now=4.5), Placement)
+    assert r.state is JobState.RUNNING and r.generation == 2
+    assert {c: p.rank for c, p in placed.items() if c >= 20 and c < 40} == {21: 0, 22: 1}
+    assert {p.world_size for p in placed.values()} == {2 * LWS}
+
+
 def test_a_parked_survivor_that_goes_away_is_forgotten_and_one_parked_at_the_end_hears() -> None:
     r, rosters = started(budget=1)
     ranks = {c: p.rank for c, p in rosters.items()}

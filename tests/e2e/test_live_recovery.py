@@ -391,6 +391,40 @@ def test_a_lost_node_s_ranks_are_spread_over_the_survivors_from_the_copies_they_
     assert summary["held_out_accuracy"] > 0.9
 
 
+def test_a_node_that_joins_grows_the_job_around_the_running_ranks(tmp_path) -> None:
+    """``--nnodes 1:2``: node a trains alone (two ranks); node b joins at step 50. The job
+    grows to four ranks in a new generation, node a's ranks re-forming in their
+    processes and every rank going on from their state (no rollback to step 0), and it
+    finishes on both nodes."""
+    coordinator, port = start_coordinator(
+        "--nnodes", "1:2", "--last-call", "2", "--run-id", "nodes", "--max-restarts", "1",
+        "--http-port", "-1", **NODES_TOKEN,
+    )  # fmt: skip
+    a = _node(int(port), "a", tmp_path / "grow", nnodes="1:2")
+    procs = [coordinator, a]
+    try:
+        assert a.stdout is not None
+        while line := a.stdout.readline():
+            if "step 50/300" in line:
+                break
+        assert line, "the job ended before node b joined"
+        procs.append(b := _node(int(port), "b", tmp_path / "grow-b", nnodes="1:2"))
+        out, err = a.communicate(timeout=240)
+        b_out, b_err = b.communicate(timeout=240)
+        assert a.returncode == 0, err[-3000:]
+        assert b.returncode == 0, b_err[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=60)
+    assert "membership change: node 'b' joined" in err, err[-3000:]
+    assert "started anew" not in err  # node a's ranks kept their processes
+    found = re.search(r"resuming .* at step (\d+)", out)
+    assert found and int(found.group(1)) >= 50, out[-2000:]
+    assert json.loads((tmp_path / "grow" / "summary.json").read_text())["workers"] == 4
+
+
 def test_a_node_sent_sigterm_hands_its_ranks_state_over_before_it_goes(tmp_path) -> None:
     """``--nnodes 1:2``, copies every 100 steps: node b's agent is sent SIGTERM (a
     preemption notice) at step 110. Its ranks go on to the next copy step, 200, which
