@@ -63,7 +63,8 @@ class Error(_Msg):
 
 
 class Join(_Msg):
-    """A worker process asks for a rank."""
+    """A worker process asks for a rank; a survivor re-forming in its process says so (the
+    job sets its size; should the generation end before it forms, it joins the next)."""
 
     kind: Literal["join"] = "join"
     world_size: Size
@@ -74,9 +75,7 @@ class Join(_Msg):
     listen_port: Annotated[int, Field(ge=0, le=65535)] = 0
     fingerprint: Str = ""
     requested_rank: Rank | None = None
-    # a survivor re-forming in its process (live recovery): should the generation it
-    # joins end before it forms, it joins the next one rather than being fenced off
-    reforming: bool = False
+    reforming: bool = False  # a survivor re-forming in its process (live recovery)
 
 
 class NodeJoin(_Msg):
