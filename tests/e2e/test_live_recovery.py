@@ -238,13 +238,20 @@ def test_bench_copies_measures_the_overhead_and_a_restore(tmp_path) -> None:
 
 
 def _node(
-    port: int, name: str, run_dir: Path, *, nnodes: str, copy_every: int = 5, flags=()
+    port: int,
+    name: str,
+    run_dir: Path,
+    *,
+    nnodes: str,
+    copy_every: int = 5,
+    flags=(),
+    steps: int = 300,
 ) -> subprocess.Popen:
     return subprocess.Popen(
         [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", nnodes,
          "--nproc-per-node", "2", "--node-id", name, "--run-id", "nodes", "--max-restarts",
          "2", "--recovery", "live", *flags, *DIGITS_LONG, "--run-dir", str(run_dir),
-         "--copy-every", str(copy_every)],
+         "--copy-every", str(copy_every), "--steps", str(steps)],
         cwd=ROOT, env=env(**NODES_TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -391,6 +398,10 @@ def test_a_lost_node_s_ranks_are_spread_over_the_survivors_from_the_copies_they_
     assert summary["held_out_accuracy"] > 0.9
 
 
+STEPS_GROW = 2000  # about 10 s for node a alone here
+
+
+@pytest.mark.timeout(300)
 def test_a_node_that_joins_grows_the_job_around_the_running_ranks(tmp_path) -> None:
     """``--nnodes 1:2``: node a trains alone (two ranks); node b joins at step 50. The job
     grows to four ranks in a new generation, node a's ranks re-forming in their
@@ -400,15 +411,17 @@ def test_a_node_that_joins_grows_the_job_around_the_running_ranks(tmp_path) -> N
         "--nnodes", "1:2", "--last-call", "2", "--run-id", "nodes", "--max-restarts", "1",
         "--http-port", "-1", **NODES_TOKEN,
     )  # fmt: skip
-    a = _node(int(port), "a", tmp_path / "grow", nnodes="1:2")
+    # long enough that node b, started at step 50, joins before the end on a busy machine
+    a = _node(int(port), "a", tmp_path / "grow", nnodes="1:2", steps=STEPS_GROW)
     procs = [coordinator, a]
     try:
         assert a.stdout is not None
         while line := a.stdout.readline():
-            if "step 50/300" in line:
+            if f"step 50/{STEPS_GROW}" in line:
                 break
         assert line, "the job ended before node b joined"
-        procs.append(b := _node(int(port), "b", tmp_path / "grow-b", nnodes="1:2"))
+        b = _node(int(port), "b", tmp_path / "grow-b", nnodes="1:2", steps=STEPS_GROW)
+        procs.append(b)
         out, err = a.communicate(timeout=240)
         b_out, b_err = b.communicate(timeout=240)
         assert a.returncode == 0, err[-3000:]
