@@ -12,6 +12,7 @@ lost some (a shrink) or gained some.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ class Snapshot:
     def step(self) -> int:
         return int(self.meta["step"])
 
-    @property
+    @functools.cached_property
     def have(self) -> Have:
         m = self.meta
         streams = xxhash.xxh3_64_hexdigest(json.dumps(m["rngs"], sort_keys=True).encode())
@@ -172,13 +173,19 @@ class Snapshot:
         return [view.copy() for _name, view in self.views()]
 
 
-def pack(arrays: Sequence[tuple[str, np.ndarray]], info: dict[str, Any]) -> Snapshot:
-    """A snapshot of named ``arrays`` (copied) with ``info`` (step, rank, ...)."""
-    data = np.empty(sum(a.nbytes for _n, a in arrays), np.uint8)
+def _end_to_end(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The arrays' bytes end to end, in one new buffer."""
+    data = np.empty(sum(a.nbytes for a in arrays), np.uint8)
     at = 0
-    for _name, array in arrays:
+    for array in arrays:
         data[at : at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         at += array.nbytes
+    return data
+
+
+def pack(arrays: Sequence[tuple[str, np.ndarray]], info: dict[str, Any]) -> Snapshot:
+    """A snapshot of named ``arrays`` (copied) with ``info`` (step, rank, ...)."""
+    data = _end_to_end([a for _name, a in arrays])
     layout = [[name, list(a.shape), a.dtype.str] for name, a in arrays]
     return Snapshot({**info, "layout": layout, "digest": digest(data)}, data)
 
@@ -215,12 +222,7 @@ def place(pieces: Sequence[Piece], targets: dict[str, np.ndarray], bases: Sequen
 def pieces_bytes(pieces: Sequence[Piece]) -> tuple[list[list[Any]], np.ndarray]:
     """A message's table (name, first value, count, dtype) and its bytes end to end."""
     table = [[name, first, int(v.size), v.dtype.str] for name, first, v in pieces]
-    data = np.empty(sum(v.nbytes for _n, _f, v in pieces), np.uint8)
-    at = 0
-    for _name, _first, values in pieces:
-        data[at : at + values.nbytes] = values.view(np.uint8)
-        at += values.nbytes
-    return table, data
+    return table, _end_to_end([v for _n, _f, v in pieces])
 
 
 def bytes_pieces(table: Sequence[Sequence[Any]], data: np.ndarray) -> list[Piece]:
