@@ -148,7 +148,7 @@ async def resume(
     if resumed is not None:
         step, loss = resumed.step, resumed.extra["loss"]
         if replicas is not None:
-            replicas.resume(args.checkpoint_dir, step)
+            replicas.resume(args.checkpoint_dir, resumed)
     log = RunLog(
         pg,
         Path(args.run_dir or run_dir),
@@ -221,7 +221,7 @@ async def _steps(
     copies: PeerCopies | None,
 ) -> None:
     train, held, chars = data
-    await replicas.start(fsdp)
+    await replicas.start(fsdp, copies)
     dp = mesh.dp
     draw = np.random.default_rng(args.seed + 1)  # the data order
     step, loss, log = await resume(
@@ -310,8 +310,6 @@ def parse() -> argparse.Namespace:
     add_copy_argument(p)
     add_arguments(p)
     args = p.parse_args()
-    if args.copy_every and args.diloco:
-        p.error("--copy-every copies FSDP state, not DiLoCo's outer state; drop --diloco")
     if args.diloco and args.pp > 1:
         p.error("--diloco runs FSDP (and --tp) inside each replica, not pipelines (--pp)")
     return args

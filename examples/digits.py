@@ -120,7 +120,7 @@ async def _steps(
     copies: PeerCopies | None,
 ) -> None:
     x_train, y_train, x_test, y_test = data
-    await replicas.start(fsdp)
+    await replicas.start(fsdp, copies)
     run_dir = Path(args.run_dir or f"runs/digits-{args.strategy}-seed{args.seed}")
     draw = np.random.default_rng(args.seed + 1)  # the data order
     first, last_loss, saving = 0, float("nan"), None
@@ -128,7 +128,7 @@ async def _steps(
     resumed = await restore(fsdp, copies, ckpt, {"draw": draw})
     if resumed is not None:
         first, last_loss = resumed.step, resumed.extra["loss"]
-        replicas.resume(args.checkpoint_dir, first)
+        replicas.resume(args.checkpoint_dir, resumed)
     log = RunLog(
         pg,
         run_dir,
@@ -224,8 +224,8 @@ def parse() -> argparse.Namespace:
     args = p.parse_args()
     if args.diloco and args.aggregator:
         p.error("--diloco trains with FSDP inside each replica; drop --aggregator")
-    if args.copy_every and (args.diloco or args.aggregator):
-        p.error("--copy-every copies plain FSDP state; drop --diloco and --aggregator")
+    if args.copy_every and args.aggregator:
+        p.error("--copy-every copies FSDP state; drop --aggregator")
     if args.compress != "none" and args.aggregator == "ps":
         p.error("--compress works with --aggregator allreduce or --strategy no_shard")
     if args.compress != "none" and not args.aggregator and args.strategy != "no_shard":

@@ -15,8 +15,9 @@ import numpy as np
 
 import shardwire.worker as sw
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import FSDP, held_state
+from shardwire.worker.fsdp import FSDP, PeerCopies, Resumed, held_state
 from shardwire.worker.training.diloco import DiLoCo, Sharded, replica_groups, replica_rows
+from shardwire.worker.training.dilococopies import DiLoCoCopies
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,6 +55,7 @@ class Replicas:
             self.inner, self.outer = pg, None
         self.index = pg.rank // self.inner.size
         self.rank = pg.rank
+        self.pg = pg
         self.diloco: DiLoCo | None = None
 
     def rows(self, batch: int, data: Group) -> tuple[np.ndarray, int]:
@@ -63,8 +65,9 @@ class Replicas:
             batch, replica=self.index, replicas=self.count, rank=data.rank, size=data.size
         )
 
-    async def start(self, model: Sharded) -> None:
-        """Build the outer synchronisation (``--diloco``) around ``model``."""
+    async def start(self, model: Sharded, copies: PeerCopies | None = None) -> None:
+        """Build the outer synchronisation (``--diloco``) around ``model``, and bind it to
+        the process's peer copies (``--copy-every``), which then cross replicas."""
         if self.outer is None:
             return
         a = self.args
@@ -75,6 +78,8 @@ class Replicas:
             nesterov=a.outer_momentum > 0,  # Nesterov's look-ahead needs a momentum
         )  # fmt: skip
         await self.diloco.begin()
+        if isinstance(copies, DiLoCoCopies):
+            copies.bind(self.diloco, self.pg, self.index)
 
     async def step(self) -> None:
         if self.diloco is not None:
@@ -128,6 +133,8 @@ class Replicas:
         for old in mine[: max(0, len(mine) - keep)]:
             await asyncio.to_thread(old.unlink)
 
-    def resume(self, directory: str, step: int) -> None:
-        if self.diloco is not None:
-            self.diloco.load(self._state(directory, step))
+    def resume(self, directory: str, resumed: Resumed) -> None:
+        """The outer state of a step loaded from disk (the peer copies' restore took a
+        copy's outer state back already)."""
+        if self.diloco is not None and resumed.path is not None:
+            self.diloco.load(self._state(directory, resumed.step))

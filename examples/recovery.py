@@ -12,6 +12,7 @@ import numpy as np
 
 import shardwire.worker as sw
 from shardwire.worker.fsdp import FSDP, PeerCopies, Resumed, latest_checkpoint
+from shardwire.worker.training.dilococopies import DiLoCoCopies
 
 
 def add_copy_argument(p: argparse.ArgumentParser) -> None:
@@ -29,12 +30,14 @@ def peer_copies(
 ) -> PeerCopies | None:
     """The process's copies (kept across re-formations), or None without --copy-every.
     Under live recovery SIGTERM is a notice to leave: the rank hands its state over at
-    its next copy step and leaves (``LeftJob``), and its replacement goes on from there."""
+    its next copy step and leaves (``LeftJob``), and its replacement goes on from there.
+    Under --diloco the copies cross replicas and carry the outer state too."""
     if not args.copy_every:
         return None
     # (a job of one rank has nobody to hand its state to: SIGTERM ends it as before)
     leave = session.leave_notice() if session.live and pg.world_size > 1 else None
-    return PeerCopies(args.copy_every, ranks_per_node=pg.local_world_size, leave=leave)
+    kind = DiLoCoCopies if args.diloco else PeerCopies
+    return kind(args.copy_every, ranks_per_node=pg.local_world_size, leave=leave)
 
 
 async def restore(

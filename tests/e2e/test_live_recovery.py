@@ -111,6 +111,24 @@ def test_survivors_keep_their_processes_and_peers_copies_restore_the_run_exactly
     assert "rank 1 killed by signal SIGKILL; started anew from the warm spare" in done.stderr
 
 
+def test_diloco_replicas_roll_back_to_their_copies_and_outer_state_bit_identical(
+    tmp_path,
+) -> None:
+    """DiLoCo (2 replicas of 2 ranks, 2 streaming fragments, each exchange overlapped
+    with a step, int8): each killed rank's inner state comes back from its copy, its
+    outer state (with an exchange in flight) from its outer group's survivor."""
+    args = ("--diloco", "10", "--replicas", "2", "--fragments", "2", "--overlap",
+            "--outer-quantize", "int8", "--copy-every", "5")  # fmt: skip
+    done, _ = _launch(tmp_path, "straight", args=args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    live = ["--max-restarts", "2", "--recovery", "live"]
+    done, entries = _launch(tmp_path, "run", *live, plan=KILLS, args=args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "at step 25" in done.stdout and "at step 40" in done.stdout  # from the copies
+    assert len([e for e in entries if e["event"] == "injected"]) == 2
+    _same(tmp_path / "run", run_records(tmp_path / "straight"))
+
+
 def test_under_no_shard_kills_at_random_times_end_bit_identical(tmp_path) -> None:
     """NO_SHARD: every rank holds every value, so where ranks die mid-step the survivors
     go on from the last step they all completed (a replica's live state), and where one
@@ -246,12 +264,13 @@ def _node(
     copy_every: int = 5,
     flags=(),
     steps: int = 300,
+    args=(),
 ) -> subprocess.Popen:
     return subprocess.Popen(
         [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", nnodes,
          "--nproc-per-node", "2", "--node-id", name, "--run-id", "nodes", "--max-restarts",
          "2", "--recovery", "live", *flags, *DIGITS_LONG, "--run-dir", str(run_dir),
-         "--copy-every", str(copy_every), "--steps", str(steps)],
+         "--copy-every", str(copy_every), "--steps", str(steps), *args],
         cwd=ROOT, env=env(**NODES_TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
@@ -269,21 +288,23 @@ def _two_nodes(
     shrink: bool = False,
     notice: bool = False,
     copy_every: int = 5,
+    args: tuple[str, ...] = (),
 ) -> tuple[dict, dict]:
     """digits on two nodes (agents a and b, two ranks each) under a coordinator; with
     ``lose_b_at``, node b's agent is SIGKILLed (with ``notice``, sent SIGTERM) once rank
     0 logs that step, and a new agent for b is started (with ``shrink``, none is: the
-    job, ``--nnodes 1:2``, goes on with node a alone). Returns node a's run records."""
+    job, ``--nnodes 1:2``, goes on with node a alone); ``args``: digits's own. Returns
+    node a's run records."""
     nnodes = "1:2" if shrink else "2"
     size = ["--nnodes", nnodes, "--last-call", "2"] if shrink else ["--world-size", "4"]
     coordinator, port = start_coordinator(
         *size, "--run-id", "nodes", "--max-restarts", "2", "--http-port", "-1", **NODES_TOKEN
     )
     run = tmp_path / name
-    a = _node(int(port), "a", run, nnodes=nnodes, copy_every=copy_every)
+    a = _node(int(port), "a", run, nnodes=nnodes, copy_every=copy_every, args=args)
     b_flags = ["--term-timeout", "0.5"]  # a notice's grace is --leave-timeout's, not this
     b = _node(int(port), "b", tmp_path / f"{name}-b", nnodes=nnodes, copy_every=copy_every,
-              flags=b_flags)  # fmt: skip
+              flags=b_flags, args=args)  # fmt: skip
     procs = [coordinator, a, b]
     try:
         if lose_b_at is not None:
@@ -305,7 +326,7 @@ def _two_nodes(
                 b.wait(timeout=30)
             if not shrink:
                 b2 = tmp_path / f"{name}-b2"
-                procs.append(again := _node(int(port), "b", b2, nnodes=nnodes))
+                procs.append(again := _node(int(port), "b", b2, nnodes=nnodes, args=args))
                 _out, err = again.communicate(timeout=240)
                 (tmp_path / f"{name}-b2.err").write_text(err)
                 assert again.returncode == 0, err[-3000:]
@@ -375,6 +396,22 @@ def test_a_lost_node_is_replaced_and_its_ranks_restore_from_copies_on_the_other(
     assert recovered[0] == straight[0]  # the copies of ranks 2 and 3 were on node a
     for key in ("final_loss", "held_out_accuracy"):
         assert recovered[1][key] == straight[1][key]
+
+
+DILOCO_NODES = ("--diloco", "10", "--fragments", "2", "--overlap")
+
+
+def test_a_lost_diloco_replica_is_restored_from_the_other_replica_s_memory(tmp_path) -> None:
+    """DiLoCo with one replica per node: node b, a whole replica, is lost at step 100.
+    Its ranks' inner state comes back from the copies node a's ranks held, its outer
+    state from node a's ranks (the same in every replica), and the run ends as the
+    fault-free one, bit for bit."""
+    straight = _two_nodes(tmp_path, "straight", lose_b_at=None, args=DILOCO_NODES)
+    recovered = _two_nodes(tmp_path, "recovered", lose_b_at="step 100/300", args=DILOCO_NODES)
+    assert recovered[0] == straight[0]
+    for key in ("final_loss", "held_out_accuracy"):
+        assert recovered[1][key] == straight[1][key]
+    assert recovered[1]["diloco"]["replicas"] == 2
 
 
 def test_a_lost_node_s_ranks_are_spread_over_the_survivors_from_the_copies_they_held(

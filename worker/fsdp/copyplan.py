@@ -51,14 +51,17 @@ def span(numel: int, shards: int, shard: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class Have:
     """A snapshot some rank can serve: of which old rank, in a group of ``world``, with
-    the part ``shard`` of ``shards`` of every unit, and a digest of its random
-    generators' states (``streams``)."""
+    the part ``shard`` of ``shards`` of every unit, a digest of its random generators'
+    states (``streams``), and its ``family``: the replica (DiLoCo's) whose values it
+    holds; only a rank of the same family restores from it (0: every rank's the same
+    model, as in plain data parallelism)."""
 
     rank: int
     world: int
     shards: int
     shard: int
     streams: str
+    family: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,15 +84,20 @@ def _covered(spans: Sequence[tuple[int, int]], numel: int) -> bool:
 
 
 def sources(
-    have: Sequence[Sequence[Have]], want: Sequence[tuple[int, int]], numels: Sequence[int]
+    have: Sequence[Sequence[Have]],
+    want: Sequence[tuple[int, int]],
+    numels: Sequence[int],
+    families: Sequence[int] | None = None,
 ) -> list[Source] | None:
     """Where every rank ``r`` of the new group (``want[r]``: its ``(shards, shard)``;
-    ``have[r]``: the snapshots of one step it holds) restores from: each part it needs,
-    from itself when it holds one, and the generators of its own old rank. None when the
-    step cannot be restored: some values are held nowhere, or a rank's own snapshot is
-    gone and the others' generators differ (a replica's part then serves, but not its
-    streams). A rank the old group did not have takes the step's meta from a snapshot it
-    reads (it keeps its own generators, as when loading a checkpoint)."""
+    ``families[r]``: its replica, default 0; ``have[r]``: the snapshots of one step it
+    holds) restores from: each part it needs, from snapshots of its own family, from
+    itself when it holds one, and the generators of its own old rank. None when the step
+    cannot be restored: some values of a family wanted are held nowhere, or a rank's own
+    snapshot is gone and the others' generators differ (a replica's part then serves, but
+    not its streams). A rank the old group did not have takes the step's meta from a
+    snapshot it reads (it keeps its own generators, as when loading a checkpoint)."""
+    family = list(families) if families is not None else [0] * len(want)
     where: dict[int, list[int]] = {}
     snaps: dict[int, Have] = {}
     worlds = {h.world for held in have for h in held}
@@ -100,23 +108,28 @@ def sources(
         for h in held:
             where.setdefault(h.rank, []).append(server)
             snaps[h.rank] = h
-    by_part: dict[tuple[int, int], list[int]] = {}
+    by_part: dict[tuple[int, int, int], list[int]] = {}
     for old in sorted(snaps):
-        by_part.setdefault((snaps[old].shards, snaps[old].shard), []).append(old)
-    parts = [[span(n, *part) for n in numels] for part in by_part]
-    if not all(_covered([p[u] for p in parts], n) for u, n in enumerate(numels)):
-        return None
+        h = snaps[old]
+        by_part.setdefault((h.family, h.shards, h.shard), []).append(old)
+    for fam in set(family):
+        parts = [[span(n, *part[1:]) for n in numels] for part in by_part if part[0] == fam]
+        if not all(_covered([p[u] for p in parts], n) for u, n in enumerate(numels)):
+            return None
     same_streams = len({h.streams for h in snaps.values()}) == 1
     plan = []
     for r, (shards, shard) in enumerate(want):
-        if r < world and r not in snaps and not same_streams:
+        own = r in snaps and snaps[r].family == family[r]
+        if r < world and not own and not same_streams:
             return None
         need = [span(n, shards, shard) for n in numels]
         chosen: dict[int, int] = {}  # old rank -> server
-        if r in snaps:  # its own old rank's: its generators (and, mostly, its part)
+        if own:  # its own old rank's: its generators (and, mostly, its part)
             chosen[r] = r if r in where[r] else where[r][0]
         for part, olds in by_part.items():
-            spans = [span(n, *part) for n in numels]
+            if part[0] != family[r]:
+                continue
+            spans = [span(n, *part[1:]) for n in numels]
             if not any(max(a[0], b[0]) < min(a[1], b[1]) for a, b in zip(spans, need, strict=True)):
                 continue
             if any(o in chosen for o in olds):
@@ -124,7 +137,10 @@ def sources(
             local = [o for o in olds if r in where[o]]
             old = local[0] if local else olds[0]
             chosen[old] = r if r in where[old] else where[old][0]
-        first = r if r in snaps else min(chosen or snaps)  # streams all alike (checked)
+        kin = [o for o in snaps if snaps[o].family == family[r]]
+        if not own and not (chosen or kin):
+            return None
+        first = r if own else min(chosen or kin)  # streams all alike (checked)
         chosen.setdefault(first, r if r in where[first] else where[first][0])
         plan.append(Source(sorted((server, old) for old, server in chosen.items()), first))
     return plan
@@ -152,7 +168,10 @@ class Snapshot:
     def have(self) -> Have:
         m = self.meta
         streams = xxhash.xxh3_64_hexdigest(json.dumps(m["rngs"], sort_keys=True).encode())
-        return Have(int(m["rank"]), int(m["world"]), int(m["shards"]), int(m["shard"]), streams)
+        return Have(
+            int(m["rank"]), int(m["world"]), int(m["shards"]), int(m["shard"]), streams,
+            int(m.get("family", 0)),
+        )  # fmt: skip
 
     def intact(self) -> bool:
         return digest(self.data) == self.meta["digest"]

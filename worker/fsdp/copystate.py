@@ -41,13 +41,23 @@ def held_state(fsdp: FSDP) -> tuple[str, list[np.ndarray]]:
 # ---- the shell on a group --------------------------------------------------------------
 
 
-def snapshot(fsdp: FSDP, step: int, rngs: dict[str, str], extra: dict[str, Any]) -> Snapshot:
-    """A snapshot of what this rank of ``fsdp``'s group holds, taken as of ``step``."""
+def snapshot(
+    fsdp: FSDP,
+    step: int,
+    rngs: dict[str, str],
+    extra: dict[str, Any],
+    where: tuple[int, int, int] | None = None,
+) -> Snapshot:
+    """A snapshot of what this rank of ``fsdp``'s group holds, taken as of ``step``;
+    ``where``: its ``(rank, world, family)`` in the copies' group when that is not
+    FSDP's own (DiLoCo's replicas: the whole job, one family per replica)."""
     shards, shard = geometry(fsdp)
+    rank, world, family = where or (fsdp.group.rank, fsdp.group.size, 0)
     info = {
         "step": step,
-        "rank": fsdp.group.rank,
-        "world": fsdp.group.size,
+        "rank": rank,
+        "world": world,
+        "family": family,
         "shards": shards,
         "shard": shard,
         "numels": [u.layout.numel for u in fsdp.all_units()],

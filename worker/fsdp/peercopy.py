@@ -26,6 +26,11 @@ With a mesh (tensor-parallel slices, pipeline stages) the copies move within FSD
 data-parallel group, and every group of the mesh restores the same step and hands over
 at the same one.
 
+Replicas that train apart (DiLoCo's) are copied across the job with
+:meth:`PeerCopies.replicas`: each snapshot is of its rank's replica and restores only
+into that replica (:class:`~shardwire.worker.training.dilococopies.DiLoCoCopies` adds
+the outer state).
+
 ``save`` also notes, every step, what it was called with; the last generation's model,
 if its optimizer took no further step since, then serves as a snapshot of that step.
 Where a replica holds a lost rank's values (NO_SHARD, HYBRID_SHARD), and every survivor
@@ -101,6 +106,15 @@ class PeerCopies:
         self.refused: list[str] = []  # every copy refused, said
         self._live: Live | None = None  # the last save's model and step
         self._per_node = ranks_per_node  # the copies group's ranks per node
+        self._scope: tuple[Group, int] | None = None  # replicas: (the job's group, replica)
+
+    def replicas(self, world: Group | None, replica: int = 0) -> None:
+        """Copies of replicas that train apart (DiLoCo's): they move over ``world`` (all
+        the replicas' ranks, one replica's ranks on each node), so a lost replica's state
+        is held by another replica's ranks; each snapshot is of this rank's ``replica``
+        (its family) and restores only into that replica. None: over FSDP's group."""
+        self._scope = None if world is None else (world, replica)
+        self._base = None
 
     @property
     def state_bytes(self) -> int:
@@ -111,9 +125,12 @@ class PeerCopies:
         """The group the copies move in: over FSDP's group (with a mesh, its data-parallel
         group: the ranks of one pipeline stage and tensor-parallel slice, which hold the
         same units)."""
-        if self._base is not fsdp.group or self._group is None:
-            self._base = fsdp.group
-            self._group = fsdp.group.new_group(range(fsdp.group.size), name="peer-copies")
+        base = fsdp.group if self._scope is None else self._scope[0]
+        if self._scope is not None and self._whole(fsdp) is not None:
+            raise InvalidArgument("copies across replicas need FSDP alone in each replica")
+        if self._base is not base or self._group is None:
+            self._base = base
+            self._group = base.new_group(range(base.size), name="peer-copies")
             self._exchange = None  # the old generation's, gone with its group
             # a mesh's data-parallel ranks on one node: its ranks over the tp slices
             tp = fsdp.mesh.sizes[2] if fsdp.mesh is not None else 1
@@ -162,7 +179,8 @@ class PeerCopies:
         self, fsdp: FSDP, group: Group, step: int, rngs: dict[str, str], extra: dict[str, Any]
     ) -> None:
         """Snapshot this rank at ``step``, keep it, and send its copy in the background."""
-        snap = snapshot(fsdp, step, rngs, extra)
+        family = self._scope[1] if self._scope is not None else 0
+        snap = snapshot(fsdp, step, rngs, extra, where=(group.rank, group.size, family))
         self._keep(self._own, snap)
         if group.size > 1:
             self._exchange = group.spawn(self._swap(group, snap))
@@ -175,7 +193,7 @@ class PeerCopies:
         found: None (no save in this process), else ``[step, old rank, added]`` (step -1:
         the state moved on)."""
         live, self._live = self._live, None
-        if live is None or live.fsdp is fsdp:
+        if live is None or live.fsdp is fsdp or self._scope is not None:
             return None
         old = live.fsdp
         if old.offload is not None or old.optimizer.steps != live.steps:
@@ -238,6 +256,7 @@ class PeerCopies:
             {
                 "have": [[s.step, *astuple(s.have)] for s in self._snapshots()],
                 "want": list(geometry(fsdp)),
+                "family": self._scope[1] if self._scope is not None else 0,
                 "live": live,
             }
         )
@@ -257,7 +276,8 @@ class PeerCopies:
             for step, *have in s["have"]:
                 if (step, have[0]) not in drop:
                     by_step.setdefault(step, [[] for _ in said])[r].append(Have(*have))
-        plans = {step: sources(by_step[step], want, mine["numels"]) for step in by_step}
+        families = [s["family"] for s in said]
+        plans = {step: sources(by_step[step], want, mine["numels"], families) for step in by_step}
         steps = {step for step, plan in plans.items() if plan is not None}
         if whole is not None:  # the steps every group of the mesh can restore
             steps = set.intersection(*map(set, await whole.all_gather_object(sorted(steps))))
@@ -342,7 +362,7 @@ class PeerCopies:
         for unit in units:
             unit.page_out()
         fsdp.optimizer.steps = int(meta["steps"])
-        if fsdp.group.rank < int(meta["world"]):  # a rank the old group had: its streams
+        if group.rank < int(meta["world"]):  # a rank the old group had: its streams
             set_generator_states(fsdp, rngs or {}, meta["rngs"])
         # the abandoned steps after it are gone (training repeats them); the state
         # restored is snapshotted and copied at once, in this group's parts and

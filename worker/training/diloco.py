@@ -310,10 +310,15 @@ class DiLoCo:
             outer.load_state_dict(saved)
         flight = state.get("flight")
         if flight is not None:
+            sent = flight.get("sent")
+            if sent is None:  # a peer copy's, of the step it started after (the model's now)
+                if int(flight["started"]) != self.steps:
+                    raise InvalidArgument("a DiLoCo exchange's sent values are missing")
+                sent = self._read(*self.bounds[int(flight["fragment"])])
             self._flight = _Flight(
                 int(flight["fragment"]),
                 int(flight["started"]),
-                np.array(flight["sent"]),
+                np.array(sent),
                 None,
                 np.array(flight["summed"]),
             )

@@ -26,9 +26,8 @@ class OuterStateError(ShardwireError, RuntimeError):
     """A DiLoCo state file that cannot be read: missing, damaged or of another kind."""
 
 
-def write(path: str | Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` (a temporary file renamed over it: whole or absent)."""
-    path = Path(path)
+def flatten(state: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``state`` as named arrays and JSON-able counters (:func:`unflatten` inverts it)."""
     tensors = {"global": np.ascontiguousarray(state["global"])}
     meta: dict[str, Any] = {
         "steps": state["steps"],
@@ -43,8 +42,16 @@ def write(path: str | Path, state: dict[str, Any]) -> None:
     if state["flight"] is not None:
         flight = state["flight"]
         meta["flight"] = {"fragment": flight["fragment"], "started": flight["started"]}
-        tensors["flight.sent"] = np.ascontiguousarray(flight["sent"])
+        if flight.get("sent") is not None:
+            tensors["flight.sent"] = np.ascontiguousarray(flight["sent"])
         tensors["flight.summed"] = np.ascontiguousarray(flight["summed"])
+    return tensors, meta
+
+
+def write(path: str | Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path`` (a temporary file renamed over it: whole or absent)."""
+    path = Path(path)
+    tensors, meta = flatten(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
     save_file(tensors, str(partial), metadata={"kind": KIND, "state": json.dumps(meta)})
@@ -63,7 +70,12 @@ def read(path: str | Path) -> dict[str, Any]:
         raise OuterStateError(f"cannot read DiLoCo state {path}: {exc}") from exc
     if header.get("kind") != KIND:
         raise OuterStateError(f"{path} is not a DiLoCo state file (kind {header.get('kind')!r})")
-    meta = json.loads(header["state"])
+    return unflatten(tensors, json.loads(header["state"]))
+
+
+def unflatten(tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> dict[str, Any]:
+    """The state :func:`flatten` gave ``tensors`` and ``meta`` of (a flight's ``sent``
+    None where it was not among them)."""
     outer = []
     for i, (steps, slots) in enumerate(zip(meta["outer_steps"], meta["slots"], strict=True)):
         held = {name: tensors[f"outer.{i}.{name}"] for name in slots}
@@ -72,7 +84,7 @@ def read(path: str | Path) -> dict[str, Any]:
     if meta["flight"] is not None:
         flight = {
             **meta["flight"],
-            "sent": tensors["flight.sent"],
+            "sent": tensors.get("flight.sent"),
             "summed": tensors["flight.summed"],
         }
     return {

@@ -83,6 +83,22 @@ def test_a_replica_s_part_serves_when_its_own_rank_is_gone() -> None:
     assert _pairs(sources(whole, [(1, 0)] * 3, [9])) == [[(0, 0)], [(0, 0)], [(2, 2)]]
 
 
+def test_replicas_that_train_apart_restore_only_from_their_own_family() -> None:
+    # DiLoCo, 2 replicas (families) of 2 shards: rank 1 (replica 0, shard 1) replaced;
+    # rank 2 (replica 1) holds its copy; rank 3 holds shard 1 too, but of replica 1
+    def have(rank: int, family: int) -> Have:
+        return Have(rank, 4, 2, rank % 2, "s", family)
+
+    held = [[have(0, 0)], [], [have(2, 1), have(1, 0)], [have(3, 1)]]
+    want, families = [(2, 0), (2, 1)] * 2, [0, 0, 1, 1]
+    plan = sources(held, want, [9], families)
+    assert _pairs(plan) == [[(0, 0)], [(2, 1)], [(2, 2)], [(3, 3)]]
+    lost = [[have(0, 0)], [], [have(2, 1)], [have(3, 1)]]  # rank 1's copy gone too
+    assert sources(lost, want, [9], families) is None  # replica 1's shard 1 is not it
+    same = [[Have(h.rank, 4, 2, h.shard, "s") for h in r] for r in lost]  # HYBRID_SHARD
+    assert _pairs(sources(same, want, [9])) == [[(0, 0)], [(3, 3)], [(2, 2)], [(3, 3)]]
+
+
 def test_a_snapshot_round_trips_and_a_flipped_byte_is_caught() -> None:
     arrays = [("a", np.arange(6, dtype=np.float32).reshape(2, 3)), ("b", np.ones(3, np.int64))]
     snap = pack(arrays, {"step": 3})
