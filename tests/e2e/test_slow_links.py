@@ -55,14 +55,21 @@ def test_diloco_crosses_a_slow_link_with_a_fraction_of_the_bytes(tmp_path) -> No
     out, picture = tmp_path / "slowlink.json", tmp_path / "loss.png"
     done = shardwire(
         "bench", "slowlink", "--hosts", "2", "--rates", "100mbit", "--modes", "dp", "diloco",
-        "--steps", "20", "--every", "10", "--log-every", "10", "--json", str(out),
+        "--steps", "20", "--loss-steps", "30", "--every", "10", "--log-every", "10",
+        "--outer-lr", "0.7", "--outer-momentum", "0.9", "--json", str(out),
         "--plot", str(picture), timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {r["mode"]: r for r in json.loads(out.read_text())["rows"]}
+    kept = json.loads(out.read_text())
+    rows = {r["mode"]: r for r in kept["rows"]}
     dp, diloco = rows["dp"], rows["diloco"]
-    assert dp["steps"] == diloco["steps"] == 20
+    assert dp["steps"] == diloco["steps"] == 20  # timed at the rate
+    assert dp["loss_steps"] == diloco["loss_steps"] == 30  # the loss run's
     assert diloco["cross_host_bytes_per_token"] * 8 < dp["cross_host_bytes_per_token"]
     assert diloco["tokens_per_s"] > dp["tokens_per_s"]
     assert diloco["largest_exchange_bytes"] > 0 and dp["largest_exchange_bytes"] is None
+    curves = {c["mode"]: c["curve"] for c in kept["curves"]}
+    assert [t for t, _loss in curves["dp"]] == [t for t, _loss in curves["diloco"]]
+    assert len(curves["dp"]) == 3 and curves["dp"] != curves["diloco"]
+    assert (kept["outer_lr"], kept["outer_momentum"]) == (0.7, 0.9)
     assert picture.stat().st_size > 0

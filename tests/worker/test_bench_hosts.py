@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from shardwire.protocol import InvalidArgument
@@ -41,9 +43,14 @@ def test_hosts_are_named_apart_per_process_and_need_two() -> None:
 
 
 def test_each_mode_is_the_examples_flags() -> None:
-    assert mode_flags("dp", 2, 50, 4) == []
-    assert mode_flags("diloco", 4, 50, 4) == ["--diloco", "50", "--replicas", "4"]
-    assert mode_flags("streaming-int8", 2, 40, 4) == [
-        "--diloco", "40", "--replicas", "2",
+    def args(every: int, lr: float = 1.0, momentum: float = 0.0) -> argparse.Namespace:
+        return argparse.Namespace(every=every, fragments=4, outer_lr=lr, outer_momentum=momentum)
+
+    assert mode_flags("dp", 2, args(50)) == []
+    assert mode_flags("diloco", 4, args(50, 0.7, 0.9)) == [
+        "--diloco", "50", "--replicas", "4", "--outer-lr", "0.7", "--outer-momentum", "0.9",
+    ]  # fmt: skip
+    assert mode_flags("streaming-int8", 2, args(40)) == [
+        "--diloco", "40", "--replicas", "2", "--outer-lr", "1.0", "--outer-momentum", "0.0",
         "--fragments", "4", "--overlap", "--outer-quantize", "int8",
     ]  # fmt: skip

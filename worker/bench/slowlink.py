@@ -4,10 +4,14 @@ network namespaces on a bridge, links shaped with tc tbf; one rank per host).
 
     shardwire bench slowlink [--hosts 2 4] [--rates 100mbit 1gbit unshaped] [--json out.json]
 
-Per mode and rate: tokens/s, held-out loss at the end (every mode sees the same tokens),
-cross-host bytes per token (every byte a rank sent: with one rank per host, all of them
-cross a link), and the largest outer exchange (the peak a link must carry at once). The
-modes alternate their order rate by rate. ``--plot`` draws held-out loss against tokens.
+Two kinds of run. A link's rate changes how fast a mode trains, not what it computes
+(every mode's losses are deterministic), so each mode trains once per host count on
+unshaped links for ``--loss-steps`` steps: its held-out loss at the end (every mode sees
+the same tokens) and along the way, the bytes that crossed a link per token (every byte
+a rank sent: with one rank per host, all of them cross a link), and the largest outer
+exchange (the peak a link must carry at once). Then each mode trains ``--steps`` steps
+at each rate, for its tokens/s there; the modes alternate their order rate by rate.
+``--plot`` draws held-out loss against tokens.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ MODES = ("dp", "diloco", "streaming-int8")
 RATES = ("100mbit", "1gbit", "unshaped")
 
 
-def mode_flags(mode: str, replicas: int, every: int, fragments: int) -> list[str]:
-    """charlm's flags for ``mode`` with one replica per host."""
+def mode_flags(mode: str, replicas: int, args) -> list[str]:
+    """charlm's flags for ``mode`` with one replica per host (DiLoCo's H, fragments and
+    outer optimizer from ``args``)."""
     if mode == "dp":
         return []
-    flags = ["--diloco", str(every), "--replicas", str(replicas)]
+    outer = ["--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum)]
+    flags = ["--diloco", str(args.every), "--replicas", str(replicas), *outer]
     if mode == "streaming-int8":
-        flags += ["--fragments", str(fragments), "--overlap", "--outer-quantize", "int8"]
+        flags += ["--fragments", str(args.fragments), "--overlap", "--outer-quantize", "int8"]
     return flags
 
 
@@ -42,25 +48,22 @@ def _read(run_dir: Path) -> tuple[dict, list[dict]]:
     return summary, records
 
 
-def run_mode(hosts, mode: str, args, tmp: Path) -> dict:
-    run_dir = tmp / f"{mode}-{hosts.count}-{hosts.rate or 'unshaped'}"
-    script = [str(example("charlm.py")), "--steps", str(args.steps),
-              "--log-every", str(args.log_every), "--sample", "0", "--minutes", "600",
-              "--run-dir", str(run_dir), *[f"--{k}={v}" for k, v in MODEL.items()],
-              *mode_flags(mode, hosts.count, args.every, args.fragments)]  # fmt: skip
+def run_mode(hosts, mode: str, args, tmp: Path, *, steps: int, log_every: int) -> dict:
+    """charlm in ``mode`` for ``steps`` steps on ``hosts``: what its run says."""
+    run_dir = tmp / f"{mode}-{hosts.count}-{hosts.rate or 'unshaped'}-{steps}"
+    script = [str(example("charlm.py")), "--steps", str(steps), "--log-every", str(log_every),
+              "--sample", "0", "--minutes", "600", "--run-dir", str(run_dir),
+              *[f"--{k}={v}" for k, v in MODEL.items()],
+              *mode_flags(mode, hosts.count, args)]  # fmt: skip
     where = [(hosts.prefix(i), hosts.address(i)) for i in range(hosts.count)]
-    run_nodes(script, hosts.count, hosts.count, dict(os.environ), hosts=where, timeout=3600)
+    run_nodes(script, hosts.count, hosts.count, dict(os.environ), hosts=where, timeout=7200)
     summary, records = _read(run_dir)
     tokens = summary["steps"] * MODEL["batch"] * MODEL["context"]
-    sent = sum(records[-1]["bytes_sent"])
     return {
-        "mode": mode,
-        "hosts": hosts.count,
-        "rate": hosts.rate or "unshaped",
         "steps": summary["steps"],
         "tokens_per_s": summary["tokens_per_s"],
         "held_out_loss": summary["held_out_nats_per_char"],
-        "cross_host_bytes_per_token": sent / tokens,
+        "cross_host_bytes_per_token": sum(records[-1]["bytes_sent"]) / tokens,
         "largest_exchange_bytes": summary.get("outer_largest_exchange_bytes"),
         "curve": [
             (r["step"] * MODEL["batch"] * MODEL["context"], r["held_out"])
@@ -70,39 +73,80 @@ def run_mode(hosts, mode: str, args, tmp: Path) -> dict:
     }
 
 
+def _say(what: str) -> None:
+    print(f"[bench]: {what} done", file=sys.stderr, flush=True)
+
+
+def measure(args, tmp: Path) -> tuple[list[dict], list[dict]]:
+    """The rows (a mode at a rate: tokens/s there, and the loss run's figures) and the
+    loss runs' curves (a mode on a host count)."""
+    rows: list[dict] = []
+    curves: list[dict] = []
+    turn = 0
+    for count in args.hosts:
+        speed: dict[tuple[str, str], int] = {}
+        for rate in args.rates:
+            with emulated(count, None if rate == "unshaped" else rate) as hosts:
+                for mode in args.modes[:: 1 if turn % 2 == 0 else -1]:
+                    run = run_mode(hosts, mode, args, tmp, steps=args.steps, log_every=args.steps)
+                    speed[mode, rate] = run["tokens_per_s"]
+                    _say(f"{count} hosts, {rate}, {mode}, {args.steps} steps")
+            turn += 1
+        with emulated(count, None) as hosts:
+            for mode in args.modes:
+                run = run_mode(hosts, mode, args, tmp, steps=args.loss_steps,
+                               log_every=args.log_every)  # fmt: skip
+                _say(f"{count} hosts, {mode}, {args.loss_steps} steps for the loss")
+                curves.append({"hosts": count, "mode": mode, "curve": run["curve"]})
+                rows += [
+                    {"mode": mode, "hosts": count, "rate": rate, "steps": args.steps,
+                     "tokens_per_s": speed[mode, rate], "loss_steps": run["steps"],
+                     "held_out_loss": run["held_out_loss"],
+                     "cross_host_bytes_per_token": run["cross_host_bytes_per_token"],
+                     "largest_exchange_bytes": run["largest_exchange_bytes"]}
+                    for rate in args.rates
+                ]  # fmt: skip
+    return rows, curves
+
+
 def print_table(rows: list[dict]) -> None:
-    print(
-        "| hosts | rate | mode | tokens/s | held-out loss | cross-host bytes/token "
-        "| largest exchange |"
-    )
+    print("| hosts | rate | mode | tokens/s | held-out loss | cross-host bytes/token "
+          "| largest exchange |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         peak = r["largest_exchange_bytes"]
         print(f"| {r['hosts']} | {r['rate']} | {r['mode']} | {r['tokens_per_s']:,.0f} | "
               f"{r['held_out_loss']:.4f} | {r['cross_host_bytes_per_token']:,.1f} | "
               f"{'-' if peak is None else f'{peak / 2**20:.2f} MiB'} |")  # fmt: skip
+    if rows:
+        print(
+            f"tokens/s over {rows[0]['steps']} steps at each rate; the loss, bytes and "
+            f"exchange of {rows[0]['loss_steps']} steps, unshaped (rates do not change them)"
+        )
     print("tc tbf shapes the rate only (no netem here): no added delay or loss")
 
 
-def plot(rows: list[dict], path: str) -> None:
+def figure(curves: list[dict]):
+    """Held-out loss against tokens: a panel per host count, a line per mode."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["hosts"], r["rate"]) for r in rows})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    for ax, (count, rate) in zip(axes[0], groups, strict=True):
-        for r in rows:
-            if (r["hosts"], r["rate"]) == (count, rate) and r["curve"]:
-                tokens, loss = zip(*r["curve"], strict=True)
-                ax.plot(tokens, loss, marker="o", markersize=3, label=r["mode"])
-        ax.set_title(f"{count} hosts, {rate}")
+    counts = sorted({c["hosts"] for c in curves})
+    fig, axes = plt.subplots(1, len(counts), figsize=(4.2 * len(counts), 3.4), squeeze=False)
+    for ax, count in zip(axes[0], counts, strict=True):
+        for c in curves:
+            if c["hosts"] == count and c["curve"]:
+                tokens, loss = zip(*c["curve"], strict=True)
+                ax.plot(tokens, loss, marker="o", markersize=3, label=c["mode"])
+        ax.set_title(f"{count} hosts (any link rate)", fontsize=9)
         ax.set_xlabel("tokens")
-        ax.set_ylabel("held-out loss (nats/char)")
-        ax.legend()
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("held-out loss (nats/char)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,36 +154,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
     p.add_argument("--rates", nargs="+", default=list(RATES))
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--every", type=int, default=50, help="DiLoCo's H: steps between syncs")
+    p.add_argument("--steps", type=int, default=200, help="steps per run timed at a rate")
+    p.add_argument("--loss-steps", type=int, default=3000, help="steps of each loss run")
+    p.add_argument("--log-every", type=int, default=250, help="held-out loss every N steps")
+    p.add_argument("--every", type=int, default=100, help="DiLoCo's H: steps between syncs")
     p.add_argument("--fragments", type=int, default=4, help="streaming fragments")
+    p.add_argument("--outer-lr", type=float, default=1.0, help="DiLoCo's outer rate")
+    p.add_argument("--outer-momentum", type=float, default=0.0, help="its Nesterov momentum")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--plot", help="draw held-out loss against tokens here (PNG or SVG)")
     args = p.parse_args(argv)
     for rate in args.rates:
         if rate != "unshaped":
             rate_bits(rate)
-    rows: list[dict] = []
-    turn = 0
     with tempfile.TemporaryDirectory(prefix="shardwire-slowlink-") as directory:
-        for count in args.hosts:
-            for rate in args.rates:
-                with emulated(count, None if rate == "unshaped" else rate) as hosts:
-                    for mode in args.modes[:: 1 if turn % 2 == 0 else -1]:
-                        rows.append(run_mode(hosts, mode, args, Path(directory)))
-                        print(f"[bench]: {count} hosts, {rate}, {mode} done", file=sys.stderr,
-                              flush=True)  # fmt: skip
-                turn += 1
+        rows, curves = measure(args, Path(directory))
     rows.sort(key=lambda r: (r["hosts"], RATES.index(r["rate"]) if r["rate"] in RATES else 9,
                              MODES.index(r["mode"])))  # fmt: skip
     print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": MODEL, "every": args.every,
-                                               "fragments": args.fragments, "rows": rows},
+        settings = {"model": MODEL, "every": args.every, "fragments": args.fragments,
+                    "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+                    "steps": args.steps, "loss_steps": args.loss_steps}  # fmt: skip
+        Path(args.json).write_text(json.dumps({**settings, "rows": rows, "curves": curves},
                                               indent=2))  # fmt: skip
     if args.plot:
-        plot(rows, args.plot)
+        figure(curves).savefig(args.plot, dpi=110)
     return 0
 
 
