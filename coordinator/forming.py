@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Collection
 
 from shardwire.coordinator.generations import Generations
@@ -54,6 +55,14 @@ def member(w: Worker, local_world_size: int) -> Member:
     )
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (a name, or no address, is not known to be)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def placements(
     workers: Collection[Worker], shape: Shape, generation: int, *, grace: float = 0.0
 ) -> tuple[list[Member], list[Action]]:
@@ -62,6 +71,7 @@ def placements(
     long the workers wait for this coordinator if it goes away."""
     lws = shape.local_world_size
     members = sorted((member(w, lws) for w in workers), key=lambda m: m.rank)
+    one_machine = all(_loopback(m.host) for m in members)
     sends: list[Action] = [
         Send(
             w.conn,
@@ -73,6 +83,7 @@ def placements(
                 local_world_size=lws,
                 node_rank=w.rank // lws,
                 grace=grace,
+                one_machine=one_machine,
             ),
         )
         for w in workers

@@ -36,6 +36,9 @@ class Placement(Msg):
     # how long to wait for a coordinator that went away (0: it keeps no journal, so it
     # will not come back and its loss ends the job)
     grace: Annotated[float, Field(ge=0, le=86400)] = 0.0
+    # every worker of the generation is on this machine (each reached at a loopback
+    # address): its links are memory copies, not a network (see ``backends.plan``)
+    one_machine: bool = False
 
 
 PEER_PAGE = 256  # ranks per PeerQuery (a reply is about 25 KB: inside a control frame)

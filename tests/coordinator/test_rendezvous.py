@@ -50,6 +50,19 @@ def start(r: Rendezvous, joins: dict) -> dict:
     return out
 
 
+@pytest.mark.parametrize(
+    ("hosts", "one_machine"),
+    [(["127.0.0.1", "127.0.0.2"], True), (["127.0.0.1", "10.0.0.9"], False),
+     (["::1", "::1"], True), (["node-a", "node-a"], False)],
+)  # fmt: skip
+def test_placements_say_whether_every_worker_is_on_one_machine(hosts, one_machine) -> None:
+    r = rdzv(world=2)
+    got: dict = {}
+    for conn, host in enumerate(hosts):
+        got |= rosters(r.join(conn, join(str(conn), world=2, lws=1), peer_host=host, now=0.0))
+    assert [m.one_machine for m in got.values()] == [one_machine] * 2
+
+
 def test_ranks_are_contiguous_per_node_in_node_id_order() -> None:
     r = rdzv()
     got = start(r, {1: join("b", 1), 2: join("a", 0), 3: join("b", 0), 4: join("a", 1)})

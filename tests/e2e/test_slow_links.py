@@ -36,6 +36,23 @@ def test_collectives_across_shaped_links_stay_under_the_links_rate(tmp_path) -> 
     assert "no netem here" in done.stdout
 
 
+def test_an_exchange_across_hosts_takes_the_ring_where_one_machine_takes_direct(
+    tmp_path,
+) -> None:
+    """The coordinator tells the ranks whether the job is on one machine: an all_gather of
+    1 MiB over 2 ranks (512 KiB each) goes direct over loopback, by the ring across hosts."""
+    chosen = {}
+    for where in (["--hosts", "2", "--link", "1gbit"], ["--world", "2", "--nodes", "2"]):
+        out = tmp_path / f"{where[0][2:]}.json"
+        done = shardwire(
+            "bench", "collectives", *where, "--ops", "all_gather", "--sizes", "1M",
+            "--target-s", "0.2", "--json", str(out), timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        chosen[where[0]] = [r["algorithm"] for r in json.loads(out.read_text())["rows"]]
+    assert chosen == {"--hosts": ["ring"], "--world": ["direct"]}
+
+
 def test_several_ranks_per_host_share_its_link_in_tiers(tmp_path) -> None:
     out = tmp_path / "tiers.json"
     done = shardwire(

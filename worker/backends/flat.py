@@ -90,7 +90,9 @@ class LinksBackend(Backend):
         if isinstance(op, Barrier):
             return _A.DISSEMINATION
         crowded = self._topology.crowded if op.kind == "broadcast" else False
-        return choose(op.kind, op.nbytes, self.size, crowded=crowded)
+        return choose(
+            op.kind, op.nbytes, self.size, crowded=crowded, network=self._topology.network
+        )
 
     def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
         return Launch(self.runner(op, decision.algorithm))

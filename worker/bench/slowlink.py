@@ -79,19 +79,21 @@ def _say(what: str) -> None:
 
 def measure(args, tmp: Path) -> tuple[list[dict], list[dict]]:
     """The rows (a mode at a rate: tokens/s there, and the loss run's figures) and the
-    loss runs' curves (a mode on a host count)."""
-    rows: list[dict] = []
-    curves: list[dict] = []
+    loss runs' curves (a mode on a host count). Every timed run comes first, then the
+    loss runs (which another load beside them would slow, not change)."""
+    speed: dict[tuple[int, str, str], int] = {}
     turn = 0
     for count in args.hosts:
-        speed: dict[tuple[str, str], int] = {}
         for rate in args.rates:
             with emulated(count, None if rate == "unshaped" else rate) as hosts:
                 for mode in args.modes[:: 1 if turn % 2 == 0 else -1]:
                     run = run_mode(hosts, mode, args, tmp, steps=args.steps, log_every=args.steps)
-                    speed[mode, rate] = run["tokens_per_s"]
+                    speed[count, mode, rate] = run["tokens_per_s"]
                     _say(f"{count} hosts, {rate}, {mode}, {args.steps} steps")
             turn += 1
+    rows: list[dict] = []
+    curves: list[dict] = []
+    for count in args.hosts:
         with emulated(count, None) as hosts:
             for mode in args.modes:
                 run = run_mode(hosts, mode, args, tmp, steps=args.loss_steps,
@@ -100,7 +102,7 @@ def measure(args, tmp: Path) -> tuple[list[dict], list[dict]]:
                 curves.append({"hosts": count, "mode": mode, "curve": run["curve"]})
                 rows += [
                     {"mode": mode, "hosts": count, "rate": rate, "steps": args.steps,
-                     "tokens_per_s": speed[mode, rate], "loss_steps": run["steps"],
+                     "tokens_per_s": speed[count, mode, rate], "loss_steps": run["steps"],
                      "held_out_loss": run["held_out_loss"],
                      "cross_host_bytes_per_token": run["cross_host_bytes_per_token"],
                      "largest_exchange_bytes": run["largest_exchange_bytes"]}

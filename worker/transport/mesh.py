@@ -172,7 +172,7 @@ class TcpMesh(MailboxTransport):
             )
         if nodes is None:
             nodes = NodeMap(placement.local_world_size, placement.world_size)
-        self.topology = Topology(nodes, crowded, arena)
+        self.topology = Topology(nodes, crowded, arena, network=not placement.one_machine)
         for conn in list(self._pending):
             conn.release_held()
         self.idle.start()

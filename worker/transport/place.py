@@ -49,8 +49,11 @@ class Topology:
             rank running at once lose there.
         arena: groups whose ranks share this node run their collectives through a node
             arena with these settings (an ``ArenaSettings``), or never (None).
+        network: some of the job's links cross a network (not every rank is on this
+            machine); false for a job on one machine and the in-memory transport.
     """
 
     nodes: Sequence[Hashable] | None = None
     crowded: bool = False
     arena: ArenaSettings | None = None
+    network: bool = False

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.worker.backends.plan import ALL_REDUCE_SMALL, EXCHANGE_SMALL, choose
+from shardwire.worker.backends.plan import (
+    ALL_REDUCE_SMALL,
+    EXCHANGE_SMALL,
+    NETWORK_EXCHANGE_PEER,
+    choose,
+)
 from shardwire.worker.collectives import roster
 
 
@@ -18,6 +23,16 @@ def test_thresholds() -> None:
     assert choose("reduce_scatter", EXCHANGE_SMALL + 1, 2) == "ring"
     assert choose("broadcast", 1 << 20, 2) == "chain"
     assert choose("gather", 1 << 30, 2) == "direct"
+
+
+def test_across_a_network_exchanges_go_direct_only_while_each_peer_gets_little() -> None:
+    peer = NETWORK_EXCHANGE_PEER
+    assert choose("all_gather", peer - 4, 4, network=True) == "direct"  # each rank's part
+    assert choose("all_gather", peer, 4, network=True) == "ring"
+    assert choose("all_gather", peer, 4) == "direct"  # one machine: up to EXCHANGE_SMALL
+    assert choose("reduce_scatter", 4 * peer - 16, 4, network=True) == "direct"
+    assert choose("reduce_scatter", 4 * peer, 4, network=True) == "ring"
+    assert choose("all_reduce", 64 << 20, 4, network=True) == "ring"  # others as before
 
 
 def test_a_crowded_node_broadcasts_by_tree() -> None:
