@@ -224,7 +224,11 @@ SECTIONS = [
     ),
     (
         "Training over slow links (DiLoCo)",
-        ["shardwire.worker.training.diloco", "shardwire.worker.training.quantize"],
+        [
+            "shardwire.worker.training.diloco",
+            "shardwire.worker.training.dilococopies",
+            "shardwire.worker.training.quantize",
+        ],
     ),
     ("Run directories", ["shardwire.worker.runtime.runlog"]),
     ("Transports", ["shardwire.worker.transport"]),

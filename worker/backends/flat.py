@@ -90,9 +90,10 @@ class LinksBackend(Backend):
         if isinstance(op, Barrier):
             return _A.DISSEMINATION
         crowded = self._topology.crowded if op.kind == "broadcast" else False
-        return choose(
-            op.kind, op.nbytes, self.size, crowded=crowded, network=self._topology.network
-        )
+        nbytes = op.nbytes
+        if isinstance(op, AllGather):  # parts may differ (sizes=): every rank must choose alike
+            nbytes = op.buf.nbytes // self.size
+        return choose(op.kind, nbytes, self.size, crowded=crowded, network=self._topology.network)
 
     def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
         return Launch(self.runner(op, decision.algorithm))

@@ -92,7 +92,8 @@ def choose(
     op: str, nbytes: int, size: int, *, crowded: bool = False, network: bool = False
 ) -> Algorithm:
     """The algorithm the links backend runs a call of ``op`` moving ``nbytes`` (the whole
-    buffer; all_gather's: each rank's part) by, in a group of ``size``: local, doubling,
+    buffer; all_gather's: the gathered buffer over ``size``, the same on every rank
+    however uneven the parts) by, in a group of ``size``: local, doubling,
     ring, bruck, direct, tree or chain. ``crowded``: this node runs more ranks than it
     has CPUs (see CROWDED_BROADCAST); ``network``: the job's links cross a network (see
     NETWORK_EXCHANGE_PEER)."""
