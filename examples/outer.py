@@ -16,8 +16,8 @@ import numpy as np
 import shardwire.worker as sw
 from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp import FSDP, PeerCopies, Resumed, held_state
+from shardwire.worker.fsdp.dilococopies import DiLoCoCopies
 from shardwire.worker.training.diloco import DiLoCo, Sharded, replica_groups, replica_rows
-from shardwire.worker.training.dilococopies import DiLoCoCopies
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 import shardwire.worker as sw
 from shardwire.worker.fsdp import FSDP, PeerCopies, Resumed, latest_checkpoint
-from shardwire.worker.training.dilococopies import DiLoCoCopies
+from shardwire.worker.fsdp.dilococopies import DiLoCoCopies
 
 
 def add_copy_argument(p: argparse.ArgumentParser) -> None:

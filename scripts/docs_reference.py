@@ -226,7 +226,7 @@ SECTIONS = [
         "Training over slow links (DiLoCo)",
         [
             "shardwire.worker.training.diloco",
-            "shardwire.worker.training.dilococopies",
+            "shardwire.worker.fsdp.dilococopies",
             "shardwire.worker.training.quantize",
         ],
     ),

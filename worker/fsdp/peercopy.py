@@ -28,7 +28,7 @@ at the same one.
 
 Replicas that train apart (DiLoCo's) are copied across the job with
 :meth:`PeerCopies.replicas`: each snapshot is of its rank's replica and restores only
-into that replica (:class:`~shardwire.worker.training.dilococopies.DiLoCoCopies` adds
+into that replica (:class:`~shardwire.worker.fsdp.dilococopies.DiLoCoCopies` adds
 the outer state).
 
 ``save`` also notes, every step, what it was called with; the last generation's model,

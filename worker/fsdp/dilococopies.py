@@ -28,8 +28,10 @@ import numpy as np
 
 from shardwire.protocol.errors import InvalidState
 from shardwire.worker.collectives import Group
-from shardwire.worker.fsdp import FSDP, PeerCopies, Resumed
 from shardwire.worker.fsdp.copyplan import Snapshot, pack
+from shardwire.worker.fsdp.peercopy import PeerCopies
+from shardwire.worker.fsdp.persist import Resumed
+from shardwire.worker.fsdp.wrapper import FSDP
 from shardwire.worker.training.diloco import DiLoCo
 from shardwire.worker.training.outer_state import flatten, unflatten
 

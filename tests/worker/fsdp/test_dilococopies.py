@@ -10,8 +10,8 @@ import pytest
 
 from shardwire.protocol.errors import InvalidState
 from shardwire.worker.collectives import Group
+from shardwire.worker.fsdp.dilococopies import DiLoCoCopies, _outer_snapshot
 from shardwire.worker.training.diloco import DiLoCo
-from shardwire.worker.training.dilococopies import DiLoCoCopies, _outer_snapshot
 from tests.worker.collectives.worlds import group_world, on_all
 from tests.worker.training.test_diloco import Shards, _inner, _replicas
 
