@@ -13,7 +13,7 @@ from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp.dilococopies import DiLoCoCopies, _outer_snapshot
 from shardwire.worker.training.diloco import DiLoCo
 from tests.worker.collectives.worlds import group_world, on_all
-from tests.worker.training.test_diloco import Shards, _inner, _replicas
+from tests.worker.training.test_diloco import Shards, _replicas, resume_and_compare
 
 WORLD, STEPS, CUT = 3, 11, 6  # 6 is a sync step: with overlap, an exchange is in flight
 OPTIONS = {"every": 3, "fragments": 3, "overlap": True, "quantize": "int8", "block": 4}
@@ -51,17 +51,7 @@ async def test_the_survivors_outer_state_lets_every_replica_go_on_bit_for_bit(lo
     async with group_world("memory", WORLD) as groups:
         outers = await _new_generation(groups, arrays)
         await on_all(groups, lambda g: copies[g.rank]._take_outer(outers[g.rank], CUT))
-
-        async def train(g: Group) -> None:
-            for step in range(CUT, STEPS):
-                _inner(outers[g.rank].model, g.rank, step)  # type: ignore[arg-type]
-                await outers[g.rank].step()
-
-        await on_all(groups, train)
-    for resumed, whole in zip(outers, straight, strict=True):
-        for a, b in zip(resumed.model.arrays, whole.model.arrays, strict=True):  # type: ignore[union-attr]
-            np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(resumed.global_params, whole.global_params)
+        await resume_and_compare(groups, outers, straight, CUT, STEPS)
     assert all(CUT in c._outer for c in copies)  # the replacements keep it now too
 
 

@@ -204,12 +204,21 @@ async def test_a_run_resumed_mid_round_from_the_state_continues_bit_for_bit(
             models[r].arrays = arrays[r]
             outers[r].load_state_dict(states[r])
 
-        async def train(g: Group) -> None:
-            for step in range(cut, steps):
-                _inner(models[g.rank], g.rank, step)
-                await outers[g.rank].step()
+        await resume_and_compare(groups, outers, whole, cut, steps)
 
-        await on_all(groups, train)
+
+async def resume_and_compare(
+    groups: list[Group], outers: list[DiLoCo], whole: list[DiLoCo], first: int, steps: int
+) -> None:
+    """Train ``outers`` (resumed) from step ``first`` to ``steps``; every replica's model
+    and global parameters must then be those of the run ``whole`` that never stopped."""
+
+    async def train(g: Group) -> None:
+        for step in range(first, steps):
+            _inner(outers[g.rank].model, g.rank, step)  # type: ignore[arg-type]
+            await outers[g.rank].step()
+
+    await on_all(groups, train)
     for resumed, straight in zip(outers, whole, strict=True):
         for a, b in zip(resumed.model.arrays, straight.model.arrays, strict=True):  # type: ignore[union-attr]
             np.testing.assert_array_equal(a, b)
