@@ -6,13 +6,12 @@ rows ``shardwire bench collectives --json`` wrote): the table between the page's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
 from diagrams import _svg
-from slowlink_pages import marks, size, source
+from slowlink_pages import kept_run, marks, size, source
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 KEPT = DOCS / "data" / "bench" / "collectives.json"
@@ -23,8 +22,7 @@ SYSTEMS = {"": "shardwire", "mpi_": "Open MPI (shm)", "gloo_": "gloo"}
 
 
 def _kept() -> dict[str, Any]:
-    kept = json.loads(KEPT.read_text())
-    return {**kept, **kept["result"]} if "result" in kept else kept
+    return kept_run(KEPT)
 
 
 def table() -> str:

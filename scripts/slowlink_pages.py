@@ -29,8 +29,10 @@ def marks(name: str) -> re.Pattern[str]:
     return re.compile(rf"(<!-- generated: {name} -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
-def _kept(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+def kept_run(path: Path) -> dict[str, Any]:
+    """A kept run: its command, date, commit and machine beside what it wrote."""
+    kept = json.loads(path.read_text())
+    return {**kept, **kept["result"]} if "result" in kept else kept
 
 
 def size(n: int) -> str:
@@ -47,7 +49,7 @@ def source(kept: dict[str, Any]) -> str:
 
 
 def hosts_table() -> str:
-    kept = _kept(HOSTS)
+    kept = kept_run(HOSTS)
     out = [
         source(kept) + " Bus bandwidth as a fraction of the link's rate; the last column is "
         "gloo's median time over shardwire's (above 1, shardwire is faster).",
@@ -66,7 +68,7 @@ def hosts_table() -> str:
 
 
 def slowlink_table() -> str:
-    kept = _kept(SLOWLINK)
+    kept = kept_run(SLOWLINK)
     model = kept["model"]
     outer = (
         "the paper's outer optimizer"
@@ -112,4 +114,4 @@ def page() -> str:
 
 def plot() -> str:
     """Held-out loss against tokens, a panel per host count, a line per mode."""
-    return _svg(figure(_kept(SLOWLINK)["curves"]))
+    return _svg(figure(kept_run(SLOWLINK)["curves"]))
