@@ -90,21 +90,23 @@ class DiLoCoCopies(PeerCopies):
         group = diloco.group
         where = f"rank {group.ranks[group.rank]}'s outer group"
         mine = self._outer.get(step)
-        said = await group.all_gather_object(None if mine is None else mine.meta)
-        holders = [r for r, meta in enumerate(said) if meta is not None]
+        said = await group.all_gather_object(None if mine is None else mine.meta["digest"])
+        holders = [r for r, digest in enumerate(said) if digest is not None]
         if not holders:
             raise InvalidState(
                 f"DiLoCo's outer state at step {step} is held by no rank of {where}: "
                 "every replica's rank there was lost"
             )
-        digests = {said[r]["digest"] for r in holders}
-        if len(digests) > 1:
+        if len({said[r] for r in holders}) > 1:
             raise InvalidState(
                 f"DiLoCo's outer state at step {step} differs between the ranks of {where} "
                 f"that kept it (its ranks {holders[:8]})"
             )
-        root, meta = holders[0], said[holders[0]]
-        data = mine.data.copy() if mine is not None else np.empty(_nbytes(meta), np.uint8)
+        root = holders[0]
+        ours = mine.meta if mine is not None and group.rank == root else None
+        meta = await group.broadcast_object(ours, root=root)
+        # a holder's bytes are the root's (the same digest): it sends or keeps its own
+        data = mine.data if mine is not None else np.empty(_nbytes(meta), np.uint8)
         data = await group.broadcast(data, root=root)
         snap = Snapshot(meta, np.ascontiguousarray(data).view(np.uint8).reshape(-1))
         if not snap.intact():
