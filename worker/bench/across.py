@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench.hosts import Hosts, emulated, rate_bits
 from shardwire.worker.bench.jobs import run_nodes
@@ -22,17 +23,32 @@ from shardwire.worker.bench.timing import busbw_factor, human, summarized
 _GLOO_PORT = 29530  # rank 0's rendezvous port for gloo, inside the first host's namespace
 
 
-def shardwire_cells(hosts: Hosts, per_host: int, config: dict, tmp: str) -> list[dict]:
+def shardwire_cells(
+    hosts: Hosts, per_host: int, config: dict, tmp: str, *, congestion: str | None = None
+) -> list[dict]:
+    """shardwire's cells; ``congestion``: its peer connections' TCP congestion control
+    (None: the kernel's default)."""
     out = os.path.join(tmp, "shardwire.json")
     where = [(hosts.prefix(i), hosts.address(i)) for i in range(hosts.count)]
+    env = {k: v for k, v in os.environ.items() if k != "SHARDWIRE_TCP_CONGESTION"}
+    if congestion:
+        env["SHARDWIRE_TCP_CONGESTION"] = congestion
     run_nodes(
         ["-m", "shardwire.worker.bench.measure", out, json.dumps(config)],
         hosts.count * per_host,
         hosts.count,
-        dict(os.environ),
+        env,
         hosts=where,
     )
-    return json.loads(Path(out).read_text())
+    cells = json.loads(Path(out).read_text())
+    want = [congestion] if congestion else None
+    for cell in cells:  # what the workers' sockets used, not what was asked
+        if want is not None and cell.get("tcp_congestion") != want:
+            raise BenchmarkFailed(
+                f"asked for TCP congestion control {congestion}, the peer connections "
+                f"used {cell.get('tcp_congestion')}"
+            )
+    return cells
 
 
 def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str) -> list[dict]:
@@ -70,13 +86,18 @@ def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str)
     return summarized(out)
 
 
-def _row(cell: dict, gloo: dict | None, link_Bps: float | None, hosts: int) -> dict:
+def _row(
+    cell: dict, gloo: dict | None, link_Bps: float | None, hosts: int, default: dict | None
+) -> dict:
+    """One cell's row; ``default``: shardwire's same cell under the kernel's congestion
+    control, when the row's own ran under another."""
     n, op, nbytes = cell["n"], cell["op"], cell["bytes"]
     factor = busbw_factor(op, n)
     row = {
         "op": op, "n": n, "hosts": hosts, "bytes": nbytes, "algorithm": cell["algorithm"],
         "median_us": cell["median_s"] * 1e6,
         "busbw_GBps": nbytes / cell["median_s"] / 1e9 * factor,
+        "tcp_congestion": cell.get("tcp_congestion", []),  # what the sockets used
     }  # fmt: skip
     if link_Bps:
         row["link_fraction"] = row["busbw_GBps"] * 1e9 / link_Bps
@@ -86,57 +107,80 @@ def _row(cell: dict, gloo: dict | None, link_Bps: float | None, hosts: int) -> d
         row["vs_gloo"] = gloo["median_s"] / cell["median_s"]
         if link_Bps:
             row["gloo_link_fraction"] = row["gloo_busbw_GBps"] * 1e9 / link_Bps
+    if default is not None and "median_s" in default:
+        row["default_cc_median_us"] = default["median_s"] * 1e6
+        row["default_cc"] = default.get("tcp_congestion", [])
+        if link_Bps:
+            busbw = nbytes / default["median_s"] * factor
+            row["default_cc_link_fraction"] = busbw / link_Bps
+        if "gloo_median_us" in row:
+            row["default_cc_vs_gloo"] = row["gloo_median_us"] / row["default_cc_median_us"]
     return row
 
 
-def print_table(rows: list[dict], rate: str | None) -> None:
+def print_table(rows: list[dict], rate: str | None, congestion: dict[str, str]) -> None:
     """Bus bandwidth as a fraction of the link's rate (in GB/s where the link is not
-    shaped), shardwire's and gloo's, and gloo's time over shardwire's."""
+    shaped), shardwire's and gloo's, and gloo's time over shardwire's; with a chosen
+    congestion control, shardwire's under the kernel's default beside it."""
     mine, theirs, fmt = ("link_fraction", "gloo_link_fraction", ".2f")
+    dflt = "default_cc_link_fraction"
     if rate:
         print(f"bus bandwidth as a fraction of the {rate} link (1.0: the link is full)")
     else:
-        mine, theirs, fmt = ("busbw_GBps", "gloo_busbw_GBps", ".3f")
+        mine, theirs, dflt, fmt = ("busbw_GBps", "gloo_busbw_GBps", "", ".3f")  # no link
         print("bus bandwidth in GB/s (unshaped links)")
-    print(
-        "| op | hosts | ranks | size | algorithm | shardwire | gloo | gloo time / shardwire time |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    chosen = congestion["shardwire"] != congestion["gloo"]
+    ours = f"shardwire ({congestion['shardwire']})" if chosen else "shardwire"
+    extra = f" shardwire ({congestion['gloo']}) |" if chosen else ""
+    print(f"| op | hosts | ranks | size | algorithm | {ours} |{extra} gloo ({congestion['gloo']}) "
+          "| gloo time / shardwire time |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if chosen else ""))
     for r in rows:
         gloo = format(r[theirs], fmt) if theirs in r else "-"
         vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
+        other = (f" {format(r[dflt], fmt)} |" if dflt in r else " - |") if chosen else ""
         print(f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
-              f"{r['algorithm']} | {format(r[mine], fmt)} | {gloo} | {vs} |")  # fmt: skip
+              f"{r['algorithm']} | {format(r[mine], fmt)} |{other} {gloo} | {vs} |")  # fmt: skip
     print("tc tbf shapes the rate only (no netem here): no added delay or loss")
 
 
-def _sizes(hosts: Hosts, one: dict, *, per_host: int, gloo: str | None, tmp: str, turn: int):
-    """Both systems at one size, shardwire first on even turns and last on odd ones."""
-    systems = ["ours", "gloo"] if gloo else ["ours"]
+def _sizes(
+    hosts: Hosts, one: dict, *, per_host: int, gloo: str | None, tmp: str, turn: int,
+    congestion: str | None,
+) -> dict[str, list[dict]]:  # fmt: skip
+    """Every system at one size, their order turning size by size: shardwire (under
+    ``congestion`` if given, then also under the kernel's default) and gloo."""
+    systems = ["ours"] + (["default"] if congestion else []) + (["gloo"] if gloo else [])
     got = {}
-    for name in systems if turn % 2 == 0 else systems[::-1]:
-        if name == "ours":
-            got[name] = shardwire_cells(hosts, per_host, one, tmp)
-        else:
+    for name in systems[turn % len(systems) :] + systems[: turn % len(systems)]:
+        if name == "gloo":
             assert gloo is not None
             got[name] = gloo_cells(hosts, per_host, one, gloo, tmp)
+        else:
+            chosen = congestion if name == "ours" else None
+            got[name] = shardwire_cells(hosts, per_host, one, tmp, congestion=chosen)
     return got
 
 
 def run(
     hosts_list: list[int], *, per_host: int, rate: str | None, config: dict,
-    gloo: str | None, tmp: str,
+    gloo: str | None, tmp: str, congestion: str | None = None,
 ) -> list[dict]:  # fmt: skip
-    """Every cell on every host count, shardwire and gloo alternating first size by size."""
+    """Every cell on every host count, the systems' order turning size by size."""
     link = rate_bits(rate) / 8 if rate else None
     rows = []
     for count in hosts_list:
         with emulated(count, rate) as hosts:
             for turn, size in enumerate(config["sizes"]):
                 one = {**config, "sizes": [size]}
-                got = _sizes(hosts, one, per_host=per_host, gloo=gloo, tmp=tmp, turn=turn)
+                got = _sizes(
+                    hosts, one, per_host=per_host, gloo=gloo, tmp=tmp, turn=turn,
+                    congestion=congestion,
+                )  # fmt: skip
                 theirs = {(c["op"], c["bytes"]): c for c in got.get("gloo", [])}
+                default = {(c["op"], c["bytes"]): c for c in got.get("default", [])}
                 for cell in got["ours"]:
-                    rows.append(_row(cell, theirs.get((cell["op"], cell["bytes"])), link, count))
+                    key = (cell["op"], cell["bytes"])
+                    rows.append(_row(cell, theirs.get(key), link, count, default.get(key)))
                 print(f"[bench]: {count} hosts, {human(size)} done", file=sys.stderr, flush=True)
     return rows

@@ -33,6 +33,7 @@ from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarized
+from shardwire.worker.transport import congestion
 from shardwire.worker.transport.shmfiles import SHM_DIR
 
 
@@ -290,6 +291,11 @@ def parser() -> argparse.ArgumentParser:
         "--link", help="with --hosts: shape each host's link to this rate (100mbit, 1gbit)"
     )
     p.add_argument("--ranks-per-host", type=int, default=1, help="with --hosts: ranks on each host")
+    p.add_argument(
+        "--tcp-congestion",
+        help="with --hosts: shardwire's peer connections use this TCP congestion control "
+        "(SHARDWIRE_TCP_CONGESTION), and each cell is also timed under the kernel's default",
+    )
     p.add_argument("--json", help="write all rows here")
     return p
 
@@ -325,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.link and not args.hosts:
         print("--link shapes the links of emulated hosts: give --hosts too", file=sys.stderr)
         return 2
+    if args.tcp_congestion and not args.hosts:
+        print("--tcp-congestion is for emulated hosts: give --hosts too", file=sys.stderr)
+        return 2
     if args.hosts:
         return _across(args, config, gloo_python)
     pythons = {"gloo": gloo_python, "mpi": mpi_python, "torch": torch_python}
@@ -343,14 +352,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _across(args: argparse.Namespace, config: dict, gloo: str | None) -> int:
+    if args.tcp_congestion:
+        congestion.check(args.tcp_congestion)  # refused here, not inside every worker
+    default = congestion.system_default() or "kernel default"
+    used = {"shardwire": args.tcp_congestion or default, "gloo": default}
     with tempfile.TemporaryDirectory() as tmp:
         rows = across.run(
             args.hosts, per_host=args.ranks_per_host, rate=args.link, config=config,
-            gloo=gloo, tmp=tmp,
+            gloo=gloo, tmp=tmp, congestion=args.tcp_congestion,
         )  # fmt: skip
-    across.print_table(rows, args.link)
+    across.print_table(rows, args.link, used)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "link": args.link}, indent=2))
+        report = {"rows": rows, "link": args.link, "tcp_congestion": used}
+        Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 
 

@@ -21,6 +21,8 @@ import shardwire.worker as sw
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench.timing import summarize
 from shardwire.worker.collectives.work import Pending
+from shardwire.worker.transport import congestion
+from shardwire.worker.transport.mesh import TcpMesh
 
 MAX_ITERS = 20000
 
@@ -79,6 +81,15 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
     return record
 
 
+def congestion_used(pg: sw.ProcessGroup) -> list[str]:
+    """The TCP congestion control of this rank's open peer connections (sorted, once each)."""
+    mesh = pg.transport
+    if not isinstance(mesh, TcpMesh):
+        return []
+    conns = [mesh.connection(peer) for peer in mesh.peers()]
+    return sorted({congestion.used(c.socket) for c in conns if c is not None and c.socket})
+
+
 async def run(config: dict) -> list[dict] | None:
     async with sw.init() as pg:
         records = [
@@ -86,6 +97,9 @@ async def run(config: dict) -> list[dict] | None:
             for op in config["ops"]
             for nbytes in config["sizes"]
         ]
+        used = await pg.all_gather_object(congestion_used(pg))
+        for record in records:
+            record["tcp_congestion"] = sorted(set().union(*used))
         return records if pg.rank == 0 else None
 
 

@@ -217,6 +217,13 @@ class WorkerEnv(BaseModel):
         description="A node arena's all_gather of parts of 256 KiB or more reads them from "
         "their owners' memory: auto where the node has a CPU per local rank, on, off.",
     )
+    tcp_congestion: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9_]{1,15}$",
+        validation_alias=_alias("SHARDWIRE_TCP_CONGESTION"),
+        description="TCP congestion control of the peer connections, such as cubic "
+        "(unset: the kernel's default).",
+    )
     trace: bool = Field(
         default=False,
         validation_alias=_alias("SHARDWIRE_TRACE"),
@@ -300,6 +307,10 @@ class WorkerConfig:
             saves the kernel's wake-up latency on small messages. None: 100 when this node has at
             least as many usable CPUs as ranks, else 0 (polling would take the core
             another rank needs; set explicitly there, it yields the CPU on every turn).
+        tcp_congestion: the TCP congestion control algorithm of the peer connections
+            (Linux; checked when the rank starts listening), or None for the kernel's
+            default. On links shaped by a token bucket, cubic keeps the link fuller than
+            bbr (see the slow-links guide).
         tls: certificate, key and CA for TLS on the coordinator and peer connections
             (mutual authentication), or None for plain TCP.
         generation: the generation the node agent started this process for; the
@@ -343,6 +354,7 @@ class WorkerConfig:
     busy_poll_us: int | None = None
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     arena_peer_reads: Literal["auto", "on", "off"] = "auto"
+    tcp_congestion: str | None = None
     tls: TlsFiles | None = None
     generation: int = 0
     recovery: Literal["relaunch", "live"] = "relaunch"

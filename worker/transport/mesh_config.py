@@ -46,3 +46,6 @@ class MeshConfig:
     arena: bool = False
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     arena_peer_reads: str = "auto"
+    # The peer connections' TCP congestion control (transport.congestion); None: the
+    # kernel's default.
+    tcp_congestion: str | None = None

@@ -40,6 +40,7 @@ from shardwire.protocol.messages import (
     ShmAnswer,
     ShmOffer,
 )
+from shardwire.worker.transport import congestion
 from shardwire.worker.transport.framing import HANG_UP_GRACE, FramedProtocol
 from shardwire.worker.transport.mailbox import Inbound, Mailbox, byte_view
 from shardwire.worker.transport.outbox import Outbox
@@ -113,6 +114,15 @@ class PeerConnection(FramedProtocol):
         self._deferred: TensorMeta | None = None
         self.outbox = Outbox(self, checksum=mesh.config.checksum)
         self.shm = ShmLink(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        name = self.mesh.config.tcp_congestion
+        if name and self.socket is not None:  # checked when the mesh began to listen
+            try:
+                congestion.apply(self.socket, name)
+            except OSError as exc:
+                self.fail(exc)
 
     @property
     def accepted(self) -> bool:
