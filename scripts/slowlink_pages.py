@@ -50,20 +50,40 @@ def source(kept: dict[str, Any]) -> str:
 
 def hosts_table() -> str:
     kept = kept_run(HOSTS)
+    used = kept.get("tcp_congestion", {})
+    ours, theirs = used.get("shardwire", ""), used.get("gloo", "")
+    both = bool(ours) and ours != theirs  # shardwire also timed under the kernel's default
+    if both:
+        head = (
+            f"| op | hosts | size | algorithm | shardwire ({ours}) | shardwire ({theirs}) "
+            f"| gloo ({theirs}) | gloo time / shardwire time ({ours}) | ({theirs}) |"
+        )
+        said = (
+            f" shardwire's peer connections ran under TCP congestion control {ours} "
+            f"(`SHARDWIRE_TCP_CONGESTION`) and, in runs beside them, under the kernel's "
+            f"default, {theirs}, which gloo uses."
+        )
+    else:
+        head = "| op | hosts | size | algorithm | shardwire | gloo | gloo time / shardwire time |"
+        said = ""
     out = [
-        source(kept) + " Bus bandwidth as a fraction of the link's rate; the last column is "
-        "gloo's median time over shardwire's (above 1, shardwire is faster).",
+        source(kept) + " Bus bandwidth as a fraction of the link's rate; the time columns "
+        "are gloo's median time over shardwire's (above 1, shardwire is faster)." + said,
         "",
-        "| op | hosts | size | algorithm | shardwire | gloo | gloo time / shardwire time |",
-        "|---|---|---|---|---|---|---|",
+        head,
+        "|" + "---|" * (head.count("|") - 1),
     ]
     for r in kept["rows"]:
         gloo = f"{r['gloo_link_fraction']:.2f}" if "gloo_link_fraction" in r else "-"
         vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
-        out.append(
-            f"| {r['op']} | {r['hosts']} | {size(r['bytes'])} | {r['algorithm']} | "
-            f"{r['link_fraction']:.2f} | {gloo} | {vs} |"
-        )
+        cells = [r["op"], str(r["hosts"]), size(r["bytes"]), r["algorithm"]]
+        cells.append(f"{r['link_fraction']:.2f}")
+        if both:
+            cells.append(f"{r['default_cc_link_fraction']:.2f}")
+        cells += [gloo, vs]
+        if both:
+            cells.append(f"{r['default_cc_vs_gloo']:.2f}" if "default_cc_vs_gloo" in r else "-")
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
