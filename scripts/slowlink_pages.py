@@ -15,6 +15,7 @@ from typing import Any
 
 from diagrams import _svg
 
+from shardwire.worker.bench.across import tuning_label
 from shardwire.worker.bench.slowlink import figure
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -50,18 +51,18 @@ def source(kept: dict[str, Any]) -> str:
 
 def hosts_table() -> str:
     kept = kept_run(HOSTS)
-    used = kept.get("tcp_congestion", {})
-    ours, theirs = used.get("shardwire", ""), used.get("gloo", "")
-    both = bool(ours) and ours != theirs  # shardwire also timed under the kernel's default
+    tcp = kept.get("tcp", {})
+    both = bool(tcp) and tcp["shardwire"] != tcp["default"]  # also timed with the defaults
     if both:
+        ours, kernel = tuning_label(tcp["shardwire"]), tuning_label(tcp["default"])
         head = (
-            f"| op | hosts | size | algorithm | shardwire ({ours}) | shardwire ({theirs}) "
-            f"| gloo ({theirs}) | gloo time / shardwire time ({ours}) | ({theirs}) |"
+            f"| op | hosts | size | algorithm | shardwire ({ours}) | shardwire ({kernel}) "
+            f"| gloo ({kernel}) | gloo time / shardwire time ({ours}) | ({kernel}) |"
         )
         said = (
-            f" shardwire's peer connections ran under TCP congestion control {ours} "
-            f"(`SHARDWIRE_TCP_CONGESTION`) and, in runs beside them, under the kernel's "
-            f"default, {theirs}, which gloo uses."
+            f" shardwire's peer connections ran with TCP tuned ({ours}: "
+            "`SHARDWIRE_TCP_CONGESTION`, `SHARDWIRE_TCP_NOTSENT_LOWAT`) and, in runs beside "
+            f"them, with the kernel's defaults ({kernel}), which gloo uses."
         )
     else:
         head = "| op | hosts | size | algorithm | shardwire | gloo | gloo time / shardwire time |"
@@ -79,10 +80,10 @@ def hosts_table() -> str:
         cells = [r["op"], str(r["hosts"]), size(r["bytes"]), r["algorithm"]]
         cells.append(f"{r['link_fraction']:.2f}")
         if both:
-            cells.append(f"{r['default_cc_link_fraction']:.2f}")
+            cells.append(f"{r['default_tcp_link_fraction']:.2f}")
         cells += [gloo, vs]
         if both:
-            cells.append(f"{r['default_cc_vs_gloo']:.2f}" if "default_cc_vs_gloo" in r else "-")
+            cells.append(f"{r['default_tcp_vs_gloo']:.2f}" if "default_tcp_vs_gloo" in r else "-")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

@@ -71,6 +71,7 @@ def mesh_config(cfg: WorkerConfig, *, run_id: str, token: Token) -> MeshConfig:
         arena_slot_bytes=cfg.arena_slot_bytes,
         arena_peer_reads=cfg.arena_peer_reads,
         tcp_congestion=cfg.tcp_congestion,
+        tcp_notsent_lowat=cfg.tcp_notsent_lowat,
         tls_server=tls.server_context() if tls else None,
         tls_client=tls.client_context() if tls else None,
     )

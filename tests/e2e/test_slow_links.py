@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from shardwire.worker.transport import congestion
+from shardwire.worker.transport import tcptuning
 
 from .cli import shardwire
 
@@ -26,12 +26,12 @@ def _hosts_possible() -> None:
 
 def test_collectives_across_shaped_links_stay_under_the_links_rate(tmp_path) -> None:
     out = tmp_path / "hosts.json"
-    default = congestion.system_default()
+    default = tcptuning.system_default()
     chosen = "reno" if default != "reno" else "cubic"  # reno is built in and allowed to all
     done = shardwire(
         "bench", "collectives", "--hosts", "2", "--link", "200mbit", "--ops", "all_reduce",
         "broadcast", "--sizes", "4M", "--target-s", "0.3", "--tcp-congestion", chosen,
-        "--json", str(out), timeout=300,
+        "--tcp-notsent-lowat", "262144", "--json", str(out), timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -39,11 +39,14 @@ def test_collectives_across_shaped_links_stay_under_the_links_rate(tmp_path) -> 
     assert {(r["op"], r["hosts"]) for r in rows} == {("all_reduce", 2), ("broadcast", 2)}
     for row in rows:  # shaped: near the link's rate, never above it (unshaped is 10x more)
         assert 0.4 < row["link_fraction"] < 1.05, row
-        assert 0.4 < row["default_cc_link_fraction"] < 1.05, row
-        # what the workers' sockets used: the chosen algorithm, then the kernel's
-        assert row["tcp_congestion"] == [chosen] and row["default_cc"] == [default], row
-    assert report["tcp_congestion"] == {"shardwire": chosen, "gloo": default}
-    assert f"shardwire ({chosen})" in done.stdout and "no netem here" in done.stdout
+        assert 0.4 < row["default_tcp_link_fraction"] < 1.05, row
+        # what the workers' sockets used: the chosen settings, then the kernel's
+        assert row["tcp"] == {"congestion": [chosen], "notsent_lowat": [262144]}, row
+        assert row["default_tcp"]["congestion"] == [default], row
+        assert 262144 not in row["default_tcp"]["notsent_lowat"], row
+    assert report["tcp"]["shardwire"] == {"congestion": chosen, "notsent_lowat": 262144}
+    assert f"shardwire ({chosen}, lowat 256 KiB)" in done.stdout
+    assert f"shardwire ({default}) |" in done.stdout and "no netem here" in done.stdout
 
 
 def test_an_exchange_across_hosts_takes_the_ring_where_one_machine_takes_direct(

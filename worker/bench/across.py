@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench import c10d as c10d_module
@@ -23,16 +24,27 @@ from shardwire.worker.bench.timing import busbw_factor, human, summarized
 _GLOO_PORT = 29530  # rank 0's rendezvous port for gloo, inside the first host's namespace
 
 
+_ENV = {"congestion": "SHARDWIRE_TCP_CONGESTION", "notsent_lowat": "SHARDWIRE_TCP_NOTSENT_LOWAT"}
+
+
+def tuning_label(tcp: dict[str, Any]) -> str:
+    """How a run's TCP was tuned, for a column's head: ``cubic, lowat 256 KiB``."""
+    said = [tcp["congestion"] or "kernel's congestion control"]
+    if tcp.get("notsent_lowat"):
+        said.append(f"lowat {human(tcp['notsent_lowat'])}")
+    return ", ".join(said)
+
+
 def shardwire_cells(
-    hosts: Hosts, per_host: int, config: dict, tmp: str, *, congestion: str | None = None
+    hosts: Hosts, per_host: int, config: dict, tmp: str, *, tuning: dict[str, Any] | None = None
 ) -> list[dict]:
-    """shardwire's cells; ``congestion``: its peer connections' TCP congestion control
-    (None: the kernel's default)."""
+    """shardwire's cells; ``tuning``: its peer connections' TCP settings
+    (``congestion``, ``notsent_lowat``; None or absent: the kernel's defaults)."""
     out = os.path.join(tmp, "shardwire.json")
     where = [(hosts.prefix(i), hosts.address(i)) for i in range(hosts.count)]
-    env = {k: v for k, v in os.environ.items() if k != "SHARDWIRE_TCP_CONGESTION"}
-    if congestion:
-        env["SHARDWIRE_TCP_CONGESTION"] = congestion
+    env = {k: v for k, v in os.environ.items() if k not in _ENV.values()}
+    asked = {k: v for k, v in (tuning or {}).items() if v is not None}
+    env.update({_ENV[k]: str(v) for k, v in asked.items()})
     run_nodes(
         ["-m", "shardwire.worker.bench.measure", out, json.dumps(config)],
         hosts.count * per_host,
@@ -41,13 +53,13 @@ def shardwire_cells(
         hosts=where,
     )
     cells = json.loads(Path(out).read_text())
-    want = [congestion] if congestion else None
     for cell in cells:  # what the workers' sockets used, not what was asked
-        if want is not None and cell.get("tcp_congestion") != want:
-            raise BenchmarkFailed(
-                f"asked for TCP congestion control {congestion}, the peer connections "
-                f"used {cell.get('tcp_congestion')}"
-            )
+        for key, value in asked.items():
+            if cell.get("tcp", {}).get(key) != [value]:
+                raise BenchmarkFailed(
+                    f"asked for TCP {key} {value}, the peer connections used "
+                    f"{cell.get('tcp', {}).get(key)}"
+                )
     return cells
 
 
@@ -89,15 +101,15 @@ def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str)
 def _row(
     cell: dict, gloo: dict | None, link_Bps: float | None, hosts: int, default: dict | None
 ) -> dict:
-    """One cell's row; ``default``: shardwire's same cell under the kernel's congestion
-    control, when the row's own ran under another."""
+    """One cell's row; ``default``: shardwire's same cell with the kernel's TCP defaults,
+    when the row's own ran tuned."""
     n, op, nbytes = cell["n"], cell["op"], cell["bytes"]
     factor = busbw_factor(op, n)
     row = {
         "op": op, "n": n, "hosts": hosts, "bytes": nbytes, "algorithm": cell["algorithm"],
         "median_us": cell["median_s"] * 1e6,
         "busbw_GBps": nbytes / cell["median_s"] / 1e9 * factor,
-        "tcp_congestion": cell.get("tcp_congestion", []),  # what the sockets used
+        "tcp": cell.get("tcp", {}),  # what the sockets used
     }  # fmt: skip
     if link_Bps:
         row["link_fraction"] = row["busbw_GBps"] * 1e9 / link_Bps
@@ -108,37 +120,38 @@ def _row(
         if link_Bps:
             row["gloo_link_fraction"] = row["gloo_busbw_GBps"] * 1e9 / link_Bps
     if default is not None and "median_s" in default:
-        row["default_cc_median_us"] = default["median_s"] * 1e6
-        row["default_cc"] = default.get("tcp_congestion", [])
+        row["default_tcp_median_us"] = default["median_s"] * 1e6
+        row["default_tcp"] = default.get("tcp", {})
         if link_Bps:
             busbw = nbytes / default["median_s"] * factor
-            row["default_cc_link_fraction"] = busbw / link_Bps
+            row["default_tcp_link_fraction"] = busbw / link_Bps
         if "gloo_median_us" in row:
-            row["default_cc_vs_gloo"] = row["gloo_median_us"] / row["default_cc_median_us"]
+            row["default_tcp_vs_gloo"] = row["gloo_median_us"] / row["default_tcp_median_us"]
     return row
 
 
-def print_table(rows: list[dict], rate: str | None, congestion: dict[str, str]) -> None:
+def print_table(rows: list[dict], rate: str | None, tcp: dict[str, dict[str, Any]]) -> None:
     """Bus bandwidth as a fraction of the link's rate (in GB/s where the link is not
-    shaped), shardwire's and gloo's, and gloo's time over shardwire's; with a chosen
-    congestion control, shardwire's under the kernel's default beside it."""
+    shaped), shardwire's and gloo's, and gloo's time over shardwire's; with tuned TCP,
+    shardwire's with the kernel's defaults beside it. ``tcp``: each run's settings."""
     mine, theirs, fmt = ("link_fraction", "gloo_link_fraction", ".2f")
-    dflt = "default_cc_link_fraction"
+    dflt = "default_tcp_link_fraction"
     if rate:
         print(f"bus bandwidth as a fraction of the {rate} link (1.0: the link is full)")
     else:
         mine, theirs, dflt, fmt = ("busbw_GBps", "gloo_busbw_GBps", "", ".3f")  # no link
         print("bus bandwidth in GB/s (unshaped links)")
-    chosen = congestion["shardwire"] != congestion["gloo"]
-    ours = f"shardwire ({congestion['shardwire']})" if chosen else "shardwire"
-    extra = f" shardwire ({congestion['gloo']}) |" if chosen else ""
-    print(f"| op | hosts | ranks | size | algorithm | {ours} |{extra} gloo ({congestion['gloo']}) "
+    tuned = tcp["shardwire"] != tcp["default"]
+    kernel = tuning_label(tcp["default"])
+    ours = f"shardwire ({tuning_label(tcp['shardwire'])})" if tuned else "shardwire"
+    extra = f" shardwire ({kernel}) |" if tuned else ""
+    print(f"| op | hosts | ranks | size | algorithm | {ours} |{extra} gloo ({kernel}) "
           "| gloo time / shardwire time |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|" + ("---|" if chosen else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if tuned else ""))
     for r in rows:
         gloo = format(r[theirs], fmt) if theirs in r else "-"
         vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
-        other = (f" {format(r[dflt], fmt)} |" if dflt in r else " - |") if chosen else ""
+        other = (f" {format(r[dflt], fmt)} |" if dflt in r else " - |") if tuned else ""
         print(f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
               f"{r['algorithm']} | {format(r[mine], fmt)} |{other} {gloo} | {vs} |")  # fmt: skip
     print("tc tbf shapes the rate only (no netem here): no added delay or loss")
@@ -146,25 +159,25 @@ def print_table(rows: list[dict], rate: str | None, congestion: dict[str, str]) 
 
 def _sizes(
     hosts: Hosts, one: dict, *, per_host: int, gloo: str | None, tmp: str, turn: int,
-    congestion: str | None,
+    tuning: dict[str, Any] | None,
 ) -> dict[str, list[dict]]:  # fmt: skip
-    """Every system at one size, their order turning size by size: shardwire (under
-    ``congestion`` if given, then also under the kernel's default) and gloo."""
-    systems = ["ours"] + (["default"] if congestion else []) + (["gloo"] if gloo else [])
+    """Every system at one size, their order turning size by size: shardwire (with
+    ``tuning`` if given, then also with the kernel's TCP defaults) and gloo."""
+    systems = ["ours"] + (["default"] if tuning else []) + (["gloo"] if gloo else [])
     got = {}
     for name in systems[turn % len(systems) :] + systems[: turn % len(systems)]:
         if name == "gloo":
             assert gloo is not None
             got[name] = gloo_cells(hosts, per_host, one, gloo, tmp)
         else:
-            chosen = congestion if name == "ours" else None
-            got[name] = shardwire_cells(hosts, per_host, one, tmp, congestion=chosen)
+            chosen = tuning if name == "ours" else None
+            got[name] = shardwire_cells(hosts, per_host, one, tmp, tuning=chosen)
     return got
 
 
 def run(
     hosts_list: list[int], *, per_host: int, rate: str | None, config: dict,
-    gloo: str | None, tmp: str, congestion: str | None = None,
+    gloo: str | None, tmp: str, tuning: dict[str, Any] | None = None,
 ) -> list[dict]:  # fmt: skip
     """Every cell on every host count, the systems' order turning size by size."""
     link = rate_bits(rate) / 8 if rate else None
@@ -175,7 +188,7 @@ def run(
                 one = {**config, "sizes": [size]}
                 got = _sizes(
                     hosts, one, per_host=per_host, gloo=gloo, tmp=tmp, turn=turn,
-                    congestion=congestion,
+                    tuning=tuning,
                 )  # fmt: skip
                 theirs = {(c["op"], c["bytes"]): c for c in got.get("gloo", [])}
                 default = {(c["op"], c["bytes"]): c for c in got.get("default", [])}

@@ -33,7 +33,7 @@ from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarized
-from shardwire.worker.transport import congestion
+from shardwire.worker.transport import tcptuning
 from shardwire.worker.transport.shmfiles import SHM_DIR
 
 
@@ -294,7 +294,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tcp-congestion",
         help="with --hosts: shardwire's peer connections use this TCP congestion control "
-        "(SHARDWIRE_TCP_CONGESTION), and each cell is also timed under the kernel's default",
+        "(SHARDWIRE_TCP_CONGESTION), and each cell is also timed with the kernel's defaults",
+    )
+    p.add_argument(
+        "--tcp-notsent-lowat",
+        type=int,
+        metavar="BYTES",
+        help="with --hosts: shardwire's peer connections use this unsent low-water mark "
+        "(SHARDWIRE_TCP_NOTSENT_LOWAT), and each cell is also timed with the kernel's defaults",
     )
     p.add_argument("--json", help="write all rows here")
     return p
@@ -331,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.link and not args.hosts:
         print("--link shapes the links of emulated hosts: give --hosts too", file=sys.stderr)
         return 2
-    if args.tcp_congestion and not args.hosts:
-        print("--tcp-congestion is for emulated hosts: give --hosts too", file=sys.stderr)
+    if (args.tcp_congestion or args.tcp_notsent_lowat) and not args.hosts:
+        print("--tcp-* options are for emulated hosts: give --hosts too", file=sys.stderr)
         return 2
     if args.hosts:
         return _across(args, config, gloo_python)
@@ -352,18 +359,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _across(args: argparse.Namespace, config: dict, gloo: str | None) -> int:
-    if args.tcp_congestion:
-        congestion.check(args.tcp_congestion)  # refused here, not inside every worker
-    default = congestion.system_default() or "kernel default"
-    used = {"shardwire": args.tcp_congestion or default, "gloo": default}
+    congestion, lowat = args.tcp_congestion, args.tcp_notsent_lowat
+    tcptuning.check(congestion, lowat)  # refused here, not inside every worker
+    tuning = {"congestion": congestion, "notsent_lowat": lowat}
+    default = {"congestion": tcptuning.system_default() or None, "notsent_lowat": None}
+    tcp = {  # gloo always runs with the kernel's defaults
+        "shardwire": {k: v if v is not None else default[k] for k, v in tuning.items()},
+        "default": default,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         rows = across.run(
             args.hosts, per_host=args.ranks_per_host, rate=args.link, config=config,
-            gloo=gloo, tmp=tmp, congestion=args.tcp_congestion,
+            gloo=gloo, tmp=tmp, tuning=tuning if congestion or lowat else None,
         )  # fmt: skip
-    across.print_table(rows, args.link, used)
+    across.print_table(rows, args.link, tcp)
     if args.json:
-        report = {"rows": rows, "link": args.link, "tcp_congestion": used}
+        report = {"rows": rows, "link": args.link, "tcp": tcp}
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 

@@ -21,7 +21,7 @@ import shardwire.worker as sw
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench.timing import summarize
 from shardwire.worker.collectives.work import Pending
-from shardwire.worker.transport import congestion
+from shardwire.worker.transport import tcptuning
 from shardwire.worker.transport.mesh import TcpMesh
 
 MAX_ITERS = 20000
@@ -81,13 +81,13 @@ async def measure_cell(pg: sw.ProcessGroup, op: str, nbytes: int, target_s: floa
     return record
 
 
-def congestion_used(pg: sw.ProcessGroup) -> list[str]:
-    """The TCP congestion control of this rank's open peer connections (sorted, once each)."""
+def tcp_used(pg: sw.ProcessGroup) -> list[dict[str, object]]:
+    """The TCP settings of this rank's open peer connections."""
     mesh = pg.transport
     if not isinstance(mesh, TcpMesh):
         return []
     conns = [mesh.connection(peer) for peer in mesh.peers()]
-    return sorted({congestion.used(c.socket) for c in conns if c is not None and c.socket})
+    return [tcptuning.used(c.socket) for c in conns if c is not None and c.socket]
 
 
 async def run(config: dict) -> list[dict] | None:
@@ -97,9 +97,11 @@ async def run(config: dict) -> list[dict] | None:
             for op in config["ops"]
             for nbytes in config["sizes"]
         ]
-        used = await pg.all_gather_object(congestion_used(pg))
-        for record in records:
-            record["tcp_congestion"] = sorted(set().union(*used))
+        used = [u for every in await pg.all_gather_object(tcp_used(pg)) for u in every]
+        for record in records:  # every value any rank's connections used, once each
+            record["tcp"] = {
+                k: sorted({u[k] for u in used}) for k in ("congestion", "notsent_lowat")
+            }
         return records if pg.rank == 0 else None
 
 

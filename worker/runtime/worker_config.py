@@ -224,6 +224,14 @@ class WorkerEnv(BaseModel):
         description="TCP congestion control of the peer connections, such as cubic "
         "(unset: the kernel's default).",
     )
+    tcp_notsent_lowat: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 30,
+        validation_alias=_alias("SHARDWIRE_TCP_NOTSENT_LOWAT"),
+        description="Unsent bytes the kernel holds before a peer connection's writer is "
+        "woken (TCP_NOTSENT_LOWAT; unset: the kernel's default).",
+    )
     trace: bool = Field(
         default=False,
         validation_alias=_alias("SHARDWIRE_TRACE"),
@@ -307,10 +315,9 @@ class WorkerConfig:
             saves the kernel's wake-up latency on small messages. None: 100 when this node has at
             least as many usable CPUs as ranks, else 0 (polling would take the core
             another rank needs; set explicitly there, it yields the CPU on every turn).
-        tcp_congestion: the TCP congestion control algorithm of the peer connections
-            (Linux; checked when the rank starts listening), or None for the kernel's
-            default. On links shaped by a token bucket, cubic keeps the link fuller than
-            bbr (see the slow-links guide).
+        tcp_congestion, tcp_notsent_lowat: the peer connections' TCP congestion control
+            and unsent low-water mark in bytes (Linux; checked when the rank starts
+            listening); None: the kernel's defaults (see the slow-links guide).
         tls: certificate, key and CA for TLS on the coordinator and peer connections
             (mutual authentication), or None for plain TCP.
         generation: the generation the node agent started this process for; the
@@ -355,6 +362,7 @@ class WorkerConfig:
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     arena_peer_reads: Literal["auto", "on", "off"] = "auto"
     tcp_congestion: str | None = None
+    tcp_notsent_lowat: int | None = None
     tls: TlsFiles | None = None
     generation: int = 0
     recovery: Literal["relaunch", "live"] = "relaunch"

@@ -37,7 +37,7 @@ from shardwire.protocol.decoder import StagePool
 from shardwire.protocol.fields import TRACEBACK_CHARS
 from shardwire.protocol.messages import Error, Failure, Hello, Leave
 from shardwire.protocol.placement import Placement
-from shardwire.worker.transport import congestion
+from shardwire.worker.transport import tcptuning
 from shardwire.worker.transport.arena_settings import CROWDED_NAP, ArenaSettings
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.dialing import CROSSED, Links
@@ -94,8 +94,7 @@ class TcpMesh(MailboxTransport):
 
     async def listen(self, *, first: int = 0) -> int:
         """Bind the peer listener (``listen.py``: ``first`` is the local rank); its port."""
-        if self.config.tcp_congestion:
-            congestion.check(self.config.tcp_congestion)
+        tcptuning.check(self.config.tcp_congestion, self.config.tcp_notsent_lowat)
         self._server = await bind_listener(
             self._accepted,
             self.config.bind_host,

@@ -46,6 +46,7 @@ class MeshConfig:
     arena: bool = False
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     arena_peer_reads: str = "auto"
-    # The peer connections' TCP congestion control (transport.congestion); None: the
-    # kernel's default.
+    # The peer connections' TCP congestion control and unsent low-water mark in bytes
+    # (transport.tcptuning); None: the kernel's default.
     tcp_congestion: str | None = None
+    tcp_notsent_lowat: int | None = None

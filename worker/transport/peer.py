@@ -40,7 +40,7 @@ from shardwire.protocol.messages import (
     ShmAnswer,
     ShmOffer,
 )
-from shardwire.worker.transport import congestion
+from shardwire.worker.transport import tcptuning
 from shardwire.worker.transport.framing import HANG_UP_GRACE, FramedProtocol
 from shardwire.worker.transport.mailbox import Inbound, Mailbox, byte_view
 from shardwire.worker.transport.outbox import Outbox
@@ -117,10 +117,10 @@ class PeerConnection(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        name = self.mesh.config.tcp_congestion
-        if name and self.socket is not None:  # checked when the mesh began to listen
+        config = self.mesh.config
+        if self.socket is not None:  # the settings were checked when the mesh began to listen
             try:
-                congestion.apply(self.socket, name)
+                tcptuning.apply(self.socket, config.tcp_congestion, config.tcp_notsent_lowat)
             except OSError as exc:
                 self.fail(exc)
 
