@@ -5,6 +5,7 @@ settings the kernel cannot take are refused, typed, when the rank starts listeni
 from __future__ import annotations
 
 import asyncio
+import shlex
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from shardwire.protocol import InvalidArgument, Tag, Token
 from shardwire.worker.api import mesh_config
 from shardwire.worker.runtime.worker_config import WorkerConfig
 from shardwire.worker.transport import MeshConfig, TcpMesh, tcptuning
+from tests.docblocks import block
 
 from .fabric import tcp_world
 
@@ -97,3 +99,22 @@ def test_the_settings_reach_the_mesh_from_the_environment() -> None:
         WorkerConfig.from_env({**env, "SHARDWIRE_TCP_CONGESTION": "../cubic"})
     with pytest.raises(ValueError, match="SHARDWIRE_TCP_NOTSENT_LOWAT"):
         WorkerConfig.from_env({**env, "SHARDWIRE_TCP_NOTSENT_LOWAT": "0"})
+
+
+async def test_the_slow_links_guides_settings_reach_both_ends_of_a_connection() -> None:
+    (command,) = block("slow-link-tcp").commands()
+    words = shlex.split(command)
+    assert words[0] == "export"
+    env = dict(word.split("=", 1) for word in words[1:])
+    cfg = WorkerConfig.from_env({"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2", **env})
+    mesh = mesh_config(cfg, run_id="test", token=Token("t"))
+    settings = {"tcp_congestion": mesh.tcp_congestion, "tcp_notsent_lowat": mesh.tcp_notsent_lowat}
+    try:
+        tcptuning.check(mesh.tcp_congestion, mesh.tcp_notsent_lowat)
+    except InvalidArgument as exc:
+        pytest.skip(f"this kernel cannot take the guide's settings: {exc}")
+    async with tcp_world(2, **settings) as meshes:
+        used = await _ends(meshes)
+    want = {"congestion": env["SHARDWIRE_TCP_CONGESTION"]}
+    want["notsent_lowat"] = int(env["SHARDWIRE_TCP_NOTSENT_LOWAT"])
+    assert used == [want, want]
