@@ -15,6 +15,7 @@ from shardwire.protocol import InvalidArgument, Token
 from shardwire.protocol.auth import is_loopback, load_token
 from shardwire.protocol.ports import coordinator_addresses, port_range
 from shardwire.worker.runtime.tls import TlsFiles
+from shardwire.worker.transport import tcptuning
 from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES
 
 _SWITCH_WORDS = {"0", "1", "off", "on", "f", "t", "false", "true", "n", "y", "no", "yes"}
@@ -219,7 +220,7 @@ class WorkerEnv(BaseModel):
     )
     tcp_congestion: str | None = Field(
         default=None,
-        pattern=r"^[a-z0-9_]{1,15}$",
+        pattern=tcptuning.ALGORITHM,
         validation_alias=_alias("SHARDWIRE_TCP_CONGESTION"),
         description="TCP congestion control of the peer connections, such as cubic "
         "(unset: the kernel's default).",

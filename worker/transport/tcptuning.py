@@ -29,7 +29,10 @@ from pathlib import Path
 from shardwire.protocol import InvalidArgument
 
 _PROC = Path("/proc/sys/net/ipv4")
-_NAME = re.compile(r"[a-z0-9_]{1,15}")  # the kernel's TCP_CA_NAME_MAX is 16, NUL included
+# An algorithm's name (the kernel's TCP_CA_NAME_MAX is 16, NUL included); the worker's
+# environment is read with the same pattern.
+ALGORITHM = r"^[a-z0-9_]{1,15}$"
+_NAME = re.compile(ALGORITHM)
 
 
 def _listed(name: str) -> str:
