@@ -36,7 +36,6 @@ except ImportError as exc:  # pragma: no cover - exercised where torch is absent
         "shardwire's torch backend needs torch: pip install 'shardwire[torch]'"
     ) from exc
 
-from shardwire.protocol import PeerFailed
 from shardwire.torch.bridge import Bridge, rendezvous_handlers
 from shardwire.torch.diloco import TorchDiLoCo
 from shardwire.torch.group import ShardwireProcessGroup
@@ -71,18 +70,23 @@ def reform(error: BaseException) -> None:
 
 
 def recovering(train: Callable[[], T]) -> T:
-    """Run ``train()``; under live recovery, when a peer's failure ends the generation
-    (``PeerFailed`` from a collective), re-form (:func:`reform`) and run it again, until
-    it returns. ``train`` builds its model on the current default group and restores
-    its state (a ``torch.distributed.checkpoint``, say) before it trains. Without live
-    recovery the error propagates, as from ``train`` itself."""
+    """Run ``train()``; under live recovery, when a peer's failure ends the generation,
+    re-form (:func:`reform`) and run it again, until it returns. The failure is
+    recognised however it reaches ``train``: ``PeerFailed`` from ``Work.wait()``, or the
+    ``RuntimeError`` torch's C++ side raises from a failed future (DDP's ``backward()``).
+    ``train`` builds its model on the current default group and restores its state (a
+    ``torch.distributed.checkpoint``, say) before it trains. Without live recovery, or
+    for any other error, the error propagates, as from ``train`` itself."""
     while True:
         try:
             return train()
-        except PeerFailed as error:
+        except Exception as error:
             if not bridge.live:
                 raise
-            reform(error)
+            failure = bridge.peer_failure(error)
+            if failure is None:
+                raise
+            reform(failure)
 
 
 if "shardwire" not in dist.Backend.backend_list:

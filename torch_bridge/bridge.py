@@ -21,7 +21,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-from shardwire.protocol import ShardwireError
+from shardwire.protocol import PeerFailed, ShardwireError
 from shardwire.protocol.errors import InvalidState, RecoveryError
 from shardwire.torch.engine import Engine
 from shardwire.torch.group import ShardwireProcessGroup
@@ -102,6 +102,30 @@ class Bridge:
         with self._lock:
             self._joined = new
         dist.init_process_group("shardwire")
+
+    def peer_failure(self, error: BaseException) -> PeerFailed | None:
+        """The peer's failure behind ``error``, if a peer's failure ended this process's
+        generation: ``error`` itself or what it was raised from, or else the failure the
+        job's world group holds. torch's C++ readers of a failed future (DDP's reducer
+        in ``backward()``) raise a ``RuntimeError`` that only names the typed error."""
+        seen: BaseException | None = error
+        for _ in range(16):  # a chain of causes is short; a cycle is not followed
+            if seen is None:
+                break
+            if isinstance(seen, PeerFailed):
+                return seen
+            seen = seen.__cause__ or seen.__context__
+        with self._lock:
+            joined, engine = self._joined, self._engine
+        if joined is None or engine is None:
+            return None
+        world = joined.world
+
+        async def held() -> BaseException | None:
+            return world.failed_now()
+
+        failure = engine.run(held(), _CLOSE_TIMEOUT)
+        return failure if isinstance(failure, PeerFailed) else None
 
     # ---- torch's callbacks -------------------------------------------------------------
 

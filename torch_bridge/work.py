@@ -24,9 +24,19 @@ class BridgeWork(dist.Work):
     """A call running on shardwire's loop, as torch's ``Work``.
 
     ``wait(timeout)`` honours ``timeout`` (a ``CollectiveTimeout`` naming the op when it
-    passes; the call itself goes on, so the group stays in step). The future from
-    :meth:`get_future` completes with ``result`` once the call has finished and its
-    outputs are in place.
+    passes; the call itself goes on, so the group stays in step) and raises the call's
+    own typed error (``PeerFailed``, say). The future from :meth:`get_future` completes
+    with ``result`` once the call has finished and its outputs are in place, or fails
+    when the call failed.
+
+    A failed future is failed in torch's C++ terms, not a value: torch's
+    ``Future.set_exception`` stores the exception as the future's *value* and only its
+    Python ``wait()`` raises it, so C++ readers (DDP's reducer, which reads the value as
+    a list of tensors) crash on it. The future torch gets is therefore the child of a
+    ``then`` whose callback raises the call's error: C++ marks that child failed, and
+    every reader raises, C++ and Python alike (Python's ``wait()`` raises a
+    ``RuntimeError`` whose message names the typed error; ``recovering`` finds the
+    typed error itself).
     """
 
     def __init__(
@@ -47,15 +57,18 @@ class BridgeWork(dist.Work):
         self._op = op
         self._limit = limit + _MARGIN
         self._lock = threading.Lock()
+        self._head: torch.futures.Future[None] | None = None
         self._torch: torch.futures.Future[list[torch.Tensor]] | None = None
 
-    def _settle(self, future: concurrent.futures.Future[Any]) -> None:
-        assert self._torch is not None
-        error = _error(future)
-        if error is None:
-            self._torch.set_result(self._result)
-        else:
-            self._torch.set_exception(error)
+    def _settle(self, _future: concurrent.futures.Future[Any]) -> None:
+        assert self._head is not None
+        self._head.set_result(None)  # runs _outcome, which completes or fails the child
+
+    def _outcome(self, _head: torch.futures.Future[None]) -> list[torch.Tensor]:
+        error = _error(self._future)
+        if error is not None:
+            raise error
+        return self._result
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         seconds = timeout.total_seconds()
@@ -79,7 +92,8 @@ class BridgeWork(dist.Work):
         # the completion thread, whose hand-offs cost more than a small collective.
         with self._lock:
             if self._torch is None:
-                self._torch = torch.futures.Future()
+                self._head = torch.futures.Future()
+                self._torch = self._head.then(self._outcome)
                 if self._future.done():
                     self._settle(self._future)
                 else:

@@ -27,6 +27,29 @@ def test_a_killed_rank_fails_the_others_wait_with_its_rank(tmp_path):
         assert "PeerFailed: rank 1 failed" in ranks.errs[r], ranks.errs[r][-2000:]
 
 
+def test_every_way_to_read_a_failed_call_raises_on_every_survivor(tmp_path):
+    ranks = run_ranks(3, "failed_calls.py", tmp=tmp_path)
+    assert ranks.codes[1] == -9
+    ways = {
+        "wait": "PeerFailed",
+        "wait(timeout)": "PeerFailed",
+        "exception": "PeerFailed",
+        # torch's C++ side fails the future; Python's wait raises what torch makes of it
+        "get_future": "RuntimeError",
+        "then": "RuntimeError",
+        "collect_all": "RuntimeError",
+        "blocking": "PeerFailed",
+    }
+    for r in (0, 2):
+        assert ranks.codes[r] == 3, ranks.errs[r][-2000:]
+        for way, kind in ways.items():
+            line = f"ok {way}: {kind}: "
+            assert line in ranks.outs[r], (way, ranks.outs[r], ranks.errs[r][-2000:])
+            said = ranks.outs[r].split(line)[1].splitlines()[0]
+            named = "rank 1 failed" if kind == "PeerFailed" else "PeerFailed: rank 1 failed"
+            assert named in said, (way, said)
+
+
 def test_a_mismatched_collective_is_caught_on_every_rank(tmp_path):
     ranks = run_ranks(2, "mismatch.py", tmp=tmp_path)
     assert ranks.codes == [3, 3], ranks.errs

@@ -1,11 +1,13 @@
-"""Live recovery of a torch job: FSDP2 ranks that survive a rank's death re-form the
-default group in their processes (``shardwire.torch.recovering``), reload the newest
+"""Live recovery of a torch job: DDP and FSDP2 ranks that survive a rank's death (in
+its backward pass, or in its optimizer step) re-form the default group in their
+processes (``shardwire.torch.recovering``), reload the newest
 ``torch.distributed.checkpoint``, and end with the parameters of a run without the
 failure, bit for bit."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,8 @@ from .spawn import PROGS, launch  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
+PROG = str(PROGS / "reform.py")
+
 
 def _final(text: str) -> str:
     found = re.search(r"final ([0-9a-f]{64})", text)
@@ -22,17 +26,32 @@ def _final(text: str) -> str:
     return found.group(1)
 
 
-def test_fsdp2_survivors_re_form_in_their_processes_and_end_as_without_the_failure(tmp_path):
-    prog = str(PROGS / "reform.py")
-    straight = launch("--nproc-per-node", "4", prog, str(tmp_path / "a"), "16", "-1")
-    assert straight.returncode == 0, straight.stderr[-3000:]
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The final parameters' digest of each wrapping's run without a failure."""
+    digests = {}
+    for wrap in ("ddp", "fsdp2"):
+        root = tmp_path_factory.mktemp(f"straight-{wrap}")
+        run = launch("--nproc-per-node", "4", PROG, str(root), "16", "-1", "--wrap", wrap)
+        assert run.returncode == 0, run.stderr[-3000:]
+        digests[wrap] = _final(run.stdout + run.stderr)
+    return digests
+
+
+@pytest.mark.parametrize("during", ["backward", "step"])
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_survivors_re_form_in_their_processes_and_end_as_without_the_failure(
+    tmp_path: Path, straight: dict[str, str], wrap: str, during: str
+):
     live = ("--max-restarts", "1", "--recovery", "live")
-    run = launch("--nproc-per-node", "4", *live, prog, str(tmp_path / "b"), "16", "10")
-    assert run.returncode == 0, run.stderr[-3000:]
+    args = (PROG, str(tmp_path), "16", "10", "--wrap", wrap, "--during", during)
+    run = launch("--nproc-per-node", "4", *live, *args)
     text = run.stdout + run.stderr
-    assert _final(text) == _final(straight.stdout + straight.stderr)
+    assert run.returncode == 0, text[-3000:]
+    assert "SIGSEGV" not in text and "SIGABRT" not in text
+    assert _final(text) == straight[wrap]
     pids = {r: re.findall(rf"rank {r} pid (\d+) trains", text) for r in range(4)}
     assert all(len(p) == 2 for p in pids.values()), text[-3000:]
-    # the survivors kept their processes; rank 1's was replaced (it died at step 10)
+    # the survivors kept their processes; rank 1's was replaced (it died in step 10)
     assert [len(set(pids[r])) for r in range(4)] == [1, 2, 1, 1]
     assert text.count("resumes at step 8") == 4  # the newest checkpoint before step 10

@@ -1,23 +1,27 @@
-"""FSDP2 training that goes on through a rank's death in its processes (live recovery).
+"""Training that goes on through a rank's death in its processes (live recovery).
 
     shardwire launch --standalone --nproc-per-node 4 --max-restarts 1 --recovery live \
-        reform.py DIR STEPS KILL_AT
+        reform.py DIR STEPS KILL_AT [--wrap ddp|fsdp2] [--during backward|step]
 
-Every 4 steps the model and optimizer are saved with ``torch.distributed.checkpoint``
-under DIR. Rank 1 kills itself (SIGKILL) as it starts step KILL_AT (once: a file in DIR
-marks it; -1: never). The others see ``PeerFailed``; ``shardwire.torch.recovering``
-re-forms the default group in their processes, and ``train`` builds the model again and
-loads the newest checkpoint. Each rank prints its process id whenever ``train`` starts;
-rank 0 prints the digest of the final parameters.
+The model is wrapped in DDP or FSDP2 (``fully_shard``). Every 4 steps the model and
+optimizer are saved with ``torch.distributed.checkpoint`` under DIR. Rank 1 kills itself
+(SIGKILL) in step KILL_AT (once: a file in DIR marks it; -1: never), either in the
+middle of its backward pass (between the two linear layers' gradients, after the last
+layer's gradients went on the wire) or at the start of its optimizer step. The others
+see the failure in their next collective; ``shardwire.torch.recovering`` re-forms the
+default group in their processes, and ``train`` builds the model again and loads the
+newest checkpoint. Each rank prints its process id whenever ``train`` starts; rank 0
+prints the digest of the final parameters.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import signal
-import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,12 +29,50 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shardwire.torch as swt
 
 EVERY = 4
 BATCH = 16
+
+
+class Tripwire(torch.autograd.Function):
+    """Identity forward; its backward runs ``fire`` (between two layers' gradients)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fire: Any) -> torch.Tensor:
+        ctx.fire = fire
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.fire()
+        return grad, None
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 16)
+        self.last = nn.Linear(16, 3)
+        self.fire = lambda: None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(Tripwire.apply(torch.tanh(self.first(x)), self.fire))
+
+
+def model(wrap: str) -> tuple[nn.Module, Net]:
+    torch.manual_seed(0)
+    net = Net()
+    if wrap == "ddp":
+        # buckets small enough that the last layer's gradients leave before the first's
+        return DDP(net, bucket_cap_mb=0.0001), net
+    fully_shard(net.first)
+    fully_shard(net.last)
+    return fully_shard(net), net
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,45 +81,45 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.tanh(x @ torch.ones(6, 3) / 3)
 
 
-def model() -> nn.Module:
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-    for layer in net:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    return fully_shard(net)
-
-
 def newest(root: Path) -> int:
     done = [int(p.name.split("-")[1]) for p in root.glob("step-*") if (p / "done").exists()]
     return max(done, default=0)
 
 
-def train(root: Path, steps: int, kill_at: int) -> str:
+def die(root: Path) -> None:
+    marker = root / "killed"
+    if not marker.exists():
+        marker.write_text("")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def train(root: Path, steps: int, kill_at: int, wrap: str, during: str) -> str:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank} pid {os.getpid()} trains", flush=True)
-    net = model()
-    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    wrapped, net = model(wrap)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=0.01)
     start = newest(root)
     if start:
-        model_state, optim_state = get_state_dict(net, opt)
+        model_state, optim_state = get_state_dict(wrapped, opt)
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(root / f"step-{start}"))
-        set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            wrapped, opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
         print(f"rank {rank} resumes at step {start}", flush=True)
     for step in range(start, steps):
-        marker = root / "killed"
-        if step == kill_at and rank == 1 and not marker.exists():
-            marker.write_text("")
-            os.kill(os.getpid(), signal.SIGKILL)
+        armed = step == kill_at and rank == 1
+        net.fire = (lambda: die(root)) if armed and during == "backward" else (lambda: None)
         x, y = batch(step)
         rows = torch.arange(BATCH).chunk(world)[rank]
-        loss = F.mse_loss(net(x[rows]), y[rows])
+        loss = F.mse_loss(wrapped(x[rows]), y[rows])
         opt.zero_grad()
         loss.backward()
+        if armed and during == "step":
+            die(root)
         opt.step()
         if (step + 1) % EVERY == 0:
-            model_state, optim_state = get_state_dict(net, opt)
+            model_state, optim_state = get_state_dict(wrapped, opt)
             where = root / f"step-{step + 1}"
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(where))
             dist.barrier()
@@ -85,15 +127,24 @@ def train(root: Path, steps: int, kill_at: int) -> str:
                 (where / "done").write_text("")
     digest = hashlib.sha256()
     for name, value in net.state_dict().items():
-        digest.update(name.encode() + value.full_tensor().detach().numpy().tobytes())
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        digest.update(name.encode() + full.detach().numpy().tobytes())
     return digest.hexdigest()
 
 
 def main() -> None:
-    root, steps, kill_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    root.mkdir(parents=True, exist_ok=True)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root", type=Path)
+    parser.add_argument("steps", type=int)
+    parser.add_argument("kill_at", type=int)
+    parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="fsdp2")
+    parser.add_argument("--during", choices=("backward", "step"), default="backward")
+    args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("shardwire")
-    digest = swt.recovering(lambda: train(root, steps, kill_at))
+    digest = swt.recovering(
+        lambda: train(args.root, args.steps, args.kill_at, args.wrap, args.during)
+    )
     if dist.get_rank() == 0:
         print(f"final {digest}", flush=True)
     dist.destroy_process_group()
