@@ -5,6 +5,7 @@ from shardwire.protocol.control import frame_message, message_bytes
 from shardwire.protocol.decoder import SMALL_STAGE, FrameDecoder, StagePool
 from shardwire.protocol.errors import (
     AuthFailed,
+    CheckpointUnavailable,
     CollectiveCancelled,
     CollectiveError,
     CollectiveMismatch,
@@ -43,6 +44,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SMALL_STAGE",
     "AuthFailed",
+    "CheckpointUnavailable",
     "ClientHandshake",
     "CollectiveCancelled",
     "CollectiveError",

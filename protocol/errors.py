@@ -116,6 +116,12 @@ class LeftJob(ShardwireError):
         self.rank, self.step, self.holder = rank, step, holder
 
 
+class CheckpointUnavailable(InvalidState):
+    """A checkpoint cannot be restored from the ranks' memory: nothing was saved, no
+    live rank holds it, or no live rank holds an intact part of some rank that saved it.
+    The message names the checkpoint, the missing parts and the newest whole one."""
+
+
 class TransportClosed(ShardwireError):
     """The transport was closed locally; no further operations are possible."""
 

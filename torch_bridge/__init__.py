@@ -39,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised where torch is absent
 from shardwire.torch.bridge import Bridge, rendezvous_handlers
 from shardwire.torch.diloco import TorchDiLoCo
 from shardwire.torch.group import ShardwireProcessGroup
+from shardwire.torch.peerstorage import PeerStorage
 from shardwire.torch.store import JobStore, StoreUnavailable
 from shardwire.torch.tensors import UnsupportedTensor
 from shardwire.torch.work import BridgeWork
@@ -96,6 +97,7 @@ if "shardwire" not in dist.Backend.backend_list:
 __all__ = [
     "BridgeWork",
     "JobStore",
+    "PeerStorage",
     "ShardwireProcessGroup",
     "StoreUnavailable",
     "TorchDiLoCo",

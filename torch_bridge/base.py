@@ -9,9 +9,9 @@ submissions in order; so every rank places its calls in the order torch made the
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,18 @@ from shardwire.torch.work import BridgeWork
 from shardwire.worker.collectives import Group
 
 Calls = Callable[[], Sequence[Awaitable[Any]]]
+T = TypeVar("T")
+
+
+def bridged(pg: Any) -> BridgeBase | None:
+    """The shardwire group behind torch process group ``pg`` (None: another backend)."""
+    if isinstance(pg, BridgeBase):  # the backend's own group (its extended API)
+        return pg
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except (AttributeError, RuntimeError):
+        return None
+    return backend if isinstance(backend, BridgeBase) else None
 
 
 class BridgeBase(dist.ProcessGroup):
@@ -65,6 +77,11 @@ class BridgeBase(dist.ProcessGroup):
     def shardwire_group(self) -> Group:
         """The shardwire group this torch group runs on."""
         return self._group
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``coro`` on shardwire's loop and wait for it, at most ``timeout`` seconds
+        (from a torch thread: a training loop, or DCP's asynchronous save)."""
+        return self._engine.run(coro, timeout)
 
     def __repr__(self) -> str:
         g = self._group

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch import nn
 
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.torch.base import BridgeBase
+from shardwire.torch.base import bridged
 from shardwire.worker.training.diloco import DiLoCo, Phase
 
 T = TypeVar("T")
@@ -58,17 +57,6 @@ class _Parameters:
             view[...] = value
 
 
-def _bridged(pg: Any) -> BridgeBase | None:
-    """The shardwire group behind torch process group ``pg`` (None: another backend)."""
-    if isinstance(pg, BridgeBase):  # the backend's own group (its extended API)
-        return pg
-    try:
-        backend = pg._get_backend(torch.device("cpu"))
-    except (AttributeError, RuntimeError):
-        return None
-    return backend if isinstance(backend, BridgeBase) else None
-
-
 class TorchDiLoCo:
     """DiLoCo over ``group`` (a torch process group of the shardwire backend; None: the
     world) for ``model``'s parameters. ``options`` are DiLoCo's (``every``, ``outer_lr``,
@@ -83,7 +71,7 @@ class TorchDiLoCo:
         timeout: float = 600.0,
         **options: Any,
     ) -> None:
-        backend = _bridged(group if group is not None else dist.group.WORLD)
+        backend = bridged(group if group is not None else dist.group.WORLD)
         if backend is None:
             raise InvalidArgument(
                 "TorchDiLoCo needs a process group of the shardwire backend "

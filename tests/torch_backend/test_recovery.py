@@ -1,8 +1,9 @@
 """Live recovery of a torch job: DDP and FSDP2 ranks that survive a rank's death (in
 its backward pass, or in its optimizer step) re-form the default group in their
 processes (``shardwire.torch.recovering``), reload the newest
-``torch.distributed.checkpoint``, and end with the parameters of a run without the
-failure, bit for bit."""
+``torch.distributed.checkpoint`` (from the file system, or from the ranks' memory with
+``PeerStorage``: the replacement's part from its holder's copy), and end with the
+parameters of a run without the failure, bit for bit."""
 
 from __future__ import annotations
 
@@ -38,13 +39,22 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return digests
 
 
-@pytest.mark.parametrize("during", ["backward", "step"])
-@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+# each wrapping killed at each point, and each store under each wrapping
+CASES = [
+    ("ddp", "backward", "disk"),
+    ("ddp", "step", "peer"),
+    ("fsdp2", "backward", "peer"),
+    ("fsdp2", "step", "disk"),
+]
+
+
+@pytest.mark.parametrize(("wrap", "during", "store"), CASES)
 def test_survivors_re_form_in_their_processes_and_end_as_without_the_failure(
-    tmp_path: Path, straight: dict[str, str], wrap: str, during: str
+    tmp_path: Path, straight: dict[str, str], wrap: str, during: str, store: str
 ):
     live = ("--max-restarts", "1", "--recovery", "live")
-    args = (PROG, str(tmp_path), "16", "10", "--wrap", wrap, "--during", during)
+    kill = ("--wrap", wrap, "--during", during, "--store", store)
+    args = (PROG, str(tmp_path), "16", "10", *kill)
     run = launch("--nproc-per-node", "4", *live, *args)
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-3000:]
@@ -55,3 +65,5 @@ def test_survivors_re_form_in_their_processes_and_end_as_without_the_failure(
     # the survivors kept their processes; rank 1's was replaced (it died in step 10)
     assert [len(set(pids[r])) for r in range(4)] == [1, 2, 1, 1]
     assert text.count("resumes at step 8") == 4  # the newest checkpoint before step 10
+    if store == "peer":
+        assert not list(tmp_path.glob("step-*"))  # nothing went to the file system

@@ -1,17 +1,20 @@
 """Training that goes on through a rank's death in its processes (live recovery).
 
     shardwire launch --standalone --nproc-per-node 4 --max-restarts 1 --recovery live \
-        reform.py DIR STEPS KILL_AT [--wrap ddp|fsdp2] [--during backward|step]
+        reform.py DIR STEPS KILL_AT [--wrap ddp|fsdp2] [--during backward|step] \
+            [--store disk|peer]
 
-The model is wrapped in DDP or FSDP2 (``fully_shard``). Every 4 steps the model and
-optimizer are saved with ``torch.distributed.checkpoint`` under DIR. Rank 1 kills itself
+The model is wrapped in DDP or FSDP2 (``fully_shard``). Every 4 steps the model, the
+optimizer and the step are saved with ``torch.distributed.checkpoint``: under DIR
+(``disk``), or in the ranks' memory (``peer``: ``shardwire.torch.PeerStorage``, which
+the survivors keep through the re-formation). Rank 1 kills itself
 (SIGKILL) in step KILL_AT (once: a file in DIR marks it; -1: never), either in the
 middle of its backward pass (between the two linear layers' gradients, after the last
 layer's gradients went on the wire) or at the start of its optimizer step. The others
 see the failure in their next collective; ``shardwire.torch.recovering`` re-forms the
 default group in their processes, and ``train`` builds the model again and loads the
-newest checkpoint. Each rank prints its process id whenever ``train`` starts; rank 0
-prints the digest of the final parameters.
+newest checkpoint (``PeerStorage.latest()`` for ``peer``). Each rank prints its process
+id whenever ``train`` starts; rank 0 prints the digest of the final parameters.
 """
 
 from __future__ import annotations
@@ -93,19 +96,51 @@ def die(root: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def train(root: Path, steps: int, kill_at: int, wrap: str, during: str) -> str:
+def state_of(wrapped: nn.Module, opt: torch.optim.Optimizer, step: int) -> dict[str, Any]:
+    model_state, optim_state = get_state_dict(wrapped, opt)
+    return {"model": model_state, "optim": optim_state, "step": step}
+
+
+def restore(
+    root: Path, store: swt.PeerStorage | None, wrapped: nn.Module, opt: torch.optim.Optimizer
+) -> int:
+    """Load the newest checkpoint into the model and optimizer: its step (0: none).
+    The state dict is only asked for when there is one to load: asking initialises the
+    optimizer's state (a step of AdamW's count), which a fresh start must not do."""
+    if store is not None:
+        found = store.latest()
+        start = 0 if found is None else -1
+    else:
+        start = newest(root)
+        found = str(root / f"step-{start}") if start else None
+    if found is None:
+        return 0
+    state = state_of(wrapped, opt, 0)
+    dcp.load(state, checkpoint_id=found, storage_reader=store)
+    set_state_dict(wrapped, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(state["step"]) if start < 0 else start
+
+
+def save(root: Path, store: swt.PeerStorage | None, state: dict[str, Any], step: int) -> None:
+    if store is not None:
+        dcp.save(state, checkpoint_id=f"step-{step}", storage_writer=store)
+        return
+    where = root / f"step-{step}"
+    dcp.save(state, checkpoint_id=str(where))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (where / "done").write_text("")
+
+
+def train(
+    root: Path, steps: int, kill_at: int, wrap: str, during: str, store: swt.PeerStorage | None
+) -> str:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank} pid {os.getpid()} trains", flush=True)
     wrapped, net = model(wrap)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=0.01)
-    start = newest(root)
+    start = restore(root, store, wrapped, opt)
     if start:
-        model_state, optim_state = get_state_dict(wrapped, opt)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(root / f"step-{start}"))
-        set_state_dict(
-            wrapped, opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
         print(f"rank {rank} resumes at step {start}", flush=True)
     for step in range(start, steps):
         armed = step == kill_at and rank == 1
@@ -119,12 +154,7 @@ def train(root: Path, steps: int, kill_at: int, wrap: str, during: str) -> str:
             die(root)
         opt.step()
         if (step + 1) % EVERY == 0:
-            model_state, optim_state = get_state_dict(wrapped, opt)
-            where = root / f"step-{step + 1}"
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(where))
-            dist.barrier()
-            if rank == 0:
-                (where / "done").write_text("")
+            save(root, store, state_of(wrapped, opt, step + 1), step + 1)
     digest = hashlib.sha256()
     for name, value in net.state_dict().items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
@@ -139,11 +169,13 @@ def main() -> None:
     parser.add_argument("kill_at", type=int)
     parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="fsdp2")
     parser.add_argument("--during", choices=("backward", "step"), default="backward")
+    parser.add_argument("--store", choices=("disk", "peer"), default="disk")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("shardwire")
+    store = swt.PeerStorage() if args.store == "peer" else None
     digest = swt.recovering(
-        lambda: train(args.root, args.steps, args.kill_at, args.wrap, args.during)
+        lambda: train(args.root, args.steps, args.kill_at, args.wrap, args.during, store)
     )
     if dist.get_rank() == 0:
         print(f"final {digest}", flush=True)

@@ -1,0 +1,133 @@
+"""``PeerStorage``: DCP checkpoints in the ranks' memory. Its pure core in one process
+(the wire form of a part, the metadata rebuilt as DCP's planner made it, which
+checkpoints the live ranks can restore), and every case a user meets on 4 real ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (`make torch` installs its CPU build)"
+)
+
+from torch.distributed.checkpoint.default_planner import (  # noqa: E402
+    create_default_global_save_plan,
+    create_default_local_save_plan,
+)
+from torch.distributed.checkpoint.planner import WriteItemType  # noqa: E402
+
+from shardwire.protocol import InvalidArgument  # noqa: E402
+from shardwire.torch import peerparts as pp  # noqa: E402
+
+from .spawn import run_ranks  # noqa: E402
+
+
+def _plan(state: dict) -> object:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, mappings = flatten_state_dict(state)
+    plan = create_default_local_save_plan(flat, is_coordinator=True)
+    return plan.__class__(items=plan.items, planner_data=mappings)
+
+
+def _part(owner: int, state: dict, checkpoint: str = "c", seq: int = 1, world: int = 1):
+    plan = _plan(state)
+    places = [pp.Where(owner, 4 * i, 4) for i in range(len(plan.items))]
+    data = np.arange(4 * len(plan.items), dtype=np.uint8)
+    layout = pp.Layout(owner, plan.items, places, plan.planner_data)
+    return pp.Part(checkpoint, seq, world, layout, data, pp.digest(data))
+
+
+STATE = {
+    "model": {"w": torch.ones(3, 2, dtype=torch.bfloat16), "b": torch.zeros(2)},
+    "extra": {"step": 7, "rng": torch.get_rng_state()},
+}
+
+
+def test_a_part_s_description_comes_back_as_it_was():
+    part = _part(2, STATE, world=4)
+    again = pp.rebuild(pp.describe(part), part.data)
+    assert again.layout == part.layout  # every item: index, type, chunk, properties
+    assert (again.checkpoint, again.seq, again.world, again.digest) == ("c", 1, 4, part.digest)
+    kinds = {i.index.fqn: i.type for i in again.layout.items}
+    assert kinds["extra.step"] == WriteItemType.BYTE_IO
+    assert again.layout.planner_data["model.w"] == ("model", "w")
+
+
+def test_a_description_with_other_bytes_or_types_is_refused():
+    part = _part(0, STATE)
+    with pytest.raises(InvalidArgument, match="expected 16 bytes, got 3"):
+        pp.rebuild(pp.describe(part), part.data[:3])
+    described = pp.describe(part)
+    tensor_item = next(i for i in described["items"] if i[5] is not None)
+    tensor_item[5][2] = "torch.cuda"  # a module, not a dtype
+    with pytest.raises(InvalidArgument, match="not a torch"):
+        pp.rebuild(described, part.data)
+
+
+def test_the_metadata_is_dcp_s_own():
+    plan = _plan(STATE)
+    _, expected = create_default_global_save_plan([plan], rewrite_index_hints=False)
+    got = pp.metadata([_part(0, STATE).layout])
+    assert got.state_dict_metadata == expected.state_dict_metadata
+    assert got.planner_data == plan.planner_data
+    assert {i.fqn for i in got.storage_data} == {"model.w", "model.b", "extra.step", "extra.rng"}
+
+
+def test_a_damaged_part_is_not_offered():
+    part = _part(0, STATE)
+    assert pp.holdings([part]) == [["c", 1, 0, 1]]
+    part.data[1] ^= 1
+    assert not part.intact() and pp.holdings([part]) == []
+
+
+def _held(*rows: tuple[str, int, int, int, int]) -> list[pp.Held]:
+    return [pp.Held(*r) for r in rows]
+
+
+def test_the_newest_whole_checkpoint_wins_and_a_part_missing_everywhere_loses():
+    held = _held(
+        ("a", 1, 0, 2, 0),
+        ("a", 1, 1, 2, 1),  # whole
+        ("b", 2, 0, 2, 0),
+        ("b", 2, 1, 2, 0),  # whole, both parts on rank 0
+        ("c", 3, 0, 2, 1),  # rank 1's part of c is nowhere
+    )
+    assert pp.whole(held) == ["b", "a"]
+    assert pp.missing(held, "c") == [1] and pp.missing(held, "b") == []
+
+
+def test_each_rank_serves_itself_first_else_the_lowest_holder():
+    held = _held(("a", 1, 0, 3, 2), ("a", 1, 0, 3, 1), ("a", 1, 1, 3, 1), ("a", 1, 2, 3, 2))
+    assert pp.servers(held, "a", me=0) == {0: 1, 1: 1, 2: 2}
+    assert pp.servers(held, "a", me=2) == {0: 2, 1: 1, 2: 2}
+    assert pp.assigned(held, "a") == {0: 1, 1: 1, 2: 2}
+
+
+def test_gathered_holdings_name_their_server():
+    assert pp.gathered([[["a", 1, 0, 2]], [], [["a", 1, 1, 2]]]) == _held(
+        ("a", 1, 0, 2, 0), ("a", 1, 1, 2, 2)
+    )
+
+
+CASES = [
+    "bad input before any save",
+    "FSDP2 -> DDP",
+    "DDP -> FSDP2",
+    "keep",
+    "an id no rank holds",
+    "another model shape",
+    "damage",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_every_case_on_four_ranks(tmp_path):
+    ranks = run_ranks(4, "peerstore.py", tmp=tmp_path)
+    assert ranks.codes == [0, 0, 0, 0], [e[-3000:] for e in ranks.errs]
+    for out in ranks.outs:
+        assert [line for line in out.splitlines() if line.startswith("ok ")] == [
+            f"ok {case}" for case in CASES
+        ]
