@@ -104,13 +104,15 @@ class LeftJob(ShardwireError):
 
     Attributes:
         rank: the rank that left.
-        step: the step its state was handed over at.
+        step: the step its state was handed over at (a torch script's: the id of the
+            checkpoint ``PeerStorage`` saved).
         holder: the rank that holds its copy.
     """
 
-    def __init__(self, *, rank: int, step: int, holder: int) -> None:
+    def __init__(self, *, rank: int, step: int | str, holder: int) -> None:
+        at = f"step {step}" if isinstance(step, int) else f"checkpoint {step!r}"
         super().__init__(
-            f"rank {rank} left on SIGTERM after handing its state at step {step} to rank "
+            f"rank {rank} left on SIGTERM after handing its state at {at} to rank "
             f"{holder}; its replacement resumes from there"
         )
         self.rank, self.step, self.holder = rank, step, holder

@@ -43,6 +43,7 @@ from shardwire.torch.peerstorage import PeerStorage
 from shardwire.torch.store import JobStore, StoreUnavailable
 from shardwire.torch.tensors import UnsupportedTensor
 from shardwire.torch.work import BridgeWork
+from shardwire.worker.runtime.leave import LeaveNotice
 
 MIN_TORCH = (2, 7)
 
@@ -61,6 +62,12 @@ if _version(torch.__version__) < MIN_TORCH:
 bridge = Bridge(os.environ)
 
 T = TypeVar("T")
+
+
+def leave_notice(*, grace: float = 30.0) -> LeaveNotice:
+    """SIGTERM as a notice to leave, for ``PeerStorage(leave=...)`` (live recovery).
+    See :meth:`Bridge.leave_notice`."""
+    return bridge.leave_notice(grace=grace)
 
 
 def reform(error: BaseException) -> None:
@@ -103,6 +110,7 @@ __all__ = [
     "TorchDiLoCo",
     "UnsupportedTensor",
     "bridge",
+    "leave_notice",
     "recovering",
     "reform",
 ]

@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from shardwire.protocol import PeerFailed, ShardwireError
-from shardwire.protocol.errors import InvalidState, RecoveryError
+from shardwire.protocol.errors import InvalidState, LeftJob, RecoveryError
+from shardwire.worker.runtime.leave import GRACE_S, LeaveNotice
 from shardwire.torch.engine import Engine
 from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.join import Joined, through_coordinator, through_store
@@ -53,6 +54,7 @@ class Bridge:
         self._joined: Joined | None = None
         self._failure: BaseException | None = None
         self._reforming = False  # the default group's shutdown then does not leave the job
+        self._leave: LeaveNotice | None = None  # SIGTERM as a notice, once armed
         self._torch_env = rendezvous_handlers()["env"]
 
     @property
@@ -70,6 +72,29 @@ class Bridge:
         return WorkerConfig.from_env(self._environ)
 
     # ---- live recovery -----------------------------------------------------------------
+
+    def leave_notice(self, *, grace: float = GRACE_S) -> LeaveNotice:
+        """Take SIGTERM as a notice to leave (live recovery): give it to
+        ``PeerStorage(leave=...)``, whose ``leaving()`` then tells every rank to save
+        and whose ``leave()`` ends this rank with ``LeftJob`` once its part is at its
+        holder. With no hand-over within ``grace`` seconds SIGTERM ends the process as
+        before. One notice per process, kept across re-formations; call it on the main
+        thread.
+
+        Raises:
+            RecoveryError: the job does not recover live (``--recovery live``).
+            InvalidState: called off the main thread (signals are taken there only).
+        """
+        if not self.live:
+            raise RecoveryError("a SIGTERM notice to leave needs live recovery (--recovery live)")
+        if self._leave is None:
+            joined = self._joined
+            rank = joined.world.rank if joined is not None else self._config().rank or 0
+            notice = LeaveNotice(rank, grace=grace, point="its next PeerStorage.leaving()")
+            if not notice.arm():
+                raise InvalidState("leave_notice() takes SIGTERM: call it on the main thread")
+            self._leave = notice
+        return self._leave
 
     def reform(self, error: BaseException) -> None:
         """Leave the generation a peer's failure ended and join the next one in this
@@ -189,6 +214,9 @@ class Bridge:
                 kind: type[BaseException], error: BaseException, tb: TracebackType | None
             ) -> None:
                 self._failure = error
+                if isinstance(error, LeftJob):  # a planned leave: its words, no traceback
+                    print(f"shardwire: {error}", file=sys.stderr, flush=True)
+                    return
                 previous(kind, error, tb)
 
             sys.excepthook = excepthook

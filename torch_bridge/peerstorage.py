@@ -25,6 +25,17 @@ held intact by a live rank. Loading one that is not whole fails typed
 (``CheckpointUnavailable``, inside DCP's ``CheckpointException`` on every rank), naming
 the parts no live rank holds.
 
+SIGTERM, under live recovery, can be a notice to leave rather than an end: give
+``PeerStorage(leave=shardwire.torch.leave_notice())``, and ask :meth:`PeerStorage.leaving`
+(a small all-reduce) where the script could save. When any rank was told to leave, every
+rank saves at once and calls :meth:`PeerStorage.leave`: the ranks told to leave end with
+``LeftJob`` once every part is at its holder, and the others go on; after the
+re-formation everyone loads that checkpoint, so no completed step is lost::
+
+    if (step + 1) % every == 0 or store.leaving():
+        dcp.save(state, checkpoint_id=f"step-{step + 1}", storage_writer=store)
+        store.leave()
+
 Every method DCP calls runs its exchanges on shardwire's loop over a group of its own
 beside the default group, so a script's own point-to-point tags never meet them. The
 store outlives re-formations in its process (``shardwire.torch.recovering``): it finds
@@ -60,11 +71,17 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
-from shardwire.protocol.errors import CheckpointUnavailable, InvalidArgument, InvalidState
+from shardwire.protocol.errors import (
+    CheckpointUnavailable,
+    InvalidArgument,
+    InvalidState,
+    LeftJob,
+)
 from shardwire.torch import peerparts as pp
 from shardwire.torch.base import BridgeBase, bridged
 from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp.copyplan import holder, source
+from shardwire.worker.fsdp.peercopy import Notice
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +99,9 @@ class PeerStorage(StorageWriter, StorageReader):
         ranks_per_node: ranks on each node, which places every copy on another node
             (None: what the launcher said, or 1 outside a shardwire job).
         timeout: seconds each exchange may take.
+        leave: a notice to leave (``shardwire.torch.leave_notice()``): SIGTERM asks the
+            rank to hand its part over (:meth:`leaving`, :meth:`leave`). Every rank
+            gives one, or none does.
     """
 
     def __init__(
@@ -91,6 +111,7 @@ class PeerStorage(StorageWriter, StorageReader):
         keep: int = 2,
         ranks_per_node: int | None = None,
         timeout: float = 300.0,
+        leave: Notice | None = None,
     ) -> None:
         if keep < 1:
             raise InvalidArgument(f"PeerStorage keeps at least 1 checkpoint, got keep={keep}")
@@ -100,6 +121,7 @@ class PeerStorage(StorageWriter, StorageReader):
         self.keep = keep
         self._ranks_per_node = ranks_per_node
         self.timeout = timeout
+        self.leave_notice = leave
         self._parts: dict[tuple[str, int], pp.Part] = {}  # (checkpoint, owner): own and held
         self._seq = 0  # the highest save number this rank has seen
         self._checkpoint: str | None = None  # the id of the save or load under way
@@ -178,6 +200,36 @@ class PeerStorage(StorageWriter, StorageReader):
                 "rank): load one from the file system"
             )
         return None
+
+    def leaving(self) -> bool:
+        """Whether any rank was told to leave (SIGTERM, with a notice): every rank then
+        saves a checkpoint to this store and calls :meth:`leave`. A collective (one small
+        all-reduce); False on every rank without a notice."""
+        if self.leave_notice is None:
+            return False
+        told = np.array([int(self.leave_notice.requested)], dtype=np.int64)
+
+        async def ask(group: Group) -> int:
+            return int((await group.all_reduce(told, "max"))[0])
+
+        return bool(self._run(ask))
+
+    def leave(self) -> None:
+        """After the hand-over's save: once every rank has saved (and so every part is
+        at its holder), the ranks told to leave raise ``LeftJob`` and the others return.
+        A collective."""
+
+        async def settle(group: Group) -> tuple[int, int]:
+            await group.barrier()
+            return group.rank, holder(group.rank, group.size, self._per_node(group))
+
+        rank, to = self._run(settle)
+        notice = self.leave_notice
+        if notice is None or not notice.requested:
+            return
+        notice.disarm()  # no fallback SIGTERM while this rank ends by LeftJob
+        at = self.checkpoints[0] if self.checkpoints else "(none)"
+        raise LeftJob(rank=rank, step=at, holder=to)
 
     @property
     def checkpoints(self) -> list[str]:

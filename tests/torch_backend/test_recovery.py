@@ -67,3 +67,21 @@ def test_survivors_re_form_in_their_processes_and_end_as_without_the_failure(
     assert text.count("resumes at step 8") == 4  # the newest checkpoint before step 10
     if store == "peer":
         assert not list(tmp_path.glob("step-*"))  # nothing went to the file system
+
+
+def test_a_rank_told_to_leave_hands_its_part_over_and_no_step_is_lost(
+    tmp_path: Path, straight: dict[str, str]
+):
+    live = ("--max-restarts", "1", "--recovery", "live")
+    args = (PROG, str(tmp_path), "16", "-1", "--wrap", "fsdp2", "--store", "peer")
+    run = launch("--nproc-per-node", "4", *live, *args, "--leave-at", "10")
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text[-3000:]
+    assert "rank 1 got SIGTERM: it leaves at its next PeerStorage.leaving()" in text
+    said = "rank 1 left on SIGTERM after handing its state at checkpoint 'step-11' to rank 2"
+    assert said in text and "Traceback" not in text, text[-3000:]
+    assert _final(text) == straight["fsdp2"]
+    pids = {r: re.findall(rf"rank {r} pid (\d+) trains", text) for r in range(4)}
+    assert [len(set(pids[r])) for r in range(4)] == [1, 2, 1, 1], text[-3000:]
+    # everyone goes on from the step the hand-over saved, not an older checkpoint
+    assert text.count("resumes at step 11") == 4

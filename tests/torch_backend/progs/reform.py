@@ -2,7 +2,7 @@
 
     shardwire launch --standalone --nproc-per-node 4 --max-restarts 1 --recovery live \
         reform.py DIR STEPS KILL_AT [--wrap ddp|fsdp2] [--during backward|step] \
-            [--store disk|peer]
+            [--store disk|peer] [--leave-at STEP]
 
 The model is wrapped in DDP or FSDP2 (``fully_shard``). Every 4 steps the model, the
 optimizer and the step are saved with ``torch.distributed.checkpoint``: under DIR
@@ -13,7 +13,10 @@ middle of its backward pass (between the two linear layers' gradients, after the
 layer's gradients went on the wire) or at the start of its optimizer step. The others
 see the failure in their next collective; ``shardwire.torch.recovering`` re-forms the
 default group in their processes, and ``train`` builds the model again and loads the
-newest checkpoint (``PeerStorage.latest()`` for ``peer``). Each rank prints its process
+newest checkpoint (``PeerStorage.latest()`` for ``peer``). With ``--leave-at STEP``
+(``peer`` only) rank 1 is sent SIGTERM instead, as it starts step STEP, with a notice to
+leave armed: every rank saves at the end of that step and rank 1 leaves with
+``LeftJob``; everyone goes on from that step. Each rank prints its process
 id whenever ``train`` starts; rank 0 prints the digest of the final parameters.
 """
 
@@ -133,7 +136,13 @@ def save(root: Path, store: swt.PeerStorage | None, state: dict[str, Any], step:
 
 
 def train(
-    root: Path, steps: int, kill_at: int, wrap: str, during: str, store: swt.PeerStorage | None
+    root: Path,
+    steps: int,
+    kill_at: int,
+    wrap: str,
+    during: str,
+    store: swt.PeerStorage | None,
+    leave_at: int = -1,
 ) -> str:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank} pid {os.getpid()} trains", flush=True)
@@ -145,6 +154,9 @@ def train(
     for step in range(start, steps):
         armed = step == kill_at and rank == 1
         net.fire = (lambda: die(root)) if armed and during == "backward" else (lambda: None)
+        if step == leave_at and rank == 1 and not (root / "left").exists():
+            (root / "left").write_text("")
+            os.kill(os.getpid(), signal.SIGTERM)
         x, y = batch(step)
         rows = torch.arange(BATCH).chunk(world)[rank]
         loss = F.mse_loss(wrapped(x[rows]), y[rows])
@@ -153,8 +165,11 @@ def train(
         if armed and during == "step":
             die(root)
         opt.step()
-        if (step + 1) % EVERY == 0:
+        handover = store is not None and store.leaving()
+        if (step + 1) % EVERY == 0 or handover:
             save(root, store, state_of(wrapped, opt, step + 1), step + 1)
+        if store is not None and handover:
+            store.leave()  # rank 1 raises LeftJob here; the others go on
     digest = hashlib.sha256()
     for name, value in net.state_dict().items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
@@ -170,12 +185,16 @@ def main() -> None:
     parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="fsdp2")
     parser.add_argument("--during", choices=("backward", "step"), default="backward")
     parser.add_argument("--store", choices=("disk", "peer"), default="disk")
+    parser.add_argument("--leave-at", type=int, default=-1)
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("shardwire")
-    store = swt.PeerStorage() if args.store == "peer" else None
+    notice = swt.leave_notice() if args.leave_at >= 0 else None
+    store = swt.PeerStorage(leave=notice) if args.store == "peer" else None
     digest = swt.recovering(
-        lambda: train(args.root, args.steps, args.kill_at, args.wrap, args.during, store)
+        lambda: train(
+            args.root, args.steps, args.kill_at, args.wrap, args.during, store, args.leave_at
+        )
     )
     if dist.get_rank() == 0:
         print(f"final {digest}", flush=True)

@@ -65,3 +65,38 @@ def test_a_notice_needs_live_recovery() -> None:
     session = Session(config)
     with pytest.raises(RecoveryError, match="needs live recovery"):
         session.leave_notice()
+
+
+NO_LOOP = """
+import os, signal, time
+from shardwire.worker.runtime.leave import LeaveNotice
+
+notice = LeaveNotice(3, grace={grace}, point="its next hand-over")
+assert notice.arm() and not notice.requested  # the main thread, no event loop (torch's)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print("requested", notice.requested, flush=True)
+if {disarm}:
+    notice.disarm()
+    os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+print("still here", flush=True)
+"""
+
+
+@pytest.mark.parametrize("disarm", [False, True])
+def test_a_notice_without_an_event_loop_keeps_the_process_for_its_grace(disarm: bool) -> None:
+    code = textwrap.dedent(NO_LOOP).format(grace=1.0 if not disarm else 60.0, disarm=disarm)
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    took = time.monotonic() - start
+    assert "requested True" in done.stdout and "still here" not in done.stdout, done.stderr
+    assert "rank 3 got SIGTERM: it leaves at its next hand-over" in done.stderr
+    if disarm:
+        assert done.returncode == -15  # SIGTERM's own action again
+    else:
+        assert done.returncode == 128 + 15  # the grace's end, from its timer thread
+        assert "rank 3: no hand-over within 1 s of SIGTERM" in done.stderr
+        assert took < 25
