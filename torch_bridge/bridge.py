@@ -23,12 +23,12 @@ from torch.distributed.constants import default_pg_timeout
 
 from shardwire.protocol import PeerFailed, ShardwireError
 from shardwire.protocol.errors import InvalidState, LeftJob, RecoveryError
-from shardwire.worker.runtime.leave import GRACE_S, LeaveNotice
 from shardwire.torch.engine import Engine
 from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.join import Joined, through_coordinator, through_store
 from shardwire.torch.store import JobStore
 from shardwire.worker.collectives import Group
+from shardwire.worker.runtime.leave import GRACE_S, LeaveNotice
 from shardwire.worker.runtime.worker_config import WorkerConfig
 
 # Variables only shardwire's launcher (or a user joining a shardwire job) sets.

@@ -81,7 +81,7 @@ from shardwire.torch import peerparts as pp
 from shardwire.torch.base import BridgeBase, bridged
 from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp.copyplan import holder, source
-from shardwire.worker.fsdp.peercopy import Notice
+from shardwire.worker.runtime.leave import LeaveNotice
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class PeerStorage(StorageWriter, StorageReader):
         keep: int = 2,
         ranks_per_node: int | None = None,
         timeout: float = 300.0,
-        leave: Notice | None = None,
+        leave: LeaveNotice | None = None,
     ) -> None:
         if keep < 1:
             raise InvalidArgument(f"PeerStorage keeps at least 1 checkpoint, got keep={keep}")
