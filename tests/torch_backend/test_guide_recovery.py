@@ -1,0 +1,82 @@
+"""The torch guide's recovery sample, run as written: DDP and FSDP2 on 2 ranks under
+``--recovery live``, rank 1 SIGKILLed from outside mid-run. The survivor keeps its
+process, the replacement takes the state from the peers' memory (``PeerStorage``), and
+the held-out loss equals the run without the failure, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+
+from shardwire.worker.bench.torchrun import clean_env  # noqa: E402
+from tests.docblocks import block  # noqa: E402
+
+from .spawn import SHARDWIRE, launch  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+LIVE = ("--max-restarts", "1", "--recovery", "live")
+
+
+def _final(text: str) -> str:
+    found = re.search(r"final loss (\S+)", text)
+    assert found, text[-3000:]
+    return found.group(1)
+
+
+def _killed_mid_run(script: Path, *args: str, at_step: int = 12) -> tuple[str, int]:
+    """Run the sample, SIGKILL rank 1 once it reports ``at_step``; its output, and the
+    killed process id."""
+    argv = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", *LIVE, str(script)]
+    proc = subprocess.Popen(
+        [*argv, *args],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    victim = 0
+    deadline = time.monotonic() + 240
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            seen = re.search(rf"rank 1 pid (\d+) step {at_step} ", line)
+            if seen and not victim:
+                victim = int(seen.group(1))
+                os.kill(victim, signal.SIGKILL)
+            assert time.monotonic() < deadline, "".join(lines[-50:])
+        assert proc.wait(60) == 0, "".join(lines[-50:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert victim, "".join(lines[-50:])
+    return "".join(lines), victim
+
+
+@pytest.mark.parametrize("wrap", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
+def test_the_guide_s_sample_trains_on_through_a_killed_rank(tmp_path: Path, wrap: list[str]):
+    script = tmp_path / "train.py"
+    script.write_text(block("torch-recovery").text)
+    straight = launch("--nproc-per-node", "2", str(script), *wrap)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    text, victim = _killed_mid_run(script, *wrap)
+    assert _final(text) == _final(straight.stdout + straight.stderr)
+    pids = {r: set(re.findall(rf"rank {r} pid (\d+) step", text)) for r in (0, 1)}
+    assert len(pids[0]) == 1 and len(pids[1]) == 2 and str(victim) in pids[1], pids
+    assert "started anew from the warm spare" in text
+    # the survivor went back to the newest checkpoint the peers held, not to step 0
+    steps = [int(s) for s in re.findall(r"rank 0 pid \d+ step (\d+) ", text)]
+    back = next(b for a, b in zip(steps, steps[1:], strict=False) if b <= a)
+    assert 5 <= back <= 13 and back % 5 == 0, steps
