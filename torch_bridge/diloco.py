@@ -26,8 +26,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.torch.base import bridged
@@ -36,11 +39,36 @@ from shardwire.worker.training.diloco import DiLoCo, Phase
 T = TypeVar("T")
 
 
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's memory on this rank: a DTensor's local shard (it shares it)."""
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _place(p: torch.Tensor) -> tuple[int, int]:
+    """(the first local element's place in the whole parameter, the parameter's size):
+    a DTensor's local shard must be whole rows of dim 0 (FSDP2's ``Shard(0)``), or the
+    whole parameter (``Replicate``)."""
+    if not isinstance(p, DTensor):
+        return 0, p.numel()
+    local = p.to_local()
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    rows = tuple(shape[1:]) == tuple(p.shape[1:]) and all(o == 0 for o in offset[1:])
+    if not rows or tuple(shape) != tuple(local.shape):
+        raise InvalidArgument(
+            f"TorchDiLoCo takes parameters sharded on dim 0 (FSDP2's default), got "
+            f"{p.placements} for a parameter of shape {tuple(p.shape)}"
+        )
+    row = int(np.prod(p.shape[1:], dtype=np.int64)) if p.dim() > 1 else 1
+    return (int(offset[0]) * row if p.dim() else 0), p.numel()
+
+
 class _Parameters:
     """A torch model's parameters as the arrays DiLoCo reads and replaces."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.params = [p for p in model.parameters()]
+        # FSDP2's parameters are DTensors: each rank's local shard is what it holds and
+        # what its outer group (the same shard of every replica) averages
+        self.params = [_local(p.detach()) for p in model.parameters()]
         for p in self.params:
             if p.device.type != "cpu" or not p.is_contiguous():
                 raise InvalidArgument(
@@ -48,6 +76,17 @@ class _Parameters:
                     f"(contiguous: {p.is_contiguous()})"
                 )
         self.views = [p.detach().numpy() for p in self.params]  # the parameters' memory
+        self._places = [_place(p.detach()) for p in model.parameters()]
+
+    def places(self) -> tuple[list[int], int]:
+        """Where each local array begins in the whole model's flat vector, and its size:
+        DiLoCo's fragments are cut in the whole model, so FSDP2 shards sync each element
+        at the step the whole model's would."""
+        starts, at = [], 0
+        for start, numel in self._places:
+            starts.append(at + start)
+            at += numel
+        return starts, at
 
     def shards(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(v, np.empty(0, v.dtype)) for v in self.views]  # (no gradients needed)

@@ -54,6 +54,25 @@ def test_torch_diloco_with_int8_syncs_leaves_the_replicas_alike(tmp_path):
     assert not np.allclose(quantized["losses"], plain["losses"])
 
 
+def test_torch_diloco_over_fsdp2_shards_trains_as_over_whole_replicas(tmp_path):
+    """2 replicas of 2 ranks: FSDP2 inside each replica (DiLoCo's outer step over each
+    rank's local shard, with the same shard of the other replica) ends with the
+    parameters of DDP inside each (whole parameters), bit for bit; with int8 outer
+    syncs the blocks quantized differ (a shard's blocks, not the whole parameter's), so
+    the runs agree to int8's error only."""
+    (tmp_path / "shardwire").mkdir()
+    runs = {m: _train(4, "shardwire", m, tmp_path) for m in ("diloco-ddp", "diloco-fsdp")}
+    whole, sharded = runs["diloco-ddp"], runs["diloco-fsdp"]
+    assert sorted(whole) == sorted(sharded)
+    for name, value in whole.items():
+        np.testing.assert_array_equal(value, sharded[name], err_msg=name)
+    int8 = _train(4, "shardwire", "diloco-fsdp-int8", tmp_path)
+    assert not np.array_equal(int8["losses"], sharded["losses"])  # the option reached it
+    for name, value in whole.items():
+        if name != "losses":
+            np.testing.assert_allclose(int8[name], value, atol=2e-3, err_msg=name)
+
+
 def test_mixed_precision_changes_the_run(tmp_path):
     """bf16 parameters really went through the backend: the run differs from fp32's."""
     (tmp_path / "shardwire").mkdir()

@@ -15,7 +15,11 @@ with the average, and θᵢ takes the new θ. Between syncs nothing crosses the 
 Streaming (``fragments=P``): the parameters are cut into P contiguous fragments and
 fragment p syncs when the inner step count is ``p * every // P`` modulo ``every``: the
 same bytes per round, a P-th of them at a time. Fragments sync one after another in
-index order on every rank, so no two ranks can wait on different exchanges.
+index order on every rank, so no two ranks can wait on different exchanges. The cuts
+are made in the whole model's elements: where each rank holds a shard of every
+parameter (a torch model sharded by FSDP2, whose outer group is the same shard of every
+replica), a model that says where its shards lie (``places()``) has each element sync
+at the step it would in the whole model, so the run is the whole model's run.
 
 Overlap (``overlap=True``): a fragment's exchange starts after an inner step and is
 finished after the next one, while that step computes. The fragment then takes the new
@@ -29,6 +33,7 @@ so a run resumed from it continues bit for bit.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -124,7 +129,7 @@ class DiLoCo:
             raise InvalidArgument(f"{fragments} fragments for {total} parameters")
         self.dtype = np.result_type(*arrays) if arrays else np.dtype(np.float32)
         self.global_params = self._read(0, total)
-        cuts = np.linspace(0, total, fragments + 1).round().astype(int)
+        cuts = _cuts(fragments, self._sizes, getattr(model, "places", None))
         self.bounds = [(int(lo), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
         if self.bits is not None:  # checks the block before the first sync
             self._layout(0)
@@ -351,3 +356,22 @@ def replica_rows(
     parts = np.array_split(np.arange(batch), replicas * size)
     first = replica * size
     return parts[first + rank], sum(len(p) for p in parts[first : first + size])
+
+
+def _cuts(
+    fragments: int, sizes: list[int], places: Callable[[], tuple[list[int], int]] | None
+) -> list[int]:
+    """Where the fragments of the flat vector of ``sizes`` begin and end: even cuts of
+    it, or, for a model that gives ``places()`` (where each of its arrays begins in the
+    whole model's flat vector, and that vector's size), even cuts of the whole model,
+    each at the local elements before it (the local order follows the whole's, so every
+    fragment is still one contiguous run of local elements)."""
+    total = sum(sizes)
+    if places is None:
+        return [int(c) for c in np.linspace(0, total, fragments + 1).round()]
+    starts, whole = places()
+    cuts = np.linspace(0, whole, fragments + 1).round().astype(int)
+    return [
+        sum(min(max(int(c) - start, 0), size) for start, size in zip(starts, sizes, strict=True))
+        for c in cuts
+    ]

@@ -1,7 +1,12 @@
 """A small torch training run for the backend tests: the same steps over any backend.
 
     python train_prog.py BACKEND MODE OUT
-    (MODE: ddp | fsdp | fsdp-keep | fsdp-mixed | ddp-sgd | diloco-sgd | diloco)
+    (MODE: ddp | fsdp | fsdp-keep | fsdp-mixed | ddp-sgd | diloco-sgd | diloco
+           | diloco-ddp | diloco-fsdp | diloco-fsdp-int8 | diloco-ddp-int8)
+
+The ``diloco-ddp``/``diloco-fsdp`` modes run on 4 ranks as 2 replicas of 2 ranks (a
+2 x 2 device mesh): each replica trains with DDP or FSDP2 over its 2 ranks, and DiLoCo's
+outer step runs over the mesh's replica dimension (the same shard of every replica).
 
 Reads torch's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or runs under
 ``shardwire launch``; writes rank 0's final parameters (full tensors) to OUT as .npz.
@@ -38,7 +43,26 @@ def batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def wrap(net: nn.Module, mode: str) -> nn.Module:
+def replicas() -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """2 replicas of 2 ranks: (this rank's replica's group, its outer group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replica", "inner"))
+    return mesh["inner"].get_group(), mesh["replica"].get_group()
+
+
+def wrap(net: nn.Module, mode: str, inner: dist.ProcessGroup | None = None) -> nn.Module:
+    if mode.startswith(("diloco-ddp", "diloco-fsdp")):
+        if mode.startswith("diloco-ddp"):
+            return nn.parallel.DistributedDataParallel(net, process_group=inner)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(inner, "cpu")
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        return fully_shard(net, mesh=mesh)
     if mode.startswith("diloco"):  # every rank a replica of its own
         return net
     if mode in ("ddp", "ddp-sgd"):
@@ -58,11 +82,18 @@ def wrap(net: nn.Module, mode: str) -> nn.Module:
     return net
 
 
+def full_of(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
 def main() -> None:
     backend, mode, out = sys.argv[1:4]
     dist.init_process_group(backend)
     rank = dist.get_rank()
-    net = wrap(model(), mode)
+    inner = outer_group = None
+    if mode.startswith(("diloco-ddp", "diloco-fsdp")):
+        inner, outer_group = replicas()
+    net = wrap(model(), mode, inner)
     if mode.endswith("sgd"):
         opt: torch.optim.Optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     else:
@@ -74,7 +105,11 @@ def main() -> None:
         # diloco-sgd: every step, the plain average (DDP with SGD); diloco: the paper's
         plain = {"every": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
         options = plain if mode == "diloco-sgd" else {"every": 2, "quantize": "int8"}
-        outer = TorchDiLoCo(net, **options)
+        if outer_group is not None:  # the paper's outer Nesterov, every 2 steps
+            options = {"every": 2, "fragments": 2}
+            if mode.endswith("int8"):
+                options["quantize"] = "int8"
+        outer = TorchDiLoCo(net, outer_group, **options)
         outer.begin()
     losses = []
     for x, y in batches(rank):
@@ -89,7 +124,7 @@ def main() -> None:
         losses.append(float(loss.detach()))
     if outer is not None:
         outer.finish()  # every replica holds the global parameters, to the bit
-        flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        flat = torch.cat([full_of(p).detach().reshape(-1) for p in net.parameters()])
         every = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
         dist.all_gather(every, flat)
         if not all(torch.equal(every[0], e) for e in every):

@@ -310,3 +310,20 @@ def test_a_replicas_share_of_a_split_batch() -> None:
     assert rows.tolist() == [6, 7] and count == 4
     rows, count = replica_rows(10, replica=0, replicas=2, rank=1, size=2)
     assert rows.tolist() == [3, 4, 5] and count == 6
+
+
+def test_fragments_of_shards_are_cut_in_the_whole_model_s_elements():
+    from shardwire.worker.training.diloco import _cuts
+
+    # two parameters of 6 and 4 elements, this rank holding [3, 6) of the first and
+    # [2, 4) of the second: the whole model's halves are [0, 5) and [5, 10), so the
+    # first half holds local elements 0-1 (whole 3, 4) and the second the rest
+    def places() -> tuple[list[int], int]:
+        return [3, 8], 10
+
+    assert _cuts(2, [3, 2], places) == [0, 2, 5]
+    assert _cuts(2, [3, 2], None) == [0, 2, 5]  # even cuts of the local elements
+    # the rank with [0, 3) and [0, 2) holds the first half's 3 + 0 and 2 of the second
+    assert _cuts(2, [3, 2], lambda: ([0, 6], 10)) == [0, 3, 5]
+    # a fragment can hold none of a rank's elements (whole [4, 6) here)
+    assert _cuts(5, [3, 2], lambda: ([0, 6], 10)) == [0, 2, 3, 3, 5, 5]
