@@ -1,4 +1,5 @@
-"""The emulated hosts' pure parts: link rates, the token bucket, the modes' flags."""
+"""The emulated hosts' pure parts: link rates, the token bucket, the modes' flags, the
+TCP settings each collectives run asks for and the columns that say what it used."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ import argparse
 import pytest
 
 from shardwire.protocol import InvalidArgument
+from shardwire.worker.bench import collectives
+from shardwire.worker.bench.across import (
+    KERNEL_TCP,
+    _row,
+    print_table,
+    tcp_report,
+    tuning_env,
+    tuning_label,
+)
 from shardwire.worker.bench.hosts import Hosts, rate_bits, tbf_rule
 from shardwire.worker.bench.slowlink import mode_flags
 
@@ -54,3 +64,70 @@ def test_each_mode_is_the_examples_flags() -> None:
         "--diloco", "40", "--replicas", "2", "--outer-lr", "1.0", "--outer-momentum", "0.0",
         "--fragments", "4", "--overlap", "--outer-quantize", "int8",
     ]  # fmt: skip
+
+
+def test_a_columns_head_says_what_its_sockets_used() -> None:
+    # a kept run's settings (one value each) and a run's record (every value used)
+    assert tuning_label({"congestion": "cubic", "notsent_lowat": 262144}) == "cubic, lowat 256 KiB"
+    assert tuning_label({"congestion": "bbr", "notsent_lowat": None}) == "bbr"
+    assert tuning_label({"congestion": ["cubic"], "notsent_lowat": [262144]}) == (
+        "cubic, lowat 256 KiB"
+    )
+    assert tuning_label({"congestion": ["bbr"], "notsent_lowat": [0]}) == "bbr"
+    # ranks sharing a host: their own connection keeps the kernel's, the link's is tuned
+    mixed = {"congestion": ["bbr", "cubic"], "notsent_lowat": [0, 262144]}
+    assert tuning_label(mixed) == "bbr/cubic, lowat none/256 KiB"
+    assert tuning_label({"congestion": [], "notsent_lowat": []}) == "kernel's congestion control"
+
+
+def test_each_run_asks_for_its_settings_and_leaves_the_rest_automatic() -> None:
+    assert tuning_env(None) == {} == tuning_env({"congestion": None, "notsent_lowat": None})
+    assert tuning_env(KERNEL_TCP) == {
+        "SHARDWIRE_TCP_CONGESTION": "kernel",
+        "SHARDWIRE_TCP_NOTSENT_LOWAT": "0",
+    }
+    assert tuning_env({"congestion": "reno", "notsent_lowat": None}) == {
+        "SHARDWIRE_TCP_CONGESTION": "reno"
+    }
+
+
+def _rows() -> list[dict]:
+    tuned = {
+        "op": "all_gather",
+        "n": 2,
+        "bytes": 1 << 24,
+        "algorithm": "ring",
+        "median_s": 0.15,
+        "tcp": {"congestion": ["cubic"], "notsent_lowat": [262144]},
+    }
+    kernel = {**tuned, "median_s": 0.16, "tcp": {"congestion": ["bbr"], "notsent_lowat": [0]}}
+    gloo = {"median_s": 0.2}
+    return [_row(tuned, gloo, 1e9 / 8, 2, kernel)]
+
+
+def test_the_table_heads_shardwires_columns_with_what_their_sockets_used(capsys) -> None:
+    rows = _rows()
+    (row,) = rows
+    assert row["tcp"] == {"congestion": ["cubic"], "notsent_lowat": [262144]}
+    assert row["default_tcp"] == {"congestion": ["bbr"], "notsent_lowat": [0]}
+    assert row["link_fraction"] == pytest.approx((1 << 24) / 0.15 / 2 / 1.25e8)  # (n - 1) / n of it
+    assert row["default_tcp_vs_gloo"] == pytest.approx(0.2 / 0.16)
+    tcp = tcp_report(rows)
+    assert tcp == {
+        "shardwire": {"congestion": ["cubic"], "notsent_lowat": [262144]},
+        "default": {"congestion": ["bbr"], "notsent_lowat": [0]},
+    }
+    print_table(rows, "1gbit", tcp)
+    head = capsys.readouterr().out.splitlines()[1]
+    assert "| shardwire (cubic, lowat 256 KiB) | shardwire (bbr) | gloo (bbr) |" in head
+    # asked for the kernel's defaults: one shardwire column, headed with them
+    alone = [{k: v for k, v in row.items() if not k.startswith("default_tcp")}]
+    alone[0]["tcp"] = {"congestion": ["bbr"], "notsent_lowat": [0]}
+    print_table(alone, "1gbit", tcp_report(alone))
+    head = capsys.readouterr().out.splitlines()[1]
+    assert "| shardwire (bbr) | gloo (bbr) |" in head and head.count("shardwire (") == 1
+
+
+def test_tcp_options_without_hosts_are_refused_even_the_kernels(capsys) -> None:
+    assert collectives.main(["--world", "2", "--tcp-notsent-lowat", "0"]) == 2
+    assert "give --hosts too" in capsys.readouterr().err

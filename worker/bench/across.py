@@ -20,31 +20,55 @@ from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench.hosts import Hosts, emulated, rate_bits
 from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.timing import busbw_factor, human, summarized
+from shardwire.worker.transport import tcptuning
 
 _GLOO_PORT = 29530  # rank 0's rendezvous port for gloo, inside the first host's namespace
 
 
 _ENV = {"congestion": "SHARDWIRE_TCP_CONGESTION", "notsent_lowat": "SHARDWIRE_TCP_NOTSENT_LOWAT"}
+# The kernel's defaults on every peer connection, asked for explicitly.
+KERNEL_TCP = {"congestion": tcptuning.KERNEL, "notsent_lowat": 0}
 
 
 def tuning_label(tcp: dict[str, Any]) -> str:
-    """How a run's TCP was tuned, for a column's head: ``cubic, lowat 256 KiB``."""
-    said = [tcp["congestion"] or "kernel's congestion control"]
-    if tcp.get("notsent_lowat"):
-        said.append(f"lowat {human(tcp['notsent_lowat'])}")
+    """What a run's sockets used, for a column's head: ``cubic, lowat 256 KiB``. Each
+    value is one setting or the list of those its connections used (a mark of 0 or
+    None: the kernel's, no mark of the connection's own)."""
+
+    def values(key: str) -> list[Any]:
+        got = tcp.get(key)
+        return list(got) if isinstance(got, list) else [got]
+
+    names = [n for n in values("congestion") if n]
+    said = ["/".join(names) if names else "kernel's congestion control"]
+    marks = values("notsent_lowat")
+    if any(marks):
+        said.append("lowat " + "/".join(human(m) if m else "none" for m in marks))
     return ", ".join(said)
+
+
+def tuning_env(tuning: dict[str, Any] | None) -> dict[str, str]:
+    """The environment that asks shardwire's peer connections for ``tuning``'s settings
+    (a None or absent one is left to shardwire's automatic choice)."""
+    asked = {k: v for k, v in (tuning or {}).items() if v is not None}
+    return {_ENV[k]: str(v) for k, v in asked.items()}
+
+
+def _expected(key: str, value: Any) -> Any:
+    """What the sockets report for an asked ``value`` (None: unknown here, the kernel's
+    algorithm inside the hosts' namespaces)."""
+    return None if key == "congestion" and value == tcptuning.KERNEL else value
 
 
 def shardwire_cells(
     hosts: Hosts, per_host: int, config: dict, tmp: str, *, tuning: dict[str, Any] | None = None
 ) -> list[dict]:
     """shardwire's cells; ``tuning``: its peer connections' TCP settings
-    (``congestion``, ``notsent_lowat``; None or absent: the kernel's defaults)."""
+    (``congestion``, ``notsent_lowat``; None or absent: shardwire's automatic choice)."""
     out = os.path.join(tmp, "shardwire.json")
     where = [(hosts.prefix(i), hosts.address(i)) for i in range(hosts.count)]
     env = {k: v for k, v in os.environ.items() if k not in _ENV.values()}
-    asked = {k: v for k, v in (tuning or {}).items() if v is not None}
-    env.update({_ENV[k]: str(v) for k, v in asked.items()})
+    env.update(tuning_env(tuning))
     run_nodes(
         ["-m", "shardwire.worker.bench.measure", out, json.dumps(config)],
         hosts.count * per_host,
@@ -54,13 +78,34 @@ def shardwire_cells(
     )
     cells = json.loads(Path(out).read_text())
     for cell in cells:  # what the workers' sockets used, not what was asked
-        for key, value in asked.items():
-            if cell.get("tcp", {}).get(key) != [value]:
+        for key, value in (tuning or {}).items():
+            want = _expected(key, value)
+            if want is not None and cell.get("tcp", {}).get(key) != [want]:
                 raise BenchmarkFailed(
                     f"asked for TCP {key} {value}, the peer connections used "
                     f"{cell.get('tcp', {}).get(key)}"
                 )
     return cells
+
+
+def tcp_report(rows: list[dict]) -> dict[str, dict[str, list]]:
+    """What each column's sockets used over all rows: ``shardwire`` (as asked, else
+    shardwire's automatic choice) and ``default`` (the kernel's defaults, which gloo
+    also uses; the first column's where only that one ran)."""
+
+    def over(key: str) -> dict[str, list]:
+        return {
+            k: sorted({v for r in rows for v in r.get(key, {}).get(k, [])})
+            for k in ("congestion", "notsent_lowat")
+        }
+
+    ours = over("tcp")
+    return {"shardwire": ours, "default": over("default_tcp") if kernel_column(rows) else ours}
+
+
+def kernel_column(rows: list[dict]) -> bool:
+    """Whether shardwire also ran with the kernel's TCP defaults beside its own column."""
+    return any("default_tcp" in r for r in rows)
 
 
 def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str) -> list[dict]:
@@ -101,8 +146,8 @@ def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str)
 def _row(
     cell: dict, gloo: dict | None, link_Bps: float | None, hosts: int, default: dict | None
 ) -> dict:
-    """One cell's row; ``default``: shardwire's same cell with the kernel's TCP defaults,
-    when the row's own ran tuned."""
+    """One cell's row; ``default``: shardwire's same cell with the kernel's TCP defaults
+    (asked for explicitly), when the row's own ran otherwise."""
     n, op, nbytes = cell["n"], cell["op"], cell["bytes"]
     factor = busbw_factor(op, n)
     row = {
@@ -132,8 +177,9 @@ def _row(
 
 def print_table(rows: list[dict], rate: str | None, tcp: dict[str, dict[str, Any]]) -> None:
     """Bus bandwidth as a fraction of the link's rate (in GB/s where the link is not
-    shaped), shardwire's and gloo's, and gloo's time over shardwire's; with tuned TCP,
-    shardwire's with the kernel's defaults beside it. ``tcp``: each run's settings."""
+    shaped), shardwire's and gloo's, and gloo's time over shardwire's; shardwire's with
+    the kernel's TCP defaults beside it where that ran. ``tcp``: what each run's sockets
+    used (:func:`tcp_report`)."""
     mine, theirs, fmt = ("link_fraction", "gloo_link_fraction", ".2f")
     dflt = "default_tcp_link_fraction"
     if rate:
@@ -141,17 +187,17 @@ def print_table(rows: list[dict], rate: str | None, tcp: dict[str, dict[str, Any
     else:
         mine, theirs, dflt, fmt = ("busbw_GBps", "gloo_busbw_GBps", "", ".3f")  # no link
         print("bus bandwidth in GB/s (unshaped links)")
-    tuned = tcp["shardwire"] != tcp["default"]
+    both = kernel_column(rows)
     kernel = tuning_label(tcp["default"])
-    ours = f"shardwire ({tuning_label(tcp['shardwire'])})" if tuned else "shardwire"
-    extra = f" shardwire ({kernel}) |" if tuned else ""
+    ours = f"shardwire ({tuning_label(tcp['shardwire'])})"
+    extra = f" shardwire ({kernel}) |" if both else ""
     print(f"| op | hosts | ranks | size | algorithm | {ours} |{extra} gloo ({kernel}) "
           "| gloo time / shardwire time |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|" + ("---|" if tuned else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if both else ""))
     for r in rows:
         gloo = format(r[theirs], fmt) if theirs in r else "-"
         vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
-        other = (f" {format(r[dflt], fmt)} |" if dflt in r else " - |") if tuned else ""
+        other = (f" {format(r[dflt], fmt)} |" if dflt in r else " - |") if both else ""
         print(f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
               f"{r['algorithm']} | {format(r[mine], fmt)} |{other} {gloo} | {vs} |")  # fmt: skip
     print("tc tbf shapes the rate only (no netem here): no added delay or loss")
@@ -162,15 +208,17 @@ def _sizes(
     tuning: dict[str, Any] | None,
 ) -> dict[str, list[dict]]:  # fmt: skip
     """Every system at one size, their order turning size by size: shardwire (with
-    ``tuning`` if given, then also with the kernel's TCP defaults) and gloo."""
-    systems = ["ours"] + (["default"] if tuning else []) + (["gloo"] if gloo else [])
+    ``tuning``'s settings, shardwire's automatic choice for the rest), shardwire with the
+    kernel's TCP defaults unless ``tuning`` asked for exactly those, and gloo."""
+    kernel = (tuning or {}) != KERNEL_TCP
+    systems = ["ours"] + (["default"] if kernel else []) + (["gloo"] if gloo else [])
     got = {}
     for name in systems[turn % len(systems) :] + systems[: turn % len(systems)]:
         if name == "gloo":
             assert gloo is not None
             got[name] = gloo_cells(hosts, per_host, one, gloo, tmp)
         else:
-            chosen = tuning if name == "ours" else None
+            chosen = tuning if name == "ours" else KERNEL_TCP
             got[name] = shardwire_cells(hosts, per_host, one, tmp, tuning=chosen)
     return got
 

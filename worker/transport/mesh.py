@@ -80,6 +80,7 @@ class TcpMesh(MailboxTransport):
         self.links = Links(self)
         self.idle = IdleCloser(self, config.idle_close)
         self.book = AddressBook.fixed({})
+        self.tcp = tcptuning.UNTUNED  # the peer connections' TCP settings, once listening
         self._closing = False
         self._reported_failure = False
 
@@ -94,7 +95,7 @@ class TcpMesh(MailboxTransport):
 
     async def listen(self, *, first: int = 0) -> int:
         """Bind the peer listener (``listen.py``: ``first`` is the local rank); its port."""
-        tcptuning.check(self.config.tcp_congestion, self.config.tcp_notsent_lowat)
+        self.tcp = tcptuning.plan(self.config.tcp_congestion, self.config.tcp_notsent_lowat)
         self._server = await bind_listener(
             self._accepted,
             self.config.bind_host,

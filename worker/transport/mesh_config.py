@@ -47,6 +47,7 @@ class MeshConfig:
     arena_slot_bytes: int = DEFAULT_SLOT_BYTES
     arena_peer_reads: str = "auto"
     # The peer connections' TCP congestion control and unsent low-water mark in bytes
-    # (transport.tcptuning); None: the kernel's default.
+    # (transport.tcptuning), for every connection: "kernel" and 0 keep the kernel's;
+    # None: CUBIC and 256 KiB on a connection to another host, the kernel's on this one.
     tcp_congestion: str | None = None
     tcp_notsent_lowat: int | None = None

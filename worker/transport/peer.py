@@ -65,6 +65,7 @@ class PeerOwner(Protocol):
     stages: StagePool  # staging buffers shared by the connections
     traffic: Traffic  # what each peer link carried
     idle: IdleCloser  # releases connections nothing moved on
+    tcp: tcptuning.Plan  # the TCP settings each connection gets, by its addresses
 
     @property
     def has_place(self) -> bool: ...
@@ -117,10 +118,9 @@ class PeerConnection(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        config = self.mesh.config
-        if self.socket is not None:  # the settings were checked when the mesh began to listen
+        if self.socket is not None:  # the plan was made when the mesh began to listen
             try:
-                tcptuning.apply(self.socket, config.tcp_congestion, config.tcp_notsent_lowat)
+                tcptuning.tune(self.socket, self.mesh.tcp)
             except OSError as exc:
                 self.fail(exc)
 
