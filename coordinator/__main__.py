@@ -63,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-restarts",
         type=int,
-        help="failures after which the job restarts from its checkpoint (default: the agents')",
+        help="failures the job recovers from, at most: each ends its generation and the "
+        "next forms (default: the agents' --max-restarts)",
     )
     p.add_argument("--nnodes", help="MIN:MAX node agents for an elastic job (default: the agents')")
     p.add_argument(

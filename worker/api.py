@@ -225,6 +225,7 @@ class Session:
             stall_warn=cfg.stall_warn,
             recorder=recorder,
             on_abort=self._aborted,
+            on_coordinator=self._coordinator_away,
             tls=tls.client_context() if tls else None,
             generation=cfg.generation,
             links=mesh.traffic.report,
@@ -282,6 +283,10 @@ class Session:
             self._chaos.noticed(error)
         if self._control is not None:
             self._control.report_peer_failure(error.rank, error.reason)
+
+    def _coordinator_away(self, away: bool, at: float) -> None:
+        if self._chaos is not None:
+            self._chaos.coordinator(away=away, at=at)
 
     def _aborted(self, msg: Abort | None) -> None:
         if self._mesh is None:

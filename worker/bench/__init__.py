@@ -71,10 +71,8 @@ _EXAMPLES = """examples:
 Each benchmark has its own --help."""
 
 
-def main(argv: list[str]) -> int:
-    """``shardwire bench NAME ...``."""
-    if argv[:1] and argv[0] in BENCHES:
-        return int(importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:]) or 0)
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench``: each benchmark's own is its module's."""
     p = argparse.ArgumentParser(
         prog="shardwire bench",
         description="Benchmarks measured side by side with their baselines, in one run.",
@@ -84,5 +82,12 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for name, (_module, purpose) in BENCHES.items():
         sub.add_parser(name, add_help=False, help=purpose)
-    p.parse_args(argv)  # only reached for --help or an unknown name: prints and exits
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``shardwire bench NAME ...``."""
+    if argv[:1] and argv[0] in BENCHES:
+        return int(importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:]) or 0)
+    parser().parse_args(argv)  # only reached for --help or an unknown name: prints and exits
     return 2

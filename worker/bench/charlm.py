@@ -16,13 +16,14 @@ torch in this environment (``make torch``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from shardwire.worker.bench.jobs import example, parser
+from shardwire.worker.bench.jobs import command_line, example
 from shardwire.worker.bench.torchrun import clean_env, run_ranks
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
@@ -64,14 +65,43 @@ def run(system: str, n: int, steps: int, tmp: Path) -> float:
     return float(json.loads(out.read_text())["tokens_per_s"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser("charlm", __doc__)
-    p.add_argument("--world", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench charlm``."""
+    p = command_line("charlm", __doc__)
+    p.add_argument(
+        "--world",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="ranks of a run, a row per value (1 2 4)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=40,
+        help="training steps of every run, all counted in its tokens/s (%(default)s)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="runs of each system at each world size, the systems' order turned around every "
+        "repeat (%(default)s)",
+    )
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        default=list(SYSTEMS),
+        choices=list(SYSTEMS),
+        help="what is trained: numpy (examples/charlm.py), torch_shardwire and torch_gloo "
+        "(examples/torch_charlm.py on either backend) (all three)",
+    )
     p.add_argument("--json", help="write the rows here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         import shardwire.torch  # noqa: F401
     except ImportError:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import parser, rank_side, run_job
+from shardwire.worker.bench.jobs import command_line, rank_side, run_job
 
 
 def _model(mib: int):
@@ -124,13 +124,24 @@ def report(rows: list[dict]) -> None:
     print(table(rows))
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser("checkpoint", __doc__)
-    p.add_argument("--world", type=int, nargs="+", default=[1, 2, 4])
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench checkpoint``."""
+    p = command_line("checkpoint", __doc__)
+    p.add_argument(
+        "--world",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="ranks of a job, one job and row per value (1 2 4)",
+    )
     p.add_argument("--mib", type=int, default=256, help="parameter MiB of the model")
-    p.add_argument("--json")
+    p.add_argument("--json", help="also write the rows here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.worker:
         rank_side(args.worker, worker(os.environ["SHARDWIRE_BENCH_DIR"], args.mib))
         return

@@ -240,9 +240,24 @@ def parser() -> argparse.ArgumentParser:
         "  shardwire bench collectives --ops all_reduce --compare-gloo --json out.json",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--sizes", nargs="+", default=SIZES)
-    p.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    p.add_argument(
+        "--world",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="ranks of a job, one job per value (with --nodes, split across the nodes; "
+        "--hosts runs --ranks-per-host instead) (2 4)",
+    )
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        default=SIZES,
+        help="float32 tensor sizes in bytes, each a row: 4096, or with K, M, G (1024-based) "
+        f"({' '.join(SIZES)})",
+    )
+    p.add_argument(
+        "--ops", nargs="+", default=OPS, choices=OPS, help="the collectives timed (all of them)"
+    )
     p.add_argument("--target-s", type=float, default=1.0, help="seconds per cell")
     p.add_argument("--compare-gloo", action="store_true", help="also time torch's gloo")
     p.add_argument(
@@ -338,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.link and not args.hosts:
         print("--link shapes the links of emulated hosts: give --hosts too", file=sys.stderr)
         return 2
-    if (args.tcp_congestion or args.tcp_notsent_lowat) and not args.hosts:
+    if (args.tcp_congestion, args.tcp_notsent_lowat) != (None, None) and not args.hosts:
         print("--tcp-* options are for emulated hosts: give --hosts too", file=sys.stderr)
         return 2
     if args.hosts:
@@ -359,22 +374,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _across(args: argparse.Namespace, config: dict, gloo: str | None) -> int:
-    congestion, lowat = args.tcp_congestion, args.tcp_notsent_lowat
-    tcptuning.check(congestion, lowat)  # refused here, not inside every worker
-    tuning = {"congestion": congestion, "notsent_lowat": lowat}
-    default = {"congestion": tcptuning.system_default() or None, "notsent_lowat": None}
-    tcp = {  # gloo always runs with the kernel's defaults
-        "shardwire": {k: v if v is not None else default[k] for k, v in tuning.items()},
-        "default": default,
-    }
+    tuning = {"congestion": args.tcp_congestion, "notsent_lowat": args.tcp_notsent_lowat}
+    tcptuning.check(args.tcp_congestion, args.tcp_notsent_lowat)  # here, not in every worker
     with tempfile.TemporaryDirectory() as tmp:
         rows = across.run(
             args.hosts, per_host=args.ranks_per_host, rate=args.link, config=config,
-            gloo=gloo, tmp=tmp, tuning=tuning if congestion or lowat else None,
+            gloo=gloo, tmp=tmp, tuning=tuning,
         )  # fmt: skip
+    tcp = across.tcp_report(rows)  # what the sockets used; gloo's are the kernel's defaults
     across.print_table(rows, args.link, tcp)
     if args.json:
-        report = {"rows": rows, "link": args.link, "tcp": tcp}
+        report = {"rows": rows, "link": args.link, "tcp": tcp, "asked": tuning}
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 

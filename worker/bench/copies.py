@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from shardwire.worker.bench.fsdp import MODEL
-from shardwire.worker.bench.jobs import parser, rank_side, run_job
+from shardwire.worker.bench.jobs import command_line, rank_side, run_job
 
 BATCH = 4  # sequences per rank
 
@@ -123,15 +123,26 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser("copies", __doc__)
-    p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--every", type=int, nargs="+", default=[1, 5, 20])
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench copies``."""
+    p = command_line("copies", __doc__)
+    p.add_argument("--nproc", type=int, default=4, help="local ranks of the one job (%(default)s)")
+    p.add_argument(
+        "--every",
+        type=int,
+        nargs="+",
+        default=[1, 5, 20],
+        help="steps between peer copies: each value is a mode timed beside no copies (1 5 20)",
+    )
     p.add_argument("--rounds", type=int, default=6, help="alternations of the modes")
     p.add_argument("--steps", type=int, default=20, help="steps per block")
-    p.add_argument("--json")
+    p.add_argument("--json", help="also write the result here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.worker:
         rank_side(args.worker, worker(args.every, args.rounds, args.steps))
         return

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import parser, rank_side, run_job
+from shardwire.worker.bench.jobs import command_line, rank_side, run_job
 
 # Wide and shallow-batched, so parameter traffic is a visible share of a CPU step.
 MODEL: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 4, "layers": 8, "context": 32}
@@ -150,18 +150,35 @@ def report(rows: list[dict]) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser("fsdp", __doc__)
-    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--steps", type=int, default=12)
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench fsdp``."""
+    p = command_line("fsdp", __doc__)
+    p.add_argument(
+        "--world",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="ranks of a job, one job per value and transport (2 4)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=12,
+        help="timed steps per strategy and prefetch setting, after two warm-up steps; the "
+        "median is kept (%(default)s)",
+    )
     p.add_argument("--prefetch-depth", type=int, default=1, help="units gathered ahead")
     p.add_argument(
         "--transport", nargs="+", default=["auto", "tcp"], choices=["auto", "tcp"],
         help="SHARDWIRE_TRANSPORT of each run (default: both, side by side)",
     )  # fmt: skip
-    p.add_argument("--json")
+    p.add_argument("--json", help="also write the rows here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.worker:
         rank_side(args.worker, worker(args.steps, args.prefetch_depth))
         return

@@ -20,6 +20,7 @@ many worker processes the job started in all. The JSON holds each mode's under
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwire.worker.bench import BenchmarkFailed
-from shardwire.worker.bench.jobs import example, parser
+from shardwire.worker.bench.jobs import command_line, example
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 MODEL = ["--batch=16", "--context=32", "--dim=64", "--heads=4", "--layers=2", "--log-every=10"]
@@ -120,7 +121,7 @@ def measure(args: Any) -> dict[str, Any]:
             + ("for_s = 1.0\n" if args.kind in ("stop", "block") else "")
         )
         results = {m: _faulty(args, script, root, m, steps=steps, clean_s=clean_s) for m in modes}
-    first = next(iter(results))  # relaunch when both ran: the job's default recovery
+    first = next(iter(results))  # relaunch when both ran: the mode run first
     headline = {k: results[first][k] for k in ("goodput", "steps_lost", "recovery_s")}
     return {
         "mode": first,
@@ -156,13 +157,25 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    p = parser("goodput", __doc__)
-    p.add_argument("--nproc", type=int, default=4)
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench goodput``."""
+    p = command_line("goodput", __doc__)
+    p.add_argument("--nproc", type=int, default=4, help="local ranks of every job (%(default)s)")
     p.add_argument("--every", type=float, default=30.0, help="mean seconds between faults")
     p.add_argument("--minutes", type=float, default=5.0, help="the fault-free job's length")
-    p.add_argument("--kind", default="kill", choices=["kill", "term", "stop", "raise", "block"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--kind",
+        default="kill",
+        choices=["kill", "term", "stop", "raise", "block"],
+        help="the fault: kill (SIGKILL), term (SIGTERM), stop (SIGSTOP for 1 s), raise "
+        "(InjectedFault in the script), block (its event loop held 1 s) (%(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the plan's seed, which draws the faults' times and ranks (%(default)s)",
+    )
     p.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument(
         "--recovery",
@@ -172,9 +185,19 @@ def main(argv: list[str]) -> int:
         "peers' copies, or each in turn (both)",
     )
     p.add_argument("--copy-every", type=int, default=5, help="steps between peer copies (live)")
-    p.add_argument("--max-restarts", type=int, default=1000)
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=1000,
+        help="the faulty jobs' launch --max-restarts: the failures they recover from, at "
+        "most, before they end (%(default)s)",
+    )
     p.add_argument("--json", help="write the result here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     result = measure(args)
     print(table(result))
     if args.json:

@@ -18,7 +18,7 @@ from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench import BenchmarkFailed
 
 
-def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+def command_line(name: str, doc: str | None) -> argparse.ArgumentParser:
     """The command line of ``shardwire bench NAME``, described by the first paragraph of
     the benchmark's docstring ``doc``, with its usage lines as the examples."""
     text = (doc or "").strip()

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shardwire.worker.bench import BenchmarkFailed
-from shardwire.worker.bench.jobs import parser, rank_side, run_job
+from shardwire.worker.bench.jobs import command_line, rank_side, run_job
 
 
 def _status_kib(field: str) -> int:
@@ -125,17 +125,43 @@ def report(rows: list[dict]) -> None:
     print(table(rows))
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser("offload", __doc__)
-    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench offload``."""
+    p = command_line("offload", __doc__)
+    p.add_argument(
+        "--world",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="ranks of a job, two jobs (in memory, offloaded) per value (2 4)",
+    )
     p.add_argument("--mib", type=int, default=256, help="parameter MiB of the model")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--reduce-depth", type=int, default=2)
-    p.add_argument("--json")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=16,
+        help="square linear layers the parameters are split into, one FSDP unit each (%(default)s)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=4,
+        help="AdamW steps trained; the step time is the median past the first (%(default)s)",
+    )
+    p.add_argument(
+        "--reduce-depth",
+        type=int,
+        default=2,
+        help="FSDP's reduce_depth: full gradients in flight at most, in both runs (%(default)s)",
+    )
+    p.add_argument("--json", help="also write the rows here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--offload", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.worker:
         rank_side(
             args.worker, worker(args.mib, args.layers, args.steps, args.reduce_depth, args.offload)

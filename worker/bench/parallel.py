@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwire.worker.bench.jobs import parser, rank_side, run_job
+from shardwire.worker.bench.jobs import command_line, rank_side, run_job
 
 WIDTH, ROWS, STEPS = 512, 1024, 5
 LM: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
@@ -174,12 +174,25 @@ def report(rows: list[dict]) -> None:
     print(table(rows))
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser("parallel", __doc__)
-    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench parallel``."""
+    p = command_line("parallel", __doc__)
+    p.add_argument(
+        "--world",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="ranks of a job, one job per value: the pipeline's stages, and the ranks the "
+        "transformer's blocks are split over (2 4)",
+    )
     p.add_argument("--layers", type=int, default=16, help="linear layers a stage (even)")
-    p.add_argument("--json")
+    p.add_argument("--json", help="also write the rows here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser()
     args = p.parse_args(argv)
     if args.worker:
         rank_side(args.worker, worker(args.layers))

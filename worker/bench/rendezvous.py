@@ -266,14 +266,22 @@ def _restart(
     return again, max(back) - killed, up
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench rendezvous``."""
     p = argparse.ArgumentParser(
         prog="shardwire bench rendezvous",
         description=__doc__,
         epilog="example:\n  shardwire bench rendezvous --workers 1000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workers", type=int, nargs="+", default=[1000])
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1000],
+        help="simulated workers of a job (a multiple of --per-node), one job and table row "
+        "per value (1000)",
+    )
     p.add_argument(
         "--processes",
         type=int,
@@ -308,6 +316,11 @@ def main(argv: list[str]) -> int:
         "journal there, and the etcd writes it makes are counted",
     )
     p.add_argument("--json", help="write the results here")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.reform and args.restart:
         p.error("--reform and --restart are separate runs: give one")

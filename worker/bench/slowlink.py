@@ -16,6 +16,7 @@ at each rate, for its tokens/s there; the modes alternate their order rate by ra
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from shardwire.worker.bench.hosts import emulated, rate_bits
-from shardwire.worker.bench.jobs import example, parser, run_nodes
+from shardwire.worker.bench.jobs import command_line, example, run_nodes
 
 MODEL = {"batch": 32, "context": 64, "dim": 128, "heads": 4, "layers": 4, "lr": 3e-3, "seed": 0}
 MODES = ("dp", "diloco", "streaming-int8")
@@ -151,11 +152,31 @@ def figure(curves: list[dict]):
     return fig
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser("slowlink", __doc__)
-    p.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--rates", nargs="+", default=list(RATES))
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench slowlink``."""
+    p = command_line("slowlink", __doc__)
+    p.add_argument(
+        "--hosts",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="emulated hosts of a job, one rank each; every run is made per value (2 4)",
+    )
+    p.add_argument(
+        "--rates",
+        nargs="+",
+        default=list(RATES),
+        help="the link rates of the timed runs (tc tbf: 100mbit, 1gbit, ...), or unshaped "
+        f"({' '.join(RATES)})",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=MODES,
+        help="dp: plain data parallel; diloco: DiLoCo, outer syncs every --every steps; "
+        "streaming-int8: streaming DiLoCo, --fragments fragments, int8 outer syncs (all three)",
+    )
     p.add_argument("--steps", type=int, default=200, help="steps per run timed at a rate")
     p.add_argument("--loss-steps", type=int, default=3000, help="steps of each loss run")
     p.add_argument("--log-every", type=int, default=250, help="held-out loss every N steps")
@@ -165,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outer-momentum", type=float, default=0.0, help="its Nesterov momentum")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--plot", help="draw held-out loss against tokens here (PNG or SVG)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     for rate in args.rates:
         if rate != "unshaped":
             rate_bits(rate)

@@ -11,6 +11,7 @@ median with, minus one; the events each traced rank recorded are counted too.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -18,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from shardwire.worker.bench.jobs import example, parser
+from shardwire.worker.bench.jobs import command_line, example
 from shardwire.worker.bench.torchrun import clean_env
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
@@ -42,13 +43,28 @@ def run(n: int, steps: int, traced: bool, tmp: Path) -> tuple[float, int]:
     return rate, events
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser("trace", __doc__)
-    p.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--repeats", type=int, default=3)
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench trace``."""
+    p = command_line("trace", __doc__)
+    p.add_argument(
+        "--world", type=int, nargs="+", default=[2, 4], help="ranks of a run, a row per value (2 4)"
+    )
+    p.add_argument(
+        "--steps", type=int, default=60, help="training steps of every run (%(default)s)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs traced and untraced each at every world size, alternating, the order "
+        "turned around every repeat (%(default)s)",
+    )
     p.add_argument("--json", help="also write the rows here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shardwire.worker.bench.certs import make_certificates
-from shardwire.worker.bench.jobs import parser
+from shardwire.worker.bench.jobs import command_line
 
 TOTAL_BYTES = 256 << 20  # per throughput trial
 RTT_ITERS = 2000
@@ -247,14 +247,31 @@ def report(sizes: list[int], raw: dict, variants: dict[str, dict]) -> list[dict]
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser("transport", __doc__)
-    p.add_argument("--sizes", nargs="+", default=["4K", "64K", "1M", "16M", "64M", "256M"])
-    p.add_argument("--trials", type=int, default=5)
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire bench transport``."""
+    p = command_line("transport", __doc__)
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        default=["4K", "64K", "1M", "16M", "64M", "256M"],
+        help="message sizes in bytes, each a row: 4096, or with K, M, G (1024-based) "
+        "(4K 64K 1M 16M 64M 256M)",
+    )
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=5,
+        help="rounds per cell, the sides alternating round by round; each cell is the best "
+        "round (%(default)s)",
+    )
     p.add_argument("--json", help="write the results here as JSON")
     p.add_argument("--raw-peer", type=int, help=argparse.SUPPRESS)
     p.add_argument("--shardwire-worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes]
     if args.raw_peer:
         raw_peer(args.raw_peer, sizes, args.trials)

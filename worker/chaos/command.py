@@ -119,12 +119,8 @@ def _forward(child: subprocess.Popen) -> Callable[[int, FrameType | None], None]
     return handler
 
 
-def main(argv: list[str]) -> int:
-    if "--" in argv:
-        at = argv.index("--")
-        own, command = argv[:at], argv[at + 1 :]
-    else:
-        own, command = argv, []
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire chaos`` before its ``--``."""
     p = argparse.ArgumentParser(
         prog="shardwire chaos",
         usage="shardwire chaos PLAN [--verdict PATH] -- COMMAND ...",
@@ -135,5 +131,14 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("plan", help="the fault plan (TOML, or YAML)")
     p.add_argument("--verdict", help="also write the verdict here, as JSON")
-    args = p.parse_args(own)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        at = argv.index("--")
+        own, command = argv[:at], argv[at + 1 :]
+    else:
+        own, command = argv, []
+    args = parser().parse_args(own)
     return run(args.plan, command, args.verdict)

@@ -18,7 +18,8 @@ invariant checks.
 Before acting, the injector appends what it does to the chaos log (one JSON line:
 fault, rank, step, time), and marks it on the timeline when the job is traced. The
 log also gets one line when the rank's session ends, with how it ended: that is how
-``shardwire chaos`` learns who detected a fault, when, and what they named.
+``shardwire chaos`` learns who detected a fault, when, and what they named; and one
+when the rank lost its connection to the coordinator, and one when it reconnected.
 """
 
 from __future__ import annotations
@@ -175,6 +176,11 @@ class Injector:
         """This rank learned that the job failed (any thread): the error goes to the log,
         before anything may stop the process."""
         self.note({"event": "noticed", **_described(error)})
+
+    def coordinator(self, *, away: bool, at: float) -> None:
+        """This rank lost its connection to the coordinator (``away``) and waits for its
+        return, or the coordinator took it back; ``at``: when (wall clock)."""
+        self.note({"event": "lost_coordinator" if away else "rejoined", "t": at})
 
     def close(self) -> None:
         """The rank re-forms: this generation's timed faults are dropped (the injector of

@@ -14,14 +14,28 @@ the loss. From those notes:
   same samples: none skipped, none seen twice;
 - **as clean** (``compare = "clean"``): every step's digest, samples and loss, and the
   final loss, equal a fault-free run's of the same command.
+
+Each invariant ends in one of three states (:class:`Status`): it held over what it
+compared, it broke (with the first breach), or it was not checked because the notes held
+nothing to compare (with why): a run whose ranks each hold a shard of their own has no
+replicas to compare, and one that never ran a step twice has no second reading of it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from enum import StrEnum
 from typing import Any
 
 State = dict[str, Any]
+
+
+class Status(StrEnum):
+    """How an invariant came out (its JSON ``status``)."""
+
+    HELD = "held"  # it held over everything it compared
+    BROKEN = "broken"  # a breach: the verdict fails
+    NOT_CHECKED = "not checked"  # nothing to compare (``why`` says so): neither held nor broken
 
 
 def notes(entries: list[dict[str, Any]]) -> list[State]:
@@ -32,10 +46,18 @@ def notes(entries: list[dict[str, Any]]) -> list[State]:
 def check(
     entries: list[dict[str, Any]], check_every: int, clean: list[dict[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Each invariant: whether it held, how much it compared, and the first breach."""
+    """Each invariant: its status, how much it compared, and the first breach (or why
+    it was not checked)."""
+    names = ["replicas_agree", "steps_in_order", "data_once"]
+    names += [] if clean is None else ["as_clean"]
     states = notes(entries)
     if not states:
-        return {}
+        why = (
+            "check_every = 0: the ranks noted no state"
+            if check_every == 0
+            else "no rank noted its state: the script handed the run log no read= or held="
+        )
+        return {name: _result(0, unchecked=why) for name in names}
     out = {
         "replicas_agree": _replicas(states),
         "steps_in_order": _order(states, check_every),
@@ -46,11 +68,13 @@ def check(
     return out
 
 
-def _result(compared: int, breach: str | None) -> dict[str, Any]:
-    result: dict[str, Any] = {"held": breach is None, "compared": compared}
+def _result(compared: int, breach: str | None = None, *, unchecked: str = "") -> dict[str, Any]:
+    """An invariant's outcome; ``unchecked``: why it was not checked, if it compared nothing."""
     if breach is not None:
-        result["breach"] = breach
-    return result
+        return {"status": Status.BROKEN, "compared": compared, "breach": breach}
+    if compared == 0:
+        return {"status": Status.NOT_CHECKED, "compared": 0, "why": unchecked}
+    return {"status": Status.HELD, "compared": compared}
 
 
 def _replicas(states: list[State]) -> dict[str, Any]:
@@ -68,7 +92,13 @@ def _replicas(states: list[State]) -> dict[str, Any]:
                 "different bytes",
             )
         compared += len(digests) > 1
-    return _result(compared, None)
+    if not held:
+        return _result(0, unchecked="the script handed the run log no held=")
+    why = (
+        "no two ranks held the same key at a step: each holds a shard of its own, as under "
+        "FULL_SHARD"
+    )
+    return _result(compared, unchecked=why)
 
 
 def _order(states: list[State], check_every: int) -> dict[str, Any]:
@@ -93,12 +123,12 @@ def _order(states: list[State], check_every: int) -> dict[str, Any]:
                 )
         last[here] = s["step"]
         finished = max(finished, s["step"])
-    return _result(len(last), None)
+    return _result(len(last), unchecked="no rank noted a step")
 
 
 def _data(states: list[State]) -> dict[str, Any]:
     read: dict[tuple[int, int], str] = {}
-    again = 0
+    again = 0  # steps a rank ran again (after a roll-back), held to their first reading
     for s in states:
         if "read" not in s:
             continue
@@ -112,7 +142,9 @@ def _data(states: list[State]) -> dict[str, Any]:
                     f"the step again (generation {s['generation']})",
                 )
         read[where] = s["read"]
-    return _result(again, None)
+    if not read:
+        return _result(0, unchecked="the script handed the run log no read=")
+    return _result(again, unchecked="no step ran again: no second reading to compare")
 
 
 def _as_clean(states: list[State], clean: list[State]) -> dict[str, Any]:
@@ -137,7 +169,7 @@ def _as_clean(states: list[State], clean: list[State]) -> dict[str, Any]:
         return _result(compared, f"the run ended at step {step}, the clean run at {clean_step}")
     if final != final_clean:
         return _result(compared, f"final loss {final} against the clean run's {final_clean}")
-    return _result(compared, None)
+    return _result(compared, unchecked="no step of this run was noted in the clean run")
 
 
 def _final(states: list[State]) -> tuple[int, float | None]:

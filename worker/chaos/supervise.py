@@ -8,7 +8,9 @@ coordinator is a separate program that knows nothing of plans. A fault on a node
 node's agent into itself and every rank it started, at once: a machine lost, frozen
 or shut down. Each injection is noted in the chaos log, like the ranks' own (``rank``
 -1 for the coordinator, -2 for a node, with the node and its ranks), and fires once
-per job.
+per job. So is the coordinator's return (``back``): when the launcher started it again
+after a signal killed it, or continued it after a stop, for the verdict to say how long
+the job was without it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,21 @@ def _pending(
     return (faults, log) if faults else None
 
 
+def note_coordinator_back(environ: Mapping[str, str], pid: int, how: str) -> None:
+    """Note in the chaos log that the coordinator (process ``pid``) is back (``how``:
+    started again, continued); nothing without a plan, or in a clean run."""
+    path = environ.get(PLAN_VARIABLE)
+    if not path or environ.get(CLEAN_VARIABLE) == "1":
+        return
+    log = Path(environ.get(LOG_VARIABLE) or f"{path}.log")
+    _note(log, {"rank": COORDINATOR, "event": "back", "how": how, "pid": pid})
+
+
+def _note(log: Path, entry: dict[str, Any]) -> None:
+    with log.open("a") as out:  # one write: lines of the ranks do not interleave
+        out.write(json.dumps({"t": time.time(), **entry}) + "\n")
+
+
 async def _due(faults: list[Scheduled], log: Path, who: dict[str, Any]) -> AsyncIterator[Fault]:
     """Each fault at its time (``after_s`` from now), once noted in the chaos log as
     injected on ``who``."""
@@ -78,10 +95,8 @@ async def _due(faults: list[Scheduled], log: Path, who: dict[str, Any]) -> Async
     for scheduled in sorted(faults, key=lambda s: s.fault.after_s or 0.0):
         fault = scheduled.fault
         await asyncio.sleep(max(0.0, (fault.after_s or 0.0) - (time.monotonic() - started)))
-        entry = {**who, "t": time.time(), "event": "injected", "fault": scheduled.index}
-        entry.update(kind=fault.kind, step=None)
-        with log.open("a") as out:
-            out.write(json.dumps(entry) + "\n")
+        entry = {**who, "event": "injected", "fault": scheduled.index, "kind": fault.kind}
+        _note(log, {**entry, "step": None})
         yield fault
 
 
@@ -112,3 +127,5 @@ async def _on_coordinator(faults: list[Scheduled], log: Path, pid: Callable[[], 
             if fault.kind == "stop":
                 await asyncio.sleep(fault.for_s)
                 os.kill(target, signal.SIGCONT)
+                back = {"rank": COORDINATOR, "event": "back", "how": "continued"}
+                _note(log, {**back, "pid": target})

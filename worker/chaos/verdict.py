@@ -7,7 +7,13 @@ which rank that was and whom its error named; and the job's fate. The plan's
 expectation is then checked: ``survive`` (the job exited 0) or ``fail`` (it exited
 non-zero, and with ``expect_within_s`` it was over within that long of the first fault;
 with ``expect_names`` the rank that first noticed the first fault named that rank). The
-invariants of :mod:`invariants` hold too, where the ranks noted their state.
+invariants of :mod:`invariants` hold too, where the ranks noted their state; one with
+nothing to compare is listed as not checked, and fails nothing.
+
+A coordinator is not a rank: its fault is not noticed as a failure while it comes back.
+For it the verdict says when it was back (the launcher notes when it started it again, or
+continued it) and when every rank that lost its connection to it had reconnected (each
+rank notes both).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import re
 from typing import Any
 
 from shardwire.worker.chaos import invariants
+from shardwire.worker.chaos.invariants import Status
 from shardwire.worker.chaos.plan import COORDINATOR, NODE, Plan
 
 _NAMED = re.compile(r"\brank (\d+)\b")
@@ -40,15 +47,18 @@ def verdict(
     )
     # when each generation of processes got going: their first step
     stepped = sorted((e for e in entries if e.get("event") == "stepped"), key=lambda e: e["t"])
+    on_coordinator = [h for h in hits if h["rank"] == COORDINATOR]
     faults = []
     for index, fault in enumerate(plan.faults):
         mine = [h for h in hits if h["fault"] == index]
         if not mine:
             faults.append({"fault": index, "kind": fault.kind, "injected": False})
         for hit in mine:
-            faults.append(
-                _record(index, fault.kind, hit, heard=heard, stepped=stepped, started=started)
-            )
+            record = _record(index, fault.kind, hit, heard=heard, stepped=stepped, started=started)
+            if hit["rank"] == COORDINATOR:  # until the next fault on it
+                until = min((h["t"] for h in on_coordinator if h["t"] > hit["t"]), default=finished)
+                record.update(coordinator_return(hit, entries, until))
+            faults.append(record)
     outcome: dict[str, Any] = {
         "seed": plan.seed,
         "exit_code": exit_code,
@@ -71,7 +81,7 @@ def verdict(
         expectation=expectation,
         invariants=checked,
         never_injected=missed,  # an expectation is not tested by a fault that never came
-        held=held and not missed and all(c["held"] for c in checked.values()),
+        held=held and not missed and all(c["status"] != Status.BROKEN for c in checked.values()),
     )
     return outcome
 
@@ -115,6 +125,38 @@ def _record(
     return record
 
 
+def coordinator_return(
+    hit: dict[str, Any], entries: list[dict[str, Any]], until: float
+) -> dict[str, Any]:
+    """What a fault on the coordinator at ``hit`` cost, up to ``until``: when it was back
+    (``back_after_s``, and how), which ranks lost their connection to it (``lost_by``),
+    and when every one of them had reconnected (``reconnected_after_s``) or which did not
+    (``not_reconnected``). ``while_forming``: no rank had joined yet (they join it once it
+    is back, and note nothing lost)."""
+    at = hit["t"]
+    window = sorted((e for e in entries if at <= e["t"] <= until), key=lambda e: e["t"])
+    out: dict[str, Any] = {}
+    back = next((e for e in window if e.get("event") == "back" and e["rank"] == COORDINATOR), None)
+    if back is not None:
+        out.update(back_after_s=round(back["t"] - at, 3), back=back.get("how", "back"))
+    lost: dict[int, float] = {}  # rank -> when it lost its connection first
+    again: dict[int, float] = {}  # rank -> when it was taken back after that
+    for e in window:
+        if e.get("event") == "lost_coordinator":
+            lost.setdefault(e["rank"], e["t"])
+        elif e.get("event") == "rejoined" and e["rank"] in lost:
+            again.setdefault(e["rank"], e["t"])
+    out["lost_by"] = sorted(lost)
+    if not lost and not any(e.get("event") == "joined" and e["t"] <= at for e in entries):
+        out["while_forming"] = True
+    missing = sorted(set(lost) - set(again))
+    if missing:
+        out["not_reconnected"] = missing
+    elif again:
+        out["reconnected_after_s"] = round(max(again.values()) - at, 3)
+    return out
+
+
 def _target(hit: dict[str, Any]) -> int | str:
     """Whom a fault hit: a rank, the coordinator, or a node."""
     if hit["rank"] == COORDINATOR:
@@ -122,6 +164,25 @@ def _target(hit: dict[str, Any]) -> int | str:
     if hit["rank"] == NODE:
         return f"node {hit['node']}"
     return int(hit["rank"])
+
+
+def _coordinator_line(f: dict[str, Any]) -> str:
+    """When the coordinator a fault hit was back, and when the ranks had reconnected."""
+    if "back_after_s" in f:
+        text = f"back after {f['back_after_s']:.2f} s ({f['back']})"
+    else:
+        text = "not back before the job ended"
+    lost = f.get("lost_by", [])
+    if not lost and f.get("while_forming"):
+        return text + "; the job was forming: no rank had joined yet"
+    if not lost:
+        return text + "; no rank lost its connection to it"
+    if "not_reconnected" in f:
+        missing = ", ".join(map(str, f["not_reconnected"]))
+        return text + f"; of the {len(lost)} ranks that lost it, {missing} did not reconnect"
+    who = f"all {len(lost)} ranks" if len(lost) > 1 else f"rank {lost[0]}, the one"
+    after = f["reconnected_after_s"]
+    return text + f"; {who} that lost it reconnected after {after:.2f} s"
 
 
 def _expectation(
@@ -152,22 +213,25 @@ def table(outcome: dict) -> str:
         where = who + (f" at step {f['step']}" if f["step"] is not None else "")
         if "collective" in f:
             where += f" in collective {f['collective']} ({f['op']})"
-        seen = "not noticed by another rank"
+        seen = _coordinator_line(f) if f["rank"] == "coordinator" else ""
         if "detected_by" in f:
-            seen = (
+            noticed = (
                 f"noticed after {f['detected_after_s']:.2f} s by rank {f['detected_by']}"
                 f" ({f['error'][:120]})"
             )
+            seen = f"{seen}; {noticed}" if seen else noticed
+        seen = seen or "not noticed by another rank"
         if "recovery_s" in f:
             seen += f"; training again after {f['recovery_s']:.2f} s"
         lines.append(
             f"  fault {f['fault']} ({f['kind']}) on {where}, {f['injected_at_s']:.2f} s in: {seen}"
         )
-    if not outcome["invariants"]:
-        lines.append("  invariants: not checked (the script handed the run log no read= or held=)")
     for name, result in outcome["invariants"].items():
-        state = "held" if result["held"] else f"BROKEN: {result['breach']}"
         named = name.replace("_", " ")
+        if result["status"] == Status.NOT_CHECKED:
+            lines.append(f"  invariant {named}: not checked ({result['why']})")
+            continue
+        state = "held" if result["status"] == Status.HELD else f"BROKEN: {result['breach']}"
         lines.append(f"  invariant {named} ({result['compared']} compared): {state}")
     held = "held" if outcome["held"] else "did NOT hold"
     if outcome["never_injected"]:

@@ -82,7 +82,8 @@ def consolidate(path: Path, manifest: dict[str, Any], out: Path) -> int:
     return max((end for _start, end in ranges.values()), default=0)
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire checkpoint``."""
     p = argparse.ArgumentParser(
         prog="shardwire checkpoint",
         description=__doc__.splitlines()[0],
@@ -103,7 +104,11 @@ def main(argv: list[str]) -> int:
         cmd.add_argument("--step", type=int, help="a given step instead of the latest")
         if name == "consolidate":
             cmd.add_argument("out", help="the .safetensors file to write")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     try:
         path, manifest = _open(args.directory, args.step)
         if args.command == "inspect":

@@ -67,15 +67,19 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-restarts",
         type=int,
-        help="restart the job's processes from the latest checkpoint after this many "
-        "failures at most (0)",
+        help="failures the job recovers from, at most, as --recovery says (0: the first "
+        "failure ends the job)",
     )
     p.add_argument(
         "--recovery",
         choices=["relaunch", "live"],
-        help="on a rank's failure: start only the failed rank anew while the others "
-        "re-form in their processes (live; the script calls session.reform, else its "
-        "ranks are relaunched), or relaunch every process of the job (live)",
+        help="how the job recovers from a rank's failure, while --max-restarts lasts. "
+        "live (the default): only the failed rank's process is started anew (from the "
+        "node's warm spare, unless --no-warm-spare), while the other ranks keep their "
+        "processes and re-form (a script that does not call session.reform or "
+        "session.recovering ends, and is started anew too). relaunch: every process of "
+        "the job is stopped and started again, and the script resumes from what it saved "
+        "(its latest checkpoint)",
     )
     p.add_argument(
         "--no-warm-spare",

@@ -9,16 +9,31 @@ import urllib.error
 import urllib.request
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire health``."""
     p = argparse.ArgumentParser(
         prog="shardwire health",
         description=__doc__,
         epilog="example:\n  shardwire health --url http://127.0.0.1:29480/healthz && echo up",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--url", default="http://127.0.0.1:29480/healthz")
-    p.add_argument("--timeout", type=float, default=3.0)
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:29480/healthz",
+        help="the coordinator's health endpoint: its status page's /healthz "
+        "(coordinator --http-host and --http-port) (%(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for the answer; no answer in time is unhealthy (%(default)s)",
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     try:
         with urllib.request.urlopen(args.url, timeout=args.timeout) as response:  # noqa: S310
             ok = response.status == 200

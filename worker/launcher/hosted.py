@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import AsyncIterator
 
 from shardwire.protocol import ShardwireError
-from shardwire.worker.chaos.supervise import coordinator_faults
+from shardwire.worker.chaos.supervise import coordinator_faults, note_coordinator_back
 from shardwire.worker.launcher.options import LaunchSettings
 
 _COORDINATOR_START_TIMEOUT = 30.0
@@ -110,6 +110,7 @@ class _Hosted:
             )  # fmt: skip
             await self._stop_pump()
             await self.start()
+            note_coordinator_back(self.env, self.pid(), "started again")
 
     async def _stop_pump(self) -> None:
         if self._pump is not None:

@@ -145,13 +145,18 @@ def parser() -> argparse.ArgumentParser:
         metavar="K",
         help="processes per worker pod (1)",
     )
-    add("--image", type=_image, default=DEFAULT_IMAGE, help=f"(default {DEFAULT_IMAGE})")
+    add(
+        "--image",
+        type=_image,
+        default=DEFAULT_IMAGE,
+        help=f"the container image of the coordinator and worker pods (default {DEFAULT_IMAGE})",
+    )
     add(
         "--max-restarts",
         type=_int_at_least(0),
         default=0,
         metavar="R",
-        help="job restarts from the latest checkpoint, and the Job's backoffLimit (0)",
+        help="failures the job recovers from, as --recovery says, and the Job's backoffLimit (0)",
     )
     add(
         "--recovery",

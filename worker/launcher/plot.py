@@ -95,16 +95,25 @@ def _breakdown(ax, records: list[dict]) -> None:
     ax.legend(fontsize="small")
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire plot``."""
     p = argparse.ArgumentParser(
         prog="shardwire plot",
         description=__doc__,
         epilog="example:\n  shardwire plot runs/digits --out loss.png",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_dir", type=Path)
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        help="a run directory: where the run log wrote metrics.jsonl (an example's --run-dir)",
+    )
     p.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/metrics.png)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     try:
         out = plot(args.run_dir, args.out or args.run_dir / "metrics.png")
     except (FileNotFoundError, KeyError, ValueError) as exc:

@@ -1,6 +1,8 @@
 """A warm spare: a worker process a node agent starts ahead of any failure (live
 recovery), with the interpreter up and shardwire, numpy and their dependencies already
-imported, which becomes a failed rank's replacement when the agent says so.
+imported, and the installed modules the rank's script imports (``launcher.preload``:
+torch and ``shardwire.torch`` for a torch script), which becomes a failed rank's
+replacement when the agent says so.
 
 The agent writes one line of JSON to the spare's standard input: ``env`` (the rank's
 whole environment, as a fresh process would get it) and ``argv`` (the script and its
@@ -9,7 +11,7 @@ closes its input (a rank's is empty) and runs the script as ``python -u SCRIPT``
 ``python -u -m MODULE`` would: as ``__main__``, with ``sys.argv`` and ``sys.path[0]`` as
 they set them. If its input closes with no line, nobody needed it, and it exits 0.
 
-    python -u -m shardwire.worker.launcher.spare
+    python -u -m shardwire.worker.launcher.spare [SCRIPT | -m MODULE]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import runpy
 import sys
 
 import shardwire.worker  # noqa: F401 - the imports a rank's start spends most of its time on
+from shardwire.worker.launcher.preload import preload
 
 ORDER_BYTES = 1 << 20  # the largest order line read (an environment and an argv)
 
@@ -43,6 +46,7 @@ def become(order: dict) -> None:
 
 
 def main() -> int:
+    preload(sys.argv[1:])  # the script the spare may become (or -m and its module)
     line = sys.stdin.readline(ORDER_BYTES)
     if not line.strip():
         return 0  # the agent closed our input: not needed

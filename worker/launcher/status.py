@@ -35,8 +35,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", help="PEM certificate when the coordinator uses TLS")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", help="PEM CA that signs the job's certificates")
-    p.add_argument("--json", dest="json_output", action="store_true", default=None, help="raw JSON")
-    p.add_argument("--timeout", dest="status_timeout", type=float, help="seconds (10)")
+    p.add_argument(
+        "--json",
+        dest="json_output",
+        action="store_true",
+        default=None,
+        help="print the coordinator's status reply as JSON instead of the table",
+    )
+    p.add_argument(
+        "--timeout",
+        dest="status_timeout",
+        type=float,
+        help="seconds to connect, and again to wait for the reply (10)",
+    )
     return p
 
 

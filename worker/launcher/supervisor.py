@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from shardwire.worker.launcher.exits import ended_how, exited, failed_rank
 from shardwire.worker.launcher.spares import WarmSpare
 
 _TAIL_LINES = 20
@@ -60,14 +61,8 @@ class Child:
         return self._ended()
 
     def _ended(self) -> str:
-        code = self.returncode
-        assert code is not None
-        if code < 0:
-            try:
-                return f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        assert self.returncode is not None
+        return ended_how(self.returncode)
 
 
 @dataclass(frozen=True)
@@ -110,7 +105,8 @@ class Supervisor:
         self.era = 0  # live recovery: the generations this node's processes went through
         self._group: asyncio.TaskGroup | None = None  # the children's watchers
         self.spare = WarmSpare(  # used under live recovery with Launch.spare
-            [launch.argv[0], "-u", "-m", "shardwire.worker.launcher.spare"],
+            # the script (past the python and -u), whose imports the spare makes ahead
+            [launch.argv[0], "-u", "-m", "shardwire.worker.launcher.spare", *_script(launch)],
             {**self.child_env(0), "SHARDWIRE_GENERATION": "0"},
         )
 
@@ -329,18 +325,18 @@ class Supervisor:
         SIGKILL after the grace period) so the next generation can start. With live
         recovery they go on and re-form; only ``rank``, the one that failed, is killed if
         it is this node's and its process of the ended generation still runs (a hang): it
-        is then started anew. A process that already replaced it is left alone."""
+        is then started anew. A process that already replaced it is left alone; one that
+        died but is not reaped yet is said to have died, and is replaced once reaped."""
         if self.launch.respawns:
             for child in self.children:
                 ended = child.replaced_in != self.era  # it ran in the ended generation
                 if child.rank == rank and child.proc.returncode is None and ended:
-                    self._err.write(
-                        f"[agent]: rank {rank} failed while its process runs (hung?): "
-                        "killing it (SIGKILL) to start it anew\n"
-                    )
+                    line, kill = failed_rank(rank, exited(child.proc.pid))
+                    self._err.write(f"[agent]: {line}\n")
                     self._err.flush()
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(child.proc.pid, signal.SIGKILL)
+                    if kill:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(child.proc.pid, signal.SIGKILL)
             return
         self._halted = True
         if self._spawned and self._reaper is None and not self._stopping.is_set():
@@ -370,3 +366,9 @@ def _is_stopped(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
     except (OSError, IndexError):
         return False
+
+
+def _script(launch: Launch) -> list[str]:
+    """The script a rank runs (or ``-m`` and its module), from the rank's command line."""
+    rest = launch.argv[2:]
+    return rest[:2] if rest[:1] == ["-m"] else rest[:1]

@@ -169,8 +169,8 @@ def span(name: str, cat: str = "user", **args: Any) -> contextlib.AbstractContex
     return tracer.span(name, cat, **args)
 
 
-def main(argv: list[str]) -> int:
-    """``shardwire trace merge DIR``."""
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``shardwire trace``."""
     p = argparse.ArgumentParser(
         prog="shardwire trace",
         description="Merge the ranks' timelines of a traced job (shardwire launch --trace) "
@@ -179,8 +179,16 @@ def main(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("merge", help="merge DIR/rank-*.json into DIR/job.json").add_argument("dir")
-    args = p.parse_args(argv)
+    merge_command = sub.add_parser("merge", help="merge DIR/rank-*.json into DIR/job.json")
+    merge_command.add_argument(
+        "dir", help="the traced job's directory (launch --trace-dir; traces/RUN_ID by default)"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``shardwire trace merge DIR``."""
+    args = parser().parse_args(argv)
     job, ranks = merge(Path(args.dir))
     if not ranks:
         print(f"shardwire trace: no rank-*.json in {args.dir}", file=sys.stderr)

@@ -55,6 +55,8 @@ class ControlClient(Queries):
     an abort or the connection to it is lost while the job runs. ``on_diagnose`` builds
     the answer when the coordinator asks what this process is doing (a job hangs).
     ``on_generation`` hears a node agent's ``Restart`` and ``Finished``.
+    ``on_coordinator`` hears True when the connection dropped mid-job and this client
+    waits for the coordinator's return, False once the coordinator took it back.
     """
 
     def __init__(
@@ -66,10 +68,12 @@ class ControlClient(Queries):
         on_abort: Callable[[Abort | None], None] = lambda _msg: None,
         on_diagnose: Callable[[], Awaitable[Diagnosis]] = _no_diagnosis,
         on_generation: Callable[[Restart | Finished], None] = lambda _msg: None,
+        on_coordinator: Callable[[bool], None] = lambda _away: None,
         tls: ssl.SSLContext | None = None,
         generation: int = 0,
     ):
         self._role = role
+        self._on_coordinator = on_coordinator
         self._on_abort = on_abort
         self._on_diagnose = on_diagnose
         self._on_generation = on_generation
@@ -93,6 +97,7 @@ class ControlClient(Queries):
         self._rejoiner = Rejoiner(
             where=lambda: self._dialer.where, role=role, dial=self._redial,
             rejoin=self._send_rejoin, back=self._returned, lost=self._gave_up,
+            away=lambda: self._on_coordinator(True),
         )  # fmt: skip
 
     async def connect(
@@ -156,6 +161,7 @@ class ControlClient(Queries):
 
     def _returned(self) -> None:
         """Reconnected: heartbeats resume; a last message written meanwhile goes out."""
+        self._on_coordinator(False)
         if self._interval and (self._heartbeat is None or self._heartbeat.done()):
             self._heartbeat = asyncio.create_task(
                 self._beat(self._interval), name="shardwire-heartbeat"

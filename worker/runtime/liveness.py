@@ -54,7 +54,10 @@ class ControlThread:
     """The worker's control connection, heartbeats and stall watchdog on a thread.
 
     Use from the user's event loop: ``connect``, ``join``, the reporting methods and
-    ``aclose`` (which stops and joins the thread). ``on_abort`` runs on the user's loop.
+    ``aclose`` (which stops and joins the thread). ``on_abort`` runs on the user's loop,
+    and so does ``on_coordinator``: with True when the coordinator went away mid-job and
+    this worker waits for its return, False once it took this worker back, and the wall
+    clock time at which the control loop saw it.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class ControlThread:
         stall_warn: float,
         recorder: FlightRecorder,
         on_abort: Callable[[Abort | None], None],
+        on_coordinator: Callable[[bool, float], None] = lambda _away, _at: None,
         tls: ssl.SSLContext | None = None,
         generation: int = 0,
         links: Callable[[], list[LinkReport]] | None = None,
@@ -78,6 +82,7 @@ class ControlThread:
         self._stall_warn = stall_warn
         self._recorder = recorder
         self._on_abort = on_abort
+        self._on_coordinator = on_coordinator
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._main, name="shardwire-control", daemon=True)
         self._client: ControlClient | None = None
@@ -269,6 +274,8 @@ class ControlThread:
             role="worker",
             generation=self._generation,
             on_abort=lambda msg: self._to_user(self._deliver, msg),
+            # the time is taken here: the user's loop may be busy when the news arrives
+            on_coordinator=lambda away: self._to_user(self._on_coordinator, away, time.time()),
             on_diagnose=self._diagnose,
             tls=self._tls,
         )

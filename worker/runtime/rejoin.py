@@ -44,6 +44,7 @@ class Rejoiner:
         rejoin: Callable[[Rejoin | NodeRejoin, float], Awaitable[None]],
         back: Callable[[], None],
         lost: Callable[[str], None],
+        away: Callable[[], None] = lambda: None,
     ) -> None:
         self._where = where  # the coordinator's address (the one last dialed)
         self._role = role
@@ -51,6 +52,7 @@ class Rejoiner:
         self._rejoin = rejoin  # send the rejoin and wait (bounded) for Rejoined
         self._back = back  # reconnected: heartbeats resume, a last message goes out
         self._lost = lost  # gave up, with why
+        self._away = away  # the connection dropped: the wait for its return begins
         self.grace = 0.0
         self.message: Rejoin | NodeRejoin | None = None
         self.returned = asyncio.Event()
@@ -82,6 +84,7 @@ class Rejoiner:
             "%s: lost the coordinator at %s; reconnecting for up to %g s (training goes on)",
             self._role, self._where(), self.grace,
         )  # fmt: skip
+        self._away()
         self._task = asyncio.create_task(self._run(), name="shardwire-rejoin")
         return True
 

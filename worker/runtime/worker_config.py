@@ -222,16 +222,19 @@ class WorkerEnv(BaseModel):
         default=None,
         pattern=tcptuning.ALGORITHM,
         validation_alias=_alias("SHARDWIRE_TCP_CONGESTION"),
-        description="TCP congestion control of the peer connections, such as cubic "
-        "(unset: the kernel's default).",
+        description="TCP congestion control of every peer connection: an algorithm such "
+        "as cubic, or kernel for the kernel's default (unset: cubic on a connection to "
+        "another host where the kernel allows it, the kernel's default on this machine).",
     )
     tcp_notsent_lowat: int | None = Field(
         default=None,
-        ge=1,
+        ge=0,
         le=1 << 30,
         validation_alias=_alias("SHARDWIRE_TCP_NOTSENT_LOWAT"),
         description="Unsent bytes the kernel holds before a peer connection's writer is "
-        "woken (TCP_NOTSENT_LOWAT; unset: the kernel's default).",
+        "woken (TCP_NOTSENT_LOWAT), on every peer connection; 0: the kernel's default "
+        "(unset: 262144 on a connection to another host, the kernel's default on this "
+        "machine).",
     )
     trace: bool = Field(
         default=False,
@@ -316,9 +319,12 @@ class WorkerConfig:
             saves the kernel's wake-up latency on small messages. None: 100 when this node has at
             least as many usable CPUs as ranks, else 0 (polling would take the core
             another rank needs; set explicitly there, it yields the CPU on every turn).
-        tcp_congestion, tcp_notsent_lowat: the peer connections' TCP congestion control
-            and unsent low-water mark in bytes (Linux; checked when the rank starts
-            listening); None: the kernel's defaults (see the slow-links guide).
+        tcp_congestion, tcp_notsent_lowat: the TCP congestion control and unsent
+            low-water mark in bytes of every peer connection (Linux; checked when the rank
+            starts listening); "kernel" and 0 keep the kernel's defaults. None: a
+            connection to another host gets CUBIC (where the kernel gives it to this
+            process) and 262144, one on this machine the kernel's defaults (see the
+            slow-links guide).
         tls: certificate, key and CA for TLS on the coordinator and peer connections
             (mutual authentication), or None for plain TCP.
         generation: the generation the node agent started this process for; the

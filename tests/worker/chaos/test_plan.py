@@ -278,4 +278,7 @@ def test_a_fault_in_a_collective_says_which_and_broken_invariants_fail_the_verdi
     assert "on rank 1 at step 4 in collective 9 (all_reduce)" in text
     assert "invariant replicas agree (0 compared): BROKEN: generation 1, step 4" in text
     assert not outcome["held"]  # no expectation given, but the replicas disagree
-    assert "invariants: not checked" in table(verdict(plan, [hit], 0, 0.0, 2.0))
+    unchecked = verdict(plan, [hit], 0, 0.0, 2.0)
+    assert unchecked["held"]  # nothing was checked: nothing failed
+    assert unchecked["invariants"]["data_once"]["status"] == "not checked"
+    assert "invariant data once: not checked (no rank noted its state" in table(unchecked)

@@ -53,3 +53,29 @@ async def test_a_spent_grace_ends_the_wait_once() -> None:
     assert len(lost) == 1 and "did not come back within 0.5 s" in lost[0]
     assert "refused" in lost[0] and not rejoiner.start()
     await rejoiner.aclose()
+
+
+async def test_the_client_hears_when_the_coordinator_went_away_and_took_it_back() -> None:
+    heard: list[str] = []
+    returned = asyncio.Event()
+
+    async def dial() -> None:
+        return None
+
+    async def rejoin(_msg: NodeRejoin, _timeout: float) -> None:
+        return None
+
+    def back() -> None:
+        heard.append("back")
+        returned.set()
+
+    rejoiner = Rejoiner(
+        where=lambda: "127.0.0.1:1", role="worker", dial=dial, rejoin=rejoin, back=back,
+        lost=heard.append, away=lambda: heard.append("away"),
+    )  # fmt: skip
+    rejoiner.grace, rejoiner.message = 5.0, MESSAGE
+    assert rejoiner.start() and rejoiner.start()  # a second drop while away: no news
+    async with asyncio.timeout(10):
+        await returned.wait()
+    assert heard == ["away", "back"]
+    await rejoiner.aclose()

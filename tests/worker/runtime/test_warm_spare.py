@@ -19,6 +19,8 @@ from shardwire.worker.launcher.supervisor import Launch, Supervisor
 SCRIPT = """
 import os, sys
 warm = "shardwire.worker" in sys.modules  # imported before the script ran
+ahead = "xml.dom.minidom" in sys.modules  # the script's own import, made by the spare
+import xml.dom.minidom
 rank, marks = os.environ["RANK"], sys.argv[1]
 first = not os.path.exists(os.path.join(marks, rank))
 open(os.path.join(marks, rank), "w").close()
@@ -29,7 +31,8 @@ if rank == "1" and first:
 if rank == "0":
     import time
     time.sleep(4.0)
-print(f"rank {rank} warm={warm} args={sys.argv[1:]} gen={os.environ['SHARDWIRE_GENERATION']} "
+print(f"rank {rank} warm={warm} ahead={ahead} args={sys.argv[1:]} "
+      f"gen={os.environ['SHARDWIRE_GENERATION']} "
       f"path0={sys.path[0]} stdin={sys.stdin.read()!r} main={__name__}", flush=True)
 """
 
@@ -64,10 +67,11 @@ async def test_a_dead_rank_s_replacement_is_the_warm_spare(tmp_path, spare: bool
     lines = dict(re.findall(r"^\[rank(\d)\]: (rank .*)$", out.getvalue(), re.M))
     replaced = lines["1"]
     assert f"warm={spare}" in replaced  # the spare had imported shardwire before the script
+    assert f"ahead={spare}" in replaced  # and what the script imports
     assert f"args=['{tmp_path / 'marks'}', '--flag', 'x y']" in replaced
     assert "gen=0" in replaced and f"path0={tmp_path}" in replaced
     assert "stdin=''" in replaced and "main=__main__" in replaced
-    assert "warm=False" in lines["0"]
+    assert "warm=False" in lines["0"] and "ahead=False" in lines["0"]
     said = "started anew from the warm spare" if spare else "started anew (pid"
     assert said in err.getvalue() and err.getvalue().count("started anew") == 1
     assert supervisor.spare.proc is None and _spares() == []  # none left behind

@@ -1,0 +1,81 @@
+"""What a warm spare imports ahead of its rank: the installed modules its script imports,
+never the script's own modules beside it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from shardwire.worker.launcher.preload import imports_of, installed, preload, script_of
+
+SOURCE = """
+import os, json as j
+from collections import abc
+from . import sibling
+from .pkg import thing
+import xml.dom.minidom
+
+def main():
+    import numpy
+    from email.mime import text
+"""
+
+
+def test_every_absolute_import_anywhere_in_the_file_once():
+    assert imports_of(SOURCE + "\nimport os\n") == [
+        "os",
+        "json",
+        "collections",
+        "xml.dom.minidom",
+        "numpy",
+        "email.mime",
+    ]
+
+
+def test_the_script_is_the_file_or_the_module_s_file(tmp_path):
+    assert script_of([str(tmp_path / "a.py"), "--x"]) == tmp_path / "a.py"
+    found = script_of(["-m", "json.tool", "--x"])
+    assert found is not None and found.name == "tool.py"
+    assert script_of(["-m"]) is None and script_of([]) is None
+    assert script_of(["-m", "no_such_module_anywhere"]) is None
+
+
+def test_only_modules_installed_outside_the_script_s_folder(tmp_path):
+    (tmp_path / "local_helper.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert not installed("local_helper", tmp_path)
+        assert installed("json", tmp_path) and installed("numpy.linalg", tmp_path)
+        assert installed("sys", tmp_path)  # built in
+        assert not installed("no_such_module_anywhere", tmp_path)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_spare_imports_the_script_s_installed_modules_and_runs_none_of_its_own(tmp_path):
+    (tmp_path / "side_effect.py").write_text("raise SystemExit('imported ahead')\n")
+    script = tmp_path / "job.py"
+    script.write_text("import side_effect\nimport xml.dom.minidom\nimport no_such_module_x\n")
+    probe = (
+        "import sys\n"
+        "from shardwire.worker.launcher.preload import preload\n"
+        f"done = preload([{str(script)!r}])\n"
+        "print(done, 'xml.dom.minidom' in sys.modules, 'side_effect' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "['xml.dom.minidom'] True False"
+
+
+def test_a_script_that_cannot_be_read_or_parsed_preloads_nothing(tmp_path):
+    assert preload([str(tmp_path / "missing.py")]) == []
+    bad = tmp_path / "bad.py"
+    bad.write_text("def (:\n")
+    assert preload([str(bad)]) == []
