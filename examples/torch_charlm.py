@@ -1,12 +1,23 @@
 """The charlm model (a character-level transformer on CPython's ``pydoc_data.topics``)
-in PyTorch, sharded with FSDP2 (``fully_shard``) over the shardwire backend.
+in PyTorch, sharded with FSDP2 (``fully_shard``, or ``--wrap ddp``) over the shardwire
+backend.
 
     shardwire launch --standalone --nproc-per-node 4 examples/torch_charlm.py
 
 It runs the same way under torchrun, and ``--backend gloo`` trains the identical run over
 torch's gloo for comparison. The loop is charlm's: forward, backward, gradient clipping
-at 1.0, AdamW, the loss all-reduced every step. Rank 0 prints tokens/s (every step
-counted) and the held-out loss in nats per character, and with ``--json`` writes them.
+at 1.0, AdamW, the loss all-reduced every step; step s reads the batch drawn from the
+seed and s, so a run resumed at any step reads what it would have. Rank 0 prints
+tokens/s (every step counted) and the held-out loss in nats per character, and with
+``--json`` (or ``--run-dir``, as ``summary.json``) writes them.
+
+Through failures: ``--checkpoint-dir`` with ``--save-every`` keeps a
+``torch.distributed.checkpoint`` on disk, from which a relaunched job resumes; under
+``shardwire launch --recovery live`` ``--copy-every`` keeps one in the ranks' memory
+(``shardwire.torch.PeerStorage``) from which the survivors and the failed rank's
+replacement resume in their processes, and SIGTERM hands the rank's part over before
+it leaves. Every step is told to shardwire (``shardwire.torch.step_finished``): the
+status views show it, and ``shardwire chaos`` checks its invariants.
 """
 
 from __future__ import annotations
@@ -16,15 +27,18 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.nn import functional as F
 
-import shardwire.torch  # noqa: F401  (registers the "shardwire" backend)
+import shardwire.torch as swt  # registers the "shardwire" backend
 
 
 def corpus() -> tuple[np.ndarray, int]:
@@ -88,47 +102,116 @@ def held_out(model: nn.Module, data: np.ndarray, context: int, rank: int, size: 
     return float(total) / len(starts)
 
 
-def main(args: argparse.Namespace) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(args.backend)
-    rank, size = dist.get_rank(), dist.get_world_size()
-    data, vocab = corpus()
-    cut = int(len(data) * 0.9)
-    train, held = data[:cut], data[cut:]
+def build(args: argparse.Namespace, vocab: int) -> nn.Module:
     torch.manual_seed(args.seed)
     model = LM(vocab, dim=args.dim, heads=args.heads, layers=args.layers, context=args.context)
+    if args.wrap == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
     for block in model.blocks:
         fully_shard(block)
-    fully_shard(model)
+    return fully_shard(model)
+
+
+def state_of(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> dict:
+    model_state, optim_state = get_state_dict(model, opt)
+    return {"model": model_state, "optim": optim_state, "step": step}
+
+
+def newest_on_disk(root: Path | None) -> Path | None:
+    if root is None:
+        return None
+    done = [p for p in root.glob("step-*") if (p / "done").exists()]
+    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def resume(args, model, opt, store) -> int:
+    """Load the newest checkpoint (the peers' memory first, else the disk's): its step."""
+    found = store.latest() if store is not None else None
+    reader = store
+    if found is None and (on_disk := newest_on_disk(args.checkpoint_dir)) is not None:
+        found, reader = str(on_disk), None
+    if found is None:
+        return 0
+    state = state_of(model, opt, 0)
+    dcp.load(state, checkpoint_id=found, storage_reader=reader)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(state["step"])
+
+
+def save(args, model, opt, store, step: int, *, handover: bool) -> None:
+    if store is not None and (handover or step % args.copy_every == 0):
+        dcp.save(state_of(model, opt, step), checkpoint_id=f"step-{step}", storage_writer=store)
+        if handover:
+            store.leave()  # a rank told to leave (SIGTERM) ends here; the others go on
+    if args.checkpoint_dir is not None and args.save_every and step % args.save_every == 0:
+        where = args.checkpoint_dir / f"step-{step}"
+        dcp.save(state_of(model, opt, step), checkpoint_id=str(where))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            (where / "done").write_text("")
+
+
+def train(args, data: np.ndarray, vocab: int, store) -> dict:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    cut = int(len(data) * 0.9)
+    train_data, held = data[:cut], data[cut:]
+    model = build(args, vocab)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    draw = np.random.default_rng(args.seed + 1)
+    first = resume(args, model, opt, store)
     mine = np.array_split(np.arange(args.batch), size)[rank]
     dist.barrier()
     start = time.perf_counter()
     loss = torch.zeros(1)
-    for _ in range(args.steps):
-        starts = draw.integers(0, len(train) - args.context - 1, args.batch)[mine]
-        part = loss_of(model, *windows(train, starts, args.context)) * (len(mine) / args.batch)
+    step = first
+    while step < args.steps and time.perf_counter() - start < args.minutes * 60:
+        draw = np.random.default_rng([args.seed + 1, step])
+        starts = draw.integers(0, len(train_data) - args.context - 1, args.batch)[mine]
+        part = loss_of(model, *windows(train_data, starts, args.context))
+        part = part * (len(mine) / args.batch)
         opt.zero_grad()
-        (part * size).backward()  # FSDP2 averages gradients over the ranks
+        (part * size).backward()  # DDP and FSDP2 average gradients over the ranks
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss = part.detach().clone()
         dist.all_reduce(loss)
+        step += 1
+        swt.step_finished(
+            step,
+            read=starts,
+            model=model,
+            loss=float(loss),
+            samples=len(mine),
+            total_steps=args.steps,
+        )
+        handover = store is not None and store.leaving()
+        save(args, model, opt, store, step, handover=handover)
     elapsed = time.perf_counter() - start
-    summary = {
+    return {
         "backend": args.backend,
+        "wrap": args.wrap,
         "ranks": size,
-        "steps": args.steps,
+        "steps": step,
         "train_loss": round(float(loss), 4),
         "held_out_nats_per_char": round(held_out(model, held, args.context, rank, size), 4),
-        "tokens_per_s": round(args.steps * args.batch * args.context / elapsed),
+        "tokens_per_s": round((step - first) * args.batch * args.context / elapsed),
     }
-    if rank == 0:
+
+
+def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(args.backend)
+    data, vocab = corpus()
+    store = None
+    if args.copy_every and args.backend == "shardwire":
+        notice = swt.leave_notice() if swt.bridge.live and dist.get_world_size() > 1 else None
+        store = swt.PeerStorage(leave=notice)
+    summary = swt.recovering(lambda: train(args, data, vocab, store))
+    if dist.get_rank() == 0:
         print(json.dumps(summary), flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(summary, f)
+        for path in (args.json, args.run_dir and Path(args.run_dir) / "summary.json"):
+            if path:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).write_text(json.dumps(summary))
     dist.barrier()  # every rank tears down together
     dist.destroy_process_group()
     if args.backend == "gloo":
@@ -151,6 +234,32 @@ def parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--wrap",
+        choices=("fsdp2", "ddp"),
+        default="fsdp2",
+        help="how the model is spread over the ranks: FSDP2's fully_shard, or DDP",
+    )
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=float("inf"),
+        help="stop after this long, at most --steps steps",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="a torch.distributed.checkpoint on "
+        "disk every --save-every steps; a relaunched job resumes from it",
+    )
+    p.add_argument("--save-every", type=int, default=0, help="steps between disk checkpoints")
+    p.add_argument(
+        "--copy-every",
+        type=int,
+        default=0,
+        help="steps between checkpoints in the ranks' memory (PeerStorage, live recovery; 0: none)",
+    )
+    p.add_argument("--run-dir", help="rank 0 writes summary.json here")
     p.add_argument("--json", help="rank 0 writes its summary here")
     return p.parse_args()
 

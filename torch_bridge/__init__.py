@@ -25,8 +25,10 @@ Inside a shardwire job, ``env://`` rendezvous goes through the coordinator (torc
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+import numpy as np
 
 try:
     import torch
@@ -40,6 +42,7 @@ from shardwire.torch.bridge import Bridge, rendezvous_handlers
 from shardwire.torch.diloco import TorchDiLoCo
 from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.peerstorage import PeerStorage
+from shardwire.torch.steps import Steps
 from shardwire.torch.store import JobStore, StoreUnavailable
 from shardwire.torch.tensors import UnsupportedTensor
 from shardwire.torch.work import BridgeWork
@@ -62,6 +65,32 @@ if _version(torch.__version__) < MIN_TORCH:
 bridge = Bridge(os.environ)
 
 T = TypeVar("T")
+
+
+_steps = Steps()
+
+
+def step_finished(
+    step: int,
+    *,
+    read: Sequence[int] | np.ndarray | None = None,
+    model: torch.nn.Module | None = None,
+    loss: float | None = None,
+    samples: int = 0,
+    total_steps: int = 0,
+) -> None:
+    """Tell shardwire this rank finished ``step`` (after its optimizer step): progress
+    for the status views (``samples``: the step's samples on this rank, for samples/s;
+    ``total_steps``: the run's, for time left), and, under ``shardwire chaos``, the
+    plan's faults at a step and its invariants: ``read`` is where the rank is in its
+    data (the sample ids it read), ``model`` what it holds (its parameters, whole or
+    sharded), ``loss`` the step's loss. Does nothing outside a shardwire job or on
+    another backend's default group. See
+    :mod:`shardwire.torch.steps`."""
+    if bridge.in_job:
+        _steps.finished(
+            step, read=read, model=model, loss=loss, samples=samples, total_steps=total_steps
+        )
 
 
 def leave_notice(*, grace: float = 30.0) -> LeaveNotice:
@@ -113,4 +142,5 @@ __all__ = [
     "leave_notice",
     "recovering",
     "reform",
+    "step_finished",
 ]

@@ -189,11 +189,13 @@ class PeerStorage(StorageWriter, StorageReader):
     def latest(self) -> str | None:
         """The newest checkpoint whose every part a live rank holds intact, the same on
         every rank (a collective: every rank of the group calls it); None when there is
-        none (said once: load the file system's checkpoint instead)."""
-        whole = pp.whole(self._holdings())
+        none (said once where parts are held but none whole: load the file system's
+        checkpoint instead)."""
+        held = self._holdings()
+        whole = pp.whole(held)
         if whole:
             return whole[0]
-        if not self._said_none:
+        if held and not self._said_none:  # parts there are, but no whole checkpoint
             self._said_none = True
             log.warning(
                 "no checkpoint in the ranks' memory is whole (every part held by a live "
