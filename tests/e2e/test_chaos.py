@@ -483,3 +483,30 @@ def test_the_same_plan_and_seed_replay_the_same_faults(tmp_path) -> None:
         hits.append((outcome["seed"], fault["rank"], fault["step"]))
         assert "chaos verdict (seed 11)" in done.stderr
     assert hits[0] == hits[1] and hits[0][2] == 4
+
+
+@pytest.mark.timeout(900)
+def test_bench_goodput_trains_torch_charlm_through_kills_in_alternating_pairs(tmp_path) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (`make torch` installs it)")
+    out = tmp_path / "goodput.json"
+    done = _run(
+        [SHARDWIRE, "bench", "goodput", "--torch", "ddp", "--pairs", "2", "--recovery", "live"]
+        + ["--nproc", "2", "--every", "3", "--minutes", "0.1", "--copy-every", "5"]
+        + ["--json", str(out)],
+        ROOT,
+        840,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["workload"] == "torch charlm (ddp)" and len(result["pairs"]) == 2
+    live = result["modes"]["live"]
+    each = [p["modes"]["live"]["goodput"] for p in result["pairs"]]
+    assert live["goodput_pairs"] == each and live["goodput_range"] == [min(each), max(each)]
+    assert live["goodput"] == round(sorted(each)[0] / 2 + sorted(each)[1] / 2, 3)
+    for pair in result["pairs"]:
+        r = pair["modes"]["live"]
+        assert r["finished"] and r["faults"] >= 1 and r["processes"] == 2 + r["faults"], r
+    # a line per stage, with the time left once a stage has run
+    stages = [line for line in done.stderr.splitlines() if line.startswith("[goodput] ")]
+    assert [s.split(":")[0] for s in stages] == [f"[goodput] {i}/4" for i in range(1, 5)]
+    assert "fault-free job" in stages[0] and "min left" in stages[1]

@@ -2,6 +2,15 @@
 seconds, beside the same job without faults, in one invocation (run in a checkout).
 
     shardwire bench goodput [--nproc 4] [--every 30] [--minutes 5] [--recovery both]
+    shardwire bench goodput --torch ddp --pairs 3 --every 20 --minutes 2
+
+``--torch ddp`` (or ``fsdp2``) trains torch charlm (``examples/torch_charlm.py``) over
+the shardwire backend instead of shardwire's own layers: ``relaunch`` resumes from its
+``torch.distributed.checkpoint`` on disk, ``live`` from ``shardwire.torch.PeerStorage``.
+``--pairs K`` alternates K fault-free runs with K faulty ones (this machine is noisy):
+each pair's goodput is its faulty run over its own fault-free run, and each mode reports
+the median and range over the pairs. A line per stage says what runs and about how long
+is left.
 
 The fault-free job trains for ``--minutes`` and sets the number of steps; each faulty
 one trains the same steps under ``shardwire chaos`` with a plan that hits a random rank
@@ -34,10 +43,17 @@ from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import command_line, example
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
-MODEL = ["--batch=16", "--context=32", "--dim=64", "--heads=4", "--layers=2", "--log-every=10"]
+SHAPE = ["--batch=16", "--context=32", "--dim=64", "--heads=4", "--layers=2"]
 
 
-def _job(script: Path, nproc: int, work: Path, *args: str) -> list[str]:
+def _workload(args: Any) -> tuple[Path, list[str]]:
+    """The script and its model's flags: shardwire's charlm, or torch charlm."""
+    if args.torch:
+        return example("torch_charlm.py"), [*SHAPE, f"--wrap={args.torch}"]
+    return example("charlm.py"), [*SHAPE, "--log-every=10"]
+
+
+def _job(script: Path, model: list[str], nproc: int, work: Path, *args: str) -> list[str]:
     return [
         SHARDWIRE,
         "launch",
@@ -48,7 +64,7 @@ def _job(script: Path, nproc: int, work: Path, *args: str) -> list[str]:
         f"goodput-{work.name}",
         *args,
         str(script),
-        *MODEL,
+        *model,
         f"--run-dir={work / 'run'}",
         f"--checkpoint-dir={work / 'checkpoints'}",
     ]
@@ -67,15 +83,21 @@ def _steps(run_dir: Path) -> int:
 
 
 def _faulty(
-    args: Any, script: Path, root: Path, mode: str, *, steps: int, clean_s: float
+    args: Any,
+    job_of: tuple[Path, list[str]],
+    root: Path,
+    mode: str,
+    *,
+    steps: int,
+    clean_s: float,
 ) -> dict[str, Any]:
     """The same steps under the plan, recovering by ``mode``."""
     work = root / mode
-    plan = root / "plan.toml"
+    plan = root.parent / "plan.toml"
     verdict = work / "verdict.json"
     work.mkdir()
     launch = [f"--max-restarts={args.max_restarts}", f"--recovery={mode}"]
-    job = _job(script, args.nproc, work, *launch)
+    job = _job(*job_of, args.nproc, work, *launch)
     job += [f"--save-every={args.save_every}", f"--steps={steps}", "--minutes=100000"]
     if mode == "live":
         job.append(f"--copy-every={args.copy_every}")
@@ -102,52 +124,109 @@ def _faulty(
     }
 
 
+class _Progress:
+    """A line per stage on standard error, with the time left where it can be told."""
+
+    def __init__(self, stages: int) -> None:
+        self.stages, self.done, self.started = stages, 0, time.monotonic()
+
+    def stage(self, what: str) -> None:
+        spent = time.monotonic() - self.started
+        left = ""
+        if self.done:
+            per = spent / self.done
+            left = f"; about {per * (self.stages - self.done) / 60:.0f} min left"
+        print(
+            f"[goodput] {self.done + 1}/{self.stages}: {what} ({spent / 60:.1f} min in{left})",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.done += 1
+
+
+def _clean(args: Any, job_of: tuple[Path, list[str]], root: Path) -> tuple[float, int]:
+    clean = root / "clean"
+    common = [f"--save-every={args.save_every}", "--steps=1000000"]
+    command = _job(*job_of, args.nproc, clean) + common + [f"--minutes={args.minutes}"]
+    clean_s, done = _run(command, timeout=args.minutes * 60 * 4 + 300)
+    if done.returncode != 0:
+        raise BenchmarkFailed(f"the fault-free job failed:\n{done.stderr[-3000:]}")
+    return clean_s, _steps(clean / "run")
+
+
+def _summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's result over the pairs: the median pair's figures, with each pair's
+    goodput and the median and range."""
+    goodputs = [p["goodput"] for p in pairs]
+    median = statistics.median(goodputs)
+    middle = min(pairs, key=lambda p: abs(p["goodput"] - median))
+    return {
+        **middle,
+        "goodput": round(median, 3),
+        "goodput_range": [min(goodputs), max(goodputs)],
+        "goodput_pairs": goodputs,
+        "finished": all(p["finished"] for p in pairs),
+    }
+
+
 def measure(args: Any) -> dict[str, Any]:
-    script = example("charlm.py")
+    job_of = _workload(args)
     modes = ["relaunch", "live"] if args.recovery == "both" else [args.recovery]
+    progress = _Progress(args.pairs * (1 + len(modes)))
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="shardwire-goodput-") as scratch:
-        root = Path(scratch)
-        clean = root / "clean"
-        common = [f"--save-every={args.save_every}", "--steps=1000000"]
-        command = _job(script, args.nproc, clean) + common + [f"--minutes={args.minutes}"]
-        clean_s, done = _run(command, timeout=args.minutes * 60 * 4 + 300)
-        if done.returncode != 0:
-            raise BenchmarkFailed(f"the fault-free job failed:\n{done.stderr[-3000:]}")
-        steps = _steps(clean / "run")
-        (root / "plan.toml").write_text(
+        (Path(scratch) / "plan.toml").write_text(
             # no state notes: the fault-free run hashes nothing either
             f"seed = {args.seed}\ncheck_every = 0\n\n[[faults]]\nkind = {json.dumps(args.kind)}\n"
             f'rank = "random"\nevery_s = {args.every}\n'
             + ("for_s = 1.0\n" if args.kind in ("stop", "block") else "")
         )
-        results = {m: _faulty(args, script, root, m, steps=steps, clean_s=clean_s) for m in modes}
+        for pair in range(args.pairs):
+            root = Path(scratch) / f"pair-{pair}"
+            root.mkdir()
+            progress.stage(f"pair {pair + 1}: the fault-free job, {args.minutes:g} min")
+            clean_s, steps = _clean(args, job_of, root)
+            faulty = {}
+            for mode in modes:
+                progress.stage(f"pair {pair + 1}: {steps} steps under the plan, {mode}")
+                faulty[mode] = _faulty(args, job_of, root, mode, steps=steps, clean_s=clean_s)
+            runs.append({"clean_s": round(clean_s, 2), "steps": steps, "modes": faulty})
+    results = {m: _summary([r["modes"][m] for r in runs]) for m in modes}
     first = next(iter(results))  # relaunch when both ran: the mode run first
     headline = {k: results[first][k] for k in ("goodput", "steps_lost", "recovery_s")}
     return {
         "mode": first,
         **headline,  # the first mode's figures, at the top as well
+        "workload": f"torch charlm ({args.torch})" if args.torch else "charlm",
         "nproc": args.nproc,
         "kind": args.kind,
         "every_s": args.every,
         "seed": args.seed,
-        "steps": steps,
+        "steps": runs[0]["steps"],
         "save_every": args.save_every,
         "copy_every": args.copy_every,
-        "clean_s": round(clean_s, 2),
+        "clean_s": runs[0]["clean_s"],
+        "pairs": runs,
         "modes": results,
     }
 
 
 def table(r: dict[str, Any]) -> str:
+    pairs = r.get("pairs", [])
+    said = f"; {len(pairs)} pairs, goodput their median [range]" if len(pairs) > 1 else ""
     lines = [
-        f"goodput: {r['nproc']} ranks, {r['steps']} steps, a {r['kind']} of a random rank "
-        f"every {r['every_s']:g} s on average (seed {r['seed']}); fault-free {r['clean_s']:.1f} s",
+        f"goodput: {r.get('workload', 'charlm')}, {r['nproc']} ranks, {r['steps']} steps, a "
+        f"{r['kind']} of a random rank every {r['every_s']:g} s on average (seed "
+        f"{r['seed']}); fault-free {r['clean_s']:.1f} s{said}",
         f"  {'recovery':<9} {'time (s)':>9} {'goodput':>8} {'faults':>7} {'lost/fault (s)':>15} "
         f"{'steps twice':>12} {'back after (s)':>15} {'processes':>10}",
     ]
     for mode, m in r["modes"].items():
         back = f"{m['recovery_median_s']} / {m['recovery_max_s']}"
         fate = "" if m["finished"] else "  did NOT finish (restarts ran out?)"
+        if len(pairs) > 1:
+            low, high = m["goodput_range"]
+            fate = f"  [{low:.3f}-{high:.3f}]{fate}"
         lines.append(
             f"  {mode:<9} {m['faulty_s']:>9.1f} {m['goodput']:>8.3f} {m['faults']:>7} "
             f"{m['lost_per_fault_s']!s:>15} {m['steps_lost']:>12} {back:>15} "
@@ -191,6 +270,19 @@ def parser() -> argparse.ArgumentParser:
         default=1000,
         help="the faulty jobs' launch --max-restarts: the failures they recover from, at "
         "most, before they end (%(default)s)",
+    )
+    p.add_argument(
+        "--torch",
+        choices=["ddp", "fsdp2"],
+        help="train torch charlm over the shardwire backend, wrapped in DDP or FSDP2, "
+        "instead of shardwire's own charlm",
+    )
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=1,
+        help="fault-free and faulty runs alternated this many times; each mode reports "
+        "the median goodput and its range (%(default)s)",
     )
     p.add_argument("--json", help="write the result here")
     return p
