@@ -109,15 +109,20 @@ def reform(error: BaseException) -> None:
 def recovering(train: Callable[[], T]) -> T:
     """Run ``train()``; under live recovery, when a peer's failure ends the generation,
     re-form (:func:`reform`) and run it again, until it returns. The failure is
-    recognised however it reaches ``train``: ``PeerFailed`` from ``Work.wait()``, or the
-    ``RuntimeError`` torch's C++ side raises from a failed future (DDP's ``backward()``).
+    recognised however it reaches ``train``: ``PeerFailed`` from ``Work.wait()``, the
+    ``RuntimeError`` torch's C++ side raises from a failed future (DDP's ``backward()``),
+    or DCP's ``CheckpointException`` from a save or load the failure interrupted.
     ``train`` builds its model on the current default group and restores its state (a
     ``torch.distributed.checkpoint``, say) before it trains. Without live recovery, or
     for any other error, the error propagates, as from ``train`` itself."""
     while True:
         try:
             return train()
-        except Exception as error:
+        except BaseException as error:
+            # DCP wraps what fails inside a save or a load in CheckpointException, which
+            # derives from BaseException: a peer's death mid-save arrives that way
+            if isinstance(error, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
             if not bridge.live:
                 raise
             failure = bridge.peer_failure(error)

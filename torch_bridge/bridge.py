@@ -139,6 +139,11 @@ class Bridge:
                 break
             if isinstance(seen, PeerFailed):
                 return seen
+            # DCP's CheckpointException keeps each rank's error in ``failures``
+            for wrapped in getattr(seen, "failures", {}).values():
+                inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+                if isinstance(inner, PeerFailed):
+                    return inner
             seen = seen.__cause__ or seen.__context__
         with self._lock:
             joined, engine = self._joined, self._engine

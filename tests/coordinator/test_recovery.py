@@ -246,8 +246,9 @@ from tests.coordinator.test_recovery import _formed
 base = _formed()[0].journal()
 state = StateDir(sys.argv[1], "r")
 state.open()
+state.write(base.model_copy(update={"generation": 1}))  # one whole journal before any kill
 print("writing", flush=True)
-for generation in range(1, 1_000_000):  # until killed
+for generation in range(2, 1_000_000):  # until killed
     state.write(base.model_copy(update={"generation": generation}))
 """
 
