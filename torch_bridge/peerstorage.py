@@ -49,6 +49,7 @@ import io
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -230,8 +231,8 @@ class PeerStorage(StorageWriter, StorageReader):
         if notice is None or not notice.requested:
             return
         notice.disarm()  # no fallback SIGTERM while this rank ends by LeftJob
-        at = self.checkpoints[0] if self.checkpoints else "(none)"
-        raise LeftJob(rank=rank, step=at, holder=to)
+        held = self.checkpoints
+        raise LeftJob(rank=rank, step=held[0] if held else "(none)", holder=to)
 
     @property
     def checkpoints(self) -> list[str]:
@@ -389,22 +390,15 @@ class PeerStorage(StorageWriter, StorageReader):
         return done
 
 
+@dataclass
 class _Loading:
     """A load under way: the checkpoint's metadata, which rank serves each owner's part,
     and each stored item by its index; or why it cannot be loaded."""
 
-    def __init__(
-        self,
-        *,
-        metadata: Metadata | None = None,
-        servers: dict[int, int] | None = None,
-        items: dict[MetadataIndex, WriteItem] | None = None,
-        failure: CheckpointUnavailable | None = None,
-    ) -> None:
-        self.metadata = metadata
-        self.servers = servers or {}
-        self.items = items or {}
-        self.failure = failure
+    metadata: Metadata | None = None
+    servers: dict[int, int] = field(default_factory=dict)
+    items: dict[MetadataIndex, WriteItem] = field(default_factory=dict)
+    failure: CheckpointUnavailable | None = None
 
 
 def _unavailable(held: Sequence[pp.Held], checkpoint: str) -> CheckpointUnavailable | None:
