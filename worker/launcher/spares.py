@@ -54,7 +54,7 @@ class WarmSpare:
             await proc.stdin.drain()
             proc.stdin.close()
         except (BrokenPipeError, ConnectionResetError):
-            await _kill(proc)
+            await kill_group(proc)
             return None
         return proc
 
@@ -67,11 +67,12 @@ class WarmSpare:
             await asyncio.gather(task, return_exceptions=True)
         proc, self.proc = self.proc, None
         if proc is not None:
-            await _kill(proc)
+            await kill_group(proc)
 
 
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL an idle spare's process group and reap it."""
+async def kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL a process's group (a process that has not started its work yet: an idle
+    spare, or a replacement the job no longer wants) and reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(TimeoutError):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from shardwire.worker.launcher.exits import ended_how, exited, failed_rank
-from shardwire.worker.launcher.spares import WarmSpare
+from shardwire.worker.launcher.spares import WarmSpare, kill_group
 
 _TAIL_LINES = 20
 _STACK_LINES = 30
@@ -170,22 +170,21 @@ class Supervisor:
         budget lasts, the job did not fail for good, the node is not stopping). The new
         process joins whichever generation forms next; the others re-form meanwhile."""
         local = child.local_rank
-        if (
-            self._respawned[local] >= self.launch.respawns
-            or self.remote_abort is not None
-            or self.lost_coordinator
-            or self._stopping.is_set()
-            or self._group is None
-        ):
+        if self._respawned[local] >= self.launch.respawns or self._over():
             return False
         self._respawned[local] += 1
         env = {**self.child_env(local), "SHARDWIRE_GENERATION": "0"}  # whichever forms
         proc = await self.spare.take(env, self.launch.argv[2:])  # past the python and -u
         how = "started anew" if proc is None else "started anew from the warm spare"
-        if proc is None:
-            fresh = await self._spawn(local, env)
-        else:
-            fresh = Child(child.rank, local, proc)
+        fresh = await self._spawn(local, env) if proc is None else Child(child.rank, local, proc)
+        group = self._group
+        if group is None or self._over():
+            # The job ended (the coordinator said so) while the process was starting:
+            # nothing will ever stop it, so it goes now rather than wait for a
+            # coordinator that is gone.
+            await kill_group(fresh.proc)
+            return False
+        if proc is not None:
             self.spare.start(SPARE_DELAY)
         fresh.replaced_in = self.era
         self.children[self.children.index(child)] = fresh
@@ -194,8 +193,18 @@ class Supervisor:
             f"{self._respawned[local]} of {self.launch.respawns}), the other ranks go on\n"
         )
         self._err.flush()
-        self._group.create_task(self._watch(fresh))
+        group.create_task(self._watch(fresh))
         return True
+
+    def _over(self) -> bool:
+        """Nothing more is started on this node: the job failed for good, the coordinator
+        is lost, the node is stopping or its children's watchers are done."""
+        return (
+            self.remote_abort is not None
+            or bool(self.lost_coordinator)
+            or self._stopping.is_set()
+            or self._group is None
+        )
 
     async def _watch(self, child: Child) -> None:
         assert child.proc.stdout is not None and child.proc.stderr is not None

@@ -75,3 +75,42 @@ async def test_a_dead_rank_s_replacement_is_the_warm_spare(tmp_path, spare: bool
     said = "started anew from the warm spare" if spare else "started anew (pid"
     assert said in err.getvalue() and err.getvalue().count("started anew") == 1
     assert supervisor.spare.proc is None and _spares() == []  # none left behind
+
+
+OVER = """
+import os, sys, time
+rank, marks = os.environ["RANK"], sys.argv[1]
+first = not os.path.exists(os.path.join(marks, rank))
+open(os.path.join(marks, rank), "w").close()
+if rank == "1" and first:
+    sys.exit(3)
+time.sleep(1.0 if rank == "0" else 60.0)  # the replacement would wait for a gone coordinator
+sys.exit(1)  # rank 0: "the job is over"
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_a_replacement_started_as_the_job_ends_is_stopped_with_it(tmp_path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(OVER)
+    (tmp_path / "marks").mkdir()
+    argv = [sys.executable, "-u", str(script), str(tmp_path / "marks")]
+    launch = Launch(argv, {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, "node-a", 0, 2, 2,
+                    respawns=1, term_timeout=5.0)  # fmt: skip
+    err = io.StringIO()
+    supervisor = Supervisor(launch, out=io.StringIO(), err=err)
+    spawn, started = supervisor._spawn, []
+
+    async def spawn_as_the_job_ends(local: int, env: dict[str, str]):
+        if len(started) == 2:  # rank 1's replacement: the coordinator ends the job meanwhile
+            supervisor.note_abort(1, "no restart is left", "")
+        child = await spawn(local, env)
+        started.append(child.proc)
+        return child
+
+    supervisor._spawn = spawn_as_the_job_ends  # type: ignore[method-assign]
+    code = await asyncio.wait_for(supervisor.run(), 30)  # not the replacement's 60 s
+    assert code != 0 and len(started) == 3
+    assert started[2].returncode == -9  # the replacement was killed, not left waiting
+    assert "started anew" not in err.getvalue()
+    assert supervisor.root_cause is not None and supervisor.root_cause.rank == 1
