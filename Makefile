@@ -9,7 +9,7 @@ NPROC ?= 4
 PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test lint validate bench sync torch docs docs-serve clean
+.PHONY: run test check lint validate bench sync torch docs docs-serve clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -29,8 +29,13 @@ torch: sync
 run: sync
 	$(RUN)/shardwire launch --standalone --nproc-per-node $(NPROC) examples/digits.py
 
+# The whole suite; its log ends with the slowest tests, so a slow one is seen as it lands.
 test: sync
-	$(RUN)/python -m pytest $(PYTEST_ARGS)
+	$(RUN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+
+# The quick tier: lint, then every test that starts no process and opens no namespace.
+check: lint
+	$(RUN)/python -m pytest --quick --durations=10 $(PYTEST_ARGS)
 
 lint: sync
 	$(RUN)/ruff check .

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import uvloop
 
+pytest_plugins = ["pytester", "tests.quicktier"]
+
 _FACTORIES = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 _SELECTED = os.environ.get("SHARDWIRE_TEST_LOOPS", "asyncio,uvloop").split(",")
 

@@ -61,6 +61,7 @@ def test_every_option_a_benchmark_command_shows_is_one_its_benchmark_takes() -> 
             assert re.search(rf"{option}\b", section), (command, option)
 
 
+@pytest.mark.e2e
 def test_a_kept_run_holds_its_command_date_commit_machine_and_output(tmp_path) -> None:
     spec = importlib.util.spec_from_file_location("keep_bench", ROOT / "scripts" / "keep_bench.py")
     assert spec is not None and spec.loader is not None

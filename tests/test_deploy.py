@@ -7,6 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from shardwire.coordinator.__main__ import settings_from
@@ -94,6 +95,7 @@ def test_the_image_copies_every_package_directory() -> None:
     assert folders <= copied, f"the Dockerfile does not copy {sorted(folders - copied)}"
 
 
+@pytest.mark.e2e
 def test_the_compose_smoke_runs_the_running_guide_s_commands(tmp_path) -> None:
     """The Compose smoke test (``scripts/compose-smoke.sh``, run by CI where a Docker
     daemon can start) runs the guide's two commands as written: its token command makes

@@ -21,6 +21,7 @@ PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 PACKAGE = ["worker", "coordinator", "protocol", "torch_bridge"]
 
 
+@pytest.mark.e2e
 def test_the_generated_reference_pages_match_the_code() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "docs_reference.py"), "--check"],

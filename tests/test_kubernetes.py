@@ -154,6 +154,7 @@ def test_an_argument_yaml_cannot_hold_exits_2(capsys) -> None:
     assert "lone surrogate" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_the_longest_name_fits_and_the_command_refuses_bad_ones() -> None:
     name = "a" * 51
     assert ("Job", f"{name}-coordinator") in rendered("--name", name, "train.py")

@@ -17,6 +17,8 @@ from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.messages import Join
 from tests.etcdserver import etcd_server, free_ports
 
+pytestmark = pytest.mark.e2e
+
 TTL = 2
 
 

@@ -201,6 +201,7 @@ def test_the_state_directory_round_trips_the_journal_and_is_held_by_one(tmp_path
         state.close()
 
 
+@pytest.mark.e2e
 def test_a_live_coordinator_in_another_process_holds_its_directory(tmp_path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from shardwire.coordinator.journal import StateDir; "
@@ -253,6 +254,7 @@ for generation in range(2, 1_000_000):  # until killed
 """
 
 
+@pytest.mark.e2e
 def test_a_coordinator_killed_mid_journal_write_leaves_a_whole_journal(tmp_path) -> None:
     """A process that writes journals back to back, SIGKILLed at five moments: each time
     the directory holds a whole journal (some generation written), never a torn one, and

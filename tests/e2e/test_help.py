@@ -12,6 +12,8 @@ from shardwire.worker.launcher.cli import TOOLS
 
 from .cli import shardwire
 
+pytestmark = pytest.mark.e2e
+
 COMMANDS = ["launch", "worker", "run", *TOOLS]
 
 

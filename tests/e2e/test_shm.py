@@ -21,6 +21,8 @@ from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
 from .faults import job
 
+pytestmark = pytest.mark.e2e
+
 
 def _segments_mapped(pid: int) -> int:
     prefix = shm.run_prefix("faults")

@@ -56,6 +56,7 @@ def _child(soft: int, hard: int, needed: int) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.e2e
 def test_a_process_raises_its_own_soft_limit() -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != INF and hard < 2048:
@@ -63,12 +64,14 @@ def test_a_process_raises_its_own_soft_limit() -> None:
     assert _child(256, 2048, 1000) == "soft 2048"
 
 
+@pytest.mark.e2e
 def test_a_process_whose_hard_limit_is_too_low_gets_the_error() -> None:
     out = _child(128, 256, 1000)
     assert out.startswith("DescriptorLimit this test needs 1000 open files"), out
     assert "hard limit is 256" in out
 
 
+@pytest.mark.e2e
 def test_a_guessed_need_raises_as_far_as_the_hard_limit_allows_without_an_error() -> None:
     child = _CHILD.replace('"this test")', '"this test", strict=False)')
     out = subprocess.run(

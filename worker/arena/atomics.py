@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 import platform
 
@@ -47,9 +48,17 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
+@functools.cache
 def _libatomic() -> ctypes.CDLL:
-    name = ctypes.util.find_library("atomic") or "libatomic.so.1"
-    return ctypes.CDLL(name)
+    # The runtime's own soname first: the dynamic loader finds it without the helper
+    # process (ldconfig, a compiler) find_library may start.
+    try:
+        return ctypes.CDLL("libatomic.so.1")
+    except OSError:
+        name = ctypes.util.find_library("atomic")
+        if name is None:
+            raise
+        return ctypes.CDLL(name)
 
 
 def missing() -> str:

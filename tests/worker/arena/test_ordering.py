@@ -14,6 +14,8 @@ from shardwire.worker.arena.region import Region
 
 from . import hammer
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[3]
 
 

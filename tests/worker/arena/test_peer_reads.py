@@ -107,6 +107,7 @@ async def test_the_setting_reaches_the_arena_of_a_job(reads: str) -> None:
     assert pids == ([[os.getpid()] * 2] * 2 if reads == "on" else [None, None])
 
 
+@pytest.mark.e2e
 def test_a_probe_reads_the_bait_and_says_why_it_cannot() -> None:
     bait = peerread.Bait()
     assert peerread.probe(bait.offer(), 1) == ""

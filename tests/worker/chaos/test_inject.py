@@ -33,6 +33,7 @@ sys.exit(3)  # never: SIGTERM ends the process as without the note
 """
 
 
+@pytest.mark.e2e
 def test_a_stopped_rank_notes_sigterm_and_still_dies_of_it(tmp_path) -> None:
     log = tmp_path / "chaos.jsonl"
     done = subprocess.run([sys.executable, "-c", PROGRAM, str(log)], check=False, timeout=60)

@@ -170,6 +170,7 @@ CRASHER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_nothing_is_left_after_sigkill(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[3]
     proc = subprocess.Popen(
@@ -240,6 +241,7 @@ TRIM = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_freed_heap_memory_goes_back_to_the_system() -> None:
     out = subprocess.run(
         [sys.executable, "-c", TRIM], capture_output=True, text=True, timeout=120, check=True

@@ -44,6 +44,7 @@ def _run(grace: float, *, disarm: bool) -> tuple[subprocess.CompletedProcess, fl
     return done, time.monotonic() - start
 
 
+@pytest.mark.e2e
 def test_a_notice_nobody_acts_on_ends_the_process_of_sigterm_after_its_grace() -> None:
     done, took = _run(1.0, disarm=False)
     assert done.returncode == -15, done.stderr
@@ -53,6 +54,7 @@ def test_a_notice_nobody_acts_on_ends_the_process_of_sigterm_after_its_grace() -
     assert took < 25  # the grace, not the 30 s sleep
 
 
+@pytest.mark.e2e
 def test_a_disarmed_notice_gives_sigterm_its_default_action_back() -> None:
     done, _took = _run(60.0, disarm=True)
     assert done.returncode == -15, done.stderr
@@ -84,6 +86,7 @@ print("still here", flush=True)
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("disarm", [False, True])
 def test_a_notice_without_an_event_loop_keeps_the_process_for_its_grace(disarm: bool) -> None:
     code = textwrap.dedent(NO_LOOP).format(grace=1.0 if not disarm else 60.0, disarm=disarm)

@@ -19,6 +19,8 @@ time.sleep(120)
 CHILD = """
 import os, time
 from shardwire.worker.runtime.parent import end_with_parent
+
+pytestmark = pytest.mark.e2e
 assert end_with_parent(os.getppid())
 print("asked", flush=True)
 time.sleep(120)

@@ -79,6 +79,8 @@ async def test_a_dead_rank_s_replacement_is_the_warm_spare(tmp_path, spare: bool
 
 OVER = """
 import os, sys, time
+
+pytestmark = pytest.mark.e2e
 rank, marks = os.environ["RANK"], sys.argv[1]
 first = not os.path.exists(os.path.join(marks, rank))
 open(os.path.join(marks, rank), "w").close()
