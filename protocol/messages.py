@@ -85,8 +85,9 @@ class NodeJoin(_Msg):
     generation are gone. ``world_size`` is the largest job (``MAX`` nodes); ``min_nodes``
     is 0 for a fixed node count, else the ``MIN`` of ``--nnodes MIN:MAX``.
     ``max_restarts`` is the agent's restart budget (None: the coordinator's).
-    ``node_index`` is the node's place as its scheduler numbers it (Slurm's node id, an
-    Indexed Job's completion index): node ranks follow it; None: the node id's order.
+    ``node_index`` is the node's place as its scheduler numbers it (``--node-rank``, its
+    place in Slurm's node list, an Indexed Job's completion index): node ranks follow it;
+    None: after those that give one, in the node ids' order.
     """
 
     kind: Literal["node_join"] = "node_join"

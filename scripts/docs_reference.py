@@ -60,6 +60,8 @@ SCHEDULERS = {
     "SLURM_STEP_NODELIST": "Slurm: the step's nodes (else `SLURM_JOB_NODELIST`); the first "
     "one serves the coordinator, a node's place in the list is its node rank.",
     "SLURM_JOB_NODELIST": "Slurm: the job's nodes, where the step's are not set.",
+    "SLURMD_NODENAME": "Slurm: this node's name in the node list: its place there is its "
+    "node rank, and the name its node id.",
     "SLURM_STEP_TASKS_PER_NODE": "Slurm: tasks per node (else `SLURM_TASKS_PER_NODE`), for "
     "`shardwire run`'s local world size.",
     "SLURM_TASKS_PER_NODE": "Slurm: tasks per node, where the step's are not set.",

@@ -171,8 +171,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--node-rank",
         type=int,
-        help="this node's index, which orders the node ranks (the scheduler's: "
-        "SLURM_NODEID's place, JOB_COMPLETION_INDEX, PET_NODE_RANK; else host names)",
+        help="this node's index, which orders the node ranks (else the scheduler's: the "
+        "node's place in Slurm's node list, JOB_COMPLETION_INDEX, PET_NODE_RANK; nodes "
+        "without one follow in the order of their node ids)",
     )
     _add_coordinator_port(w)
     _add_node_flags(w)
