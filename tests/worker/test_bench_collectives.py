@@ -59,6 +59,30 @@ def test_a_compare_flag_runs_a_second_job_with_its_setting(monkeypatch, capsys, 
     assert shown not in capsys.readouterr().out
 
 
+def test_a_stage_per_system_at_each_size_is_counted_before_the_first(monkeypatch, capsys):
+    seen: list[str] = []
+    monkeypatch.setattr(collectives.subprocess, "run", _fake_run(seen))
+    argv = ["--world", "3", "4", "--sizes", "4K", "1M", "--compare-tcp", "--compare-region"]
+    assert collectives.main(argv) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[collectives] ")]
+    assert len(seen) == 12 and len(lines) == 13  # a stage per job, then the whole run's time
+    assert [line.split(":")[0] for line in lines[:-1]] == [
+        f"[collectives] {i}/12" for i in range(1, 13)
+    ]
+    said = [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in lines[:-1]]
+    assert said[:6] == [  # who goes first flips size by size
+        "3 ranks, 4 KiB: shardwire",
+        "3 ranks, 4 KiB: tcp only",
+        "3 ranks, 4 KiB: region only",
+        "3 ranks, 1 MiB: region only",
+        "3 ranks, 1 MiB: tcp only",
+        "3 ranks, 1 MiB: shardwire",
+    ]
+    assert said[6] == "4 ranks, 4 KiB: shardwire" and "about" in lines[6]
+    assert lines[-1].startswith("[collectives] done: 12 stages in ")
+
+
 @pytest.mark.e2e
 def test_compare_mpi_runs_open_mpi_with_shared_memory_and_tcp_only(
     monkeypatch, capsys, tmp_path

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench.hosts import Hosts, emulated, rate_bits
 from shardwire.worker.bench.jobs import run_nodes
+from shardwire.worker.bench.stages import Stages
 from shardwire.worker.bench.timing import busbw_factor, human, summarized
 from shardwire.worker.transport import tcptuning
 
@@ -203,17 +203,29 @@ def print_table(rows: list[dict], rate: str | None, tcp: dict[str, dict[str, Any
     print("tc tbf shapes the rate only (no netem here): no added delay or loss")
 
 
+# The systems timed at each size, with what a stage of theirs is called.
+_TITLES = {"ours": "shardwire", "default": "shardwire, the kernel's TCP defaults", "gloo": "gloo"}
+
+
+def _systems(tuning: dict[str, Any] | None, gloo: str | None) -> list[str]:
+    """The systems timed at every size: shardwire (with ``tuning``'s settings,
+    shardwire's automatic choice for the rest), shardwire with the kernel's TCP defaults
+    unless ``tuning`` asked for exactly those, and gloo when there is an interpreter for
+    it."""
+    kernel = (tuning or {}) != KERNEL_TCP
+    return ["ours"] + (["default"] if kernel else []) + (["gloo"] if gloo else [])
+
+
 def _sizes(
     hosts: Hosts, one: dict, *, per_host: int, gloo: str | None, tmp: str, turn: int,
-    tuning: dict[str, Any] | None,
+    tuning: dict[str, Any] | None, progress: Stages,
 ) -> dict[str, list[dict]]:  # fmt: skip
-    """Every system at one size, their order turning size by size: shardwire (with
-    ``tuning``'s settings, shardwire's automatic choice for the rest), shardwire with the
-    kernel's TCP defaults unless ``tuning`` asked for exactly those, and gloo."""
-    kernel = (tuning or {}) != KERNEL_TCP
-    systems = ["ours"] + (["default"] if kernel else []) + (["gloo"] if gloo else [])
+    """Every system at one size, their order turning size by size."""
+    names = _systems(tuning, gloo)
+    at = f"{hosts.count} hosts, {human(one['sizes'][0])}"
     got = {}
-    for name in systems[turn % len(systems) :] + systems[: turn % len(systems)]:
+    for name in names[turn % len(names) :] + names[: turn % len(names)]:
+        progress.start(f"{at}: {_TITLES[name]}")
         if name == "gloo":
             assert gloo is not None
             got[name] = gloo_cells(hosts, per_host, one, gloo, tmp)
@@ -227,21 +239,30 @@ def run(
     hosts_list: list[int], *, per_host: int, rate: str | None, config: dict,
     gloo: str | None, tmp: str, tuning: dict[str, Any] | None = None,
 ) -> list[dict]:  # fmt: skip
-    """Every cell on every host count, the systems' order turning size by size."""
+    """Every cell on every host count, the systems' order turning size by size; a stage
+    per system at a size, said on standard error."""
     link = rate_bits(rate) / 8 if rate else None
+    total = len(hosts_list) * len(config["sizes"]) * len(_systems(tuning, gloo))
     rows = []
-    for count in hosts_list:
-        with emulated(count, rate) as hosts:
-            for turn, size in enumerate(config["sizes"]):
-                one = {**config, "sizes": [size]}
-                got = _sizes(
-                    hosts, one, per_host=per_host, gloo=gloo, tmp=tmp, turn=turn,
-                    tuning=tuning,
-                )  # fmt: skip
-                theirs = {(c["op"], c["bytes"]): c for c in got.get("gloo", [])}
-                default = {(c["op"], c["bytes"]): c for c in got.get("default", [])}
-                for cell in got["ours"]:
-                    key = (cell["op"], cell["bytes"])
-                    rows.append(_row(cell, theirs.get(key), link, count, default.get(key)))
-                print(f"[bench]: {count} hosts, {human(size)} done", file=sys.stderr, flush=True)
+    with Stages("collectives", total) as progress:
+        for count in hosts_list:
+            with emulated(count, rate) as hosts:
+                for turn, size in enumerate(config["sizes"]):
+                    one = {**config, "sizes": [size]}
+                    got = _sizes(
+                        hosts, one, per_host=per_host, gloo=gloo, tmp=tmp, turn=turn,
+                        tuning=tuning, progress=progress,
+                    )  # fmt: skip
+                    rows += _rows(got, link, count)
+    return rows
+
+
+def _rows(got: dict[str, list[dict]], link: float | None, hosts: int) -> list[dict]:
+    """shardwire's cells at one size as rows, the other systems' same cells beside them."""
+    theirs = {(c["op"], c["bytes"]): c for c in got.get("gloo", [])}
+    default = {(c["op"], c["bytes"]): c for c in got.get("default", [])}
+    rows = []
+    for cell in got["ours"]:
+        key = (cell["op"], cell["bytes"])
+        rows.append(_row(cell, theirs.get(key), link, hosts, default.get(key)))
     return rows

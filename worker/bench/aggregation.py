@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from shardwire.worker.bench.jobs import command_line, example
+from shardwire.worker.bench.stages import Stages
 
 
 def digits(nproc: int, *flags: str, steps: int, log_every: int) -> tuple[dict, list[dict]]:
@@ -76,16 +77,21 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     rows: list[dict] = []
-    for compress in ("none", "topk:0.01"):
-        summary, records = digits(
-            2, "--aggregator", "allreduce", "--compress", compress,
-            steps=args.steps, log_every=10,
-        )  # fmt: skip
-        rows.append({"compress": compress, "summary": summary, "to95": steps_to(records, 0.95)})
-    for n in (2, 4):
-        ps, _ = digits(n, "--aggregator", "ps", steps=200, log_every=100)
-        ring, _ = digits(n, "--aggregator", "allreduce", steps=200, log_every=100)
-        rows.append({"n": n, "ps_ms": ps["step_ms"], "ring_ms": ring["step_ms"]})
+    # two runs of --steps, then four of 200 steps: the work is their steps
+    with Stages("aggregation", 6, work=2 * args.steps + 4 * 200) as progress:
+        for compress in ("none", "topk:0.01"):
+            progress.start(f"2 ranks, gradients {compress}: {args.steps} steps", work=args.steps)
+            summary, records = digits(
+                2, "--aggregator", "allreduce", "--compress", compress,
+                steps=args.steps, log_every=10,
+            )  # fmt: skip
+            rows.append({"compress": compress, "summary": summary, "to95": steps_to(records, 0.95)})
+        for n in (2, 4):
+            progress.start(f"{n} ranks, parameter server: 200 steps timed", work=200)
+            ps, _ = digits(n, "--aggregator", "ps", steps=200, log_every=100)
+            progress.start(f"{n} ranks, ring all-reduce: 200 steps timed", work=200)
+            ring, _ = digits(n, "--aggregator", "allreduce", steps=200, log_every=100)
+            rows.append({"n": n, "ps_ms": ps["step_ms"], "ring_ms": ring["step_ms"]})
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

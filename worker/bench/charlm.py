@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from shardwire.worker.bench.jobs import command_line, example
+from shardwire.worker.bench.stages import Stages
 from shardwire.worker.bench.torchrun import clean_env, run_ranks
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
@@ -109,13 +110,16 @@ def main(argv: list[str] | None = None) -> int:
             print("torch is not installed in this environment (make torch)", file=sys.stderr)
             return 2
     rows = []
-    with tempfile.TemporaryDirectory() as directory:
+    progress = Stages("charlm", len(args.world) * args.repeats * len(args.systems))
+    with progress, tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
         turn = 0
         for n in args.world:
             got: dict[str, list[float]] = {s: [] for s in args.systems}
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):
                 for system in args.systems[:: 1 if turn % 2 == 0 else -1]:
+                    ranks = f"{n} rank{'' if n == 1 else 's'}"
+                    progress.start(f"{ranks}, run {repeat + 1}/{args.repeats}: {SYSTEMS[system]}")
                     got[system].append(run(system, n, args.steps, tmp))
                 turn += 1
             rows.append({"ranks": n, **{f"{s}_tokens_per_s": v for s, v in got.items()}})

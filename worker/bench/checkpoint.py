@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from shardwire.worker.bench.jobs import command_line, rank_side, run_job
+from shardwire.worker.bench.stages import Stages
 
 
 def _model(mib: int):
@@ -145,9 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         rank_side(args.worker, worker(os.environ["SHARDWIRE_BENCH_DIR"], args.mib))
         return
-    rows = [
-        run_job("shardwire.worker.bench.checkpoint", n, "--mib", str(args.mib)) for n in args.world
-    ]
+    rows = []
+    with Stages("checkpoint", len(args.world)) as progress:
+        for n in args.world:
+            ranks = f"{n} rank{'' if n == 1 else 's'}"
+            progress.start(f"{ranks}: save, load and an asynchronous save of {args.mib} MiB")
+            rows.append(run_job("shardwire.worker.bench.checkpoint", n, "--mib", str(args.mib)))
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from shardwire.worker.bench import across
@@ -32,6 +31,7 @@ from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes
 from shardwire.worker.bench.rawsocket import two_way_throughput
+from shardwire.worker.bench.stages import Stages
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarized
 from shardwire.worker.transport import tcptuning
 from shardwire.worker.transport.shmfiles import SHM_DIR
@@ -125,6 +125,8 @@ BASELINES = {
     "gloo": "gloo",
     "torch": "c10d on shardwire",
 }
+# What a stage running each system is called.
+TITLES = {"ours": "shardwire", **BASELINES}
 
 
 def _row(cell: dict, baselines: dict[str, dict]) -> dict:
@@ -198,30 +200,47 @@ def _print_table(rows: list[dict], raw_two_way: float | None) -> None:
                 )
 
 
+def _systems(args: argparse.Namespace, pythons: dict) -> list[str]:
+    """The systems timed at every size, shardwire's own ("ours") first, then the
+    baselines asked for (``pythons``: the interpreters found for mpi, gloo and torch)."""
+    names = ["ours"]
+    names += [flag for flag in ("tcp", "region") if getattr(args, f"compare_{flag}")]
+    names += ["mpi", "mpi_tcp"] if pythons.get("mpi") else []
+    return names + [name for name in ("gloo", "torch") if pythons.get(name)]
+
+
+def _cells(
+    name: str, n: int, config: dict, args: argparse.Namespace, tmp: str, *, pythons: dict
+) -> list[dict]:
+    """System ``name``'s cells at ``config``'s sizes on ``n`` ranks."""
+    if name in ("mpi", "mpi_tcp"):
+        return _mpi_cells(n, config, pythons["mpi"], tmp, tcp_only=name == "mpi_tcp")
+    if name == "gloo":
+        return _c10d_cells(n, config, pythons["gloo"], tmp, "gloo")
+    if name == "torch":
+        return _c10d_cells(n, config, pythons["torch"], tmp, "shardwire")
+    transport = "tcp" if name == "tcp" else "auto"
+    reads = "off" if name == "region" else ""
+    return _shardwire_cells(n, config, tmp, transport, args.nodes, reads=reads)
+
+
 def _one_size(
-    n: int, config: dict, args: argparse.Namespace, tmp: str, *, turn: int, pythons: dict
+    n: int,
+    config: dict,
+    args: argparse.Namespace,
+    tmp: str,
+    *,
+    turn: int,
+    pythons: dict,
+    progress: Stages,
 ) -> list[dict]:
     """Every system at one size, shardwire first on even turns and last on odd ones: a
     machine that gets slower or faster during the run hurts all of them alike."""
-    systems: list[tuple[str, Callable[[], list[dict]]]] = [
-        ("ours", lambda: _shardwire_cells(n, config, tmp, nodes=args.nodes))
-    ]
-    if args.compare_tcp:
-        systems.append(("tcp", lambda: _shardwire_cells(n, config, tmp, "tcp", args.nodes)))
-    if args.compare_region:
-        region = lambda: _shardwire_cells(n, config, tmp, nodes=args.nodes, reads="off")  # noqa: E731
-        systems.append(("region", region))
-    if pythons.get("mpi"):
-        mpi = pythons["mpi"]
-        systems.append(("mpi", lambda: _mpi_cells(n, config, mpi, tmp, tcp_only=False)))
-        systems.append(("mpi_tcp", lambda: _mpi_cells(n, config, mpi, tmp, tcp_only=True)))
-    if pythons.get("gloo"):
-        gloo = pythons["gloo"]
-        systems.append(("gloo", lambda: _c10d_cells(n, config, gloo, tmp, "gloo")))
-    if pythons.get("torch"):
-        torch = pythons["torch"]
-        systems.append(("torch", lambda: _c10d_cells(n, config, torch, tmp, "shardwire")))
-    runs = {name: measure() for name, measure in (systems if turn % 2 == 0 else systems[::-1])}
+    names = _systems(args, pythons)
+    runs = {}
+    for name in names if turn % 2 == 0 else names[::-1]:
+        progress.start(f"{n} ranks, {human(config['sizes'][0])}: {TITLES[name]}")
+        runs[name] = _cells(name, n, config, args, tmp, pythons=pythons)
     ours = runs.pop("ours")
     keyed = {name: {(c["op"], c["bytes"]): c for c in cells} for name, cells in runs.items()}
     rows = []
@@ -359,13 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.hosts:
         return _across(args, config, gloo_python)
     pythons = {"gloo": gloo_python, "mpi": mpi_python, "torch": torch_python}
+    total = len(args.world) * len(config["sizes"]) * len(_systems(args, pythons))
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with Stages("collectives", total) as progress, tempfile.TemporaryDirectory() as tmp:
         for n in args.world:
             for turn, size in enumerate(config["sizes"]):
-                rows += _one_size(
-                    n, {**config, "sizes": [size]}, args, tmp, turn=turn, pythons=pythons
-                )
+                one = {**config, "sizes": [size]}
+                rows += _one_size(n, one, args, tmp, turn=turn, pythons=pythons, progress=progress)
     raw = two_way_throughput(64 << 20) if 2 in args.world else None
     _print_table(rows, raw)
     if args.json:

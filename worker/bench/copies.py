@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 from shardwire.worker.bench.fsdp import MODEL
 from shardwire.worker.bench.jobs import command_line, rank_side, run_job
+from shardwire.worker.bench.stages import Stages
 
 BATCH = 4  # sequences per rank
 
@@ -49,7 +51,26 @@ async def _block(fsdp, ids, targets, steps: int, *, copies, first: int) -> list[
     return times
 
 
-async def worker(everies: list[int], rounds: int, steps: int) -> dict | None:
+async def _rounds(
+    fsdp, ids, targets, every_copies: dict, *, rounds: int, steps: int, progress: Stages | None
+) -> dict[str, list[float]]:
+    """Each round, a block of ``steps`` without copies, then one with each of
+    ``every_copies``: every block's step times, by mode (``none`` or K)."""
+    times: dict[str, list[float]] = {"none": [], **{str(k): [] for k in every_copies}}
+    step = 0
+    await _block(fsdp, ids, targets, 2, copies=None, first=step)  # warm-up
+    for turn in range(rounds):
+        for key in times:
+            if progress is not None:
+                said = "no copies" if key == "none" else f"a copy every {key} steps"
+                progress.start(f"round {turn + 1}/{rounds}: {steps} steps, {said}")
+            copies = None if key == "none" else every_copies[int(key)]
+            times[key] += await _block(fsdp, ids, targets, steps, copies=copies, first=step)
+            step += steps
+    return times
+
+
+async def worker(everies: list[int], rounds: int, steps: int, *, bar: bool) -> dict | None:
     import shardwire.worker as sw
     from shardwire.worker.fsdp import FSDP, PeerCopies, Strategy, by_type
     from shardwire.worker.nn import Block, TransformerLM
@@ -69,14 +90,14 @@ async def worker(everies: list[int], rounds: int, steps: int) -> dict | None:
 
         fsdp = await build()
         every_copies = {k: PeerCopies(k, ranks_per_node=pg.local_world_size) for k in everies}
-        times: dict[str, list[float]] = {"none": [], **{str(k): [] for k in everies}}
-        step = 0
-        await _block(fsdp, ids, targets, 2, copies=None, first=step)  # warm-up
-        for _ in range(rounds):
-            for key in times:
-                copies = None if key == "none" else every_copies[int(key)]
-                times[key] += await _block(fsdp, ids, targets, steps, copies=copies, first=step)
-                step += steps
+        # rank 0 says where the run is: each block of each round, then the restore
+        total = rounds * (1 + len(every_copies)) + 1
+        progress = Stages("copies", total, terminal=bar) if pg.rank == 0 else None
+        times = await _rounds(
+            fsdp, ids, targets, every_copies, rounds=rounds, steps=steps, progress=progress
+        )
+        if progress is not None:
+            progress.start("rank 1's copies dropped: every rank restores")
         largest = every_copies[min(everies)]
         state_bytes = largest.state_bytes
         await fsdp.aclose()
@@ -89,8 +110,9 @@ async def worker(everies: list[int], rounds: int, steps: int) -> dict | None:
         restore_s = time.perf_counter() - start
         spent = await pg.all_gather_object(restore_s)
         await fresh.aclose()
-        if pg.rank != 0:
+        if progress is None:
             return None
+        progress.close()
         base = statistics.median(times["none"])
         return {
             "nproc": pg.world_size,
@@ -138,15 +160,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="steps per block")
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--bar", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.worker:
-        rank_side(args.worker, worker(args.every, args.rounds, args.steps))
+        rank_side(args.worker, worker(args.every, args.rounds, args.steps, bar=args.bar))
         return
-    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--every"]
+    # rank 0 draws the bar when this process's standard error, which its own reaches
+    # through the launcher, is a terminal
+    flags = ["--bar"] if sys.stderr.isatty() else []
+    flags += ["--rounds", str(args.rounds), "--steps", str(args.steps), "--every"]
     result = run_job("shardwire.worker.bench.copies", args.nproc, *flags, *map(str, args.every))
     print(table(result))
     if args.json:

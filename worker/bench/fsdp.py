@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from shardwire.worker.bench.jobs import command_line, rank_side, run_job
+from shardwire.worker.bench.stages import Stages
 
 # Wide and shallow-batched, so parameter traffic is a visible share of a CPU step.
 MODEL: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 4, "layers": 8, "context": 32}
@@ -183,12 +184,15 @@ def main(argv: list[str] | None = None) -> None:
         rank_side(args.worker, worker(args.steps, args.prefetch_depth))
         return
     rows = []
-    for n, transport in [(n, t) for n in args.world for t in args.transport]:
-        flags = ["--steps", str(args.steps), "--prefetch-depth", str(args.prefetch_depth)]
-        found = run_job(
-            "shardwire.worker.bench.fsdp", n, *flags, env={"SHARDWIRE_TRANSPORT": transport}
-        )
-        rows += [{**r, "transport": transport} for r in found]
+    jobs = [(n, t) for n in args.world for t in args.transport]
+    with Stages("fsdp", len(jobs)) as progress:
+        for n, transport in jobs:
+            progress.start(f"{n} ranks, {transport} transport: every strategy")
+            flags = ["--steps", str(args.steps), "--prefetch-depth", str(args.prefetch_depth)]
+            found = run_job(
+                "shardwire.worker.bench.fsdp", n, *flags, env={"SHARDWIRE_TRANSPORT": transport}
+            )
+            rows += [{**r, "transport": transport} for r in found]
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

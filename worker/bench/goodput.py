@@ -9,8 +9,8 @@ the shardwire backend instead of shardwire's own layers: ``relaunch`` resumes fr
 ``torch.distributed.checkpoint`` on disk, ``live`` from ``shardwire.torch.PeerStorage``.
 ``--pairs K`` alternates K fault-free runs with K faulty ones (this machine is noisy):
 each pair's goodput is its faulty run over its own fault-free run, and each mode reports
-the median and range over the pairs. A line per stage says what runs and about how long
-is left.
+the median and range over the pairs. A line per stage on standard error (a bar on a
+terminal) says what runs and about how long is left.
 
 The fault-free job trains for ``--minutes`` and sets the number of steps; each faulty
 one trains the same steps under ``shardwire chaos`` with a plan that hits a random rank
@@ -41,6 +41,7 @@ from typing import Any
 
 from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import command_line, example
+from shardwire.worker.bench.stages import Stages
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 SHAPE = ["--batch=16", "--context=32", "--dim=64", "--heads=4", "--layers=2"]
@@ -124,26 +125,6 @@ def _faulty(
     }
 
 
-class _Progress:
-    """A line per stage on standard error, with the time left where it can be told."""
-
-    def __init__(self, stages: int) -> None:
-        self.stages, self.done, self.started = stages, 0, time.monotonic()
-
-    def stage(self, what: str) -> None:
-        spent = time.monotonic() - self.started
-        left = ""
-        if self.done:
-            per = spent / self.done
-            left = f"; about {per * (self.stages - self.done) / 60:.0f} min left"
-        print(
-            f"[goodput] {self.done + 1}/{self.stages}: {what} ({spent / 60:.1f} min in{left})",
-            file=sys.stderr,
-            flush=True,
-        )
-        self.done += 1
-
-
 def _clean(args: Any, job_of: tuple[Path, list[str]], root: Path) -> tuple[float, int]:
     clean = root / "clean"
     common = [f"--save-every={args.save_every}", "--steps=1000000"]
@@ -172,9 +153,9 @@ def _summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
 def measure(args: Any) -> dict[str, Any]:
     job_of = _workload(args)
     modes = ["relaunch", "live"] if args.recovery == "both" else [args.recovery]
-    progress = _Progress(args.pairs * (1 + len(modes)))
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="shardwire-goodput-") as scratch:
+    progress = Stages("goodput", args.pairs * (1 + len(modes)))
+    with progress, tempfile.TemporaryDirectory(prefix="shardwire-goodput-") as scratch:
         (Path(scratch) / "plan.toml").write_text(
             # no state notes: the fault-free run hashes nothing either
             f"seed = {args.seed}\ncheck_every = 0\n\n[[faults]]\nkind = {json.dumps(args.kind)}\n"
@@ -184,11 +165,11 @@ def measure(args: Any) -> dict[str, Any]:
         for pair in range(args.pairs):
             root = Path(scratch) / f"pair-{pair}"
             root.mkdir()
-            progress.stage(f"pair {pair + 1}: the fault-free job, {args.minutes:g} min")
+            progress.start(f"pair {pair + 1}: the fault-free job, {args.minutes:g} min")
             clean_s, steps = _clean(args, job_of, root)
             faulty = {}
             for mode in modes:
-                progress.stage(f"pair {pair + 1}: {steps} steps under the plan, {mode}")
+                progress.start(f"pair {pair + 1}: {steps} steps under the plan, {mode}")
                 faulty[mode] = _faulty(args, job_of, root, mode, steps=steps, clean_s=clean_s)
             runs.append({"clean_s": round(clean_s, 2), "steps": steps, "modes": faulty})
     results = {m: _summary([r["modes"][m] for r in runs]) for m in modes}

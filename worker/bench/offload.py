@@ -29,6 +29,7 @@ import numpy as np
 
 from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import command_line, rank_side, run_job
+from shardwire.worker.bench.stages import Stages
 
 
 def _status_kib(field: str) -> int:
@@ -168,11 +169,13 @@ def main(argv: list[str] | None = None) -> None:
         )
         return
     rows = []
-    for n in args.world:
-        for flag in ([], ["--offload"]):
-            extra = ["--mib", str(args.mib), "--layers", str(args.layers), "--steps"]
-            extra += [str(args.steps), "--reduce-depth", str(args.reduce_depth), *flag]
-            rows.append(run_job("shardwire.worker.bench.offload", n, *extra))
+    with Stages("offload", len(args.world) * 2) as progress:
+        for n in args.world:
+            for flag in ([], ["--offload"]):
+                progress.start(f"{n} ranks, {args.mib} MiB: {'offloaded' if flag else 'in memory'}")
+                extra = ["--mib", str(args.mib), "--layers", str(args.layers), "--steps"]
+                extra += [str(args.steps), "--reduce-depth", str(args.reduce_depth), *flag]
+                rows.append(run_job("shardwire.worker.bench.offload", n, *extra))
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardwire.worker.bench.jobs import command_line, rank_side, run_job
+from shardwire.worker.bench.stages import Stages
 
 WIDTH, ROWS, STEPS = 512, 1024, 5
 LM: dict[str, Any] = {"vocab": 96, "dim": 256, "heads": 8, "layers": 4, "context": 32}
@@ -199,10 +200,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.layers < 2 or args.layers % 2:
         p.error("--layers must be even (the interleaved schedule halves them)")
-    rows = [
-        run_job("shardwire.worker.bench.parallel", n, "--layers", str(args.layers))
-        for n in args.world
-    ]
+    rows = []
+    with Stages("parallel", len(args.world)) as progress:
+        for n in args.world:
+            progress.start(f"{n} ranks: the pipeline's schedules, then tensor parallel and FSDP")
+            rows.append(run_job("shardwire.worker.bench.parallel", n, "--layers", str(args.layers)))
     report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

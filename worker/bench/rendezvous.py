@@ -60,6 +60,7 @@ from pathlib import Path
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import coordinator_port
+from shardwire.worker.bench.stages import Stages
 from shardwire.worker.bench.torchrun import free_port
 
 _TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
@@ -327,8 +328,11 @@ def main(argv: list[str]) -> int:
     results = []
     print("| workers | rendezvous (s) | join p50 (s) | join p99 (s) | coordinator CPU (s) | "
           "coordinator peak RSS (MiB) | heartbeats (share of a core) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|", flush=True)
+    # forming a job takes about as long as it has workers: they are its stage's work
+    progress = Stages("rendezvous", len(args.workers), work=sum(args.workers))
     for n in args.workers:
+        progress.start(f"a job of {n} workers", work=n)
         r = measure(
             n, args.processes, args.per_node, args.beat_window, agents=not args.direct,
             reform=args.reform, restart=args.restart, etcd=args.etcd,
@@ -351,6 +355,7 @@ def main(argv: list[str]) -> int:
             print(f"  coordinator SIGKILLed and started again: listening after "
                   f"{r['coordinator_up_s']:.2f} s, every worker and agent back after "
                   f"{r['restart_s']:.2f} s", flush=True)  # fmt: skip
+    progress.close()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from shardwire.worker.bench.hosts import emulated, rate_bits
 from shardwire.worker.bench.jobs import command_line, example, run_nodes
+from shardwire.worker.bench.stages import Stages
 
 MODEL = {"batch": 32, "context": 64, "dim": 128, "heads": 4, "layers": 4, "lr": 3e-3, "seed": 0}
 MODES = ("dp", "diloco", "streaming-int8")
@@ -74,32 +75,55 @@ def run_mode(hosts, mode: str, args, tmp: Path, *, steps: int, log_every: int) -
     }
 
 
-def _say(what: str) -> None:
-    print(f"[bench]: {what} done", file=sys.stderr, flush=True)
+def stages(args) -> Stages:
+    """The runs ahead, counted: every mode at every rate on every host count (``--steps``
+    each), then every mode's loss run on every host count (``--loss-steps`` each)."""
+    timed = len(args.hosts) * len(args.rates) * len(args.modes)
+    losses = len(args.hosts) * len(args.modes)
+    work = timed * args.steps + losses * args.loss_steps
+    return Stages("slowlink", timed + losses, work=work)
 
 
 def measure(args, tmp: Path) -> tuple[list[dict], list[dict]]:
     """The rows (a mode at a rate: tokens/s there, and the loss run's figures) and the
     loss runs' curves (a mode on a host count). Every timed run comes first, then the
     loss runs (which another load beside them would slow, not change)."""
-    speed: dict[tuple[int, str, str], int] = {}
+    with stages(args) as progress:
+        speed = _timed(args, tmp, progress)
+        return _losses(args, tmp, progress, speed)
+
+
+def _timed(args, tmp: Path, progress: Stages) -> dict[tuple[int, str, str], float]:
+    """tokens/s of every mode at every rate on every host count, the modes' order
+    turning rate by rate."""
+    speed: dict[tuple[int, str, str], float] = {}
     turn = 0
     for count in args.hosts:
         for rate in args.rates:
             with emulated(count, None if rate == "unshaped" else rate) as hosts:
                 for mode in args.modes[:: 1 if turn % 2 == 0 else -1]:
+                    what = f"{count} hosts, {rate}, {mode}: {args.steps} steps timed"
+                    progress.start(what, work=args.steps)
                     run = run_mode(hosts, mode, args, tmp, steps=args.steps, log_every=args.steps)
                     speed[count, mode, rate] = run["tokens_per_s"]
-                    _say(f"{count} hosts, {rate}, {mode}, {args.steps} steps")
             turn += 1
+    return speed
+
+
+def _losses(
+    args, tmp: Path, progress: Stages, speed: dict[tuple[int, str, str], float]
+) -> tuple[list[dict], list[dict]]:
+    """Every mode's loss run on every host count (unshaped: a rate changes how fast a mode
+    trains, not what it computes), and the rows with ``speed``'s tokens/s beside them."""
     rows: list[dict] = []
     curves: list[dict] = []
     for count in args.hosts:
         with emulated(count, None) as hosts:
             for mode in args.modes:
+                what = f"{count} hosts, {mode}: {args.loss_steps} steps for the loss"
+                progress.start(what, work=args.loss_steps)
                 run = run_mode(hosts, mode, args, tmp, steps=args.loss_steps,
                                log_every=args.log_every)  # fmt: skip
-                _say(f"{count} hosts, {mode}, {args.loss_steps} steps for the loss")
                 curves.append({"hosts": count, "mode": mode, "curve": run["curve"]})
                 rows += [
                     {"mode": mode, "hosts": count, "rate": rate, "steps": args.steps,

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from shardwire.worker.bench.jobs import command_line, example
+from shardwire.worker.bench.stages import Stages
 from shardwire.worker.bench.torchrun import clean_env
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
@@ -66,13 +67,16 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory() as d:
+    progress = Stages("trace", len(args.world) * args.repeats * 2)
+    with progress, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for n in args.world:
             rates: dict[bool, list[float]] = {False: [], True: []}
             events = 0
             for repeat in range(args.repeats):
                 for traced in (False, True) if repeat % 2 == 0 else (True, False):
+                    said = "traced" if traced else "untraced"
+                    progress.start(f"{n} ranks, run {repeat + 1}/{args.repeats}: {said}")
                     rate, seen = run(n, args.steps, traced, tmp)
                     rates[traced].append(rate)
                     events = max(events, seen)

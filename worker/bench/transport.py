@@ -29,6 +29,7 @@ import numpy as np
 
 from shardwire.worker.bench.certs import make_certificates
 from shardwire.worker.bench.jobs import command_line
+from shardwire.worker.bench.stages import Stages
 
 TOTAL_BYTES = 256 << 20  # per throughput trial
 RTT_ITERS = 2000
@@ -298,10 +299,13 @@ def measure(sizes: list[int], trials: int) -> tuple[dict, dict[str, dict]]:
     # Alternate the sides so that drift on this shared machine hits them all alike.
     raw = None
     results: dict[str, dict | None] = dict.fromkeys(VARIANTS)
-    for _ in range(trials):
-        raw = best_of(raw, raw_side(sizes, 1))
-        for name, extra in VARIANTS.items():
-            results[name] = best_of(results[name], shardwire_side(sizes, 1, extra))
+    with Stages("transport", trials * (1 + len(VARIANTS))) as progress:
+        for trial in range(trials):
+            progress.start(f"round {trial + 1}/{trials}: raw sockets")
+            raw = best_of(raw, raw_side(sizes, 1))
+            for name, extra in VARIANTS.items():
+                progress.start(f"round {trial + 1}/{trials}: {name}")
+                results[name] = best_of(results[name], shardwire_side(sizes, 1, extra))
     assert raw is not None
     return raw, {name: r for name, r in results.items() if r is not None}
 
