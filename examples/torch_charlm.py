@@ -151,6 +151,15 @@ def save(args, model, opt, store, step: int, *, handover: bool) -> None:
             (where / "done").write_text("")
 
 
+def out_of_time(start: float, minutes: float) -> bool:
+    """Whether ``minutes`` have passed since ``start`` on any rank: every rank stops
+    after the same step (a rank deciding on its own clock would leave the others
+    waiting in a step it never joins)."""
+    late = torch.tensor([int(time.perf_counter() - start >= minutes * 60)])
+    dist.all_reduce(late, op=dist.ReduceOp.MAX)
+    return bool(late.item())
+
+
 def train(args, data: np.ndarray, vocab: int, store) -> dict:
     rank, size = dist.get_rank(), dist.get_world_size()
     cut = int(len(data) * 0.9)
@@ -163,7 +172,7 @@ def train(args, data: np.ndarray, vocab: int, store) -> dict:
     start = time.perf_counter()
     loss = torch.zeros(1)
     step = first
-    while step < args.steps and time.perf_counter() - start < args.minutes * 60:
+    while step < args.steps and not out_of_time(start, args.minutes):
         draw = np.random.default_rng([args.seed + 1, step])
         starts = draw.integers(0, len(train_data) - args.context - 1, args.batch)[mine]
         part = loss_of(model, *windows(train_data, starts, args.context))
