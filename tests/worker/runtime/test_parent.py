@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e
+
 PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
@@ -19,8 +23,6 @@ time.sleep(120)
 CHILD = """
 import os, time
 from shardwire.worker.runtime.parent import end_with_parent
-
-pytestmark = pytest.mark.e2e
 assert end_with_parent(os.getppid())
 print("asked", flush=True)
 time.sleep(120)

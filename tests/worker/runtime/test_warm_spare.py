@@ -16,6 +16,8 @@ import pytest
 
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
 
+pytestmark = pytest.mark.e2e
+
 SCRIPT = """
 import os, sys
 warm = "shardwire.worker" in sys.modules  # imported before the script ran
@@ -79,8 +81,6 @@ async def test_a_dead_rank_s_replacement_is_the_warm_spare(tmp_path, spare: bool
 
 OVER = """
 import os, sys, time
-
-pytestmark = pytest.mark.e2e
 rank, marks = os.environ["RANK"], sys.argv[1]
 first = not os.path.exists(os.path.join(marks, rank))
 open(os.path.join(marks, rank), "w").close()
