@@ -106,5 +106,7 @@ def test_the_slowed_rank_and_the_shaped_link_are_both_named(four_hosts) -> None:
     )
     assert slow, closing[-3000:]
     rate, median = float(slow.group(1)), float(slow.group(2))
-    assert rate <= SHAPED_MBIT / 8 * 1.25, closing[-3000:]  # at most the shaped rate, and some
+    # the shaped rate, and some: tbf lets a burst through above its rate, and a sample of
+    # 256 KiB messages read up to twice it here; the unshaped links read 100x more
+    assert rate <= SHAPED_MBIT / 8 * 3, closing[-3000:]
     assert median >= 4 * rate
