@@ -97,7 +97,7 @@ class Recovery(Liveness):
                     ended_by=e.ended_by[:256],
                 )
                 for e in self.gens.eras
-            ],  # fmt: skip
+            ],
         )
 
     def restore(self, journal: Journal, now: float, *, since_written: float = 0.0) -> None:
@@ -136,9 +136,14 @@ class Recovery(Liveness):
         silent_from = now + grace - self.config.heartbeat_timeout
         for jw in journal.workers:
             worker = Worker(
-                ("journal", jw.rank), jw.join, jw.host, silent_from, rank=jw.rank,
-                state=RankState.RUNNING, connected=False,
-            )  # fmt: skip
+                ("journal", jw.rank),
+                jw.join,
+                jw.host,
+                silent_from,
+                rank=jw.rank,
+                state=RankState.RUNNING,
+                connected=False,
+            )
             self._workers[worker.conn] = worker
             self._by_rank[jw.rank] = worker
             self._beats[worker.conn] = None

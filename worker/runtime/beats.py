@@ -92,8 +92,10 @@ class BeatRelay:
             why = "gone" if not usable else "not reading"
             log.warning(
                 "rank %d: the node agent does not take heartbeats (%s); sending them to "
-                "the coordinator directly", self._rank, why,
-            )  # fmt: skip
+                "the coordinator directly",
+                self._rank,
+                why,
+            )
         return False
 
     def close(self) -> None:

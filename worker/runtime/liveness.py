@@ -292,8 +292,11 @@ class ControlThread:
         except (OSError, TimeoutError) as exc:
             log.warning(
                 "rank %d: cannot reach the node agent's heartbeat socket %s (%s); sending "
-                "heartbeats to the coordinator directly", rank, path, exc,
-            )  # fmt: skip
+                "heartbeats to the coordinator directly",
+                rank,
+                path,
+                exc,
+            )
             return
         self._client.relay(self._relay_to)
 

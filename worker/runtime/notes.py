@@ -36,8 +36,12 @@ class WaitNotes:
             await asyncio.sleep(every)
             log.warning(
                 "%s (%s), %.0f s of %g s; %s",
-                self.waiting, self.last, time.monotonic() - start, self.timeout, self.hint,
-            )  # fmt: skip
+                self.waiting,
+                self.last,
+                time.monotonic() - start,
+                self.timeout,
+                self.hint,
+            )
 
     async def around(self, wait: Awaitable[T], every: float) -> T:
         """``wait``'s result, said every ``every`` seconds while it is awaited."""

@@ -82,8 +82,10 @@ class Rejoiner:
         self._until = time.monotonic() + self.grace
         log.warning(
             "%s: lost the coordinator at %s; reconnecting for up to %g s (training goes on)",
-            self._role, self._where(), self.grace,
-        )  # fmt: skip
+            self._role,
+            self._where(),
+            self.grace,
+        )
         self._away()
         self._task = asyncio.create_task(self._run(), name="shardwire-rejoin")
         return True
