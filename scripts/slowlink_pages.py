@@ -59,10 +59,15 @@ def hosts_table() -> str:
             f"| op | hosts | size | algorithm | shardwire ({ours}) | shardwire ({kernel}) "
             f"| gloo ({kernel}) | gloo time / shardwire time ({ours}) | ({kernel}) |"
         )
+        asked = any(v is not None for v in kept.get("asked", {}).values())
+        how = (
+            "as asked (`SHARDWIRE_TCP_CONGESTION`, `SHARDWIRE_TCP_NOTSENT_LOWAT`)"
+            if asked
+            else "as they are between hosts when nothing is asked"
+        )
         said = (
-            f" shardwire's peer connections ran with TCP tuned ({ours}: "
-            "`SHARDWIRE_TCP_CONGESTION`, `SHARDWIRE_TCP_NOTSENT_LOWAT`) and, in runs beside "
-            f"them, with the kernel's defaults ({kernel}), which gloo uses."
+            f" shardwire's peer connections ran with TCP tuned ({ours}), {how}, and, in runs "
+            f"beside them, with the kernel's defaults ({kernel}), which gloo uses."
         )
     else:
         head = "| op | hosts | size | algorithm | shardwire | gloo | gloo time / shardwire time |"
