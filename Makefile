@@ -9,7 +9,7 @@ NPROC ?= 4
 PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test check lint validate bench sync torch docs docs-serve clean
+.PHONY: run test check lint validate bench sync torch torchft-venv docs docs-serve clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -25,6 +25,13 @@ sync: $(UV)
 TORCH_SPEC ?= torch==2.13.0
 torch: sync
 	$(TOOLS)/bin/pip --python $(RUN)/python install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+
+# An interpreter beside the project's for `bench goodput --compare-torchft`: torch's CPU
+# build, torchft and this checkout (torchft is never a dependency of the package).
+TORCHFT_VENV ?= $(HOME)/.cache/torchft-venv
+torchft-venv: $(UV)
+	$(PYTHON) -m venv $(TORCHFT_VENV)
+	$(TORCHFT_VENV)/bin/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)" torchft-nightly .
 
 run: sync
 	$(RUN)/shardwire launch --standalone --nproc-per-node $(NPROC) examples/digits.py

@@ -9,8 +9,13 @@ the shardwire backend instead of shardwire's own layers: ``relaunch`` resumes fr
 ``torch.distributed.checkpoint`` on disk, ``live`` from ``shardwire.torch.PeerStorage``.
 ``--pairs K`` alternates K fault-free runs with K faulty ones (this machine is noisy):
 each pair's goodput is its faulty run over its own fault-free run, and each mode reports
-the median and range over the pairs. A line per stage on standard error (a bar on a
-terminal) says what runs and about how long is left.
+the median and range over the pairs. ``--compare-torchft`` (with ``--torch ddp``) times,
+in each pair, the same steps and kill schedule recovered the ways torch users recover
+them today: torchft (a lighthouse, a replica group per rank, a restarted replica healing
+from a live peer) and ``torchrun --max-restarts`` over gloo from the checkpoint on disk,
+each against its own fault-free run (``--torchft-python``: an interpreter with torchft
+and shardwire, ``pip install torchft-nightly`` and this checkout). A line per stage on
+standard error (a bar on a terminal) says what runs and about how long is left.
 
 The fault-free job trains for ``--minutes`` and sets the number of steps; each faulty
 one trains the same steps under ``shardwire chaos`` with a plan that hits a random rank
@@ -40,8 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from shardwire.worker.bench import BenchmarkFailed
+from shardwire.worker.bench.collectives import side_python
 from shardwire.worker.bench.jobs import command_line, example
+from shardwire.worker.bench.peers import PeerRun, torchft_job, torchrun_job
 from shardwire.worker.bench.stages import Stages
+from shardwire.worker.chaos.plan import load
 
 SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 SHAPE = ["--batch=16", "--context=32", "--dim=64", "--heads=4", "--layers=2"]
@@ -112,6 +120,7 @@ def _faulty(
     recovery = [f["recovery_s"] for f in faults if "recovery_s" in f]
     lost = [f["steps_lost"] for f in faults if "steps_lost" in f]
     return {
+        "clean_s": round(clean_s, 2),
         "faulty_s": round(faulty_s, 2),
         "finished": finished,
         "goodput": round(clean_s / faulty_s, 3) if finished else 0.0,
@@ -135,6 +144,52 @@ def _clean(args: Any, job_of: tuple[Path, list[str]], root: Path) -> tuple[float
     return clean_s, _steps(clean / "run")
 
 
+# The peers timed with --compare-torchft, in table order.
+PEERS = ("torchft", "torchrun")
+
+
+def _peer(
+    args: Any, peer: str, root: Path, *, steps: int, progress: Stages, pair: int
+) -> dict[str, Any]:
+    """``peer``'s fault-free run and its run under the plan's kills, for ``steps``."""
+    flags = [*SHAPE, "--wrap=ddp", f"--steps={steps}"]
+    schedule = [s for s in load(root.parent / "plan.toml").schedule(args.nproc) if s.at_s]
+
+    def run(kind: str, plan: list) -> PeerRun:
+        how = {
+            "nproc": args.nproc,
+            "work": root / f"{peer}-{kind}",
+            "schedule": plan,
+            "timeout": max(3600.0, args.minutes * 60 * 20),
+        }
+        if peer == "torchft":
+            return torchft_job(args.torchft_python, flags, **how)
+        disk = [f"--save-every={args.save_every}"]
+        return torchrun_job(example("torch_charlm.py"), flags + disk, **how)
+
+    progress.start(f"pair {pair + 1}: {peer}, {steps} steps fault-free")
+    clean = run("clean", [])
+    if not clean.finished:
+        raise BenchmarkFailed(f"{peer}'s fault-free job failed:\n{clean.detail}")
+    progress.start(f"pair {pair + 1}: {peer}, {steps} steps under the plan")
+    faulty = run("faulty", schedule)
+    return {
+        "clean_s": round(clean.wall_s, 2),
+        "faulty_s": round(faulty.wall_s, 2),
+        "finished": faulty.finished,
+        "goodput": round(clean.wall_s / faulty.wall_s, 3) if faulty.finished else 0.0,
+        "faults": faulty.faults,
+        "lost_per_fault_s": round((faulty.wall_s - clean.wall_s) / faulty.faults, 2)
+        if faulty.faults
+        else None,
+        "steps_lost": None,
+        "recovery_s": [],
+        "recovery_median_s": None,
+        "recovery_max_s": None,
+        "processes": faulty.processes,
+    }
+
+
 def _summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """One mode's result over the pairs: the median pair's figures, with each pair's
     goodput and the median and range."""
@@ -153,8 +208,9 @@ def _summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
 def measure(args: Any) -> dict[str, Any]:
     job_of = _workload(args)
     modes = ["relaunch", "live"] if args.recovery == "both" else [args.recovery]
+    peers = PEERS if args.compare_torchft else ()
     runs: list[dict[str, Any]] = []
-    progress = Stages("goodput", args.pairs * (1 + len(modes)))
+    progress = Stages("goodput", args.pairs * (1 + len(modes) + 2 * len(peers)))
     with progress, tempfile.TemporaryDirectory(prefix="shardwire-goodput-") as scratch:
         (Path(scratch) / "plan.toml").write_text(
             # no state notes: the fault-free run hashes nothing either
@@ -171,8 +227,10 @@ def measure(args: Any) -> dict[str, Any]:
             for mode in modes:
                 progress.start(f"pair {pair + 1}: {steps} steps under the plan, {mode}")
                 faulty[mode] = _faulty(args, job_of, root, mode, steps=steps, clean_s=clean_s)
+            for peer in peers:
+                faulty[peer] = _peer(args, peer, root, steps=steps, progress=progress, pair=pair)
             runs.append({"clean_s": round(clean_s, 2), "steps": steps, "modes": faulty})
-    results = {m: _summary([r["modes"][m] for r in runs]) for m in modes}
+    results = {m: _summary([r["modes"][m] for r in runs]) for m in [*modes, *peers]}
     first = next(iter(results))  # relaunch when both ran: the mode run first
     headline = {k: results[first][k] for k in ("goodput", "steps_lost", "recovery_s")}
     return {
@@ -198,19 +256,20 @@ def table(r: dict[str, Any]) -> str:
     lines = [
         f"goodput: {r.get('workload', 'charlm')}, {r['nproc']} ranks, {r['steps']} steps, a "
         f"{r['kind']} of a random rank every {r['every_s']:g} s on average (seed "
-        f"{r['seed']}); fault-free {r['clean_s']:.1f} s{said}",
-        f"  {'recovery':<9} {'time (s)':>9} {'goodput':>8} {'faults':>7} {'lost/fault (s)':>15} "
-        f"{'steps twice':>12} {'back after (s)':>15} {'processes':>10}",
+        f"{r['seed']}){said}",
+        f"  {'recovery':<9} {'fault-free (s)':>14} {'time (s)':>9} {'goodput':>8} {'faults':>7} "
+        f"{'lost/fault (s)':>15} {'steps twice':>12} {'back after (s)':>15} {'processes':>10}",
     ]
     for mode, m in r["modes"].items():
-        back = f"{m['recovery_median_s']} / {m['recovery_max_s']}"
+        back = "-" if not m["recovery_s"] else f"{m['recovery_median_s']} / {m['recovery_max_s']}"
+        twice = "-" if m["steps_lost"] is None else m["steps_lost"]
         fate = "" if m["finished"] else "  did NOT finish (restarts ran out?)"
         if len(pairs) > 1:
             low, high = m["goodput_range"]
             fate = f"  [{low:.3f}-{high:.3f}]{fate}"
         lines.append(
-            f"  {mode:<9} {m['faulty_s']:>9.1f} {m['goodput']:>8.3f} {m['faults']:>7} "
-            f"{m['lost_per_fault_s']!s:>15} {m['steps_lost']:>12} {back:>15} "
+            f"  {mode:<9} {m['clean_s']:>14.1f} {m['faulty_s']:>9.1f} {m['goodput']:>8.3f} "
+            f"{m['faults']:>7} {m['lost_per_fault_s']!s:>15} {twice:>12} {back:>15} "
             f"{m['processes']!s:>10}{fate}"
         )
     lines.append("  (back after: median / max seconds from a fault to training again)")
@@ -265,12 +324,40 @@ def parser() -> argparse.ArgumentParser:
         help="fault-free and faulty runs alternated this many times; each mode reports "
         "the median goodput and its range (%(default)s)",
     )
+    p.add_argument(
+        "--compare-torchft",
+        action="store_true",
+        help="with --torch ddp: also time torchft's DDP and torchrun --max-restarts over gloo "
+        "on the same steps and kill schedule, each against its own fault-free run",
+    )
+    p.add_argument(
+        "--torchft-python",
+        help="the interpreter for --compare-torchft's replicas, with torchft and shardwire "
+        "(default: this one, else ~/.cache/torchft-venv/bin/python)",
+    )
     p.add_argument("--json", help="write the result here")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.compare_torchft:
+        if args.torch != "ddp" or args.kind != "kill":
+            print(
+                "--compare-torchft times DDP under kills: give --torch ddp --kind kill",
+                file=sys.stderr,
+            )
+            return 2
+        args.torchft_python = side_python(
+            args.torchft_python, "torchft-venv", "import torchft, shardwire.torch"
+        )
+        if args.torchft_python is None:
+            print(
+                "--compare-torchft: no interpreter with torchft and shardwire (pip install "
+                "torchft-nightly and this checkout; see --torchft-python)",
+                file=sys.stderr,
+            )
+            return 2
     result = measure(args)
     print(table(result))
     if args.json:

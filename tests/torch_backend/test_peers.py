@@ -1,0 +1,98 @@
+"""The peers ``bench goodput --compare-torchft`` times beside shardwire: torchft's DDP
+(a lighthouse, a replica group per rank, a killed replica started again and healed from
+a live peer) and torchrun over gloo from its checkpoint on disk, each under a kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+
+from shardwire.worker.bench import goodput  # noqa: E402
+from shardwire.worker.bench.collectives import side_python  # noqa: E402
+from shardwire.worker.bench.peers import torchft_job, torchrun_job  # noqa: E402
+from shardwire.worker.chaos.plan import Fault, Scheduled  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--dim=32", "--heads=2", "--layers=1", "--batch=8", "--context=16", "--wrap=ddp"]
+
+
+def _kill(rank: int, at_s: float) -> Scheduled:
+    fault = Fault(kind="kill", rank=rank, after_s=at_s)
+    return Scheduled(index=0, fault=fault, rank=rank, at_s=at_s)
+
+
+@pytest.fixture
+def in_checkout(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the peers train examples/torch_charlm.py of the checkout
+
+
+@pytest.mark.e2e
+def test_torchft_replicas_train_every_step_through_a_kill_and_agree(tmp_path, in_checkout):
+    python = side_python(None, "torchft-venv", "import torchft, shardwire.torch")
+    if python is None:
+        pytest.skip("no interpreter with torchft (make torchft-venv)")
+    steps = 1000
+    run = torchft_job(
+        python,
+        [*SMALL, f"--steps={steps}"],
+        nproc=2,
+        work=tmp_path / "ft",
+        schedule=[_kill(1, 10.0)],
+        timeout=110,
+    )
+    assert run.finished, (tmp_path / "ft").iterdir()
+    assert (run.faults, run.processes) == (1, 3)  # replica 1 started again once
+    done = [json.loads((tmp_path / "ft" / f"replica-{r}.json").read_text()) for r in (0, 1)]
+    assert [d["steps"] for d in done] == [steps, steps]
+    assert done[0]["digest"] == done[1]["digest"]  # the restarted one healed from its peer
+    assert not any(_alive(pid) for pid in run.pids)
+
+
+@pytest.mark.e2e
+def test_torchrun_restarts_every_worker_from_the_checkpoint_after_a_kill(tmp_path, in_checkout):
+    run = torchrun_job(
+        ROOT / "examples" / "torch_charlm.py",
+        [*SMALL, "--steps=300", "--save-every=20"],
+        nproc=2,
+        work=tmp_path / "tr",
+        schedule=[_kill(0, 10.0)],
+        timeout=110,
+    )
+    assert run.finished, run.detail
+    assert run.faults == 1 and run.processes >= 4  # both workers started again
+    summary = json.loads((tmp_path / "tr" / "run" / "summary.json").read_text())
+    assert summary["steps"] == 300 and summary["backend"] == "gloo"
+    assert any((tmp_path / "tr" / "checkpoints").glob("step-*/done"))
+    assert not any(_alive(pid) for pid in run.pids)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie awaiting its reaper has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--compare-torchft"],
+        ["--torch", "fsdp2", "--compare-torchft"],
+        ["--torch", "ddp", "--kind", "term", "--compare-torchft"],
+    ],
+)
+def test_compare_torchft_is_refused_outside_ddp_under_kills(argv, capsys):
+    assert goodput.main(argv) == 2
+    assert "give --torch ddp --kind kill" in capsys.readouterr().err
+
+
+def test_compare_torchft_without_torchft_says_how_to_get_it(monkeypatch, capsys):
+    monkeypatch.setattr(goodput, "side_python", lambda *a: None)
+    assert goodput.main(["--torch", "ddp", "--compare-torchft"]) == 2
+    assert "pip install torchft-nightly" in capsys.readouterr().err
