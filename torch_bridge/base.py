@@ -74,6 +74,13 @@ class BridgeBase(dist.ProcessGroup):
     group_desc = property(getGroupDesc)
 
     @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices whose tensors the group's collectives take: the CPU's. torch's
+        Python side asks (``dcp.async_save`` refuses a group without a CPU backend); a
+        group written in Python registers no backend with torch's C++ side to tell it."""
+        return [torch.device("cpu")]
+
+    @property
     def shardwire_group(self) -> Group:
         """The shardwire group this torch group runs on."""
         return self._group

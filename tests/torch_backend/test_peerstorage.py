@@ -115,6 +115,7 @@ CASES = [
     "bad input before any save",
     "FSDP2 -> DDP",
     "DDP -> FSDP2",
+    "async save",
     "keep",
     "an id no rank holds",
     "another model shape",

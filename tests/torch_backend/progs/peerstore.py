@@ -11,6 +11,8 @@ Each case prints ``ok CASE`` on every rank when what it checks held:
   (a step and the random generator's state) comes back;
 - DDP -> FSDP2: the other way (DDP's replicated items are written once, by one rank
   each, and read by every rank into its shard);
+- async save: ``dcp.async_save`` into the store returns before the save is done; once
+  its future is, the checkpoint is the latest and loads as it was saved;
 - keep: after 3 saves only the 2 newest are held, ``latest()`` is the newest;
 - an id no rank holds: typed, naming what is held;
 - another model shape: DCP's planner refuses it;
@@ -123,6 +125,26 @@ def round_trip(store: PeerStorage, saved_as: str, loaded_as: str, name: str) -> 
     assert torch.equal(state["extra"]["rng"], rng)
 
 
+def saved_in_the_background(store: PeerStorage) -> None:
+    model, opt = trained(0, "fsdp2")
+    expected = flat(state_of(model, opt, 8)["model"]) | flat(state_of(model, opt, 8)["optim"])
+    pending = dcp.async_save(state_of(model, opt, 8), checkpoint_id="c", storage_writer=store)
+    pending.result(timeout=60)
+    assert store.latest() == "c", store.latest()
+    other, other_opt = trained(5, "fsdp2")
+    state = state_of(other, other_opt, 0)
+    dcp.load(state, checkpoint_id="c", storage_reader=store)
+    set_state_dict(
+        other, other_opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    got = flat(state_of(other, other_opt, 0)["model"]) | flat(
+        state_of(other, other_opt, 0)["optim"]
+    )
+    for key, value in expected.items():
+        assert torch.equal(got[key], value), key
+    assert state["extra"]["step"] == 8
+
+
 def keeps_the_newest(store: PeerStorage) -> None:
     model, opt = trained(0, "fsdp2")
     for step in (10, 20, 30):
@@ -188,6 +210,7 @@ def main() -> None:
         ("bad input before any save", lambda: bad_input_before_any_save(store)),
         ("FSDP2 -> DDP", lambda: round_trip(store, "fsdp2", "ddp", "a")),
         ("DDP -> FSDP2", lambda: round_trip(store, "ddp", "fsdp2", "b")),
+        ("async save", lambda: saved_in_the_background(store)),
         ("keep", lambda: keeps_the_newest(store)),
         ("an id no rank holds", lambda: unknown_id(store)),
         ("another model shape", another_shape),
