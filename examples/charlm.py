@@ -163,9 +163,12 @@ async def resume(
 async def save(args, fsdp: FSDP, replicas: Replicas, *, step: int, loss: float, draw):
     """A checkpoint of this step, written while training goes on (and DiLoCo's state)."""
     saving = await fsdp.save(
-        replicas.checkpoints(args.checkpoint_dir), step=step, extra={"loss": loss},
-        rngs={"draw": draw}, blocking=False,
-    )  # fmt: skip
+        replicas.checkpoints(args.checkpoint_dir),
+        step=step,
+        extra={"loss": loss},
+        rngs={"draw": draw},
+        blocking=False,
+    )
     await replicas.save(args.checkpoint_dir, step, keep=None)
     return saving
 
@@ -225,9 +228,14 @@ async def _steps(
     dp = mesh.dp
     draw = np.random.default_rng(args.seed + 1)  # the data order
     step, loss, log = await resume(
-        args, pg, fsdp, draw, f"runs/charlm-seed{args.seed}", replicas=replicas,
+        args,
+        pg,
+        fsdp,
+        draw,
+        f"runs/charlm-seed{args.seed}",
+        replicas=replicas,
         copies=copies,
-    )  # fmt: skip
+    )
     ckpt, saving = args.checkpoint_dir and replicas.checkpoints(args.checkpoint_dir), None
     mine, share = replicas.rows(args.batch, dp)
     holds = replicas.held(fsdp)  # for a chaos plan's checks; read only under one

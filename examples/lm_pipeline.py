@@ -101,9 +101,17 @@ async def train_pipeline(
         )
         began, first = time.perf_counter(), step
         step, loss = await _steps(
-            args, pg, mesh, pipe, fsdp, data=(train, held), draw=draw, log=log, step=step,
+            args,
+            pg,
+            mesh,
+            pipe,
+            fsdp,
+            data=(train, held),
+            draw=draw,
+            log=log,
+            step=step,
             copies=copies,
-        )  # fmt: skip
+        )
     except BaseException:
         await fsdp.aclose()  # a failure may leave reductions in flight
         raise

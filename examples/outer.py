@@ -22,25 +22,34 @@ from shardwire.worker.training.diloco import DiLoCo, Sharded, replica_groups, re
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--diloco", type=int, default=0, metavar="H",
+        "--diloco",
+        type=int,
+        default=0,
+        metavar="H",
         help="DiLoCo: replicas train on their own and sync every H steps (0: off)",
-    )  # fmt: skip
+    )
     p.add_argument("--replicas", type=int, help="DiLoCo replicas (default: one per node)")
     p.add_argument("--fragments", type=int, default=1, help="DiLoCo streaming fragments")
     p.add_argument("--overlap", action="store_true", help="overlap each sync with a step")
     p.add_argument(
-        "--outer-quantize", default="none", choices=["none", "int8", "int4"],
+        "--outer-quantize",
+        default="none",
+        choices=["none", "int8", "int4"],
         help="DiLoCo outer sync's wire format",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--outer-lr", type=float, default=0.7,
+        "--outer-lr",
+        type=float,
+        default=0.7,
         help="DiLoCo's outer learning rate (the paper's 0.7; 1 with --outer-momentum 0: "
         "the replicas' parameters averaged)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--outer-momentum", type=float, default=0.9,
+        "--outer-momentum",
+        type=float,
+        default=0.9,
         help="DiLoCo's outer Nesterov momentum (the paper's 0.9)",
-    )  # fmt: skip
+    )
 
 
 class Replicas:
@@ -73,10 +82,16 @@ class Replicas:
         a = self.args
         quantize = None if a.outer_quantize == "none" else a.outer_quantize
         self.diloco = DiLoCo(
-            model, self.outer, every=a.diloco, fragments=a.fragments, overlap=a.overlap,
-            quantize=quantize, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
+            model,
+            self.outer,
+            every=a.diloco,
+            fragments=a.fragments,
+            overlap=a.overlap,
+            quantize=quantize,
+            outer_lr=a.outer_lr,
+            outer_momentum=a.outer_momentum,
             nesterov=a.outer_momentum > 0,  # Nesterov's look-ahead needs a momentum
-        )  # fmt: skip
+        )
         await self.diloco.begin()
         if isinstance(copies, DiLoCoCopies):
             copies.bind(self.diloco, self.pg, self.index)
@@ -95,14 +110,18 @@ class Replicas:
         if self.diloco is None:
             return {}
         return {
-            "diloco": {"every": self.args.diloco, "replicas": self.count,
-                       "fragments": self.args.fragments, "overlap": self.args.overlap,
-                       "quantize": self.args.outer_quantize,
-                       "outer_lr": self.args.outer_lr,
-                       "outer_momentum": self.args.outer_momentum},
+            "diloco": {
+                "every": self.args.diloco,
+                "replicas": self.count,
+                "fragments": self.args.fragments,
+                "overlap": self.args.overlap,
+                "quantize": self.args.outer_quantize,
+                "outer_lr": self.args.outer_lr,
+                "outer_momentum": self.args.outer_momentum,
+            },
             "outer_sent_bytes": self.diloco.sent_bytes,
             "outer_largest_exchange_bytes": self.diloco.largest_sent,
-        }  # fmt: skip
+        }
 
     def held(self, fsdp: FSDP) -> Callable[[], tuple[str, list[np.ndarray]]]:
         """What this rank holds, for a chaos plan's checks (``log.step(held=...)``); under

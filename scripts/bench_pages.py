@@ -48,8 +48,12 @@ def table() -> str:
             gloo = [f"{cells[s]['vs_gloo']:.2f}×" if s in cells else "" for s in sizes]
             out.append(f"| {op} | {n} | " + " | ".join(mpi + gloo) + " |")
     out += _reads(rows, sizes)
-    out += ["", "![Median latency against size per op and world size, shardwire beside Open "
-            "MPI and gloo](../img/collectives-latency.svg)", ""]  # fmt: skip
+    out += [
+        "",
+        "![Median latency against size per op and world size, shardwire beside Open "
+        "MPI and gloo](../img/collectives-latency.svg)",
+        "",
+    ]
     return "\n".join(out)
 
 

@@ -29,17 +29,31 @@ ARENA = "#2ca02c"
 def _box(ax, rect, text, *, face="white", edge="black", size=9, weight="normal"):
     x, y, w, h = rect
     ax.add_patch(
-        FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
-                       facecolor=face, edgecolor=edge, linewidth=1.2)
-    )  # fmt: skip
+        FancyBboxPatch(
+            (x, y),
+            w,
+            h,
+            boxstyle="round,pad=0.02,rounding_size=0.08",
+            facecolor=face,
+            edgecolor=edge,
+            linewidth=1.2,
+        )
+    )
     ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, weight=weight)
 
 
 def _arrow(ax, start, end, *, color, style="-", both=False, width=1.2):
     ax.add_patch(
-        FancyArrowPatch(start, end, arrowstyle="<|-|>" if both else "-|>", mutation_scale=10,
-                        color=color, linestyle=style, linewidth=width)
-    )  # fmt: skip
+        FancyArrowPatch(
+            start,
+            end,
+            arrowstyle="<|-|>" if both else "-|>",
+            mutation_scale=10,
+            color=color,
+            linestyle=style,
+            linewidth=width,
+        )
+    )
 
 
 def architecture() -> str:
@@ -64,25 +78,43 @@ def draw_architecture() -> plt.Figure:
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 6.2)
     ax.axis("off")
-    _box(ax, (2.4, 5.3, 5.2, 0.8), "coordinator\nrendezvous · ranks · liveness · generations",
-         face="#f3f3f3", weight="bold")  # fmt: skip
+    _box(
+        ax,
+        (2.4, 5.3, 5.2, 0.8),
+        "coordinator\nrendezvous · ranks · liveness · generations",
+        face="#f3f3f3",
+        weight="bold",
+    )
     ranks = {}
     for node, x0 in ((0, 0.3), (1, 5.3)):
         ax.add_patch(
-            FancyBboxPatch((x0, 0.3), 4.4, 4.3, boxstyle="round,pad=0.02,rounding_size=0.12",
-                           facecolor="#fbfbfb", edgecolor="#999999", linestyle="--")
-        )  # fmt: skip
-        ax.text(x0 + 0.15, 4.4, f"node rank {node} (a host: node id host-{'ab'[node]})",
-                fontsize=9, weight="bold", va="top")  # fmt: skip
-        _box(ax, (x0 + 0.9, 3.35, 2.6, 0.6), "node agent\nstarts and watches its ranks",
-             size=8)  # fmt: skip
+            FancyBboxPatch(
+                (x0, 0.3),
+                4.4,
+                4.3,
+                boxstyle="round,pad=0.02,rounding_size=0.12",
+                facecolor="#fbfbfb",
+                edgecolor="#999999",
+                linestyle="--",
+            )
+        )
+        ax.text(
+            x0 + 0.15,
+            4.4,
+            f"node rank {node} (a host: node id host-{'ab'[node]})",
+            fontsize=9,
+            weight="bold",
+            va="top",
+        )
+        _box(ax, (x0 + 0.9, 3.35, 2.6, 0.6), "node agent\nstarts and watches its ranks", size=8)
         _arrow(ax, (x0 + 2.2, 3.95), (5.0, 5.3), color=CONTROL)
         for local in (0, 1):
             rank = node * 2 + local
             slot = local if node == 0 else 1 - local  # mirrored: lane 1 meets in the middle
             x = x0 + 0.3 + slot * 2.1
-            _box(ax, (x, 1.75, 1.7, 0.9), f"rank {rank}\nlocal rank {local}\nworker process",
-                 size=8)  # fmt: skip
+            _box(
+                ax, (x, 1.75, 1.7, 0.9), f"rank {rank}\nlocal rank {local}\nworker process", size=8
+            )
             _arrow(ax, (x0 + 2.2, 3.35), (x + 0.85, 2.65), color=CONTROL, style=":")
             ranks[rank] = (x + 0.85, 1.75)
         arena = "node arena: one shared-memory region\n(collectives among this node's ranks)"
@@ -104,8 +136,14 @@ def draw_architecture() -> plt.Figure:
         plt.Line2D([], [], color=LANE[1], label="lane 1 (local rank 1 of each node)"),
         plt.Line2D([], [], color=ARENA, label="shared memory inside a node"),
     ]
-    ax.legend(handles=handles, loc="upper center", fontsize=8, frameon=False, ncol=2,
-              bbox_to_anchor=(0.5, 0.04))  # fmt: skip
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        fontsize=8,
+        frameon=False,
+        ncol=2,
+        bbox_to_anchor=(0.5, 0.04),
+    )
     return fig
 
 
@@ -148,8 +186,15 @@ def slowdemo_timeline() -> str:
     ax.set_xlabel("ms (all_reduce calls 21 to 25)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     labels = ["waiting for peers", "reducing", "moving bytes"]
-    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 1.25), ncol=3,
-              frameon=False, fontsize=8)  # fmt: skip
+    ax.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1.25),
+        ncol=3,
+        frameon=False,
+        fontsize=8,
+    )
     fig.tight_layout()
     return _svg(fig)
 

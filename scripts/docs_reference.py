@@ -280,8 +280,10 @@ def errors() -> list[tuple[str, str]]:
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-                    names = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
-                             for b in node.bases]  # fmt: skip
+                    names = [
+                        b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                        for b in node.bases
+                    ]
                     bases[(_module_of(path), node.name)] = names
     found = {"ShardwireError"}
     while True:

@@ -117,7 +117,7 @@ FIGURES: dict[str, tuple[str, Callable[[], str]]] = {
             " A blocking save against one fsynced "
             "`numpy.save` of the same bytes, a load, and an asynchronous save's stall.",
         ),
-    ),  # fmt: skip
+    ),
     "parallel": (
         "guide/performance.md",
         _table(
@@ -126,7 +126,7 @@ FIGURES: dict[str, tuple[str, Callable[[], str]]] = {
             " The pipeline bubble per schedule, measured "
             "beside its theory, and a small LM's step under FSDP and tensor parallel.",
         ),
-    ),  # fmt: skip
+    ),
     "offload": (
         "guide/fsdp.md",
         _table(
@@ -135,7 +135,7 @@ FIGURES: dict[str, tuple[str, Callable[[], str]]] = {
             " Peak resident memory per rank over the "
             "training steps (`VmHWM`), FULL_SHARD with AdamW.",
         ),
-    ),  # fmt: skip
+    ),
     "aggregation": (
         "guide/aggregation.md",
         _table(
@@ -145,7 +145,7 @@ FIGURES: dict[str, tuple[str, Callable[[], str]]] = {
             "error feedback beside uncompressed ones, and the parameter server's step "
             "beside the ring all-reduce's.",
         ),
-    ),  # fmt: skip
+    ),
     "trace": ("why-slow.md", trace),
     "slowdemo": ("why-slow.md", slowdemo),
 }

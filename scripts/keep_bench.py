@@ -25,9 +25,13 @@ def main(argv: list[str], kept: Path = KEPT) -> int:
     name, machine, command = argv[0], argv[1], argv[3:]
     shardwire = str(Path(sys.executable).parent / "shardwire")
     commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-        check=True, timeout=30,
-    ).stdout.strip()  # fmt: skip
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="shardwire-keep-") as tmp:
         out = Path(tmp) / "out.json"
         subprocess.run([shardwire, *command[1:], "--json", str(out)], cwd=ROOT, check=True)

@@ -100,9 +100,12 @@ def slowlink_table() -> str:
         "the paper's outer optimizer"
         if (kept["outer_lr"], kept["outer_momentum"]) == (0.7, 0.9)
         else f"outer rate {kept['outer_lr']:g} and momentum {kept['outer_momentum']:g}"
-        + (" (the replicas' parameters averaged)" if kept["outer_lr"] == 1
-           and kept["outer_momentum"] == 0 else "")
-    )  # fmt: skip
+        + (
+            " (the replicas' parameters averaged)"
+            if kept["outer_lr"] == 1 and kept["outer_momentum"] == 0
+            else ""
+        )
+    )
     out = [
         source(kept) + f" charlm (dim {model['dim']}, {model['layers']} layers, batch "
         f"{model['batch']} × {model['context']} characters); DiLoCo with H = {kept['every']}, "
@@ -122,8 +125,11 @@ def slowlink_table() -> str:
             f"| {r['hosts']} | {r['rate']} | {r['mode']} | {r['tokens_per_s']:,.0f} | "
             f"{r['held_out_loss']:.4f} | {r['cross_host_bytes_per_token']:,.1f} | {shown} |"
         )
-    out += ["", "![Held-out loss against tokens, per mode, for each host "
-            "count](../img/slowlink-loss.svg)", ""]  # fmt: skip
+    out += [
+        "",
+        "![Held-out loss against tokens, per mode, for each host count](../img/slowlink-loss.svg)",
+        "",
+    ]
     return "\n".join(out)
 
 

@@ -60,15 +60,27 @@ def etcd_server(directory: Path, *, netns: str = "", host: str = "127.0.0.1") ->
     log_path = directory / "etcd.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [*(["ip", "netns", "exec", netns] if netns else []),
-         binary, "--name", "t", "--data-dir", str(directory / "data"),
-         "--listen-client-urls", f"http://{host}:{client}",
-         "--advertise-client-urls", f"http://{host}:{client}",
-         "--listen-peer-urls", f"http://{host}:{peer}",
-         "--initial-advertise-peer-urls", f"http://{host}:{peer}",
-         "--initial-cluster", f"t=http://{host}:{peer}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            *(["ip", "netns", "exec", netns] if netns else []),
+            binary,
+            "--name",
+            "t",
+            "--data-dir",
+            str(directory / "data"),
+            "--listen-client-urls",
+            f"http://{host}:{client}",
+            "--advertise-client-urls",
+            f"http://{host}:{client}",
+            "--listen-peer-urls",
+            f"http://{host}:{peer}",
+            "--initial-advertise-peer-urls",
+            f"http://{host}:{peer}",
+            "--initial-cluster",
+            f"t=http://{host}:{peer}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + _START
         # from outside a namespace its address cannot be dialed: its log says it is ready

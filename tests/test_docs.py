@@ -25,8 +25,11 @@ PACKAGE = ["worker", "coordinator", "protocol", "torch_bridge"]
 def test_the_generated_reference_pages_match_the_code() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "docs_reference.py"), "--check"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -89,12 +89,35 @@ PARAMETER_SETS = {
     "one node": ["--name", "solo", "examples/hello.py"],
     "two nodes": [*BASE, *SCRIPT],
     "eight nodes": [
-        "--name", "big-job", "--namespace", "ml", "--nodes", "8", "--nproc-per-node", "8",
-        "--image", "registry.example/team/shardwire:1.2", "--max-restarts", "3",
-        "--join-timeout", "12.5", "--token-secret", "team.token", "--cpu", "7500m",
-        "--memory", "30Gi", "--shm-size", "1.5Gi", "-m", "pkg.train", "--lr", "3e-4", "on",
+        "--name",
+        "big-job",
+        "--namespace",
+        "ml",
+        "--nodes",
+        "8",
+        "--nproc-per-node",
+        "8",
+        "--image",
+        "registry.example/team/shardwire:1.2",
+        "--max-restarts",
+        "3",
+        "--join-timeout",
+        "12.5",
+        "--token-secret",
+        "team.token",
+        "--cpu",
+        "7500m",
+        "--memory",
+        "30Gi",
+        "--shm-size",
+        "1.5Gi",
+        "-m",
+        "pkg.train",
+        "--lr",
+        "3e-4",
+        "on",
     ],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -288,7 +311,7 @@ def test_the_token_comes_from_the_secret_never_the_manifest() -> None:
 def test_cpu_memory_and_shm_size_reach_the_resources_and_the_volume() -> None:
     docs = rendered(
         "--name", "j", "--cpu", "3500m", "--memory", "3Gi", "--shm-size", "1.5Gi", "t.py"
-    )  # fmt: skip
+    )
     resources = container(docs, "j")["resources"]
     assert resources["requests"] == resources["limits"] == {"cpu": "3500m", "memory": "4608Mi"}
     (shm,) = [v for v in pod(docs, "j")["volumes"] if v["name"] == "shm"]
@@ -388,14 +411,75 @@ def test_the_example_is_a_fresh_rendering_of_the_command_on_its_first_line() -> 
 # --- the emitter ----------------------------------------------------------------------
 
 TRICKY = [
-    "yes", "No", "ON", "off", "y", "n", "true", "False", "null", "Null", "~", "", " ",
-    "0700", "0x1F", "1e3", "1_000", "1:20", "-1", "+1", ".5", "-.inf", ".nan", "2024-01-01",
-    "a: b", "a #b", "#x", "&a", "*a", "!t", "|", ">", "%x", "@x", "`x", "'q'", '"q"',
-    "-", "--", "---", "...", "- x", "? x", "key:", "a:b", "[x]", "{x}", "a,b", "=", "<<",
-    " lead", "trail ", "two\nlines", "tab\there", "back\\slash", "nul\x00", "del\x7f",
-    "nel\x85", "ls\u2028", "bom\ufeff", "café", "😀", "\ufffe", "--steps=3", "-m",
-    "/tmp/run", "shardwire:local", "app.kubernetes.io/name",
-]  # fmt: skip
+    "yes",
+    "No",
+    "ON",
+    "off",
+    "y",
+    "n",
+    "true",
+    "False",
+    "null",
+    "Null",
+    "~",
+    "",
+    " ",
+    "0700",
+    "0x1F",
+    "1e3",
+    "1_000",
+    "1:20",
+    "-1",
+    "+1",
+    ".5",
+    "-.inf",
+    ".nan",
+    "2024-01-01",
+    "a: b",
+    "a #b",
+    "#x",
+    "&a",
+    "*a",
+    "!t",
+    "|",
+    ">",
+    "%x",
+    "@x",
+    "`x",
+    "'q'",
+    '"q"',
+    "-",
+    "--",
+    "---",
+    "...",
+    "- x",
+    "? x",
+    "key:",
+    "a:b",
+    "[x]",
+    "{x}",
+    "a,b",
+    "=",
+    "<<",
+    " lead",
+    "trail ",
+    "two\nlines",
+    "tab\there",
+    "back\\slash",
+    "nul\x00",
+    "del\x7f",
+    "nel\x85",
+    "ls\u2028",
+    "bom\ufeff",
+    "café",
+    "😀",
+    "\ufffe",
+    "--steps=3",
+    "-m",
+    "/tmp/run",
+    "shardwire:local",
+    "app.kubernetes.io/name",
+]
 
 
 def test_every_string_reads_back_as_itself() -> None:
@@ -479,15 +563,27 @@ _READ_ONLY_POD = (
 
 
 def _read_only(argv: list[str]) -> list[str]:
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _READ_ONLY_POD,
-            str(ROOT), *argv]  # fmt: skip
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _READ_ONLY_POD,
+        str(ROOT),
+        *argv,
+    ]
 
 
 def _claims(docs, job: str, tmp_path: Path) -> dict[str, Path]:
     """Where the pods of ``job`` mount claims -> a directory of the claim's here."""
     spec = pod(docs, job)
-    volumes = {v["name"]: v["persistentVolumeClaim"]["claimName"]
-               for v in spec.get("volumes", []) if "persistentVolumeClaim" in v}  # fmt: skip
+    volumes = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in spec.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
     mounts = container(docs, job).get("volumeMounts", [])
     return {m["mountPath"]: tmp_path / volumes[m["name"]] for m in mounts if m["name"] in volumes}
 
@@ -507,15 +603,21 @@ def _run_pods(
     def start(c: Doc, pod_name: str, **extra: str) -> subprocess.Popen:
         job = pod_name.rsplit("-", 1)[0] if "coordinator" in pod_name else name
         argv, environ = _as_kubernetes_would(
-            c, pod_name=pod_name, secrets=secrets, services=services,
+            c,
+            pod_name=pod_name,
+            secrets=secrets,
+            services=services,
             claims=_claims(docs, job, tmp_path),
-        )  # fmt: skip
+        )
         logs.append(tmp_path / f"{pod_name}.log")
         with logs[-1].open("w") as log:
             proc = subprocess.Popen(
-                _read_only(argv) if read_only else argv, env={**environ, **extra},
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-            )  # fmt: skip
+                _read_only(argv) if read_only else argv,
+                env={**environ, **extra},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
         procs.append(proc)
         return proc
 
@@ -562,10 +664,22 @@ def test_the_rendered_pods_run_a_job_on_this_machine(tmp_path: Path) -> None:
     control, http = free_ports(2)
     name = "kube"
     docs = rendered(
-        "--name", name, "--nodes", "2", "--nproc-per-node", "2",
-        "--port", str(control), "--http-port", str(http),
-        "examples/digits.py", "--steps", "60", "--run-dir", str(tmp_path / "run"),
-    )  # fmt: skip
+        "--name",
+        name,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--port",
+        str(control),
+        "--http-port",
+        str(http),
+        "examples/digits.py",
+        "--steps",
+        "60",
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     logs = _run_pods(docs, name, tmp_path)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers"] == 4
@@ -581,11 +695,24 @@ def test_a_coordinator_pod_lost_mid_job_is_replaced_and_resumes_from_its_claim(
     control, http = free_ports(2)
     name = "lost"
     docs = rendered(
-        "--name", name, "--nodes", "2", "--nproc-per-node", "1",
-        "--port", str(control), "--http-port", str(http),
-        "examples/digits.py", "--steps", "1500", "--log-every", "100",
-        "--run-dir", str(tmp_path / "run"),
-    )  # fmt: skip
+        "--name",
+        name,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--port",
+        str(control),
+        "--http-port",
+        str(http),
+        "examples/digits.py",
+        "--steps",
+        "1500",
+        "--log-every",
+        "100",
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     logs = _run_pods(docs, name, tmp_path, lose_coordinator_at="step 300/")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["steps"] == 1500

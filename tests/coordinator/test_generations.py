@@ -246,8 +246,14 @@ def test_a_long_history_sends_the_first_and_latest_generations_inside_a_frame() 
 
 def _rejoin(rank: int, name: str) -> Join:
     """A survivor re-forming in its process: it asks for its rank (as an agent's do)."""
-    return Join(world_size=2 * LWS, node_id=name, local_rank=rank % LWS, local_world_size=LWS,
-                requested_rank=rank, reforming=True)  # fmt: skip
+    return Join(
+        world_size=2 * LWS,
+        node_id=name,
+        local_rank=rank % LWS,
+        local_world_size=LWS,
+        requested_rank=rank,
+        reforming=True,
+    )
 
 
 def test_survivors_rejoining_in_their_processes_wait_for_the_next_generation() -> None:
@@ -268,8 +274,13 @@ def test_survivors_rejoining_in_their_processes_wait_for_the_next_generation() -
     actions = r.node_join(101, node("b", budget=2), 2.5)
     assert r.state is JobState.WAITING and sent(actions, NodeAssignment)
     # the failed rank's new process joins; the generation forms with every survivor
-    replacement = Join(world_size=4, node_id=node_of[3], local_rank=ranks[3] % LWS,
-                       local_world_size=LWS, requested_rank=ranks[3])  # fmt: skip
+    replacement = Join(
+        world_size=4,
+        node_id=node_of[3],
+        local_rank=ranks[3] % LWS,
+        local_world_size=LWS,
+        requested_rank=ranks[3],
+    )
     placed = sent(r.join(30, replacement, peer_host="10.0.0.1", now=3.0), Placement)
     assert r.state is JobState.RUNNING and r.generation == 2
     assert {c: p.rank for c, p in placed.items()} == {c + 20: ranks[c] for c in survivors} | {
@@ -295,8 +306,9 @@ def test_survivors_of_a_lost_node_form_a_smaller_generation_after_the_last_call(
     for c in rosters:
         r.disconnected(c) if c not in survivors else None
     for old in survivors:
-        assert r.join(old + 20, _rejoin(ranks[old], node_of[old]), peer_host="10.0.0.1",
-                      now=2.0) == []  # fmt: skip
+        assert (
+            r.join(old + 20, _rejoin(ranks[old], node_of[old]), peer_host="10.0.0.1", now=2.0) == []
+        )
         assert r.disconnected(old) == []
     assert sent(r.node_join(kept, node("ab"[kept - 100], low=1, budget=1), 2.0), Placement) == {}
     assert r.tick(2.5) == []  # the last call is open: the lost node may come back
@@ -353,8 +365,14 @@ def test_survivors_re_forming_into_a_grown_job_are_admitted_whatever_size_they_k
     actions = r.node_join(101, node("b", low=1, budget=1), 3.0)  # a node joins: it grows
     assert all(a.restarting for a in sent(actions, Abort).values())
     for old, place in rosters.items():
-        rejoin = Join(world_size=LWS, node_id="a", local_rank=place.rank, local_world_size=LWS,
-                      requested_rank=place.rank, reforming=True)  # fmt: skip
+        rejoin = Join(
+            world_size=LWS,
+            node_id="a",
+            local_rank=place.rank,
+            local_world_size=LWS,
+            requested_rank=place.rank,
+            reforming=True,
+        )
         assert r.join(old + 20, rejoin, peer_host="10.0.0.1", now=3.5) == []
         r.disconnected(old)
     r.node_join(100, node("a", low=1, budget=1), 4.0)

@@ -80,10 +80,16 @@ def test_a_link_whose_receiver_was_busy_once_is_not_named() -> None:
     table = LinkTable()
     _mesh(table, 4)
     late = LinkReport(
-        peer=1, path="tcp", bytes_sent=8 << 20, bytes_received=8 << 20, messages_sent=4,
-        messages_received=4, timed_bytes=8 << 20, timed_us=10 * round((8 << 20) / 500),
+        peer=1,
+        path="tcp",
+        bytes_sent=8 << 20,
+        bytes_received=8 << 20,
+        messages_sent=4,
+        messages_received=4,
+        timed_bytes=8 << 20,
+        timed_us=10 * round((8 << 20) / 500),
         peak_bps=500 * MB,
-    )  # fmt: skip
+    )
     table.add(2, [late])  # rank 2's newest totals of its link from rank 1
     link = next(k for k in table.links() if (k.src, k.dst) == (1, 2))
     assert link.bandwidth is not None and link.bandwidth < 60 * MB  # shown as measured

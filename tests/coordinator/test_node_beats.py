@@ -111,10 +111,18 @@ def test_while_the_job_forms_an_agent_beats_for_the_ranks_its_workers_asked_for(
     r = Rendezvous(RendezvousConfig(run_id="r", world_size=4, heartbeat_timeout=5))
     for conn, name in ((100, "a"), (101, "b")):
         r.node_join(conn, NodeJoin(world_size=4, node_id=name, local_world_size=2), 0.0)
-    r.join(0, Join(world_size=4, node_id="a", local_rank=0, local_world_size=2,
-                   requested_rank=0), peer_host="h", now=0.0)  # fmt: skip
-    r.join(1, Join(world_size=4, node_id="a", local_rank=1, local_world_size=2,
-                   requested_rank=1), peer_host="h", now=0.0)  # fmt: skip
+    r.join(
+        0,
+        Join(world_size=4, node_id="a", local_rank=0, local_world_size=2, requested_rank=0),
+        peer_host="h",
+        now=0.0,
+    )
+    r.join(
+        1,
+        Join(world_size=4, node_id="a", local_rank=1, local_world_size=2, requested_rank=1),
+        peer_host="h",
+        now=0.0,
+    )
     assert r.state is JobState.WAITING
     assert r.beating(0) and r.beating(1)  # quiet, but bounded by the join deadline
     r.node_beat(100, NodeBeat(beats=[_entry(0, busy_s=12.0, busy_at="x.py:1"), _entry(3)]), 1.0)

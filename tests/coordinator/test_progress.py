@@ -20,8 +20,10 @@ def test_the_time_left_follows_the_recent_pace() -> None:
     curves = Curves()
     # 10 steps a second for 30 s, then 2 steps a second for PACE_WINDOW_S
     beats = [(t, Progress(step=10 * t, total_steps=1000)) for t in range(31)]
-    beats += [(30 + t, Progress(step=300 + 2 * t, total_steps=1000))
-              for t in range(1, int(PACE_WINDOW_S) + 1)]  # fmt: skip
+    beats += [
+        (30 + t, Progress(step=300 + 2 * t, total_steps=1000))
+        for t in range(1, int(PACE_WINDOW_S) + 1)
+    ]
     _feed(curves, beats)
     now, step = beats[-1][0], beats[-1][1].step
     assert curves.eta_s(now) == pytest.approx((1000 - step) / 2)  # the slow pace only
@@ -43,18 +45,21 @@ def test_no_estimate_without_a_total_or_a_pace() -> None:
 
 def test_losses_held_out_and_throughput_are_kept_as_they_change() -> None:
     curves = Curves()
-    _feed(curves, [
-        (0, Progress(step=1, loss=2.0, samples_per_s=10, comm_share=0.5)),
-        (1, Progress(step=1, loss=2.0, samples_per_s=10, comm_share=0.5)),  # repeated beat
-        (2, Progress(step=2, loss=1.5, held_out=1.9, samples_per_s=12, comm_share=0.25)),
-        (3, Progress(step=3, loss=1.2, held_out=1.9, samples_per_s=14)),
-    ])  # fmt: skip
+    _feed(
+        curves,
+        [
+            (0, Progress(step=1, loss=2.0, samples_per_s=10, comm_share=0.5)),
+            (1, Progress(step=1, loss=2.0, samples_per_s=10, comm_share=0.5)),  # repeated beat
+            (2, Progress(step=2, loss=1.5, held_out=1.9, samples_per_s=12, comm_share=0.25)),
+            (3, Progress(step=3, loss=1.2, held_out=1.9, samples_per_s=14)),
+        ],
+    )
     view = curves.view(3, wall=103)
     assert view["losses"] == [{"step": s, "loss": v} for s, v in ((1, 2.0), (2, 1.5), (3, 1.2))]
     assert view["held_out"] == [{"step": 2, "loss": 1.9}]
-    assert [(p["time"], p["step"], p["samples_per_s"], p["comm_share"])
-            for p in view["throughput"]] == [
-        (100, 1, 10, 0.5), (102, 2, 12, 0.25), (103, 3, 14, None)]  # fmt: skip
+    assert [
+        (p["time"], p["step"], p["samples_per_s"], p["comm_share"]) for p in view["throughput"]
+    ] == [(100, 1, 10, 0.5), (102, 2, 12, 0.25), (103, 3, 14, None)]
 
 
 def test_the_curves_are_bounded() -> None:

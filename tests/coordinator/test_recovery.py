@@ -54,8 +54,11 @@ def test_placements_tell_the_grace_and_the_journal_holds_the_generation() -> Non
     journal = r.journal()
     assert journal is not None and journal.generation == 1 and journal.world_size == 4
     assert [(w.rank, w.join.node_id, w.join.local_rank) for w in journal.workers] == [
-        (0, "a", 0), (1, "a", 1), (2, "b", 0), (3, "b", 1),
-    ]  # fmt: skip
+        (0, "a", 0),
+        (1, "a", 1),
+        (2, "b", 0),
+        (3, "b", 1),
+    ]
     without, _ = _formed(grace=0.0)
     assert without.journal() is not None  # journaled only where the server has a directory
 
@@ -113,8 +116,10 @@ def test_a_rank_is_taken_back_once() -> None:
 
 def test_node_agents_are_taken_back_by_node_id_and_node_rank() -> None:
     r = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE))
-    agents = {1: NodeJoin(world_size=2, node_id="a", local_world_size=1),
-              2: NodeJoin(world_size=2, node_id="b", local_world_size=1)}  # fmt: skip
+    agents = {
+        1: NodeJoin(world_size=2, node_id="a", local_world_size=1),
+        2: NodeJoin(world_size=2, node_id="b", local_world_size=1),
+    }
     sent = []
     for conn, msg in agents.items():
         sent += r.node_join(conn, msg, 0.0)
@@ -139,8 +144,9 @@ def test_node_agents_are_taken_back_by_node_id_and_node_rank() -> None:
     assert again.state is JobState.FINISHED
     late = NodeRejoin(node_rank=ranks[1], generation=1, join=agents[1])
     assert again.node_rejoin(9, late, 53.0) == [
-        Send(9, Rejoined(generation=1)), Send(9, Finished(generation=1)),
-    ]  # fmt: skip
+        Send(9, Rejoined(generation=1)),
+        Send(9, Finished(generation=1)),
+    ]
     stale = NodeRejoin(node_rank=ranks[1], generation=2, join=agents[1])
     assert error_of(again.node_rejoin(10, stale, 53.0)).code == "rejoin"
 
@@ -150,8 +156,10 @@ def test_a_coordinator_killed_while_the_job_formed_takes_the_nodes_back_and_form
     generation (its nodes, no worker); a restarted coordinator takes the agents back and
     the workers, joining again, form that same generation."""
     r = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE))
-    agents = {1: NodeJoin(world_size=2, node_id="a", local_world_size=1),
-              2: NodeJoin(world_size=2, node_id="b", local_world_size=1)}  # fmt: skip
+    agents = {
+        1: NodeJoin(world_size=2, node_id="a", local_world_size=1),
+        2: NodeJoin(world_size=2, node_id="b", local_world_size=1),
+    }
     assert r.journal() is None  # nothing assigned yet: a restart starts afresh
     sent = [a for conn, msg in agents.items() for a in r.node_join(conn, msg, 0.0)]
     ranks = {a.conn: a.msg.node_rank for a in sent if isinstance(a.msg, NodeAssignment)}
@@ -204,11 +212,17 @@ def test_the_state_directory_round_trips_the_journal_and_is_held_by_one(tmp_path
 @pytest.mark.e2e
 def test_a_live_coordinator_in_another_process_holds_its_directory(tmp_path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from shardwire.coordinator.journal import StateDir; "
-         f"s = StateDir({str(tmp_path)!r}, 'r'); s.open(); print('held', flush=True); "
-         "sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from shardwire.coordinator.journal import StateDir; "
+            f"s = StateDir({str(tmp_path)!r}, 'r'); s.open(); print('held', flush=True); "
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(StateDirError, match=f"PID {holder.pid} on"):
@@ -263,8 +277,10 @@ def test_a_coordinator_killed_mid_journal_write_leaves_a_whole_journal(tmp_path)
     for delay in (0.05, 0.11, 0.23, 0.37, 0.5):
         writer = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(tmp_path / "state")],
-            cwd=os.getcwd(), stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=os.getcwd(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
             time.sleep(delay)
@@ -288,16 +304,23 @@ def test_the_generation_history_outlives_a_restart() -> None:
     r, journal = _restored(now=100.0)
     (era,) = journal.history
     assert (era.generation, era.world_size, era.duration_s) == (1, 4, None)
-    earlier = JournalEra(generation=1, world_size=4, nodes=2, started_ago_s=50.0,
-                         duration_s=40.0, ended_by="rank 2 failed: killed")  # fmt: skip
+    earlier = JournalEra(
+        generation=1,
+        world_size=4,
+        nodes=2,
+        started_ago_s=50.0,
+        duration_s=40.0,
+        ended_by="rank 2 failed: killed",
+    )
     current = JournalEra(generation=2, world_size=4, nodes=2, started_ago_s=10.0)
     two = journal.model_copy(update={"generation": 2, "history": [earlier, current]})
     again = Rendezvous(RendezvousConfig(run_id="r", world_size=4, grace=GRACE))
     again.restore(two, 500.0, since_written=5.0)
     info = again.gens.info(500.0)
     assert [(g.generation, g.started_age_s, g.duration_s, g.ended_by) for g in info] == [
-        (1, 55.0, 40.0, "rank 2 failed: killed"), (2, 15.0, None, ""),
-    ]  # fmt: skip
+        (1, 55.0, 40.0, "rank 2 failed: killed"),
+        (2, 15.0, None, ""),
+    ]
     assert [e.generation for e in (again.journal() or journal).history] == [1, 2]
 
 
@@ -313,8 +336,12 @@ def test_a_coordinator_killed_between_generations_finishes_the_restart() -> None
     sent = [a for conn, msg in agents.items() for a in r.node_join(conn, msg, 0.0)]
     ranks = {a.conn: a.msg.node_rank for a in sent if isinstance(a.msg, NodeAssignment)}
     for conn, rank in ranks.items():
-        r.join(conn + 10, join(agents[conn].node_id, 0, world=2, lws=1, rank=rank),
-               peer_host="10.0.0.9", now=1.0)  # fmt: skip
+        r.join(
+            conn + 10,
+            join(agents[conn].node_id, 0, world=2, lws=1, rank=rank),
+            peer_host="10.0.0.9",
+            now=1.0,
+        )
     assert r.state is JobState.RUNNING
     failed = next(c for c, rank in ranks.items() if rank == 1) + 10
     r.report_failure(failed, Failure(reason="boom"), now=5.0)
@@ -329,16 +356,18 @@ def test_a_coordinator_killed_between_generations_finishes_the_restart() -> None
     assert again.state is JobState.RESTARTING and again.gens.restarts == 1
     assigned: list = []
     for conn, msg in agents.items():
-        back = again.node_rejoin(conn + 20, NodeRejoin(node_rank=ranks[conn], generation=1,
-                                                       join=msg), 51.0)  # fmt: skip
+        back = again.node_rejoin(
+            conn + 20, NodeRejoin(node_rank=ranks[conn], generation=1, join=msg), 51.0
+        )
         assert [type(a.msg) for a in back] == [Rejoined, Restart]  # type: ignore[union-attr]
         assert back[1].msg.generation == 2  # type: ignore[union-attr]
         assigned += again.node_join(conn + 20, msg, 52.0)  # its processes are gone
     got = [a.msg for a in assigned if isinstance(a.msg, NodeAssignment)]  # type: ignore[union-attr]
     assert sorted(m.node_rank for m in got) == [0, 1] and {m.generation for m in got} == {2}
     assert again.journal() is not None and again.journal().forming  # type: ignore[union-attr]
-    stranger = NodeRejoin(node_rank=0, generation=1,
-                          join=NodeJoin(world_size=2, node_id="c", local_world_size=1))  # fmt: skip
+    stranger = NodeRejoin(
+        node_rank=0, generation=1, join=NodeJoin(world_size=2, node_id="c", local_world_size=1)
+    )
     fresh = Rendezvous(RendezvousConfig(run_id="r", grace=GRACE, max_restarts=2))
     fresh.restore(journal, 60.0)
     assert "is not waited for" in error_of(fresh.node_rejoin(9, stranger, 61.0)).message

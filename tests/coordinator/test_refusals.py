@@ -62,7 +62,9 @@ async def test_repeated_refusals_are_logged_once_with_the_address(
         client.close()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
     auth = [line for line in lines if "(auth)" in line]
-    assert auth == ["refused 127.0.0.1 (auth): authentication failed: the token does not "
-                    "match; check SHARDWIRE_TOKEN on both sides"]  # fmt: skip
+    assert auth == [
+        "refused 127.0.0.1 (auth): authentication failed: the token does not "
+        "match; check SHARDWIRE_TOKEN on both sides"
+    ]
     assert any("(world_size)" in line and "127.0.0.1" in line for line in lines), lines
     assert all("cluster-token" not in line for line in lines)

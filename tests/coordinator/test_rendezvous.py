@@ -52,9 +52,13 @@ def start(r: Rendezvous, joins: dict) -> dict:
 
 @pytest.mark.parametrize(
     ("hosts", "one_machine"),
-    [(["127.0.0.1", "127.0.0.2"], True), (["127.0.0.1", "10.0.0.9"], False),
-     (["::1", "::1"], True), (["node-a", "node-a"], False)],
-)  # fmt: skip
+    [
+        (["127.0.0.1", "127.0.0.2"], True),
+        (["127.0.0.1", "10.0.0.9"], False),
+        (["::1", "::1"], True),
+        (["node-a", "node-a"], False),
+    ],
+)
 def test_placements_say_whether_every_worker_is_on_one_machine(hosts, one_machine) -> None:
     r = rdzv(world=2)
     got: dict = {}

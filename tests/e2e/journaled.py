@@ -27,10 +27,27 @@ def token_file(where: Path) -> Path:
 def straight_run(where: Path) -> tuple[list, dict]:
     """The records of the job run without a fault."""
     done = subprocess.run(
-        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
-         "--steps", STEPS, "--log-every", "100", "--run-dir", str(where / "run")],
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "examples/digits.py",
+            "--steps",
+            STEPS,
+            "--log-every",
+            "100",
+            "--run-dir",
+            str(where / "run"),
+        ],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return run_records(where / "run")
 
@@ -42,10 +59,26 @@ def node_agent(
     inside network namespace ``netns[0]`` if given; its output in pipes, or in the files
     ``output``.out and .err (for a test that does not read it as it comes)."""
     where = port if isinstance(port, str) else f"127.0.0.1:{port}"
-    argv = [*(["ip", "netns", "exec", netns[0]] if netns else []),
-            SHARDWIRE, "worker", "--coordinator", where, "--nnodes", "1",
-            "--nproc-per-node", "2", "--run-id", "restart", "examples/digits.py", "--steps",
-            STEPS, "--log-every", "100", "--run-dir", str(run_dir)]  # fmt: skip
+    argv = [
+        *(["ip", "netns", "exec", netns[0]] if netns else []),
+        SHARDWIRE,
+        "worker",
+        "--coordinator",
+        where,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--run-id",
+        "restart",
+        "examples/digits.py",
+        "--steps",
+        STEPS,
+        "--log-every",
+        "100",
+        "--run-dir",
+        str(run_dir),
+    ]
     if output is None:
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
         return subprocess.Popen(argv, cwd=ROOT, env=env(**TOKEN), **pipes)  # type: ignore[call-overload]

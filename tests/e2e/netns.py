@@ -87,9 +87,21 @@ def coordinator_inside(
     """A coordinator of ``world_size`` workers listening on ``host:port`` in ``ns`` (no
     status page)."""
     return inside(
-        ns, SHARDWIRE, "coordinator", "--host", host, "--port", str(port),
-        "--world-size", str(world_size), "--run-id", run_id, "--http-port", "-1", env=env,
-    )  # fmt: skip
+        ns,
+        SHARDWIRE,
+        "coordinator",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--world-size",
+        str(world_size),
+        "--run-id",
+        run_id,
+        "--http-port",
+        "-1",
+        env=env,
+    )
 
 
 def worker_inside(
@@ -106,7 +118,21 @@ def worker_inside(
     """``shardwire worker`` in ``ns``: node ``node_rank`` of ``nnodes`` with ``nproc``
     ranks running ``script`` (a path and its arguments)."""
     return inside(
-        ns, SHARDWIRE, "worker", "--coordinator", coordinator, "--nnodes", str(nnodes),
-        "--nproc-per-node", str(nproc), "--node-id", node_id, "--node-rank", str(node_rank),
-        "--run-id", run_id, *script, env=env,
-    )  # fmt: skip
+        ns,
+        SHARDWIRE,
+        "worker",
+        "--coordinator",
+        coordinator,
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--node-id",
+        node_id,
+        "--node-rank",
+        str(node_rank),
+        "--run-id",
+        run_id,
+        *script,
+        env=env,
+    )

@@ -39,9 +39,15 @@ def run_page_command(
             (where / name).symlink_to(ROOT / name)
     argv, variables = page_command(label)
     return subprocess.run(
-        argv, cwd=where, env=env(**variables), capture_output=True, text=True,
-        timeout=timeout, check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        argv,
+        cwd=where,
+        env=env(**variables),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _pattern(line: str, *, numbers_vary: bool) -> re.Pattern[str]:

@@ -61,9 +61,13 @@ async def collectives(pg: sw.ProcessGroup) -> tuple[Names, Check]:
     r, n = pg.rank, pg.world_size
     full = np.arange(16.0).reshape(8, 2) * (r + 1)
     given = {
-        "pg": pg, "np": np, "grads": np.arange(6.0) * (r + 1), "full": full,
-        "weights": np.full(4, float(r)), "params": np.full(2, float(r)),
-    }  # fmt: skip
+        "pg": pg,
+        "np": np,
+        "grads": np.arange(6.0) * (r + 1),
+        "full": full,
+        "weights": np.full(4, float(r)),
+        "params": np.full(2, float(r)),
+    }
     total = sum(range(1, n + 1))
 
     def check(ns: Names) -> None:
@@ -81,9 +85,13 @@ async def collectives(pg: sw.ProcessGroup) -> tuple[Names, Check]:
 async def fsdp(pg: sw.ProcessGroup) -> tuple[Names, Check]:
     ids, targets = tokens(pg)
     given = {
-        "model": lm(), "pg": pg, "ids": ids, "targets": targets,
-        "global_batch_tokens": ids.size * pg.world_size, "lr": 1e-3,
-    }  # fmt: skip
+        "model": lm(),
+        "pg": pg,
+        "ids": ids,
+        "targets": targets,
+        "global_batch_tokens": ids.size * pg.world_size,
+        "lr": 1e-3,
+    }
     return given, _finite("loss")
 
 
@@ -114,10 +122,14 @@ async def aggregation(pg: sw.ProcessGroup) -> tuple[Names, Check]:
     model = Sequential(Linear(4, 8, rng=rng), ReLU(), Linear(8, 3, rng=rng))
     draw = np.random.default_rng(20 + pg.rank)
     given = {
-        "pg": pg, "model": model, "params": [p for _, p in model.named_parameters()],
-        "x": draw.normal(size=(5, 4)), "y": draw.integers(0, 3, 5),
-        "softmax_cross_entropy": softmax_cross_entropy, "optimizer": SGD(lr=0.1),
-    }  # fmt: skip
+        "pg": pg,
+        "model": model,
+        "params": [p for _, p in model.named_parameters()],
+        "x": draw.normal(size=(5, 4)),
+        "y": draw.integers(0, 3, 5),
+        "softmax_cross_entropy": softmax_cross_entropy,
+        "optimizer": SGD(lr=0.1),
+    }
     return given, _finite("loss")
 
 
@@ -147,12 +159,21 @@ async def pipeline(pg: sw.ProcessGroup) -> tuple[Names, Check]:
 
     ids, targets = tokens(pg, 8, vocab=65, context=64, part=0)  # one replica
     given = {
-        "pg": pg, "ids": ids, "targets": targets, "global_tokens": ids.size, "sw": sw,
-        "np": np, "partial": partial, "ParallelBlock": ParallelBlock, "FSDP": FSDP,
-        "TransformerLM": TransformerLM, "by_type": by_type, "AdamW": AdamW,
+        "pg": pg,
+        "ids": ids,
+        "targets": targets,
+        "global_tokens": ids.size,
+        "sw": sw,
+        "np": np,
+        "partial": partial,
+        "ParallelBlock": ParallelBlock,
+        "FSDP": FSDP,
+        "TransformerLM": TransformerLM,
+        "by_type": by_type,
+        "AdamW": AdamW,
         "softmax_cross_entropy": softmax_cross_entropy,
         "shape": {"vocab": 65, "dim": 128, "heads": 4, "layers": 4, "context": 64},
-    }  # fmt: skip
+    }
 
     def check(ns: Names) -> None:
         assert np.isfinite(ns["norm"])

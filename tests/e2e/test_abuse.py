@@ -47,9 +47,16 @@ def _job(steps: int, delay: float) -> tuple[subprocess.Popen, subprocess.Popen, 
     assert coordinator.stderr is not None
     http = _read_until(coordinator.stderr, r"status page on http://([\d.]+:\d+)/").group(1)
     node = background(
-        "worker", "--coordinator", f"127.0.0.1:{port}", "--nproc-per-node", "2",
-        str(SCRIPTS / "steps.py"), STEPS=str(steps), STEP_DELAY=str(delay), **TOKEN,
-    )  # fmt: skip
+        "worker",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "steps.py"),
+        STEPS=str(steps),
+        STEP_DELAY=str(delay),
+        **TOKEN,
+    )
     return coordinator, node, port, http
 
 
@@ -93,8 +100,10 @@ async def test_abuse_of_every_listener_costs_little_and_changes_nothing() -> Non
             await asyncio.sleep(1.0)
             for listener_port, pid in targets:
                 grown = rss_bytes(pid) - before[pid][0]
-                print(f"pid {pid} port {listener_port}: rss +{grown / 2**20:.1f} MiB, fds "
-                      f"{before[pid][1]} -> {fd_count(pid)}")  # fmt: skip
+                print(
+                    f"pid {pid} port {listener_port}: rss +{grown / 2**20:.1f} MiB, fds "
+                    f"{before[pid][1]} -> {fd_count(pid)}"
+                )
                 assert grown <= RSS_BOUND, (
                     f"pid {pid} (port {listener_port}) grew {grown >> 20} MiB"
                 )

@@ -126,15 +126,21 @@ def _as_written(tmp_path: Path, args: list[str], variables: dict[str, str], time
     """The page's command in ``tmp_path``, where its relative paths hold."""
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     return _run(
-        [SHARDWIRE, *args], tmp_path, timeout,
-        PATH=f"{Path(SHARDWIRE).parent}:{os.environ.get('PATH', '')}", **variables,
-    )  # fmt: skip
+        [SHARDWIRE, *args],
+        tmp_path,
+        timeout,
+        PATH=f"{Path(SHARDWIRE).parent}:{os.environ.get('PATH', '')}",
+        **variables,
+    )
 
 
 PLANS = [
-    "rank-dies.toml", "rank-stalls.toml", "script-raises.yaml", "coordinator-dies.toml",
+    "rank-dies.toml",
+    "rank-stalls.toml",
+    "script-raises.yaml",
+    "coordinator-dies.toml",
     "slow-link.toml",
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("plan", PLANS, ids=str)
@@ -323,16 +329,35 @@ def _two_nodes(tmp_path: Path, plan: str) -> tuple[subprocess.CompletedProcess, 
     """``shardwire chaos`` over one command that starts two node agents (two ranks each)
     of a job whose coordinator runs apart, as two machines' agents would."""
     coordinator, port = start_coordinator(
-        "--world-size", "4", "--run-id", "nodes", "--http-port", "-1",
+        "--world-size",
+        "4",
+        "--run-id",
+        "nodes",
+        "--http-port",
+        "-1",
         SHARDWIRE_TOKEN=NODE_TOKEN,
-    )  # fmt: skip
+    )
 
     def agent(node: int) -> str:
         return shlex.join(
-            [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", "2",
-             "--nproc-per-node", "2", "--run-id", "nodes", "--node-id", f"n{node}",
-             "--node-rank", str(node), str(SCRIPTS / "steps.py")]
-        )  # fmt: skip
+            [
+                SHARDWIRE,
+                "worker",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--run-id",
+                "nodes",
+                "--node-id",
+                f"n{node}",
+                "--node-rank",
+                str(node),
+                str(SCRIPTS / "steps.py"),
+            ]
+        )
 
     both = (
         f'{agent(0)} & a=$!; {agent(1)}; b=$?; wait $a; a=$?; [ "$a" = 0 ] && exit "$b"; exit "$a"'
@@ -341,10 +366,23 @@ def _two_nodes(tmp_path: Path, plan: str) -> tuple[subprocess.CompletedProcess, 
     verdict = tmp_path / "verdict.json"
     try:
         done = _run(
-            [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), "--",
-             "sh", "-c", both],
-            tmp_path, 180, STEPS="40", STEP_DELAY="0.1", SHARDWIRE_TOKEN=NODE_TOKEN,
-        )  # fmt: skip
+            [
+                SHARDWIRE,
+                "chaos",
+                str(tmp_path / "plan.toml"),
+                "--verdict",
+                str(verdict),
+                "--",
+                "sh",
+                "-c",
+                both,
+            ],
+            tmp_path,
+            180,
+            STEPS="40",
+            STEP_DELAY="0.1",
+            SHARDWIRE_TOKEN=NODE_TOKEN,
+        )
     finally:
         coordinator.kill()
         coordinator.communicate(timeout=60)
@@ -393,9 +431,11 @@ def test_the_guides_live_recovery_holds_every_invariant_and_equals_the_clean_run
     assert (tmp_path / "runs" / "faulty" / "summary.json").exists()
     checks = json.loads((tmp_path / "verdict.json").read_text())["invariants"]
     assert {name: c["status"] for name, c in checks.items()} == {
-        "replicas_agree": "held", "steps_in_order": "held", "data_once": "not checked",
+        "replicas_agree": "held",
+        "steps_in_order": "held",
+        "data_once": "not checked",
         "as_clean": "held",
-    }  # fmt: skip
+    }
     # what the page says: 60 steps of four replicas; the survivors went on from step 30,
     # the last step they completed, in the state they held: no step ran twice, so data
     # once had nothing to compare
@@ -417,11 +457,30 @@ def test_a_restart_that_forgets_its_data_order_breaks_data_once(tmp_path, forget
     (tmp_path / "state").mkdir()
     verdict = tmp_path / "verdict.json"
     done = _run(
-        [SHARDWIRE, "chaos", "plan.toml", "--verdict", str(verdict), "--", SHARDWIRE, "launch",
-         "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--recovery",
-         "relaunch", str(SCRIPTS / "forgetful.py")],
-        tmp_path, 180, STEPS="20", STATE_DIR=str(tmp_path / "state"), FORGET=str(int(forget)),
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "chaos",
+            "plan.toml",
+            "--verdict",
+            str(verdict),
+            "--",
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--recovery",
+            "relaunch",
+            str(SCRIPTS / "forgetful.py"),
+        ],
+        tmp_path,
+        180,
+        STEPS="20",
+        STATE_DIR=str(tmp_path / "state"),
+        FORGET=str(int(forget)),
+    )
     outcome = json.loads(verdict.read_text())
     assert outcome["survived"], done.stderr[-3000:]
     checks = outcome["invariants"]
@@ -437,11 +496,31 @@ def test_a_slow_disk_holds_a_ranks_checkpoints_and_the_job_finishes(tmp_path) ->
     (tmp_path / "plan.toml").write_text(plan + "for_s = 4.0\ndelay_s = 0.5\n")
     verdict = tmp_path / "verdict.json"
     done = _run(
-        [SHARDWIRE, "chaos", "plan.toml", "--verdict", str(verdict), "--", SHARDWIRE, "launch",
-         "--standalone", "--nproc-per-node", "4", str(ROOT / "examples" / "digits.py"),
-         "--steps", "20", "--save-every", "5", "--checkpoint-dir", "ckpt", "--run-dir", "run"],
-        tmp_path, 240,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "chaos",
+            "plan.toml",
+            "--verdict",
+            str(verdict),
+            "--",
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            str(ROOT / "examples" / "digits.py"),
+            "--steps",
+            "20",
+            "--save-every",
+            "5",
+            "--checkpoint-dir",
+            "ckpt",
+            "--run-dir",
+            "run",
+        ],
+        tmp_path,
+        240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads(verdict.read_text())
     assert outcome["faults"][0]["injected"] and outcome["survived"]

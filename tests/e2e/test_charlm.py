@@ -21,9 +21,19 @@ def _run(tmp: Path, *layout: str, ranks: int = 4) -> tuple[list[dict], dict]:
     """charlm on ``ranks`` ranks in ``layout``: its metric records and summary."""
     run = tmp / ("run" + "".join(layout).replace("--", "-").replace("/", "_"))
     result = shardwire(
-        "launch", "--standalone", "--nproc-per-node", str(ranks), "examples/charlm.py",
-        *SMALL, "--sample", "5", "--run-dir", str(run), *layout, timeout=300,
-    )  # fmt: skip
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "examples/charlm.py",
+        *SMALL,
+        "--sample",
+        "5",
+        "--run-dir",
+        str(run),
+        *layout,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return records, json.loads((run / "summary.json").read_text())
@@ -63,9 +73,18 @@ def test_every_layout_follows_the_plain_runs_loss_curve(plain, tmp_path, layout,
 
 def test_a_layout_that_does_not_fit_is_refused(tmp_path) -> None:
     result = shardwire(
-        "launch", "--standalone", "--nproc-per-node", "4", "examples/charlm.py", *SMALL,
-        "--tp", "3", "--run-dir", str(tmp_path / "run"), timeout=120,
-    )  # fmt: skip
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "examples/charlm.py",
+        *SMALL,
+        "--tp",
+        "3",
+        "--run-dir",
+        str(tmp_path / "run"),
+        timeout=120,
+    )
     assert result.returncode != 0
     assert "MeshError: 4 ranks do not split into pp=1 x tp=3" in result.stderr
 

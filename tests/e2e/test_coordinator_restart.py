@@ -42,10 +42,25 @@ def _coordinator(tmp_path: Path, port: int, *, grace: float) -> subprocess.Popen
     }
     argv = page_argv("coordinator-state-dir", given)
     return subprocess.Popen(
-        [*argv, "--port", str(port), "--port-file", str(tmp_path / "port"), "--run-id",
-         "restart", "--http-port", "-1", "--coordinator-grace", str(grace)],
-        cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *argv,
+            "--port",
+            str(port),
+            "--port-file",
+            str(tmp_path / "port"),
+            "--run-id",
+            "restart",
+            "--http-port",
+            "-1",
+            "--coordinator-grace",
+            str(grace),
+        ],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _port(tmp_path: Path, coordinator: subprocess.Popen) -> int:
@@ -115,11 +130,31 @@ def test_a_coordinator_killed_while_the_job_forms_is_taken_back_and_the_job_trai
     plan += f"after_s = {after_s}\n"
     (tmp_path / "plan.toml").write_text(plan)
     done = subprocess.run(
-        [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(tmp_path / "v.json"),
-         "--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
-         "--steps", "40", "--run-dir", str(tmp_path / "run")],
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "chaos",
+            str(tmp_path / "plan.toml"),
+            "--verdict",
+            str(tmp_path / "v.json"),
+            "--",
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "examples/digits.py",
+            "--steps",
+            "40",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads((tmp_path / "v.json").read_text())
     assert outcome["faults"][0]["injected"] and outcome["survived"]
@@ -151,13 +186,28 @@ def test_a_coordinator_killed_while_the_job_restarts_finishes_the_restart(tmp_pa
     plan.write_text('[[faults]]\nkind = "kill"\nrank = 1\nstep = 5\n')
     log = tmp_path / "chaos.jsonl"
     launch = subprocess.Popen(
-        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-         "--recovery", "relaunch", "--term-timeout", "20", "--chaos", str(plan),
-         str(SCRIPTS / "steps.py")],
-        cwd=ROOT, env=env(SHARDWIRE_CHAOS_LOG=str(log), STEPS="20", STEP_DELAY="0.05",
-                          TERM_DELAY="3"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--recovery",
+            "relaunch",
+            "--term-timeout",
+            "20",
+            "--chaos",
+            str(plan),
+            str(SCRIPTS / "steps.py"),
+        ],
+        cwd=ROOT,
+        env=env(SHARDWIRE_CHAOS_LOG=str(log), STEPS="20", STEP_DELAY="0.05", TERM_DELAY="3"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and '"injected"' not in (
@@ -198,11 +248,27 @@ def test_a_respawning_coordinator_killed_by_a_signal_comes_back_in_place(
     log = tmp_path / "coordinator.log"
     with log.open("w") as out:
         supervisor = subprocess.Popen(
-            [SHARDWIRE, "coordinator", "--port", str(port), "--world-size", "2", "--run-id",
-             "restart", "--state-dir", str(tmp_path / "state"), "--http-port", "-1",
-             "--respawn", "2"],
-            cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=out,
-        )  # fmt: skip
+            [
+                SHARDWIRE,
+                "coordinator",
+                "--port",
+                str(port),
+                "--world-size",
+                "2",
+                "--run-id",
+                "restart",
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--http-port",
+                "-1",
+                "--respawn",
+                "2",
+            ],
+            cwd=ROOT,
+            env=env(**TOKEN),
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
     agent = node_agent(port, tmp_path / "respawned")
     try:
         until_step(agent, 300)
@@ -222,10 +288,26 @@ def test_a_respawning_coordinator_killed_by_a_signal_comes_back_in_place(
 def test_a_respawning_coordinator_stopped_with_sigterm_stays_stopped(tmp_path) -> None:
     (port,) = free_ports(1)
     supervisor = subprocess.Popen(
-        [SHARDWIRE, "coordinator", "--port", str(port), "--world-size", "2", "--state-dir",
-         str(tmp_path / "state"), "--http-port", "-1", "--respawn", "3"],
-        cwd=ROOT, env=env(**TOKEN), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "coordinator",
+            "--port",
+            str(port),
+            "--world-size",
+            "2",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--http-port",
+            "-1",
+            "--respawn",
+            "3",
+        ],
+        cwd=ROOT,
+        env=env(**TOKEN),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert supervisor.stderr is not None
         assert "listening on" in supervisor.stderr.readline()
@@ -237,8 +319,13 @@ def test_a_respawning_coordinator_stopped_with_sigterm_stays_stopped(tmp_path) -
     assert "starting it again" not in err
     refused = subprocess.run(
         [SHARDWIRE, "coordinator", "--port", "0", "--respawn", "3", "--http-port", "-1"],
-        cwd=ROOT, env=env(**TOKEN), capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env(**TOKEN),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert refused.returncode == 2
     assert "--respawn needs --state-dir and a --port" in refused.stderr
 

@@ -15,9 +15,17 @@ from .cli import ROOT, SHARDWIRE, env, run_records, shardwire
 pytestmark = pytest.mark.e2e
 
 KEYS = {
-    "step", "time_s", "loss", "lr", "accuracy", "samples_per_s", "bytes_sent",
-    "bytes_received", "comm_s", "compute_s",
-}  # fmt: skip
+    "step",
+    "time_s",
+    "loss",
+    "lr",
+    "accuracy",
+    "samples_per_s",
+    "bytes_sent",
+    "bytes_received",
+    "comm_s",
+    "compute_s",
+}
 
 
 def _run(run_dir) -> tuple[list[dict], dict]:
@@ -142,10 +150,24 @@ def test_make_run_passes_with_a_busy_process_per_core_and_no_bytecode_writes(tmp
 def _digits(tmp_path, name: str, *flags: str) -> list[str]:
     where = tmp_path / name
     return [
-        SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
-        "--steps", "400", "--log-every", "25", "--save-every", "50",
-        "--checkpoint-dir", str(where / "ckpt"), "--run-dir", str(where / "run"), *flags,
-    ]  # fmt: skip
+        SHARDWIRE,
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/digits.py",
+        "--steps",
+        "400",
+        "--log-every",
+        "25",
+        "--save-every",
+        "50",
+        "--checkpoint-dir",
+        str(where / "ckpt"),
+        "--run-dir",
+        str(where / "run"),
+        *flags,
+    ]
 
 
 def _finish(argv: list[str]) -> subprocess.CompletedProcess:
@@ -206,9 +228,18 @@ def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_
 def _summary(tmp_path, name: str, *flags: str) -> dict:
     run = tmp_path / name
     result = shardwire(
-        "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
-        "--steps", "150", "--run-dir", str(run), *flags, timeout=180,
-    )  # fmt: skip
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/digits.py",
+        "--steps",
+        "150",
+        "--run-dir",
+        str(run),
+        *flags,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((run / "summary.json").read_text())
 

@@ -27,13 +27,35 @@ RUN = "elastic"
 def _node(ns: str, name: str, tmp_path: Path) -> subprocess.Popen:
     return inside(
         ns,
-        SHARDWIRE, "worker", "--coordinator", f"{SUBNET}.1:29400", "--nnodes", "1:2",
-        "--nproc-per-node", "2", "--max-restarts", "1", "--recovery", "relaunch",
-        "--node-id", name, "--run-id", RUN,
-        "examples/digits.py", "--steps", "600", "--log-every", "20", "--save-every", "10",
-        "--run-dir", str(tmp_path / name), "--checkpoint-dir", str(tmp_path / "ckpt"),
+        SHARDWIRE,
+        "worker",
+        "--coordinator",
+        f"{SUBNET}.1:29400",
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--recovery",
+        "relaunch",
+        "--node-id",
+        name,
+        "--run-id",
+        RUN,
+        "examples/digits.py",
+        "--steps",
+        "600",
+        "--log-every",
+        "20",
+        "--save-every",
+        "10",
+        "--run-dir",
+        str(tmp_path / name),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
         env=env(**TOKEN),
-    )  # fmt: skip
+    )
 
 
 def _wait_for(proc: subprocess.Popen, text: str, seen: list[str], *, timeout: float) -> None:
@@ -67,10 +89,22 @@ def test_a_lost_node_shrinks_the_job_and_a_returning_node_grows_it(hosts, tmp_pa
     coordinator_ns, node_a, node_b = hosts
     coordinator = inside(
         coordinator_ns,
-        SHARDWIRE, "coordinator", "--host", f"{SUBNET}.1", "--port", "29400", "--run-id", RUN,
-        "--nnodes", "1:2", "--last-call", "2", "--http-port", "-1",
+        SHARDWIRE,
+        "coordinator",
+        "--host",
+        f"{SUBNET}.1",
+        "--port",
+        "29400",
+        "--run-id",
+        RUN,
+        "--nnodes",
+        "1:2",
+        "--last-call",
+        "2",
+        "--http-port",
+        "-1",
         env=env(**TOKEN),
-    )  # fmt: skip
+    )
     a = _node(node_a, "node-a", tmp_path)
     b = _node(node_b, "node-b", tmp_path)
     again = None

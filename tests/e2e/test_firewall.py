@@ -63,8 +63,12 @@ table inet shardwire_test {{
 """
     subprocess.run(
         ["ip", "netns", "exec", ns, "nft", "-f", "-"],
-        input=rules, text=True, check=True, capture_output=True, timeout=10,
-    )  # fmt: skip
+        input=rules,
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )
 
 
 @pytest.fixture
@@ -115,9 +119,13 @@ def _host(ns: str, name: str, argv: list[str], cwd: Path) -> subprocess.Popen:
     node's default id is), in ``cwd``."""
     named = ["unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh", *argv]
     return subprocess.Popen(
-        ["ip", "netns", "exec", ns, *named], cwd=cwd, env=env(**SETTINGS),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        ["ip", "netns", "exec", ns, *named],
+        cwd=cwd,
+        env=env(**SETTINGS),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_the_running_guide_trains_across_firewalled_hosts_as_written(firewalled) -> None:

@@ -43,9 +43,14 @@ def test_a_script_run_without_a_launcher_says_how_to_launch_it_at_once() -> None
 def test_peer_listeners_take_the_ports_of_the_range() -> None:
     low, _ = free_port_range(3)
     result = shardwire(
-        "launch", "--standalone", "--nproc-per-node", "3",
-        "--peer-port-range", f"{low}-{low + 2}", str(SCRIPTS / "listening.py"),
-    )  # fmt: skip
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--peer-port-range",
+        f"{low}-{low + 2}",
+        str(SCRIPTS / "listening.py"),
+    )
     assert result.returncode == 0, result.stderr
     ports = {
         int(m.group(1)): int(m.group(2))
@@ -57,9 +62,13 @@ def test_peer_listeners_take_the_ports_of_the_range() -> None:
 def test_the_range_is_read_from_the_environment_too() -> None:
     low, _ = free_port_range(2)
     result = shardwire(
-        "launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "listening.py"),
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "listening.py"),
         SHARDWIRE_PEER_PORT_RANGE=f"{low}-{low + 1}",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     found = sorted(int(p) for p in re.findall(r"listens on (\d+)", result.stdout))
     assert found == [low, low + 1], result.stdout
@@ -67,9 +76,14 @@ def test_the_range_is_read_from_the_environment_too() -> None:
 
 def test_a_range_smaller_than_the_node_is_refused_before_anything_starts() -> None:
     result = shardwire(
-        "launch", "--standalone", "--nproc-per-node", "3",
-        "--peer-port-range", "29500-29501", str(SCRIPTS / "listening.py"),
-    )  # fmt: skip
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        "--peer-port-range",
+        "29500-29501",
+        str(SCRIPTS / "listening.py"),
+    )
     assert result.returncode == 2, result.stderr
     assert "--peer-port-range 29500-29501 holds 2 port(s) for 3 ranks" in result.stderr
     assert "listening on" not in result.stderr  # no coordinator was started
@@ -86,9 +100,15 @@ def test_a_malformed_range_is_refused_naming_the_flag() -> None:
 def test_a_standalone_job_says_how_to_watch_it_and_status_finds_it(tmp_path) -> None:
     cards = {"XDG_RUNTIME_DIR": str(tmp_path)}
     job = background(
-        "launch", "--standalone", "--nproc-per-node", "2", "--run-id", "watched",
-        str(SCRIPTS / "wait.py"), **cards,
-    )  # fmt: skip
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--run-id",
+        "watched",
+        str(SCRIPTS / "wait.py"),
+        **cards,
+    )
     try:
         assert job.stdout is not None and job.stderr is not None
         ready = sum("ready" in job.stdout.readline() for _ in range(2))

@@ -41,7 +41,7 @@ def test_the_measuring_module_runs_as_a_job_of_two_hosts(tmp_path) -> None:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     text=True,
-                )  # fmt: skip
+                )
             )
         outs = [w.communicate(timeout=240)[0] for w in workers]
         assert [w.returncode for w in workers] == [0, 0], "\n".join(o[-2000:] for o in outs)

@@ -356,9 +356,14 @@ def test_tls_flags_put_the_whole_job_on_tls(certificates) -> None:
         assert plain.returncode == 1  # a client without TLS gets nowhere, and is told why
         assert "if it uses TLS" in plain.stderr and "Traceback" not in plain.stderr
         stranger = shardwire(
-            "status", "--coordinator", address, "--timeout", "5", **token,
+            "status",
+            "--coordinator",
+            address,
+            "--timeout",
+            "5",
+            **token,
             **certificates.stranger.env(),
-        )  # fmt: skip
+        )
         assert stranger.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in stranger.stderr
         member = shardwire("status", "--coordinator", address, **token, **tls.env())
         assert member.returncode == 0 and "running" in member.stdout, member.stderr

@@ -38,8 +38,11 @@ def shape(ns: str, dst: str, mbit: int) -> None:
     destination, everything else is unlimited)."""
     found = subprocess.run(
         ["ip", "-n", ns, "-o", "link", "show", "type", "veth"],
-        check=True, capture_output=True, text=True, timeout=10,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     dev = found.stdout.split(":")[1].strip().split("@")[0]
     rules = [
         f"qdisc add dev {dev} root handle 1: htb default 10",
@@ -78,7 +81,7 @@ def test_the_slowed_rank_and_the_shaped_link_are_both_named(four_hosts) -> None:
                     node_rank=rank,
                     run_id="links",
                     env=env(**token, **faults),
-                )  # fmt: skip
+                )
             )
         outputs = [p.communicate(timeout=240) for p in procs[1:]]
         assert [p.returncode for p in procs[1:]] == [0] * 4, [e[-2000:] for _, e in outputs]

@@ -30,10 +30,23 @@ async def _status(base: str) -> dict:
 @pytest.mark.timeout(300)
 async def test_step_and_loss_advance_between_log_points(tmp_path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py",
-        "--steps", str(STEPS), "--log-every", str(STEPS), "--run-dir", str(tmp_path / "run"),
-        cwd=ROOT, env=env(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        SHARDWIRE,
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/digits.py",
+        "--steps",
+        str(STEPS),
+        "--log-every",
+        str(STEPS),
+        "--run-dir",
+        str(tmp_path / "run"),
+        cwd=ROOT,
+        env=env(),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stderr is not None
         async with asyncio.timeout(120):

@@ -43,11 +43,25 @@ def _launch(
         (tmp_path / f"{name}.toml").write_text(plan)
         chaos = ["--chaos", str(tmp_path / f"{name}.toml")]
     done = subprocess.run(
-        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4", *flags, *chaos,
-         *script, *args, *(["--run-dir", str(tmp_path / name)] if script is DIGITS else [])],
-        cwd=ROOT, env=env(SHARDWIRE_CHAOS_LOG=str(log), **extra), capture_output=True,
-        text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            *flags,
+            *chaos,
+            *script,
+            *args,
+            *(["--run-dir", str(tmp_path / name)] if script is DIGITS else []),
+        ],
+        cwd=ROOT,
+        env=env(SHARDWIRE_CHAOS_LOG=str(log), **extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     entries = [json.loads(line) for line in log.read_text().splitlines()] if plan else []
     assert not plan or entries, done.stderr[-3000:]
     return done, entries
@@ -117,8 +131,19 @@ def test_diloco_replicas_roll_back_to_their_copies_and_outer_state_bit_identical
     """DiLoCo (2 replicas of 2 ranks, 2 streaming fragments, each exchange overlapped
     with a step, int8): each killed rank's inner state comes back from its copy, its
     outer state (with an exchange in flight) from its outer group's survivor."""
-    args = ("--diloco", "10", "--replicas", "2", "--fragments", "2", "--overlap",
-            "--outer-quantize", "int8", "--copy-every", "5")  # fmt: skip
+    args = (
+        "--diloco",
+        "10",
+        "--replicas",
+        "2",
+        "--fragments",
+        "2",
+        "--overlap",
+        "--outer-quantize",
+        "int8",
+        "--copy-every",
+        "5",
+    )
     done, _ = _launch(tmp_path, "straight", args=args)
     assert done.returncode == 0, done.stderr[-3000:]
     live = ["--max-restarts", "2", "--recovery", "live"]
@@ -156,14 +181,34 @@ def test_a_mesh_s_ranks_roll_back_to_their_groups_copies_and_end_bit_identical(
     (each kept within the ranks of one slice or stage): rank 1 is SIGKILLed at step 22,
     every rank of the mesh goes on from step 20, and every logged loss equals the run
     without the failure."""
-    small = ["examples/charlm.py", "--steps", "40", "--log-every", "5", "--dim", "32",
-             "--layers", "2", "--heads", "4", "--sample", "5", *layout]  # fmt: skip
+    small = [
+        "examples/charlm.py",
+        "--steps",
+        "40",
+        "--log-every",
+        "5",
+        "--dim",
+        "32",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--sample",
+        "5",
+        *layout,
+    ]
     done, _ = _launch(tmp_path, "straight", script=small, args=("--run-dir", str(tmp_path / "a")))
     assert done.returncode == 0, done.stderr[-3000:]
     plan = 'seed = 1\n[[faults]]\nkind = "kill"\nrank = 1\nstep = 22\n'
     live = ["--max-restarts", "1"]  # live recovery: the default
-    done, _ = _launch(tmp_path, "run", *live, plan=plan, script=small,
-                      args=("--copy-every", "5", "--run-dir", str(tmp_path / "b")))  # fmt: skip
+    done, _ = _launch(
+        tmp_path,
+        "run",
+        *live,
+        plan=plan,
+        script=small,
+        args=("--copy-every", "5", "--run-dir", str(tmp_path / "b")),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming" in done.stdout and "at step 20" in done.stdout, done.stdout[-2000:]
     lines = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in ("a", "b")]
@@ -207,9 +252,17 @@ def test_without_copies_the_ranks_roll_back_to_the_disk_checkpoint_in_their_proc
 def test_a_script_that_never_re_forms_is_relaunched_and_told_what_to_call(tmp_path) -> None:
     plan = 'seed = 1\n[[faults]]\nkind = "kill"\nrank = 2\nstep = 10\n'
     done, entries = _launch(
-        tmp_path, "steps", "--max-restarts", "1", "--recovery", "live", plan=plan,
-        script=[str(SCRIPTS / "steps.py")], STEPS="30", STEP_DELAY="0.02",
-    )  # fmt: skip
+        tmp_path,
+        "steps",
+        "--max-restarts",
+        "1",
+        "--recovery",
+        "live",
+        plan=plan,
+        script=[str(SCRIPTS / "steps.py")],
+        STEPS="30",
+        STEP_DELAY="0.02",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pg = await session.reform(error)" in done.stderr
     # every rank ran again in a new process: the job fell back to a relaunch
@@ -226,10 +279,29 @@ def test_a_spent_restart_budget_ends_the_job_naming_the_last_failure(tmp_path) -
 def test_bench_copies_measures_the_overhead_and_a_restore(tmp_path) -> None:
     out = tmp_path / "copies.json"
     done = subprocess.run(
-        [SHARDWIRE, "bench", "copies", "--nproc", "2", "--rounds", "1", "--steps", "3",
-         "--every", "1", "3", "--json", str(out)],
-        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "bench",
+            "copies",
+            "--nproc",
+            "2",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--every",
+            "1",
+            "3",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["overhead"]) == {"1", "3"} and result["state_bytes_per_rank"] > 0
@@ -250,13 +322,39 @@ def _node(
     args=(),
 ) -> subprocess.Popen:
     return subprocess.Popen(
-        [SHARDWIRE, "worker", "--coordinator", f"127.0.0.1:{port}", "--nnodes", nnodes,
-         "--nproc-per-node", "2", "--node-id", name, "--run-id", "nodes", "--max-restarts",
-         "2", "--recovery", "live", *flags, *DIGITS_LONG, "--run-dir", str(run_dir),
-         "--copy-every", str(copy_every), "--steps", str(steps), *args],
-        cwd=ROOT, env=env(**NODES_TOKEN), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            SHARDWIRE,
+            "worker",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--nnodes",
+            nnodes,
+            "--nproc-per-node",
+            "2",
+            "--node-id",
+            name,
+            "--run-id",
+            "nodes",
+            "--max-restarts",
+            "2",
+            "--recovery",
+            "live",
+            *flags,
+            *DIGITS_LONG,
+            "--run-dir",
+            str(run_dir),
+            "--copy-every",
+            str(copy_every),
+            "--steps",
+            str(steps),
+            *args,
+        ],
+        cwd=ROOT,
+        env=env(**NODES_TOKEN),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
 
 
 NODES_TOKEN = {"SHARDWIRE_TOKEN": "nodes-token"}
@@ -286,8 +384,15 @@ def _two_nodes(
     run = tmp_path / name
     a = _node(int(port), "a", run, nnodes=nnodes, copy_every=copy_every, args=args)
     b_flags = ["--term-timeout", "0.5"]  # a notice's grace is --leave-timeout's, not this
-    b = _node(int(port), "b", tmp_path / f"{name}-b", nnodes=nnodes, copy_every=copy_every,
-              flags=b_flags, args=args)  # fmt: skip
+    b = _node(
+        int(port),
+        "b",
+        tmp_path / f"{name}-b",
+        nnodes=nnodes,
+        copy_every=copy_every,
+        flags=b_flags,
+        args=args,
+    )
     procs = [coordinator, a, b]
     try:
         if lose_b_at is not None:
@@ -428,9 +533,18 @@ def test_a_node_that_joins_grows_the_job_around_the_running_ranks(tmp_path) -> N
     processes and every rank going on from their state (no rollback to step 0), and it
     finishes on both nodes."""
     coordinator, port = start_coordinator(
-        "--nnodes", "1:2", "--last-call", "2", "--run-id", "nodes", "--max-restarts", "1",
-        "--http-port", "-1", **NODES_TOKEN,
-    )  # fmt: skip
+        "--nnodes",
+        "1:2",
+        "--last-call",
+        "2",
+        "--run-id",
+        "nodes",
+        "--max-restarts",
+        "1",
+        "--http-port",
+        "-1",
+        **NODES_TOKEN,
+    )
     # long enough that node b, started at step 50, joins before the end on a busy machine
     a = _node(int(port), "a", tmp_path / "grow", nnodes="1:2", steps=STEPS_GROW)
     procs = [coordinator, a]
@@ -491,12 +605,19 @@ def test_kills_at_random_times_mid_collective_or_mid_copy_still_end_bit_identica
     )
     args = ("--steps", "400", "--copy-every", "3")
     steps = ["examples/digits.py", "--log-every", "10"]
-    straight, _ = _launch(tmp_path, "straight", script=steps, args=(*args, "--run-dir",
-                          str(tmp_path / "straight")))  # fmt: skip
+    straight, _ = _launch(
+        tmp_path, "straight", script=steps, args=(*args, "--run-dir", str(tmp_path / "straight"))
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
     live = ["--max-restarts", "10", "--recovery", "live"]
-    done, entries = _launch(tmp_path, "run", *live, plan=plan, script=steps,
-                            args=(*args, "--run-dir", str(tmp_path / "run")))  # fmt: skip
+    done, entries = _launch(
+        tmp_path,
+        "run",
+        *live,
+        plan=plan,
+        script=steps,
+        args=(*args, "--run-dir", str(tmp_path / "run")),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     kills = [e for e in entries if e["event"] == "injected"]
     assert len(kills) >= 2, "the run was too short for the plan"

@@ -41,7 +41,7 @@ def _two_hosts(hosts, *script: str, node_ranks: tuple[int, int] = (0, 1)) -> str
                     node_rank=index,
                     run_id="mh",
                     env=env(**token),
-                )  # fmt: skip
+                )
             )
         outputs = [p.communicate(timeout=240) for p in procs[1:]]
         assert [p.returncode for p in procs[1:]] == [0, 0], [e[-2000:] for _, e in outputs]
@@ -67,11 +67,19 @@ def _resumable(hosts, tmp_path, steps: int, node_ranks: tuple[int, int]) -> str:
     """digits saving to and resuming from one directory both hosts see (as a cluster's
     shared filesystem), logging into one run directory."""
     return _two_hosts(
-        hosts, "--steps", str(steps), "--save-every", "50", "--log-every", "25",
-        "--checkpoint-dir", str(tmp_path / "checkpoints" / "digits"),
-        "--run-dir", str(tmp_path / "run"),
+        hosts,
+        "--steps",
+        str(steps),
+        "--save-every",
+        "50",
+        "--log-every",
+        "25",
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints" / "digits"),
+        "--run-dir",
+        str(tmp_path / "run"),
         node_ranks=node_ranks,
-    )  # fmt: skip
+    )
 
 
 def test_a_checkpoint_on_a_shared_directory_resumes_with_the_hosts_swapped(hosts, tmp_path) -> None:

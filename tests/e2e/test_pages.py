@@ -36,8 +36,13 @@ def test_the_main_job_prints_what_getting_started_shows(tmp_path) -> None:
     script = str(ROOT / "examples" / "digits.py")
     done = subprocess.run(  # in a fresh directory, as a first run in a fresh clone
         [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4", script],
-        cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert_shows(sample, done.stdout, _VOLATILE, same_numbers=True)
 
@@ -49,9 +54,14 @@ def test_charlm_prints_what_getting_started_shows(tmp_path) -> None:
     assert argv[0] == ".venv/bin/shardwire"
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     done = subprocess.run(
-        [SHARDWIRE, *argv[1:]], cwd=tmp_path, env=env(), capture_output=True, text=True,
-        timeout=300, check=False,
-    )  # fmt: skip
+        [SHARDWIRE, *argv[1:]],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert_shows(shown.output(), done.stdout, _VOLATILE, same_numbers=True)
 
@@ -60,9 +70,14 @@ def test_the_worker_script_of_getting_started_runs(tmp_path) -> None:
     (tmp_path / "script.py").write_text(block("sample-worker-script").text)
     launch = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "script.py"]
     done = subprocess.run(
-        launch, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120,
+        launch,
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -74,9 +89,14 @@ def test_the_readme_first_script_runs_as_written(tmp_path) -> None:
     argv = command.split()
     assert argv[0] == ".venv/bin/shardwire"
     done = subprocess.run(
-        [SHARDWIRE, *argv[1:]], cwd=tmp_path, env=env(), capture_output=True, text=True,
-        timeout=180, check=False,
-    )  # fmt: skip
+        [SHARDWIRE, *argv[1:]],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # every rank prints its rank and what its left neighbour sent: the sum 0+1+2+3
     got = sorted(re.findall(r"^\[rank(\d)\]: (\d) \[6\. 6\. 6\. 6\.\]$", done.stdout, re.M))
@@ -84,9 +104,13 @@ def test_the_readme_first_script_runs_as_written(tmp_path) -> None:
     # and what the README says of it without a launcher
     assert "stops at\nonce and prints the command above" in section
     alone = subprocess.run(
-        [sys.executable, "first.py"], cwd=tmp_path, capture_output=True, text=True,
+        [sys.executable, "first.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         env={k: v for k, v in env().items() if k not in LAUNCHER_VARIABLES},
-        timeout=120, check=False,
-    )  # fmt: skip
+        timeout=120,
+        check=False,
+    )
     assert alone.returncode == 2
     assert "shardwire launch --standalone --nproc-per-node 2 first.py" in alone.stderr

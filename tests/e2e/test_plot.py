@@ -50,11 +50,17 @@ def test_every_panel_has_a_legend_and_throughput_starts_at_zero() -> None:
     from shardwire.worker.launcher.plot import figure
 
     records = [
-        {"step": s, "loss": 2.0 / s, "accuracy": s / 400, "samples_per_s": 1000.0 + s,
-         "comm_s": [0.01, 0.03], "compute_s": [0.04, 0.02],
-         **({"held_out": 2.5 / s} if s % 100 == 0 else {})}
+        {
+            "step": s,
+            "loss": 2.0 / s,
+            "accuracy": s / 400,
+            "samples_per_s": 1000.0 + s,
+            "comm_s": [0.01, 0.03],
+            "compute_s": [0.04, 0.02],
+            **({"held_out": 2.5 / s} if s % 100 == 0 else {}),
+        }
         for s in range(50, 350, 50)
-    ]  # fmt: skip
+    ]
     fig = figure(records, "run")
     loss, throughput, breakdown, accuracy = fig.axes
     labels = [t.get_text() for t in accuracy.get_legend().get_texts()]

@@ -45,16 +45,32 @@ def _replica(
 ) -> tuple[subprocess.Popen, Path]:
     """One replica as the failures page starts it (the test's world size, token file,
     address and etcd in the place of the page's)."""
-    given = {"--world-size": "2", "--token-file": str(token_file(tmp_path)), "--host": host,
-             "--port": str(port), "--etcd": etcd}  # fmt: skip
+    given = {
+        "--world-size": "2",
+        "--token-file": str(token_file(tmp_path)),
+        "--host": host,
+        "--port": str(port),
+        "--etcd": etcd,
+    }
     argv = page_argv("coordinator-etcd", given)
     log = tmp_path / f"replica-{port}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*(["ip", "netns", "exec", netns] if netns else []), *argv,
-             "--run-id", "restart", "--http-port", "-1", *extra],
-            cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=out, text=True,
-        )  # fmt: skip
+            [
+                *(["ip", "netns", "exec", netns] if netns else []),
+                *argv,
+                "--run-id",
+                "restart",
+                "--http-port",
+                "-1",
+                *extra,
+            ],
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            text=True,
+        )
     return proc, log
 
 
@@ -128,8 +144,12 @@ table inet shardwire_test {{
 """
     subprocess.run(
         ["ip", "netns", "exec", ns, "nft", "-f", "-"],
-        input=rules, text=True, check=True, capture_output=True, timeout=10,
-    )  # fmt: skip
+        input=rules,
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )
 
 
 def test_a_leader_cut_off_from_etcd_steps_down_and_a_standby_leads(
@@ -189,10 +209,23 @@ def test_a_replica_leases_for_its_etcd_ttl_and_an_etcd_that_does_not_answer_is_n
         finally:
             stop(replica)
     unanswered = subprocess.run(
-        [SHARDWIRE, "coordinator", "--port", str(port), "--etcd", f"127.0.0.1:{dead}",
-         "--http-port", "-1"],
-        cwd=ROOT, env=env(**TOKEN), capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "coordinator",
+            "--port",
+            str(port),
+            "--etcd",
+            f"127.0.0.1:{dead}",
+            "--http-port",
+            "-1",
+        ],
+        cwd=ROOT,
+        env=env(**TOKEN),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert unanswered.returncode == 2, unanswered.stderr
     said = f"no etcd endpoint answered /v3/lease/grant (http://127.0.0.1:{dead}: "
     assert said in unanswered.stderr

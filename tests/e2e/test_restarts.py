@@ -27,11 +27,24 @@ KILL_AT = "step 100/160"
 
 def _command(tmp_path: Path, name: str, *flags: str) -> list[str]:
     return [
-        SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4", *flags,
-        "examples/digits.py", "--steps", STEPS, "--log-every", "20", "--save-every", "20",
-        "--run-dir", str(tmp_path / name / "run"),
-        "--checkpoint-dir", str(tmp_path / name / "ckpt"),
-    ]  # fmt: skip
+        SHARDWIRE,
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        *flags,
+        "examples/digits.py",
+        "--steps",
+        STEPS,
+        "--log-every",
+        "20",
+        "--save-every",
+        "20",
+        "--run-dir",
+        str(tmp_path / name / "run"),
+        "--checkpoint-dir",
+        str(tmp_path / name / "ckpt"),
+    ]
 
 
 def _workers(launcher: int) -> dict[int, int]:
@@ -91,9 +104,14 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_like_an_uninterrupted_run
     tmp_path,
 ) -> None:
     straight = subprocess.run(
-        _command(tmp_path, "straight"), cwd=ROOT, env=env(), capture_output=True, text=True,
-        timeout=400, check=False,
-    )  # fmt: skip
+        _command(tmp_path, "straight"),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "generation" not in straight.stderr  # one generation: no history printed
     restarted = _run_and_kill(tmp_path, "killed", "--recovery", "relaunch", "--max-restarts", "2")

@@ -38,7 +38,7 @@ def test_sixty_four_ranks_on_four_nodes_run_every_collective(tmp_path) -> None:
                 "scale",
                 str(SCRIPTS / "scale.py"),
                 **token,
-            )  # fmt: skip
+            )
             for i in range(NODES)
         ]
         outputs = [agent.communicate(timeout=600) for agent in agents]

@@ -98,13 +98,23 @@ def test_thirty_two_local_ranks_fit_a_256_mib_dev_shm() -> None:
     ranks = 32
     cmd = [
         *_private_dev_shm("256m"),
-        SHARDWIRE, "launch", "--standalone", "--nproc-per-node", str(ranks),
+        SHARDWIRE,
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
         str(SCRIPTS / "crowd.py"),
-    ]  # fmt: skip
+    ]
     result = subprocess.run(
-        cmd, check=False, env=env(), capture_output=True, text=True, timeout=800, cwd=ROOT,
+        cmd,
+        check=False,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=800,
+        cwd=ROOT,
         stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert sum(" ok " in f" {line} " for line in result.stdout.splitlines()) == ranks
     assert "no node arena" not in result.stderr  # the arena formed: no fallback warning
@@ -135,9 +145,15 @@ def test_a_large_all_gather_reads_parts_from_their_owners_processes(setting: str
         str(SCRIPTS / "gather_reads.py"),
     ]
     result = subprocess.run(
-        cmd, check=False, env=env(SHARDWIRE_ARENA_PEER_READS=setting), capture_output=True,
-        text=True, timeout=240, cwd=ROOT, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        cmd,
+        check=False,
+        env=env(SHARDWIRE_ARENA_PEER_READS=setting),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     read = dict(re.findall(r"\bread (\d+) (\d+)$", result.stdout, re.M))
     sizes = [(1 << 18) + 1000 * q for q in range(ranks)]

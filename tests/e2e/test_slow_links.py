@@ -39,10 +39,24 @@ def test_collectives_across_shaped_links_stay_under_the_links_rate(
         pytest.skip("this kernel does not give CUBIC to this process")
     out = tmp_path / "hosts.json"
     done = shardwire(
-        "bench", "collectives", "--hosts", "2", "--link", "200mbit", "--ops", "all_reduce",
-        "broadcast", "--sizes", "4M", "--target-s", "0.3", *options, "--json", str(out),
+        "bench",
+        "collectives",
+        "--hosts",
+        "2",
+        "--link",
+        "200mbit",
+        "--ops",
+        "all_reduce",
+        "broadcast",
+        "--sizes",
+        "4M",
+        "--target-s",
+        "0.3",
+        *options,
+        "--json",
+        str(out),
         timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = report["rows"]
@@ -72,9 +86,19 @@ def test_an_exchange_across_hosts_takes_the_ring_where_one_machine_takes_direct(
     for where in (["--hosts", "2", "--link", "1gbit"], ["--world", "2", "--nodes", "2"]):
         out = tmp_path / f"{where[0][2:]}.json"
         done = shardwire(
-            "bench", "collectives", *where, "--ops", "all_gather", "--sizes", "1M",
-            "--target-s", "0.2", "--json", str(out), timeout=300,
-        )  # fmt: skip
+            "bench",
+            "collectives",
+            *where,
+            "--ops",
+            "all_gather",
+            "--sizes",
+            "1M",
+            "--target-s",
+            "0.2",
+            "--json",
+            str(out),
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         chosen[where[0]] = [r["algorithm"] for r in json.loads(out.read_text())["rows"]]
     assert chosen == {"--hosts": ["ring"], "--world": ["direct"]}
@@ -83,10 +107,24 @@ def test_an_exchange_across_hosts_takes_the_ring_where_one_machine_takes_direct(
 def test_several_ranks_per_host_share_its_link_in_tiers(tmp_path) -> None:
     out = tmp_path / "tiers.json"
     done = shardwire(
-        "bench", "collectives", "--hosts", "2", "--link", "200mbit", "--ranks-per-host", "2",
-        "--ops", "broadcast", "--sizes", "4M", "--target-s", "0.3", "--json", str(out),
+        "bench",
+        "collectives",
+        "--hosts",
+        "2",
+        "--link",
+        "200mbit",
+        "--ranks-per-host",
+        "2",
+        "--ops",
+        "broadcast",
+        "--sizes",
+        "4M",
+        "--target-s",
+        "0.3",
+        "--json",
+        str(out),
         timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
     # the node arena inside each host, the lanes across the link: a broadcast's bytes
@@ -98,11 +136,33 @@ def test_several_ranks_per_host_share_its_link_in_tiers(tmp_path) -> None:
 def test_diloco_crosses_a_slow_link_with_a_fraction_of_the_bytes(tmp_path) -> None:
     out, picture = tmp_path / "slowlink.json", tmp_path / "loss.png"
     done = shardwire(
-        "bench", "slowlink", "--hosts", "2", "--rates", "100mbit", "--modes", "dp", "diloco",
-        "--steps", "20", "--loss-steps", "30", "--every", "10", "--log-every", "10",
-        "--outer-lr", "0.7", "--outer-momentum", "0.9", "--json", str(out),
-        "--plot", str(picture), timeout=600,
-    )  # fmt: skip
+        "bench",
+        "slowlink",
+        "--hosts",
+        "2",
+        "--rates",
+        "100mbit",
+        "--modes",
+        "dp",
+        "diloco",
+        "--steps",
+        "20",
+        "--loss-steps",
+        "30",
+        "--every",
+        "10",
+        "--log-every",
+        "10",
+        "--outer-lr",
+        "0.7",
+        "--outer-momentum",
+        "0.9",
+        "--json",
+        str(out),
+        "--plot",
+        str(picture),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     kept = json.loads(out.read_text())
     rows = {r["mode"]: r for r in kept["rows"]}

@@ -59,9 +59,11 @@ def _nodes_of(ranks: int) -> list[str]:
 @pytest.mark.timeout(400)
 def test_one_task_per_node_needs_only_the_script(slurm, tmp_path) -> None:
     done = slurm.run(
-        *_page_step("slurm-srun-worker", WHOAMI), env=_private_secret(tmp_path), timeout=300,
+        *_page_step("slurm-srun-worker", WHOAMI),
+        env=_private_secret(tmp_path),
+        timeout=300,
         cwd=ROOT,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:] + slurm.log_tail()
     assert _ranks(done.stdout) == _nodes_of(8)  # the page's 4 ranks a node
     # the first node started the coordinator, at the job's port, on every address
@@ -76,9 +78,7 @@ def test_one_task_per_node_needs_only_the_script(slurm, tmp_path) -> None:
 def test_one_task_per_rank_needs_only_the_script(slurm, tmp_path) -> None:
     argv = _page_step("slurm-srun-run", WHOAMI)
     assert argv[1:3] == ["-N2", "-N"]  # the page's step spans two nodes itself
-    done = slurm.run(
-        *argv[:1], *argv[2:], env=_private_secret(tmp_path), timeout=300, cwd=ROOT
-    )  # fmt: skip
+    done = slurm.run(*argv[:1], *argv[2:], env=_private_secret(tmp_path), timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:] + slurm.log_tail()
     assert _ranks(done.stdout) == _nodes_of(8)
 
@@ -86,9 +86,17 @@ def test_one_task_per_rank_needs_only_the_script(slurm, tmp_path) -> None:
 @pytest.mark.timeout(400)
 def test_a_cyclic_step_is_refused_with_the_fix(slurm, tmp_path) -> None:
     done = slurm.run(
-        "srun", "-N2", "--ntasks-per-node=2", "--distribution=cyclic", SHARDWIRE, "run",
-        WHOAMI, env=_private_secret(tmp_path), timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        "srun",
+        "-N2",
+        "--ntasks-per-node=2",
+        "--distribution=cyclic",
+        SHARDWIRE,
+        "run",
+        WHOAMI,
+        env=_private_secret(tmp_path),
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode != 0
     assert "run srun with --distribution=block" in done.stderr, done.stderr[-3000:]
 

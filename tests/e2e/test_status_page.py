@@ -121,11 +121,34 @@ def _line_points(dom: str, line_id: str) -> int:
 def test_a_person_reads_progress_time_left_and_both_losses_during_charlm(tmp_path) -> None:
     chromium()
     job = subprocess.Popen(
-        [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/charlm.py",
-         "--steps", "400", "--log-every", "20", "--dim", "32", "--layers", "2", "--heads",
-         "4", "--sample", "5", "--run-dir", str(tmp_path / "run")],
-        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "examples/charlm.py",
+            "--steps",
+            "400",
+            "--log-every",
+            "20",
+            "--dim",
+            "32",
+            "--layers",
+            "2",
+            "--heads",
+            "4",
+            "--sample",
+            "5",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert job.stdout is not None  # one stream: nothing fills up unread
         line = _until(job.stdout, "status page on ")

@@ -18,9 +18,20 @@ PHASES = {"X", "b", "e", "M"}
 
 def _digits(tmp_path: Path, *flags: str) -> None:
     done = shardwire(
-        "launch", "--standalone", "--nproc-per-node", "2", *flags, "examples/digits.py",
-        "--steps", "30", "--log-every", "10", "--run-dir", str(tmp_path / "run"), timeout=240,
-    )  # fmt: skip
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *flags,
+        "examples/digits.py",
+        "--steps",
+        "30",
+        "--log-every",
+        "10",
+        "--run-dir",
+        str(tmp_path / "run"),
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -240,5 +240,7 @@ def test_re_forming_is_refused_without_a_job_or_where_ranks_met_through_torch_s_
     bridge._joined = Joined(world=None, ranks=[0], close=close)  # type: ignore[arg-type]
     with pytest.raises(RecoveryError, match="met through torch's store"):
         bridge.reform(RuntimeError("a peer failed"))
-    assert bridge.live is False and Bridge({"SHARDWIRE_RUN_ID": "r",
-                                            "SHARDWIRE_RECOVERY": "live"}).live  # fmt: skip
+    assert (
+        bridge.live is False
+        and Bridge({"SHARDWIRE_RUN_ID": "r", "SHARDWIRE_RECOVERY": "live"}).live
+    )

@@ -36,9 +36,23 @@ def test_bench_collectives_compares_torch_on_shardwire_with_gloo(tmp_path):
     import subprocess
 
     out = tmp_path / "rows.json"
-    cmd = [SHARDWIRE, "bench", "collectives", "--world", "2", "--sizes", "64K", "--ops",
-           "all_reduce", "--target-s", "0.1", "--compare-gloo", "--compare-torch",
-           "--json", str(out)]  # fmt: skip
+    cmd = [
+        SHARDWIRE,
+        "bench",
+        "collectives",
+        "--world",
+        "2",
+        "--sizes",
+        "64K",
+        "--ops",
+        "all_reduce",
+        "--target-s",
+        "0.1",
+        "--compare-gloo",
+        "--compare-torch",
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]

@@ -22,8 +22,12 @@ def test_a_job_benchmark_runs_its_ranks_from_the_package(tmp_path: Path) -> None
     out = tmp_path / "checkpoint.json"
     result = subprocess.run(
         [SHARDWIRE, "bench", "checkpoint", "--world", "1", "--mib", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = json.loads(out.read_text())
     assert row["n"] == 1 and row["bytes"] > 0 and row["save_s"] > 0 and row["load_s"] > 0
@@ -42,9 +46,24 @@ def test_the_example_benchmarks_need_a_checkout(tmp_path: Path, monkeypatch) -> 
 def test_the_transport_benchmark_measures_every_variant_and_their_costs(tmp_path) -> None:
     out = tmp_path / "transport.json"
     result = subprocess.run(
-        [SHARDWIRE, "bench", "transport", "--sizes", "64K", "1M", "--trials", "1", "--json",
-         str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
-    )  # fmt: skip
+        [
+            SHARDWIRE,
+            "bench",
+            "transport",
+            "--sizes",
+            "64K",
+            "1M",
+            "--trials",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     kept = json.loads(out.read_text())
     assert [r["size"] for r in kept["throughput"]] == [64 << 10, 1 << 20]

@@ -58,12 +58,30 @@ def test_each_mode_is_the_examples_flags() -> None:
 
     assert mode_flags("dp", 2, args(50)) == []
     assert mode_flags("diloco", 4, args(50, 0.7, 0.9)) == [
-        "--diloco", "50", "--replicas", "4", "--outer-lr", "0.7", "--outer-momentum", "0.9",
-    ]  # fmt: skip
+        "--diloco",
+        "50",
+        "--replicas",
+        "4",
+        "--outer-lr",
+        "0.7",
+        "--outer-momentum",
+        "0.9",
+    ]
     assert mode_flags("streaming-int8", 2, args(40)) == [
-        "--diloco", "40", "--replicas", "2", "--outer-lr", "1.0", "--outer-momentum", "0.0",
-        "--fragments", "4", "--overlap", "--outer-quantize", "int8",
-    ]  # fmt: skip
+        "--diloco",
+        "40",
+        "--replicas",
+        "2",
+        "--outer-lr",
+        "1.0",
+        "--outer-momentum",
+        "0.0",
+        "--fragments",
+        "4",
+        "--overlap",
+        "--outer-quantize",
+        "int8",
+    ]
 
 
 def test_a_columns_head_says_what_its_sockets_used() -> None:

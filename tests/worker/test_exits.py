@@ -81,8 +81,16 @@ async def test_a_rank_killed_before_asyncio_reaped_it_is_not_called_hung(tmp_pat
     it is reaped."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    launch = Launch([sys.executable, "-u", str(script)], {**os.environ}, "node-a", 0, 1, 1,
-                    respawns=1, spare=False)  # fmt: skip
+    launch = Launch(
+        [sys.executable, "-u", str(script)],
+        {**os.environ},
+        "node-a",
+        0,
+        1,
+        1,
+        respawns=1,
+        spare=False,
+    )
     out, err = _Output(), io.StringIO()
     supervisor = Supervisor(launch, out=out, err=err)
     run = asyncio.ensure_future(supervisor.run())

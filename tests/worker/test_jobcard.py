@@ -28,8 +28,12 @@ def test_a_card_is_found_by_run_id_and_removed_with_its_job(tmp_path) -> None:
 @pytest.mark.e2e
 def test_a_card_whose_launcher_is_gone_is_ignored(tmp_path) -> None:
     card = publish(tmp_path, "r", "127.0.0.1:1", "t")
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          check=True, capture_output=True, text=True)  # fmt: skip
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     stale = (tmp_path / "r.json").read_text().replace(str(card.pid), gone.stdout.strip())
     (tmp_path / "r.json").write_text(stale)
     assert lookup(tmp_path, "r") is None

@@ -140,12 +140,18 @@ async def test_clipping_fsdp_with_tensor_parallel_equals_one_process(dp: int, tp
         meshes = [Mesh(g, dp=dp, tp=tp) for g in groups]
         models = [
             TransformerLM(
-                vocab=11, dim=8, heads=2, layers=3, context=6, rng=np.random.default_rng(42),
+                vocab=11,
+                dim=8,
+                heads=2,
+                layers=3,
+                context=6,
+                rng=np.random.default_rng(42),
                 block=functools.partial(ParallelBlock, group=m),
             )
-            if tp > 1 else make_model()
+            if tp > 1
+            else make_model()
             for m in meshes
-        ]  # fmt: skip
+        ]
         policy = by_type(ParallelBlock)
         wrapped = await asyncio.gather(
             *(
@@ -205,12 +211,18 @@ async def test_training_on_a_mesh_reaches_the_one_process_parameters(dp, pp, tp,
         meshes = [Mesh(g, dp=dp, pp=pp, tp=tp) for g in groups]
         models = [
             TransformerLM(
-                vocab=11, dim=8, heads=2, layers=3, context=6, rng=np.random.default_rng(42),
+                vocab=11,
+                dim=8,
+                heads=2,
+                layers=3,
+                context=6,
+                rng=np.random.default_rng(42),
                 block=functools.partial(ParallelBlock, group=m),
             )
-            if tp > 1 else make_model()
+            if tp > 1
+            else make_model()
             for m in meshes
-        ]  # fmt: skip
+        ]
 
         async def train(mesh: Mesh, model: TransformerLM) -> tuple[list[float], dict]:
             layers = model.pipeline_layers()

@@ -82,9 +82,11 @@ async def test_without_a_restart_left_a_survivor_hears_the_job_is_over() -> None
                     await session.reform(failed.value)
 
         outcomes = await asyncio.wait_for(
-            asyncio.gather(survivor(0), survivor(1), _fails(server, started),
-                           return_exceptions=True), 60,
-        )  # fmt: skip
+            asyncio.gather(
+                survivor(0), survivor(1), _fails(server, started), return_exceptions=True
+            ),
+            60,
+        )
         assert outcomes[:2] == [None, None]
 
 
@@ -121,9 +123,15 @@ async def test_recovering_runs_the_training_again_on_the_next_generation_s_group
                 return await session.recovering(train)
 
         outcomes = await asyncio.wait_for(
-            asyncio.gather(survivor(0), survivor(1), _fails(server, started, gone),
-                           _replacement(server, gone), return_exceptions=True), 60,
-        )  # fmt: skip
+            asyncio.gather(
+                survivor(0),
+                survivor(1),
+                _fails(server, started, gone),
+                _replacement(server, gone),
+                return_exceptions=True,
+            ),
+            60,
+        )
         assert outcomes[0] == [(0, 1), (0, 2)] and outcomes[1] == [(1, 1), (1, 2)]
 
 

@@ -305,12 +305,16 @@ def test_status_render_lists_the_generations_and_the_restart_budget() -> None:
         max_restarts=3,
         generations=[
             GenerationInfo(
-                generation=1, world_size=4, nodes=2, started_age_s=60, duration_s=40,
+                generation=1,
+                world_size=4,
+                nodes=2,
+                started_age_s=60,
+                duration_s=40,
                 ended_by="rank 3 failed: killed",
             ),
             GenerationInfo(generation=2, world_size=4, nodes=2, started_age_s=15),
         ],
-    )  # fmt: skip
+    )
     lines = render(reply).splitlines()
     assert lines[0] == "run 'r': running, world size 4, generation 2, restarts 1 of 3"
     assert (

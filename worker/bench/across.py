@@ -115,9 +115,15 @@ def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str)
     try:
         for rank in range(n):
             host = rank // per_host
-            rank_config = {**config, "n": n, "backend": "gloo", "rank": rank,
-                           "master": hosts.address(0), "port": _GLOO_PORT,
-                           "ifname": hosts.device(host)}  # fmt: skip
+            rank_config = {
+                **config,
+                "n": n,
+                "backend": "gloo",
+                "rank": rank,
+                "master": hosts.address(0),
+                "port": _GLOO_PORT,
+                "ifname": hosts.device(host),
+            }
             procs.append(
                 subprocess.Popen(
                     [
@@ -130,7 +136,7 @@ def gloo_cells(hosts: Hosts, per_host: int, config: dict, python: str, tmp: str)
                     # c10d warns that a namespace's address has no name: not news here
                     env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"},
                     stdout=subprocess.DEVNULL,
-                )  # fmt: skip
+                )
             )
         for proc in procs:
             if proc.wait(timeout=3600) != 0:
@@ -151,11 +157,15 @@ def _row(
     n, op, nbytes = cell["n"], cell["op"], cell["bytes"]
     factor = busbw_factor(op, n)
     row = {
-        "op": op, "n": n, "hosts": hosts, "bytes": nbytes, "algorithm": cell["algorithm"],
+        "op": op,
+        "n": n,
+        "hosts": hosts,
+        "bytes": nbytes,
+        "algorithm": cell["algorithm"],
         "median_us": cell["median_s"] * 1e6,
         "busbw_GBps": nbytes / cell["median_s"] / 1e9 * factor,
         "tcp": cell.get("tcp", {}),  # what the sockets used
-    }  # fmt: skip
+    }
     if link_Bps:
         row["link_fraction"] = row["busbw_GBps"] * 1e9 / link_Bps
     if gloo is not None and "median_s" in gloo:
@@ -191,15 +201,19 @@ def print_table(rows: list[dict], rate: str | None, tcp: dict[str, dict[str, Any
     kernel = tuning_label(tcp["default"])
     ours = f"shardwire ({tuning_label(tcp['shardwire'])})"
     extra = f" shardwire ({kernel}) |" if both else ""
-    print(f"| op | hosts | ranks | size | algorithm | {ours} |{extra} gloo ({kernel}) "
-          "| gloo time / shardwire time |")  # fmt: skip
+    print(
+        f"| op | hosts | ranks | size | algorithm | {ours} |{extra} gloo ({kernel}) "
+        "| gloo time / shardwire time |"
+    )
     print("|---|---|---|---|---|---|---|---|" + ("---|" if both else ""))
     for r in rows:
         gloo = format(r[theirs], fmt) if theirs in r else "-"
         vs = f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "-"
         other = (f" {format(r[dflt], fmt)} |" if dflt in r else " - |") if both else ""
-        print(f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
-              f"{r['algorithm']} | {format(r[mine], fmt)} |{other} {gloo} | {vs} |")  # fmt: skip
+        print(
+            f"| {r['op']} | {r['hosts']} | {r['n']} | {human(r['bytes'])} | "
+            f"{r['algorithm']} | {format(r[mine], fmt)} |{other} {gloo} | {vs} |"
+        )
     print("tc tbf shapes the rate only (no netem here): no added delay or loss")
 
 
@@ -217,9 +231,16 @@ def _systems(tuning: dict[str, Any] | None, gloo: str | None) -> list[str]:
 
 
 def _sizes(
-    hosts: Hosts, one: dict, *, per_host: int, gloo: str | None, tmp: str, turn: int,
-    tuning: dict[str, Any] | None, progress: Stages,
-) -> dict[str, list[dict]]:  # fmt: skip
+    hosts: Hosts,
+    one: dict,
+    *,
+    per_host: int,
+    gloo: str | None,
+    tmp: str,
+    turn: int,
+    tuning: dict[str, Any] | None,
+    progress: Stages,
+) -> dict[str, list[dict]]:
     """Every system at one size, their order turning size by size."""
     names = _systems(tuning, gloo)
     at = f"{hosts.count} hosts, {human(one['sizes'][0])}"
@@ -236,9 +257,15 @@ def _sizes(
 
 
 def run(
-    hosts_list: list[int], *, per_host: int, rate: str | None, config: dict,
-    gloo: str | None, tmp: str, tuning: dict[str, Any] | None = None,
-) -> list[dict]:  # fmt: skip
+    hosts_list: list[int],
+    *,
+    per_host: int,
+    rate: str | None,
+    config: dict,
+    gloo: str | None,
+    tmp: str,
+    tuning: dict[str, Any] | None = None,
+) -> list[dict]:
     """Every cell on every host count, the systems' order turning size by size; a stage
     per system at a size, said on standard error."""
     link = rate_bits(rate) / 8 if rate else None
@@ -250,9 +277,15 @@ def run(
                 for turn, size in enumerate(config["sizes"]):
                     one = {**config, "sizes": [size]}
                     got = _sizes(
-                        hosts, one, per_host=per_host, gloo=gloo, tmp=tmp, turn=turn,
-                        tuning=tuning, progress=progress,
-                    )  # fmt: skip
+                        hosts,
+                        one,
+                        per_host=per_host,
+                        gloo=gloo,
+                        tmp=tmp,
+                        turn=turn,
+                        tuning=tuning,
+                        progress=progress,
+                    )
                     rows += _rows(got, link, count)
     return rows
 

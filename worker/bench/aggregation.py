@@ -24,11 +24,25 @@ def digits(nproc: int, *flags: str, steps: int, log_every: int) -> tuple[dict, l
     shardwire = str(Path(sys.executable).parent / "shardwire")
     with tempfile.TemporaryDirectory(prefix="shardwire-agg-bench-") as tmp:
         subprocess.run(
-            [shardwire, "launch", "--standalone", "--nproc-per-node", str(nproc),
-             str(example("digits.py")), *flags, "--steps", str(steps),
-             "--log-every", str(log_every), "--run-dir", tmp],
-            check=True, timeout=3600, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                shardwire,
+                "launch",
+                "--standalone",
+                "--nproc-per-node",
+                str(nproc),
+                str(example("digits.py")),
+                *flags,
+                "--steps",
+                str(steps),
+                "--log-every",
+                str(log_every),
+                "--run-dir",
+                tmp,
+            ],
+            check=True,
+            timeout=3600,
+            stdout=subprocess.DEVNULL,
+        )
         summary = json.loads((Path(tmp) / "summary.json").read_text())
         lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
         return summary, [json.loads(line) for line in lines]
@@ -82,9 +96,14 @@ def main(argv: list[str] | None = None) -> None:
         for compress in ("none", "topk:0.01"):
             progress.start(f"2 ranks, gradients {compress}: {args.steps} steps", work=args.steps)
             summary, records = digits(
-                2, "--aggregator", "allreduce", "--compress", compress,
-                steps=args.steps, log_every=10,
-            )  # fmt: skip
+                2,
+                "--aggregator",
+                "allreduce",
+                "--compress",
+                compress,
+                steps=args.steps,
+                log_every=10,
+            )
             rows.append({"compress": compress, "summary": summary, "to95": steps_to(records, 0.95)})
         for n in (2, 4):
             progress.start(f"{n} ranks, parameter server: 200 steps timed", work=200)

@@ -20,17 +20,34 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _authority(directory: Path, name: str) -> TlsFiles:
     """A CA called ``name`` and one member certificate it signed."""
     _openssl(
-        "req", "-x509", *_CURVE, "-keyout", f"{name}-ca.key", "-out", f"{name}-ca.pem",
-        "-days", "2", "-subj", f"/CN={name} test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "req",
+        "-x509",
+        *_CURVE,
+        "-keyout",
+        f"{name}-ca.key",
+        "-out",
+        f"{name}-ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name} test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
         cwd=directory,
-    )  # fmt: skip
+    )
     _openssl(
-        "req", *_CURVE, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-        "-subj", f"/CN={name} member",
+        "req",
+        *_CURVE,
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name} member",
         cwd=directory,
-    )  # fmt: skip
+    )
     (directory / f"{name}.ext").write_text(
         "basicConstraints=CA:FALSE\n"
         "keyUsage=critical,digitalSignature\n"
@@ -38,11 +55,23 @@ def _authority(directory: Path, name: str) -> TlsFiles:
         "subjectAltName=IP:127.0.0.1\n"
     )
     _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{name}-ca.pem",
-        "-CAkey", f"{name}-ca.key", "-CAcreateserial", "-out", f"{name}.pem",
-        "-days", "2", "-extfile", f"{name}.ext",
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{name}-ca.pem",
+        "-CAkey",
+        f"{name}-ca.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
         cwd=directory,
-    )  # fmt: skip
+    )
     return TlsFiles(
         cert=str(directory / f"{name}.pem"),
         key=str(directory / f"{name}.key"),

@@ -52,12 +52,30 @@ def run(system: str, n: int, steps: int, tmp: Path) -> float:
     out = tmp / f"{tag}.json"
     if system == "numpy":
         run_dir = tmp / tag
-        _launch(n, [str(example("charlm.py")), "--steps", str(steps),
-                    "--log-every", str(10 * steps), "--sample", "0", "--run-dir", str(run_dir),
-                    *_model_args()])  # fmt: skip
+        _launch(
+            n,
+            [
+                str(example("charlm.py")),
+                "--steps",
+                str(steps),
+                "--log-every",
+                str(10 * steps),
+                "--sample",
+                "0",
+                "--run-dir",
+                str(run_dir),
+                *_model_args(),
+            ],
+        )
         return float(json.loads((run_dir / "summary.json").read_text())["tokens_per_s"])
-    script = [str(example("torch_charlm.py")), "--steps", str(steps),
-              "--json", str(out), *_model_args()]  # fmt: skip
+    script = [
+        str(example("torch_charlm.py")),
+        "--steps",
+        str(steps),
+        "--json",
+        str(out),
+        *_model_args(),
+    ]
     if system == "torch_shardwire":
         _launch(n, script)
     else:
@@ -131,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print(rows: list[dict], systems: list[str]) -> None:
     head = "| ranks | " + " | ".join(f"{SYSTEMS[s]} tokens/s" for s in systems) + " |"
-    ratios = [(a, b) for a, b in (("torch_shardwire", "torch_gloo"), ("numpy", "torch_gloo"))
-              if a in systems and b in systems]  # fmt: skip
+    ratios = [
+        (a, b)
+        for a, b in (("torch_shardwire", "torch_gloo"), ("numpy", "torch_gloo"))
+        if a in systems and b in systems
+    ]
     head += "".join(f" {SYSTEMS[a]} / {SYSTEMS[b]} |" for a, b in ratios)
     print(head)
     print("|" + "---|" * (head.count("|") - 1))

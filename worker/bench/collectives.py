@@ -48,8 +48,17 @@ def _shardwire_cells(
     if nodes > 1:
         run_nodes(["-m", *module_args], n, nodes, env)
     else:
-        cmd = [sys.executable, "-m", "shardwire.worker.launcher.cli", "launch", "--standalone",
-               "--nproc-per-node", str(n), "-m", *module_args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "shardwire.worker.launcher.cli",
+            "launch",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            "-m",
+            *module_args,
+        ]
         subprocess.run(cmd, check=True, timeout=3600, stdout=subprocess.DEVNULL, env=env)
     return json.loads(Path(out).read_text())
 
@@ -318,9 +327,11 @@ def parser() -> argparse.ArgumentParser:
         "a node arena inside a node, TCP across, tiered algorithms",
     )
     p.add_argument(
-        "--hosts", type=int, nargs="+",
+        "--hosts",
+        type=int,
+        nargs="+",
         help="run on this many emulated hosts (network namespaces on a bridge; root)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--link", help="with --hosts: shape each host's link to this rate (100mbit, 1gbit)"
     )
@@ -397,9 +408,14 @@ def _across(args: argparse.Namespace, config: dict, gloo: str | None) -> int:
     tcptuning.check(args.tcp_congestion, args.tcp_notsent_lowat)  # here, not in every worker
     with tempfile.TemporaryDirectory() as tmp:
         rows = across.run(
-            args.hosts, per_host=args.ranks_per_host, rate=args.link, config=config,
-            gloo=gloo, tmp=tmp, tuning=tuning,
-        )  # fmt: skip
+            args.hosts,
+            per_host=args.ranks_per_host,
+            rate=args.link,
+            config=config,
+            gloo=gloo,
+            tmp=tmp,
+            tuning=tuning,
+        )
     tcp = across.tcp_report(rows)  # what the sockets used; gloo's are the kernel's defaults
     across.print_table(rows, args.link, tcp)
     if args.json:

@@ -84,9 +84,12 @@ async def worker(everies: list[int], rounds: int, steps: int, *, bar: bool) -> d
         async def build() -> FSDP:
             model = TransformerLM(**MODEL, rng=np.random.default_rng(0), dtype=np.float32)
             return await FSDP.create(
-                model, pg, optimizer=AdamW(lr=1e-3), strategy=Strategy.FULL_SHARD,
+                model,
+                pg,
+                optimizer=AdamW(lr=1e-3),
+                strategy=Strategy.FULL_SHARD,
                 policy=by_type(Block),
-            )  # fmt: skip
+            )
 
         fsdp = await build()
         every_copies = {k: PeerCopies(k, ranks_per_node=pg.local_world_size) for k in everies}

@@ -170,9 +170,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prefetch-depth", type=int, default=1, help="units gathered ahead")
     p.add_argument(
-        "--transport", nargs="+", default=["auto", "tcp"], choices=["auto", "tcp"],
+        "--transport",
+        nargs="+",
+        default=["auto", "tcp"],
+        choices=["auto", "tcp"],
         help="SHARDWIRE_TRANSPORT of each run (default: both, side by side)",
-    )  # fmt: skip
+    )
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p

@@ -47,8 +47,20 @@ def tbf_rule(device: str, rate: str) -> list[str]:
     drops: enough for TCP to fill the link without a standing queue that inflates the
     round trip."""
     bucket = max(64 * 1024, int(rate_bits(rate) / 8 * 0.004))
-    return ["qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
-            "burst", str(bucket), "latency", "20ms"]  # fmt: skip
+    return [
+        "qdisc",
+        "replace",
+        "dev",
+        device,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        str(bucket),
+        "latency",
+        "20ms",
+    ]
 
 
 def _run(*cmd: str) -> None:
@@ -96,8 +108,21 @@ class Hosts:
         for i, name in enumerate(self.names):
             self._add(name)
             inner, outer = self._inner[i], self._outer[i]
-            _run("ip", "link", "add", inner, "netns", name, "type", "veth",
-                 "peer", "name", outer, "netns", self.hub)  # fmt: skip
+            _run(
+                "ip",
+                "link",
+                "add",
+                inner,
+                "netns",
+                name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                outer,
+                "netns",
+                self.hub,
+            )
             _run("ip", "-n", self.hub, "link", "set", outer, "master", "br0")
             _run("ip", "-n", self.hub, "link", "set", outer, "up")
             _run("ip", "-n", name, "addr", "add", f"{self.address(i)}/24", "dev", inner)
@@ -114,8 +139,9 @@ class Hosts:
     def close(self) -> None:
         """Remove every namespace made (their veths and qdiscs go with them)."""
         for name in reversed(self._made):
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True,
-                           timeout=20)  # fmt: skip
+            subprocess.run(
+                ["ip", "netns", "del", name], check=False, capture_output=True, timeout=20
+            )
         self._made.clear()
 
 

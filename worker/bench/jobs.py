@@ -66,13 +66,23 @@ def run_job(
     with tempfile.TemporaryDirectory(prefix="shardwire-bench-") as tmp:
         out = Path(tmp) / "result.json"
         subprocess.run(
-            [shardwire, "launch", "--standalone", "--nproc-per-node", str(nproc), "-m", module,
-             "--worker", str(out), *args],
+            [
+                shardwire,
+                "launch",
+                "--standalone",
+                "--nproc-per-node",
+                str(nproc),
+                "-m",
+                module,
+                "--worker",
+                str(out),
+                *args,
+            ],
             check=True,
             timeout=timeout,
             stdout=subprocess.DEVNULL,
             env={**os.environ, **(env or {}), "SHARDWIRE_BENCH_DIR": tmp},
-        )  # fmt: skip
+        )
         return json.loads(out.read_text())
 
 
@@ -111,10 +121,25 @@ def run_nodes(
         port_file = Path(tmp) / "port"
         first, bind = where[0]
         coordinator = subprocess.Popen(
-            [*first, *cli, "coordinator", "--host", bind, "--port", "0", "--port-file",
-             str(port_file), "--world-size", str(nproc), "--http-port", "-1"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                *first,
+                *cli,
+                "coordinator",
+                "--host",
+                bind,
+                "--port",
+                "0",
+                "--port-file",
+                str(port_file),
+                "--world-size",
+                str(nproc),
+                "--http-port",
+                "-1",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         agents: list[subprocess.Popen] = []
         try:
             address = f"{bind}:{coordinator_port(port_file, coordinator)}"
@@ -136,7 +161,7 @@ def run_nodes(
                     ],
                     env=env,
                     stdout=subprocess.DEVNULL,
-                )  # fmt: skip
+                )
                 for i in range(nodes)
             ]
             for agent in agents:

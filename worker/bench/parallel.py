@@ -133,14 +133,18 @@ async def worker(layers: int) -> dict | None:
         # batch, the blocks split (FSDP over a group of one only runs the optimizer).
         sharded = await FSDP.create(
             TransformerLM(**LM, rng=np.random.default_rng(0), dtype=np.float32),
-            pg, optimizer=AdamW(lr=1e-3), policy=by_type(Block),
-        )  # fmt: skip
+            pg,
+            optimizer=AdamW(lr=1e-3),
+            policy=by_type(Block),
+        )
         fsdp_ms = await _lm_step(sharded, ids[mine], targets[mine])
         solo = pg.new_group([pg.rank], name="solo")
         tp_model = TransformerLM(
-            **LM, rng=np.random.default_rng(0), dtype=np.float32,
+            **LM,
+            rng=np.random.default_rng(0),
+            dtype=np.float32,
             block=functools.partial(ParallelBlock, group=pg),
-        )  # fmt: skip
+        )
         parallel = await FSDP.create(tp_model, solo, optimizer=AdamW(lr=1e-3), strategy="no_shard")
         tp_ms = await _lm_step(parallel, ids, targets)
         if pg.rank != 0:

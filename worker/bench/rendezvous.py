@@ -101,14 +101,30 @@ def measure(
 
         def start(port: int) -> subprocess.Popen:
             return subprocess.Popen(
-                [sys.executable, "-m", "shardwire.coordinator", "--port", str(port),
-                 "--port-file", str(port_file), "--world-size", str(workers), "--run-id",
-                 "bench", "--http-port", "-1", "--log-level", "WARNING",
-                 *(["--max-restarts", "1"] if reform else []),
-                 *(["--state-dir", str(Path(tmp) / "state")] if restart else []),
-                 *(["--etcd", etcd] if etcd else [])],
-                env=env, stdout=subprocess.DEVNULL, stderr=(Path(tmp) / "log").open("a"),
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "shardwire.coordinator",
+                    "--port",
+                    str(port),
+                    "--port-file",
+                    str(port_file),
+                    "--world-size",
+                    str(workers),
+                    "--run-id",
+                    "bench",
+                    "--http-port",
+                    "-1",
+                    "--log-level",
+                    "WARNING",
+                    *(["--max-restarts", "1"] if reform else []),
+                    *(["--state-dir", str(Path(tmp) / "state")] if restart else []),
+                    *(["--etcd", etcd] if etcd else []),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=(Path(tmp) / "log").open("a"),
+            )
 
         before = etcd_counts(etcd)
         coordinator = start(free_port() if etcd else 0)  # a replica's port is its own
@@ -136,7 +152,7 @@ def measure(
                         stdout=subprocess.PIPE,
                         text=True,
                         env=env,
-                    )  # fmt: skip
+                    )
                 )
             times: list[tuple[float, float]] = []
             firsts: list[float] = []
@@ -326,17 +342,25 @@ def main(argv: list[str]) -> int:
     if args.reform and args.restart:
         p.error("--reform and --restart are separate runs: give one")
     results = []
-    print("| workers | rendezvous (s) | join p50 (s) | join p99 (s) | coordinator CPU (s) | "
-          "coordinator peak RSS (MiB) | heartbeats (share of a core) |")  # fmt: skip
+    print(
+        "| workers | rendezvous (s) | join p50 (s) | join p99 (s) | coordinator CPU (s) | "
+        "coordinator peak RSS (MiB) | heartbeats (share of a core) |"
+    )
     print("|---|---|---|---|---|---|---|", flush=True)
     # forming a job takes about as long as it has workers: they are its stage's work
     progress = Stages("rendezvous", len(args.workers), work=sum(args.workers))
     for n in args.workers:
         progress.start(f"a job of {n} workers", work=n)
         r = measure(
-            n, args.processes, args.per_node, args.beat_window, agents=not args.direct,
-            reform=args.reform, restart=args.restart, etcd=args.etcd,
-        )  # fmt: skip
+            n,
+            args.processes,
+            args.per_node,
+            args.beat_window,
+            agents=not args.direct,
+            reform=args.reform,
+            restart=args.restart,
+            etcd=args.etcd,
+        )
         results.append(r)
         print(
             f"| {n} | {r['rendezvous_s']:.2f} | {r['join_p50_s']:.2f} | {r['join_p99_s']:.2f} "
@@ -345,16 +369,25 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
         if r["reform_s"] is not None:
-            print(f"  one worker failed; the next generation formed in process in "
-                  f"{r['reform_s']:.2f} s", flush=True)  # fmt: skip
+            print(
+                f"  one worker failed; the next generation formed in process in "
+                f"{r['reform_s']:.2f} s",
+                flush=True,
+            )
         if r["etcd_writes_forming"] is not None:
-            print(f"  etcd: {r['etcd_writes_forming']} writes ({r['etcd_put_bytes_forming']} "
-                  f"bytes put) to form the job, then {r['etcd_writes_per_s_running']:.2f} "
-                  "writes/s while every worker heartbeats", flush=True)  # fmt: skip
+            print(
+                f"  etcd: {r['etcd_writes_forming']} writes ({r['etcd_put_bytes_forming']} "
+                f"bytes put) to form the job, then {r['etcd_writes_per_s_running']:.2f} "
+                "writes/s while every worker heartbeats",
+                flush=True,
+            )
         if r["restart_s"] is not None:
-            print(f"  coordinator SIGKILLed and started again: listening after "
-                  f"{r['coordinator_up_s']:.2f} s, every worker and agent back after "
-                  f"{r['restart_s']:.2f} s", flush=True)  # fmt: skip
+            print(
+                f"  coordinator SIGKILLed and started again: listening after "
+                f"{r['coordinator_up_s']:.2f} s, every worker and agent back after "
+                f"{r['restart_s']:.2f} s",
+                flush=True,
+            )
     progress.close()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -66,12 +66,14 @@ class Simulated:
 
     def _agent(self, k: int) -> ControlClient:
         heard = self.restarts[k] = asyncio.Event()
-        return ControlClient(token=self.token, run_id="bench", role="agent",
-                             on_generation=lambda _msg: heard.set())  # fmt: skip
+        return ControlClient(
+            token=self.token, run_id="bench", role="agent", on_generation=lambda _msg: heard.set()
+        )
 
     def _node_join(self, k: int) -> NodeJoin:
-        return NodeJoin(world_size=self.world, node_id=f"node-{k:06d}",
-                        local_world_size=self.lws, node_index=k)  # fmt: skip
+        return NodeJoin(
+            world_size=self.world, node_id=f"node-{k:06d}", local_world_size=self.lws, node_index=k
+        )
 
     async def agent(self, k: int) -> tuple[int, int, str]:
         """As ``shardwire worker``: join for the node, then its processes start."""
@@ -94,9 +96,14 @@ class Simulated:
             self.relays.append(await BeatRelay.open(path, asked, generation, timeout=60))
             client.relay(self.relays[-1])
         client.start_heartbeats(1.0)  # from the connection on
-        msg = Join(world_size=self.world, node_id=f"node-{node:06d}", local_rank=local,
-                   local_world_size=self.lws, listen_port=10000 + (self.first + i) % 50000,
-                   requested_rank=asked)  # fmt: skip
+        msg = Join(
+            world_size=self.world,
+            node_id=f"node-{node:06d}",
+            local_rank=local,
+            local_world_size=self.lws,
+            listen_port=10000 + (self.first + i) % 50000,
+            requested_rank=asked,
+        )
         place = await client.join(msg, timeout=TIMEOUT)
         self.placed[i] = place.rank
         members = await client.peers(neighbours(place.rank, self.world), timeout=TIMEOUT)

@@ -53,10 +53,21 @@ def _read(run_dir: Path) -> tuple[dict, list[dict]]:
 def run_mode(hosts, mode: str, args, tmp: Path, *, steps: int, log_every: int) -> dict:
     """charlm in ``mode`` for ``steps`` steps on ``hosts``: what its run says."""
     run_dir = tmp / f"{mode}-{hosts.count}-{hosts.rate or 'unshaped'}-{steps}"
-    script = [str(example("charlm.py")), "--steps", str(steps), "--log-every", str(log_every),
-              "--sample", "0", "--minutes", "600", "--run-dir", str(run_dir),
-              *[f"--{k}={v}" for k, v in MODEL.items()],
-              *mode_flags(mode, hosts.count, args)]  # fmt: skip
+    script = [
+        str(example("charlm.py")),
+        "--steps",
+        str(steps),
+        "--log-every",
+        str(log_every),
+        "--sample",
+        "0",
+        "--minutes",
+        "600",
+        "--run-dir",
+        str(run_dir),
+        *[f"--{k}={v}" for k, v in MODEL.items()],
+        *mode_flags(mode, hosts.count, args),
+    ]
     where = [(hosts.prefix(i), hosts.address(i)) for i in range(hosts.count)]
     run_nodes(script, hosts.count, hosts.count, dict(os.environ), hosts=where, timeout=7200)
     summary, records = _read(run_dir)
@@ -122,29 +133,40 @@ def _losses(
             for mode in args.modes:
                 what = f"{count} hosts, {mode}: {args.loss_steps} steps for the loss"
                 progress.start(what, work=args.loss_steps)
-                run = run_mode(hosts, mode, args, tmp, steps=args.loss_steps,
-                               log_every=args.log_every)  # fmt: skip
+                run = run_mode(
+                    hosts, mode, args, tmp, steps=args.loss_steps, log_every=args.log_every
+                )
                 curves.append({"hosts": count, "mode": mode, "curve": run["curve"]})
                 rows += [
-                    {"mode": mode, "hosts": count, "rate": rate, "steps": args.steps,
-                     "tokens_per_s": speed[count, mode, rate], "loss_steps": run["steps"],
-                     "held_out_loss": run["held_out_loss"],
-                     "cross_host_bytes_per_token": run["cross_host_bytes_per_token"],
-                     "largest_exchange_bytes": run["largest_exchange_bytes"]}
+                    {
+                        "mode": mode,
+                        "hosts": count,
+                        "rate": rate,
+                        "steps": args.steps,
+                        "tokens_per_s": speed[count, mode, rate],
+                        "loss_steps": run["steps"],
+                        "held_out_loss": run["held_out_loss"],
+                        "cross_host_bytes_per_token": run["cross_host_bytes_per_token"],
+                        "largest_exchange_bytes": run["largest_exchange_bytes"],
+                    }
                     for rate in args.rates
-                ]  # fmt: skip
+                ]
     return rows, curves
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| hosts | rate | mode | tokens/s | held-out loss | cross-host bytes/token "
-          "| largest exchange |")  # fmt: skip
+    print(
+        "| hosts | rate | mode | tokens/s | held-out loss | cross-host bytes/token "
+        "| largest exchange |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         peak = r["largest_exchange_bytes"]
-        print(f"| {r['hosts']} | {r['rate']} | {r['mode']} | {r['tokens_per_s']:,.0f} | "
-              f"{r['held_out_loss']:.4f} | {r['cross_host_bytes_per_token']:,.1f} | "
-              f"{'-' if peak is None else f'{peak / 2**20:.2f} MiB'} |")  # fmt: skip
+        print(
+            f"| {r['hosts']} | {r['rate']} | {r['mode']} | {r['tokens_per_s']:,.0f} | "
+            f"{r['held_out_loss']:.4f} | {r['cross_host_bytes_per_token']:,.1f} | "
+            f"{'-' if peak is None else f'{peak / 2**20:.2f} MiB'} |"
+        )
     if rows:
         print(
             f"tokens/s over {rows[0]['steps']} steps at each rate; the loss, bytes and "
@@ -220,15 +242,27 @@ def main(argv: list[str] | None = None) -> int:
             rate_bits(rate)
     with tempfile.TemporaryDirectory(prefix="shardwire-slowlink-") as directory:
         rows, curves = measure(args, Path(directory))
-    rows.sort(key=lambda r: (r["hosts"], RATES.index(r["rate"]) if r["rate"] in RATES else 9,
-                             MODES.index(r["mode"])))  # fmt: skip
+    rows.sort(
+        key=lambda r: (
+            r["hosts"],
+            RATES.index(r["rate"]) if r["rate"] in RATES else 9,
+            MODES.index(r["mode"]),
+        )
+    )
     print_table(rows)
     if args.json:
-        settings = {"model": MODEL, "every": args.every, "fragments": args.fragments,
-                    "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
-                    "steps": args.steps, "loss_steps": args.loss_steps}  # fmt: skip
-        Path(args.json).write_text(json.dumps({**settings, "rows": rows, "curves": curves},
-                                              indent=2))  # fmt: skip
+        settings = {
+            "model": MODEL,
+            "every": args.every,
+            "fragments": args.fragments,
+            "outer_lr": args.outer_lr,
+            "outer_momentum": args.outer_momentum,
+            "steps": args.steps,
+            "loss_steps": args.loss_steps,
+        }
+        Path(args.json).write_text(
+            json.dumps({**settings, "rows": rows, "curves": curves}, indent=2)
+        )
     if args.plot:
         figure(curves).savefig(args.plot, dpi=110)
     return 0

@@ -31,10 +31,24 @@ def run(n: int, steps: int, traced: bool, tmp: Path) -> tuple[float, int]:
     """(tokens/s, events per rank) of one run."""
     tag = f"{n}-{'on' if traced else 'off'}-{len(list(tmp.iterdir()))}"
     flags = ["--trace", "--trace-dir", str(tmp / f"{tag}-trace")] if traced else []
-    cmd = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", str(n), *flags,
-           str(example("charlm.py")), "--steps", str(steps),
-           "--log-every", str(10 * steps), "--sample", "0", "--run-dir", str(tmp / tag),
-           *MODEL]  # fmt: skip
+    cmd = [
+        SHARDWIRE,
+        "launch",
+        "--standalone",
+        "--nproc-per-node",
+        str(n),
+        *flags,
+        str(example("charlm.py")),
+        "--steps",
+        str(steps),
+        "--log-every",
+        str(10 * steps),
+        "--sample",
+        "0",
+        "--run-dir",
+        str(tmp / tag),
+        *MODEL,
+    ]
     subprocess.run(cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL, env=clean_env())
     rate = float(json.loads((tmp / tag / "summary.json").read_text())["tokens_per_s"])
     events = 0

@@ -51,8 +51,11 @@ def run(plan_path: str, command: list[str], verdict_path: str | None) -> int:
             if code is None:
                 return 2
             if code != 0:
-                print(f"shardwire chaos: the clean run failed (exit status {code}): nothing "
-                      "to compare with", file=sys.stderr)  # fmt: skip
+                print(
+                    f"shardwire chaos: the clean run failed (exit status {code}): nothing "
+                    "to compare with",
+                    file=sys.stderr,
+                )
                 return 1
             print("shardwire chaos: the run with faults", file=sys.stderr, flush=True)
         code, entries, started, finished = _job(plan_path, command, Path(scratch), "faulty")

@@ -112,8 +112,15 @@ class Injector:
             self.note({"event": "stepped", "step": step, "generation": self.group.generation})
         self.last_step = step
         if state is not None and self.check_every and step % self.check_every == 0:
-            self.note({"event": "state", "step": step, **_fingerprints(state),
-                       "generation": self.group.generation, "pid": os.getpid()})  # fmt: skip
+            self.note(
+                {
+                    "event": "state",
+                    "step": step,
+                    **_fingerprints(state),
+                    "generation": self.group.generation,
+                    "pid": os.getpid(),
+                }
+            )
         while self.by_step and (self.by_step[0].fault.step or 0) <= step:
             self.fire(self.by_step.pop(0), step)  # a step passed unreported still counts
 

@@ -169,9 +169,13 @@ class Snapshot:
         m = self.meta
         streams = xxhash.xxh3_64_hexdigest(json.dumps(m["rngs"], sort_keys=True).encode())
         return Have(
-            int(m["rank"]), int(m["world"]), int(m["shards"]), int(m["shard"]), streams,
+            int(m["rank"]),
+            int(m["world"]),
+            int(m["shards"]),
+            int(m["shard"]),
+            streams,
             int(m.get("family", 0)),
-        )  # fmt: skip
+        )
 
     def intact(self) -> bool:
         return digest(self.data) == self.meta["digest"]

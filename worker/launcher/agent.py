@@ -188,8 +188,11 @@ async def _agent(
                 code = await _supervise(supervisor)
             finally:  # the workers are gone: remove the segments a killed one left named
                 if swept := shm.sweep(settings.run_id):
-                    print(f"[agent]: removed {swept} shared-memory segment(s) left by workers",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"[agent]: removed {swept} shared-memory segment(s) left by workers",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if supervisor.interrupted_by or not watch.may_restart(elastic=low < high):
                 break
             timeout = settings.join_timeout if code == 0 else _VERDICT_TIMEOUT

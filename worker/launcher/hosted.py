@@ -77,9 +77,11 @@ class _Hosted:
             at = command.index("--port")
             command = [*command[: at + 1], str(self.address[1]), *command[at + 2 :]]
         proc = self.proc = await asyncio.create_subprocess_exec(
-            *command, env=self.env, stdin=asyncio.subprocess.DEVNULL,
+            *command,
+            env=self.env,
+            stdin=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         assert proc.stderr is not None
         async with asyncio.timeout(_COORDINATOR_START_TIMEOUT):
             first = (await proc.stderr.readline()).decode().strip()
@@ -106,8 +108,9 @@ class _Hosted:
             print(
                 f"[launch]: the coordinator was killed (signal {-code}); starting it again on "
                 f"{self.address[0]}:{self.address[1]} from its journal",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
+                file=sys.stderr,
+                flush=True,
+            )
             await self._stop_pump()
             await self.start()
             note_coordinator_back(self.env, self.pid(), "started again")

@@ -51,10 +51,20 @@ per process; /dev/shm sized for shardwire's node arenas and point-to-point segme
 --shm-size: /dev/shm pages count against it."""
 # Recorded in the rendering's first line, in this order, when not at their defaults.
 _RECORDED = (
-    "--name", "--namespace", "--nodes", "--nproc-per-node", "--image", "--max-restarts",
-    "--join-timeout", "--token-secret", "--port", "--http-port", "--cpu", "--memory",
+    "--name",
+    "--namespace",
+    "--nodes",
+    "--nproc-per-node",
+    "--image",
+    "--max-restarts",
+    "--join-timeout",
+    "--token-secret",
+    "--port",
+    "--http-port",
+    "--cpu",
+    "--memory",
     "--shm-size",
-)  # fmt: skip
+)
 
 
 def _checked(pattern: re.Pattern[str], what: str, limit: int = 63):

@@ -38,10 +38,13 @@ class WarmSpare:
         await asyncio.sleep(delay)
         if not self._dropped and self.proc is None:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, env=self.env, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                *self.argv,
+                env=self.env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
-            )  # fmt: skip
+            )
 
     async def take(self, env: dict[str, str], argv: list[str]) -> asyncio.subprocess.Process | None:
         """The spare, now running ``argv`` (a script and its arguments, or ``-m`` and a

@@ -268,10 +268,16 @@ class ParallelAttention(CausalSelfAttention):
         self.qkv = self.add(
             "qkv",
             ColumnParallelLinear(
-                dim, 3 * dim, group, rng=rng, gather_output=False, unit=width, blocks=3,
+                dim,
+                3 * dim,
+                group,
+                rng=rng,
+                gather_output=False,
+                unit=width,
+                blocks=3,
                 dtype=dtype,
             ),
-        )  # fmt: skip
+        )
         self.proj = self.add(
             "proj",
             RowParallelLinear(dim, dim, group, rng=rng, unit=width, dtype=dtype),

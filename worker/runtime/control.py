@@ -91,14 +91,24 @@ class ControlClient(Queries):
         self._interval = 0.0  # between heartbeats, once started
         self._final: Message | None = None  # a last message written while it was away
         self._dialer = Dialer(
-            token=token, role=role, run_id=run_id, generation=generation, tls=tls,
-            on_message=self._received, opened=self._opened, dialed=self._dialed,
-        )  # fmt: skip
+            token=token,
+            role=role,
+            run_id=run_id,
+            generation=generation,
+            tls=tls,
+            on_message=self._received,
+            opened=self._opened,
+            dialed=self._dialed,
+        )
         self._rejoiner = Rejoiner(
-            where=lambda: self._dialer.where, role=role, dial=self._redial,
-            rejoin=self._send_rejoin, back=self._returned, lost=self._gave_up,
+            where=lambda: self._dialer.where,
+            role=role,
+            dial=self._redial,
+            rejoin=self._send_rejoin,
+            back=self._returned,
+            lost=self._gave_up,
             away=lambda: self._on_coordinator(True),
-        )  # fmt: skip
+        )
 
     async def connect(
         self,
@@ -263,8 +273,9 @@ class ControlClient(Queries):
                 lambda left: tries.around(self._request(msg, expect, left), note_every),
                 lost=lambda: self._proto is not None and self._proto.closed.done(),
                 redial=lambda left: self._dialer.reach(left, NOTE_EVERY),
-                timeout=timeout, who=f"{self._role}: the coordinator at {self.where}",
-            )  # fmt: skip
+                timeout=timeout,
+                who=f"{self._role}: the coordinator at {self.where}",
+            )
         finally:
             self._joining = False
 

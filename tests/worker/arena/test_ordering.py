@@ -27,12 +27,20 @@ def test_published_halves_are_never_seen_torn(tmp_path: Path, plain: bool) -> No
     rounds = 20000
     try:
         reader = subprocess.Popen(
-            [sys.executable, "-m", "tests.worker.arena.hammer", str(tmp_path),
-             region.path.name, nonce.hex(), str(rounds), "1" if plain else "0"],
+            [
+                sys.executable,
+                "-m",
+                "tests.worker.arena.hammer",
+                str(tmp_path),
+                region.path.name,
+                nonce.hex(),
+                str(rounds),
+                "1" if plain else "0",
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         try:
             hammer.write(region, rounds, plain)
             out, _ = reader.communicate(timeout=120)

@@ -32,8 +32,11 @@ def test_a_clean_run_holds_every_invariant_and_equals_itself() -> None:
     again = [_note(r, 4, 20.0 + r, generation=2, pid=200 + r, loss=0.25) for r in range(2)]
     result = check([*_run(), *again], 1, clean=[*_run(), *again])
     assert {name: r["status"] for name, r in result.items()} == {
-        "replicas_agree": "held", "steps_in_order": "held", "data_once": "held", "as_clean": "held",
-    }  # fmt: skip
+        "replicas_agree": "held",
+        "steps_in_order": "held",
+        "data_once": "held",
+        "as_clean": "held",
+    }
     assert result["replicas_agree"]["compared"] == 5 and result["as_clean"]["compared"] == 10
     assert result["data_once"]["compared"] == 2  # step 4, run again by both ranks
 
@@ -52,9 +55,10 @@ def test_without_state_notes_every_invariant_is_not_checked_and_says_why() -> No
 def test_a_run_that_never_ran_a_step_again_did_not_check_data_once() -> None:
     result = check(_run(), 1)["data_once"]
     assert result == {
-        "status": "not checked", "compared": 0,
+        "status": "not checked",
+        "compared": 0,
         "why": "no step ran again: no second reading to compare",
-    }  # fmt: skip
+    }
     unread = [{k: v for k, v in n.items() if k != "read"} for n in _run()]
     assert check(unread, 1)["data_once"]["why"] == "the script handed the run log no read="
 

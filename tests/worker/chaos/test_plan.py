@@ -215,8 +215,15 @@ def _one(plan: Plan) -> Plan:
 def test_a_rank_its_agent_stopped_noticed_the_fault(tmp_path) -> None:
     plan = load(_write(tmp_path, "p.toml", TOML))
     entries = [e for e in _entries(100.0) if e.get("event") != "noticed"]
-    entries.append({"rank": 2, "t": 102.1, "event": "ended", "outcome": "SIGTERM",
-                    "message": "stopped by SIGTERM"})  # fmt: skip
+    entries.append(
+        {
+            "rank": 2,
+            "t": 102.1,
+            "event": "ended",
+            "outcome": "SIGTERM",
+            "message": "stopped by SIGTERM",
+        }
+    )
     kill = verdict(plan, entries, exit_code=1, started=100.0, finished=103.5)["faults"][0]
     assert (kill["detected_by"], kill["detected_after_s"]) == (2, 0.1)
     assert kill["error"] == "SIGTERM: stopped by SIGTERM"
@@ -243,15 +250,33 @@ def test_a_log_line_cut_short_by_a_kill_is_skipped(tmp_path) -> None:
 
 
 def test_a_node_fault_is_noticed_by_a_rank_of_another_node(tmp_path) -> None:
-    plan = load(_write(tmp_path, "n.toml", "expect = 'fail'\nexpect_names = 2\n"
-                       "[[faults]]\nkind = 'kill'\nnode = 1\nafter_s = 2\n"))  # fmt: skip
+    plan = load(
+        _write(
+            tmp_path,
+            "n.toml",
+            "expect = 'fail'\nexpect_names = 2\n[[faults]]\nkind = 'kill'\nnode = 1\nafter_s = 2\n",
+        )
+    )
     entries = [
-        {"rank": NODE, "node": 1, "ranks": [2, 3], "t": 2.0, "event": "injected", "fault": 0,
-         "kind": "kill", "step": None},
+        {
+            "rank": NODE,
+            "node": 1,
+            "ranks": [2, 3],
+            "t": 2.0,
+            "event": "injected",
+            "fault": 0,
+            "kind": "kill",
+            "step": None,
+        },
         {"rank": 3, "t": 2.05, "event": "ended", "outcome": "SIGTERM", "message": "stopped"},
-        {"rank": 0, "t": 2.2, "event": "noticed", "outcome": "PeerFailed",
-         "message": "rank 2 failed: connection closed without goodbye"},
-    ]  # fmt: skip
+        {
+            "rank": 0,
+            "t": 2.2,
+            "event": "noticed",
+            "outcome": "PeerFailed",
+            "message": "rank 2 failed: connection closed without goodbye",
+        },
+    ]
     outcome = verdict(plan, entries, exit_code=1, started=0.0, finished=4.0)
     (fault,) = outcome["faults"]
     assert fault["rank"] == "node 1" and fault["detected_by"] == 0  # not rank 3, on the node
@@ -265,13 +290,29 @@ def test_a_fault_in_a_collective_says_which_and_broken_invariants_fail_the_verdi
     tmp_path,
 ) -> None:
     plan = load(_write(tmp_path, "c.toml", "[[faults]]\nkind = 'kill'\nrank = 1\ncollective = 9\n"))
-    hit = {"rank": 1, "t": 1.0, "event": "injected", "fault": 0, "kind": "kill", "step": 4,
-           "collective": 9, "op": "all_reduce"}  # fmt: skip
+    hit = {
+        "rank": 1,
+        "t": 1.0,
+        "event": "injected",
+        "fault": 0,
+        "kind": "kill",
+        "step": 4,
+        "collective": 9,
+        "op": "all_reduce",
+    }
     states = [
-        {"rank": r, "t": 0.5, "event": "state", "step": 4, "generation": 1, "pid": r,
-         "key": "whole", "digest": f"d{r}"}
+        {
+            "rank": r,
+            "t": 0.5,
+            "event": "state",
+            "step": 4,
+            "generation": 1,
+            "pid": r,
+            "key": "whole",
+            "digest": f"d{r}",
+        }
         for r in range(2)
-    ]  # fmt: skip
+    ]
     outcome = verdict(plan, [hit, *states], exit_code=0, started=0.0, finished=2.0)
     assert outcome["faults"][0]["collective"] == 9
     text = table(outcome)

@@ -20,8 +20,14 @@ KILL = Plan.model_validate(
 
 
 def _hit(t: float, fault: int = 0, kind: str = "kill") -> dict[str, Any]:
-    return {"rank": COORDINATOR, "t": t, "event": "injected", "fault": fault, "kind": kind,
-            "step": None}  # fmt: skip
+    return {
+        "rank": COORDINATOR,
+        "t": t,
+        "event": "injected",
+        "fault": fault,
+        "kind": kind,
+        "step": None,
+    }
 
 
 def _away(rank: int, lost: float, back: float | None) -> list[dict[str, Any]]:
@@ -83,9 +89,13 @@ def test_each_coordinator_fault_is_judged_up_to_the_next() -> None:
         {"faults": [{"kind": "kill", "rank": "coordinator", "after_s": s} for s in (4, 10)]}
     )
     entries = [
-        _hit(4.0), *_away(0, 4.01, 4.8), _back(4.5),
-        _hit(10.0, fault=1), *_away(0, 10.01, 10.9), _back(10.6),
-    ]  # fmt: skip
+        _hit(4.0),
+        *_away(0, 4.01, 4.8),
+        _back(4.5),
+        _hit(10.0, fault=1),
+        *_away(0, 10.01, 10.9),
+        _back(10.6),
+    ]
     first, second = verdict(plan, entries, 0, 0.0, 20.0)["faults"]
     assert (first["back_after_s"], first["reconnected_after_s"]) == (0.5, 0.8)
     assert (second["back_after_s"], second["reconnected_after_s"]) == (0.6, 0.9)
@@ -124,15 +134,27 @@ def test_an_invariant_with_nothing_to_compare_is_listed_as_not_checked() -> None
     """Under FULL_SHARD no two ranks hold one key, and a run that never ran a step again
     has no second reading: both are not checked, neither held nor broken."""
     states = [
-        {"rank": r, "t": s + r / 10, "event": "state", "step": s, "generation": 1,
-         "pid": r, "key": f"shard {r}/2", "digest": f"d{s}-{r}", "read": f"r{r}-{s}"}
-        for s in (1, 2) for r in (0, 1)
-    ]  # fmt: skip
+        {
+            "rank": r,
+            "t": s + r / 10,
+            "event": "state",
+            "step": s,
+            "generation": 1,
+            "pid": r,
+            "key": f"shard {r}/2",
+            "digest": f"d{s}-{r}",
+            "read": f"r{r}-{s}",
+        }
+        for s in (1, 2)
+        for r in (0, 1)
+    ]
     outcome = verdict(KILL, [_hit(4.0), *states], 0, 0.0, 9.0)
     checks = json.loads(json.dumps(outcome))["invariants"]
     assert {name: c["status"] for name, c in checks.items()} == {
-        "replicas_agree": "not checked", "steps_in_order": "held", "data_once": "not checked",
-    }  # fmt: skip
+        "replicas_agree": "not checked",
+        "steps_in_order": "held",
+        "data_once": "not checked",
+    }
     assert outcome["held"]  # nothing broken, the expectation held
     text = table(outcome)
     assert "invariant replicas agree: not checked (no two ranks held the same key" in text

@@ -224,8 +224,13 @@ async def _gather_bytes(mixed: MixedPrecision) -> tuple[np.dtype, int]:
             *(
                 FSDP.create(
                     TransformerLM(
-                        vocab=11, dim=8, heads=2, layers=2, context=6,
-                        rng=np.random.default_rng(1), dtype=np.float32,
+                        vocab=11,
+                        dim=8,
+                        heads=2,
+                        layers=2,
+                        context=6,
+                        rng=np.random.default_rng(1),
+                        dtype=np.float32,
                     ),
                     g,
                     optimizer=AdamW(lr=0.01),
@@ -234,7 +239,7 @@ async def _gather_bytes(mixed: MixedPrecision) -> tuple[np.dtype, int]:
                 )
                 for g in groups
             )
-        )  # fmt: skip
+        )
         before = transports[0].stats.bytes_sent
         await asyncio.gather(*(f.units[0].gather() for f in ranks))
         full = ranks[0].units[0].full
@@ -267,12 +272,16 @@ async def _no_shard(codec) -> dict:
         ranks = await asyncio.gather(
             *(
                 FSDP.create(
-                    make_model(), g, optimizer=AdamW(lr=0.01), strategy=Strategy.NO_SHARD,
-                    policy=by_type(Block), compression=codec,
+                    make_model(),
+                    g,
+                    optimizer=AdamW(lr=0.01),
+                    strategy=Strategy.NO_SHARD,
+                    policy=by_type(Block),
+                    compression=codec,
                 )
                 for g in groups
             )
-        )  # fmt: skip
+        )
         await asyncio.gather(*(train_rank(f, r, 2) for r, f in enumerate(ranks)))
         return (await asyncio.gather(*(f.state_dict() for f in ranks)))[0]
 

@@ -127,8 +127,12 @@ async def _save(ranks, copies, step: int) -> None:
 async def _train_saving(ranks, copies, steps: int) -> None:
     """``steps`` steps on every rank, each followed by its copies' save."""
     for step in range(steps):
-        await asyncio.gather(*(train_rank(f, r, len(ranks), steps=range(step, step + 1))
-                               for r, f in enumerate(ranks)))  # fmt: skip
+        await asyncio.gather(
+            *(
+                train_rank(f, r, len(ranks), steps=range(step, step + 1))
+                for r, f in enumerate(ranks)
+            )
+        )
         await _save(ranks, copies, step + 1)
 
 
@@ -168,8 +172,9 @@ async def _restore_and_finish(copies: list[PeerCopies], at_four: tuple[dict, dic
         for key, value in at_four[1].items():
             np.testing.assert_array_equal(optim[key], value)
         assert {f.optimizer.steps for f in ranks} == {4}
-        await asyncio.gather(*(train_rank(f, r, 4, steps=range(4, STEPS))
-                               for r, f in enumerate(ranks)))  # fmt: skip
+        await asyncio.gather(
+            *(train_rank(f, r, 4, steps=range(4, STEPS)) for r, f in enumerate(ranks))
+        )
         final = await _params(ranks)
     for name, value in (await _straight()).items():
         np.testing.assert_array_equal(final[name], value)
@@ -229,8 +234,9 @@ async def _restored(
         resumed = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
         assert {f.optimizer.steps for f in ranks} == {steps}
         if finish:
-            await asyncio.gather(*(train_rank(f, r, 4, steps=range(steps, STEPS))
-                                   for r, f in enumerate(ranks)))  # fmt: skip
+            await asyncio.gather(
+                *(train_rank(f, r, 4, steps=range(steps, STEPS)) for r, f in enumerate(ranks))
+            )
             return resumed, await _params(ranks)
         await asyncio.gather(*(c.wait() for c in copies))  # the restored step's copies
         return resumed, await _state(ranks)

@@ -44,9 +44,14 @@ def _model(mesh: Mesh) -> TransformerLM:
     tp = mesh.sizes[2]
     block = Block if tp == 1 else functools.partial(ParallelBlock, group=mesh)
     return TransformerLM(
-        vocab=11, dim=8, heads=2, layers=3, context=6, rng=np.random.default_rng(42),
+        vocab=11,
+        dim=8,
+        heads=2,
+        layers=3,
+        context=6,
+        rng=np.random.default_rng(42),
         block=block,
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -119,10 +124,16 @@ async def _train(ranks: list[_Rank], steps: range) -> None:
         ((4, 2, 1), (4, 2, 2)),
     ],
     ids=[
-        "dp2tp2-dp4", "dp4-dp2tp2", "dp2tp2-tp2", "same", "tp2-dp3",
-        "pp2tp2-dp2", "dp2-dp2pp2", "dp2pp2-pp2tp2",
+        "dp2tp2-dp4",
+        "dp4-dp2tp2",
+        "dp2tp2-tp2",
+        "same",
+        "tp2-dp3",
+        "pp2tp2-dp2",
+        "dp2-dp2pp2",
+        "dp2pp2-pp2tp2",
     ],
-)  # fmt: skip
+)
 async def test_resume_under_another_layout_follows_the_oracle(tmp_path, saved, resumed) -> None:
     async with _layout(*saved) as ranks:
         await _train(ranks, range(SAVED_AT))

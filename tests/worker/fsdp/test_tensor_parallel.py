@@ -27,20 +27,28 @@ async def test_tensor_parallel_times_fsdp_equals_one_process(strategy: Strategy)
         dps = [w.new_group([w.rank % 2, w.rank % 2 + 2], name="dp") for w in worlds]
         models = [
             TransformerLM(
-                vocab=11, dim=8, heads=2, layers=3, context=6, rng=np.random.default_rng(42),
+                vocab=11,
+                dim=8,
+                heads=2,
+                layers=3,
+                context=6,
+                rng=np.random.default_rng(42),
                 block=functools.partial(ParallelBlock, group=tp),
             )
             for tp in tps
-        ]  # fmt: skip
+        ]
         ranks = await asyncio.gather(
             *(
                 FSDP.create(
-                    m, dp, optimizer=make_optimizer("adam"), strategy=strategy,
+                    m,
+                    dp,
+                    optimizer=make_optimizer("adam"),
+                    strategy=strategy,
                     policy=by_type(ParallelBlock),
                 )
                 for m, dp in zip(models, dps, strict=True)
             )
-        )  # fmt: skip
+        )
         try:
             await asyncio.gather(
                 *(train_rank(f, dp.rank, 2) for f, dp in zip(ranks, dps, strict=True))

@@ -22,9 +22,14 @@ Y = np.random.default_rng(2).standard_normal((BATCH, 4))
 def _model() -> Sequential:
     rng = np.random.default_rng(7)
     return Sequential(
-        Linear(6, 9, rng=rng), ReLU(), Linear(9, 9, rng=rng), GELU(),
-        Linear(9, 7, rng=rng), ReLU(), Linear(7, 4, rng=rng),
-    )  # fmt: skip
+        Linear(6, 9, rng=rng),
+        ReLU(),
+        Linear(9, 9, rng=rng),
+        GELU(),
+        Linear(9, 7, rng=rng),
+        ReLU(),
+        Linear(7, 4, rng=rng),
+    )
 
 
 def _loss(out: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:

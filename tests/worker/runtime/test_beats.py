@@ -116,8 +116,13 @@ async def test_a_job_beats_through_its_agents_and_quiet_workers_are_not_closed()
                 client.relay(await BeatRelay.open(path, rank, 1, timeout=10))
                 client.start_heartbeats(0.2)
                 workers.append(client)
-                msg = Join(world_size=4, node_id="ab"[rank // 2], local_rank=rank % 2,
-                           local_world_size=2, requested_rank=rank)  # fmt: skip
+                msg = Join(
+                    world_size=4,
+                    node_id="ab"[rank // 2],
+                    local_rank=rank % 2,
+                    local_world_size=2,
+                    requested_rank=rank,
+                )
                 joins.append(client.join(msg, timeout=20))
             placed = await asyncio.gather(*joins)
             assert sorted(p.rank for p in placed) == [0, 1, 2, 3]

@@ -76,8 +76,15 @@ async def test_a_job_that_does_not_form_is_waited_for_aloud(caplog) -> None:
         client = ControlClient(token=TOKEN, run_id="test", role="worker")
         try:
             await client.connect(host, port, timeout=10)
-            join = Join(world_size=2, node_id="n", local_rank=0, local_world_size=2,
-                        listen_host="", listen_port=1, requested_rank=None)  # fmt: skip
+            join = Join(
+                world_size=2,
+                node_id="n",
+                local_rank=0,
+                local_world_size=2,
+                listen_host="",
+                listen_port=1,
+                requested_rank=None,
+            )
             with pytest.raises(RendezvousError):
                 await client.join(join, timeout=1.5, note_every=0.2)
         finally:

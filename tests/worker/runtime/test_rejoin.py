@@ -23,9 +23,13 @@ def _rejoiner(refuse: bool, lost: list[str], back: list[bool], gone: asyncio.Eve
         raise RendezvousError("node 'n0' cannot rejoin: the job is waiting", code="rejoin")
 
     rejoiner = Rejoiner(
-        where=lambda: "127.0.0.1:1", role="agent", dial=dial, rejoin=rejoin,
-        back=lambda: back.append(True), lost=lambda why: (lost.append(why), gone.set()),
-    )  # fmt: skip
+        where=lambda: "127.0.0.1:1",
+        role="agent",
+        dial=dial,
+        rejoin=rejoin,
+        back=lambda: back.append(True),
+        lost=lambda why: (lost.append(why), gone.set()),
+    )
     rejoiner.grace, rejoiner.message = 0.5, MESSAGE
     return rejoiner
 
@@ -70,9 +74,14 @@ async def test_the_client_hears_when_the_coordinator_went_away_and_took_it_back(
         returned.set()
 
     rejoiner = Rejoiner(
-        where=lambda: "127.0.0.1:1", role="worker", dial=dial, rejoin=rejoin, back=back,
-        lost=heard.append, away=lambda: heard.append("away"),
-    )  # fmt: skip
+        where=lambda: "127.0.0.1:1",
+        role="worker",
+        dial=dial,
+        rejoin=rejoin,
+        back=back,
+        lost=heard.append,
+        away=lambda: heard.append("away"),
+    )
     rejoiner.grace, rejoiner.message = 5.0, MESSAGE
     assert rejoiner.start() and rejoiner.start()  # a second drop while away: no news
     async with asyncio.timeout(10):

@@ -41,9 +41,15 @@ async def test_a_replica_of_another_job_is_refused_by_its_address() -> None:
 async def test_a_coordinator_older_than_the_leader_followed_is_refused_as_deposed() -> None:
     opened = []
     dialer = Dialer(
-        token=TOKEN, role="client", run_id="test", generation=0, tls=None,
-        on_message=lambda _msg: None, opened=opened.append, dialed=lambda _proto: None,
-    )  # fmt: skip
+        token=TOKEN,
+        role="client",
+        run_id="test",
+        generation=0,
+        tls=None,
+        on_message=lambda _msg: None,
+        opened=opened.append,
+        dialed=lambda _proto: None,
+    )
     async with coordinator(run_id="test", epoch=7) as leader:
         async with coordinator(run_id="test", epoch=5) as deposed:
             try:

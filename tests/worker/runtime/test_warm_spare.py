@@ -60,8 +60,16 @@ async def test_a_dead_rank_s_replacement_is_the_warm_spare(tmp_path, spare: bool
     script.write_text(SCRIPT)
     (tmp_path / "marks").mkdir()
     argv = [sys.executable, "-u", str(script), str(tmp_path / "marks"), "--flag", "x y"]
-    launch = Launch(argv, {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, "node-a", 0, 2, 2,
-                    respawns=1, spare=spare)  # fmt: skip
+    launch = Launch(
+        argv,
+        {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        "node-a",
+        0,
+        2,
+        2,
+        respawns=1,
+        spare=spare,
+    )
     out, err = io.StringIO(), io.StringIO()
     supervisor = Supervisor(launch, out=out, err=err)
     code = await asyncio.wait_for(supervisor.run(), 90)
@@ -97,8 +105,16 @@ async def test_a_replacement_started_as_the_job_ends_is_stopped_with_it(tmp_path
     script.write_text(OVER)
     (tmp_path / "marks").mkdir()
     argv = [sys.executable, "-u", str(script), str(tmp_path / "marks")]
-    launch = Launch(argv, {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, "node-a", 0, 2, 2,
-                    respawns=1, term_timeout=5.0)  # fmt: skip
+    launch = Launch(
+        argv,
+        {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        "node-a",
+        0,
+        2,
+        2,
+        respawns=1,
+        term_timeout=5.0,
+    )
     err = io.StringIO()
     supervisor = Supervisor(launch, out=io.StringIO(), err=err)
     spawn, started = supervisor._spawn, []

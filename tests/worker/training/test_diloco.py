@@ -241,9 +241,15 @@ async def test_quantized_syncs_give_every_rank_the_same_bits_within_the_bound(bi
     world = 3
     async with group_world("tcp", world) as groups:
         outers = await _replicas(
-            groups, 8, every=4, outer_lr=1.0, outer_momentum=0.0, nesterov=False,
-            quantize=f"int{bits}", block=4,
-        )  # fmt: skip
+            groups,
+            8,
+            every=4,
+            outer_lr=1.0,
+            outer_momentum=0.0,
+            nesterov=False,
+            quantize=f"int{bits}",
+            block=4,
+        )
         plain = await _replicas(
             groups, 8, every=4, outer_lr=1.0, outer_momentum=0.0, nesterov=False
         )
