@@ -17,6 +17,7 @@ returns.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -37,13 +38,15 @@ POLL_S = 0.05
 @dataclass
 class PeerRun:
     """What one run of a peer's job did: its wall time, whether its steps finished, the
-    kills delivered and the worker processes it started."""
+    kills delivered and the worker processes it started; for torchft, whether every
+    replica ended with the same parameters (``agree``)."""
 
     wall_s: float
     finished: bool
     faults: int = 0
     processes: int = 0
     detail: str = ""
+    agree: bool | None = None
     pids: set[int] = field(default_factory=set)
 
 
@@ -165,7 +168,11 @@ def torchft_job(
         finished = all((work / f"replica-{r}.json").exists() for r in range(nproc))
     finally:
         _end([*started, lighthouse])
-    return PeerRun(wall, finished, faults, len(started), pids={p.pid for p in started})
+    run = PeerRun(wall, finished, faults, len(started), pids={p.pid for p in started})
+    if finished:
+        ends = [json.loads((work / f"replica-{r}.json").read_text()) for r in range(nproc)]
+        run.agree = len({end["digest"] for end in ends}) == 1
+    return run
 
 
 def _children(pid: int) -> list[int]:
@@ -207,8 +214,7 @@ def torchrun_job(
         f"--nproc-per-node={nproc}",
         "--max-restarts=1000",
         "--monitor-interval=0.1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--standalone",
         "--local-addr=127.0.0.1",
         str(script),
         "--backend=gloo",
