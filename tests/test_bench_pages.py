@@ -18,6 +18,7 @@ from .docblocks import block
 ROOT = Path(__file__).resolve().parent.parent
 KEPT = {
     "bench-goodput": "goodput.json",
+    "bench-goodput-torchft": "goodput-torchft.json",
     "bench-copies": "copies.json",
     "bench-reform": "reform.json",
     "bench-hosts": "hosts.json",

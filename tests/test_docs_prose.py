@@ -503,6 +503,23 @@ def _goodput(k: dict[str, Any]) -> list[str]:
     ]
 
 
+def _torchft(k: dict[str, Any]) -> list[str]:
+    modes = k["result"]["modes"]
+    live, ft, tr = modes["live"], modes["torchft"], modes["torchrun"]
+    pairs = k["result"]["pairs"]
+    apart = sum(p["modes"]["torchft"]["replicas_agree"] is False for p in pairs)
+    stopped = all(not p["modes"]["torchrun"]["finished"] for p in pairs)
+    return [
+        k["benchmark"],
+        f"recovering live, goodput {live['goodput']:.2f} ({live['goodput_range'][0]:.2f}–"
+        f"{live['goodput_range'][1]:.2f}), {live['lost_per_fault_s']:.2f} s lost per kill",
+        f"torchft {ft['goodput']:.2f} ({ft['goodput_range'][0]:.2f}–{ft['goodput_range'][1]:.2f}), "
+        f"{ft['lost_per_fault_s']:.2f} s per kill",
+        f"torchrun below {tr['goodput_range'][1]:.2f}" + (" in every pair" if stopped else ""),
+        f"torchft's replicas ended with different parameters in {apart} of {len(pairs)} runs",
+    ]
+
+
 def _etcd(k: dict[str, Any]) -> list[str]:
     small, large = sorted(k["results"], key=lambda r: r["workers"])
     return [
@@ -596,6 +613,7 @@ FIGURES: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("guide/elastic.md", "bench/copies.json", lambda: _copies(_kept("copies"))),
     ("guide/elastic.md", "bench/reform.json", lambda: _reform(_kept("reform"))),
     ("guide/chaos.md", "bench/goodput.json", lambda: _goodput(_kept("goodput"))),
+    ("guide/chaos.md", "bench/goodput-torchft.json", lambda: _torchft(_kept("goodput-torchft"))),
     ("failures.md", "bench/etcd.json", lambda: _etcd(_kept("etcd"))),
     (
         "guide/performance.md",
