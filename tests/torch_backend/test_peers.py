@@ -12,8 +12,7 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
 
 from shardwire.worker.bench import goodput  # noqa: E402
-from shardwire.worker.bench.collectives import side_python  # noqa: E402
-from shardwire.worker.bench.peers import torchft_job, torchrun_job  # noqa: E402
+from shardwire.worker.bench.peers import torchft_job, torchft_python, torchrun_job  # noqa: E402
 from shardwire.worker.chaos.plan import Fault, Scheduled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +31,7 @@ def in_checkout(monkeypatch):
 
 @pytest.mark.e2e
 def test_torchft_replicas_train_every_step_through_a_kill(tmp_path, in_checkout):
-    python = side_python(None, "torchft-venv", "import torchft, shardwire.torch")
+    python = torchft_python(None)
     if python is None:
         pytest.skip("no interpreter with torchft (make torchft-venv)")
     steps = 2000
@@ -100,6 +99,6 @@ def test_compare_torchft_is_refused_outside_ddp_under_kills(argv, capsys):
 
 
 def test_compare_torchft_without_torchft_says_how_to_get_it(monkeypatch, capsys):
-    monkeypatch.setattr(goodput, "side_python", lambda *a: None)
+    monkeypatch.setattr(goodput, "torchft_python", lambda *a: None)
     assert goodput.main(["--torch", "ddp", "--compare-torchft"]) == 2
     assert "pip install torchft-nightly" in capsys.readouterr().err

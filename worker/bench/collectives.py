@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 from shardwire.worker.bench import across
 from shardwire.worker.bench import c10d as c10d_module
 from shardwire.worker.bench import mpi as mpi_module
-from shardwire.worker.bench.jobs import run_nodes
+from shardwire.worker.bench.jobs import run_nodes, side_python
 from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.stages import Stages
 from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarized
@@ -107,22 +106,6 @@ def _mpi_segments() -> set[Path]:
         return set(SHM_DIR.glob("sm_segment.*"))
     except OSError:
         return set()
-
-
-def side_python(requested: str | None, venv: str, probe: str) -> str | None:
-    """``requested``, else this interpreter, else ``~/.cache/<venv>/bin/python``: the
-    first that can run ``probe``."""
-    candidates = (
-        [requested]
-        if requested
-        else [sys.executable, str(Path.home() / f".cache/{venv}/bin/python")]
-    )
-    for python in candidates:
-        if python and (shutil.which(python) or Path(python).exists()):
-            found = subprocess.run([python, "-c", probe], capture_output=True, check=False)
-            if found.returncode == 0:
-                return python
-    return None
 
 
 # Baselines in table order: key, column title.

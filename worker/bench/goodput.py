@@ -45,9 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from shardwire.worker.bench import BenchmarkFailed
-from shardwire.worker.bench.collectives import side_python
 from shardwire.worker.bench.jobs import command_line, example
-from shardwire.worker.bench.peers import PeerRun, torchft_job, torchrun_job
+from shardwire.worker.bench.peers import PeerRun, torchft_job, torchft_python, torchrun_job
 from shardwire.worker.bench.stages import Stages
 from shardwire.worker.chaos.plan import load
 
@@ -351,9 +350,7 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 2
-        args.torchft_python = side_python(
-            args.torchft_python, "torchft-venv", "import torchft, shardwire.torch"
-        )
+        args.torchft_python = torchft_python(args.torchft_python)
         if args.torchft_python is None:
             print(
                 "--compare-torchft: no interpreter with torchft and shardwire (pip install "

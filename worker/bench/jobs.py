@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,22 @@ def rank_side(out: str, work: Coroutine[Any, Any, Any]) -> None:
     result = run(work)
     if result is not None:
         Path(out).write_text(json.dumps(result))
+
+
+def side_python(requested: str | None, venv: str, probe: str) -> str | None:
+    """``requested``, else this interpreter, else ``~/.cache/<venv>/bin/python``: the
+    first that can run ``probe``."""
+    candidates = (
+        [requested]
+        if requested
+        else [sys.executable, str(Path.home() / f".cache/{venv}/bin/python")]
+    )
+    for python in candidates:
+        if python and (shutil.which(python) or Path(python).exists()):
+            found = subprocess.run([python, "-c", probe], capture_output=True, check=False)
+            if found.returncode == 0:
+                return python
+    return None
 
 
 def example(name: str) -> Path:

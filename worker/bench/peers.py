@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardwire.worker.bench import BenchmarkFailed
+from shardwire.worker.bench.jobs import side_python
 from shardwire.worker.bench.torchrun import clean_env, free_port
 from shardwire.worker.chaos.plan import Scheduled
 
 REPLICA = Path(__file__).with_name("torchft_replica.py")
+TORCHFT_VENV = "torchft-venv"  # under ~/.cache: where `make torchft-venv` puts it
 POLL_S = 0.05
 
 
@@ -48,6 +50,12 @@ class PeerRun:
     detail: str = ""
     agree: bool | None = None
     pids: set[int] = field(default_factory=set)
+
+
+def torchft_python(requested: str | None) -> str | None:
+    """The interpreter for torchft's replicas: ``requested``, else this one, else
+    ``~/.cache/torchft-venv/bin/python``, the first with torchft and shardwire."""
+    return side_python(requested, TORCHFT_VENV, "import torchft, shardwire.torch")
 
 
 def _kill_due(schedule: list[Scheduled], start: float, ranks: dict[int, int]) -> int:
