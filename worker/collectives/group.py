@@ -141,8 +141,14 @@ class Group:
         self._calls.expiring = error
 
     def failed_now(self) -> BaseException | None:
-        """The error this group failed with, or that a peer ended a call under way with."""
-        return self._calls.failed_now()
+        """The error this group failed with, or that a peer ended a call under way with;
+        else the error its transport was poisoned with: whatever makes its next call
+        raise (:meth:`_check`)."""
+        return (
+            self._calls.failed_now()
+            or self.transport.group_error(self.group_id)
+            or self.transport.error
+        )
 
     def silent_now(self) -> list[int]:
         """Global ranks the calls under way are waiting for."""

@@ -11,7 +11,8 @@ the survivors keep through the re-formation). Rank 1 kills itself
 (SIGKILL) in step KILL_AT (once: a file in DIR marks it; -1: never), either in the
 middle of its backward pass (between the two linear layers' gradients, after the last
 layer's gradients went on the wire) or at the start of its optimizer step. The others
-see the failure in their next collective; ``shardwire.torch.recovering`` re-forms the
+see the failure in their next collective (after a ``step`` kill they start it a second
+late, by when their group knows of the death: the call fails as it starts); ``shardwire.torch.recovering`` re-forms the
 default group in their processes, and ``train`` builds the model again and loads the
 newest checkpoint (``PeerStorage.latest()`` for ``peer``). With ``--leave-at STEP``
 (``peer`` only) rank 1 is sent SIGTERM instead, as it starts step STEP, with a notice to
@@ -26,6 +27,7 @@ import argparse
 import hashlib
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +159,8 @@ def train(
         if step == leave_at and rank == 1 and not (root / "left").exists():
             (root / "left").write_text("")
             os.kill(os.getpid(), signal.SIGTERM)
+        if during == "step" and step == kill_at + 1 and rank != 1:
+            time.sleep(1.0)  # the next call starts once the death is known
         x, y = batch(step)
         rows = torch.arange(BATCH).chunk(world)[rank]
         loss = F.mse_loss(wrapped(x[rows]), y[rows])

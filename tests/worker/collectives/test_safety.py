@@ -98,6 +98,32 @@ async def test_dead_peer_fails_every_survivor(kind: str) -> None:
             await groups[0].all_reduce(np.ones(3))
 
 
+async def test_a_peer_dead_between_calls_is_the_group_s_failure_before_its_next_call(
+    kind: str,
+) -> None:
+    """A peer dies while no call is under way: each survivor's group already names that
+    failure (what torch's bridge asks when DDP's reducer hides the error), and its next
+    call raises the same error."""
+    async with group_world(kind, 4, timeout=30) as groups:
+        await connect_all([g.transport for g in groups])
+        victim = groups[3].transport
+        if kind == "memory":
+            victim.hub.kill(3, "killed by test")
+        else:
+            for conn in [victim.connection(p) for p in victim.peers()]:
+                conn.transport.abort()
+        survivors = groups[:3]
+        async with asyncio.timeout(20):
+            while not all(g.failed_now() is not None for g in survivors):
+                await asyncio.sleep(0.01)
+        for g in survivors:
+            failure = g.failed_now()
+            assert isinstance(failure, PeerFailed) and failure.rank == 3, failure
+            with pytest.raises(PeerFailed) as raised:
+                await g.all_reduce(np.ones(3))
+            assert raised.value is failure
+
+
 async def test_two_groups_run_concurrently_without_cross_talk(kind: str) -> None:
     async with group_world(kind, 4, timeout=20) as groups:
         pairs = [g.new_group([0, 1] if g.rank < 2 else [2, 3]) for g in groups]
