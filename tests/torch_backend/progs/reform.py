@@ -7,17 +7,17 @@
 The model is wrapped in DDP or FSDP2 (``fully_shard``). Every 4 steps the model, the
 optimizer and the step are saved with ``torch.distributed.checkpoint``: under DIR
 (``disk``), or in the ranks' memory (``peer``: ``shardwire.torch.PeerStorage``, which
-the survivors keep through the re-formation). Rank 1 kills itself
-(SIGKILL) in step KILL_AT (once: a file in DIR marks it; -1: never), either in the
-middle of its backward pass (between the two linear layers' gradients, after the last
-layer's gradients went on the wire) or at the start of its optimizer step. The others
-see the failure in their next collective (after a ``step`` kill they start it a second
-late, by when their group knows of the death: the call fails as it starts); ``shardwire.torch.recovering`` re-forms the
-default group in their processes, and ``train`` builds the model again and loads the
-newest checkpoint (``PeerStorage.latest()`` for ``peer``). With ``--leave-at STEP``
-(``peer`` only) rank 1 is sent SIGTERM instead, as it starts step STEP, with a notice to
-leave armed: every rank saves at the end of that step and rank 1 leaves with
-``LeftJob``; everyone goes on from that step. Each rank prints its process
+the survivors keep through the re-formation). Rank 1 kills itself (SIGKILL) in step
+KILL_AT (once: a file in DIR marks it; -1: never), either in the middle of its backward
+pass (between the two linear layers' gradients, after the last layer's gradients went on
+the wire) or at the start of its optimizer step. The others see the failure in their
+next collective (after a ``step`` kill they start it a second late, by when their group
+knows of the death: the call fails as it starts); ``shardwire.torch.recovering``
+re-forms the default group in their processes, and ``train`` builds the model again and
+loads the newest checkpoint (``PeerStorage.latest()`` for ``peer``). With
+``--leave-at STEP`` (``peer`` only) rank 1 is sent SIGTERM instead, as it starts step
+STEP, with a notice to leave armed: every rank saves at the end of that step and rank 1
+leaves with ``LeftJob``; everyone goes on from that step. Each rank prints its process
 id whenever ``train`` starts; rank 0 prints the digest of the final parameters.
 """
 

@@ -16,6 +16,7 @@ from shardwire.protocol import (
     InvalidType,
     PeerFailed,
 )
+from tests.waiting import until
 from tests.worker.transport.fabric import connect_all
 
 from .worlds import KINDS, group_world, on_all
@@ -113,9 +114,7 @@ async def test_a_peer_dead_between_calls_is_the_group_s_failure_before_its_next_
             for conn in [victim.connection(p) for p in victim.peers()]:
                 conn.transport.abort()
         survivors = groups[:3]
-        async with asyncio.timeout(20):
-            while not all(g.failed_now() is not None for g in survivors):
-                await asyncio.sleep(0.01)
+        await until(lambda: all(g.failed_now() is not None for g in survivors), "the death known")
         for g in survivors:
             failure = g.failed_now()
             assert isinstance(failure, PeerFailed) and failure.rank == 3, failure
