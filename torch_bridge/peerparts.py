@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import xxhash
+from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
 from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
@@ -212,6 +213,31 @@ def rebuild(described: dict[str, Any], data: np.ndarray) -> Part:
         data=data,
         digest=str(described["digest"]),
     )
+
+
+def encode_plan(plan: SavePlan) -> list[Any]:
+    """A rank's local save plan as msgpack carries it: its items and ``planner_data``."""
+    return [[_encode_item(i) for i in plan.items], _plain(plan.planner_data)]
+
+
+def decode_plan(raw: Sequence[Any]) -> SavePlan:
+    """The plan :func:`encode_plan` wrote down."""
+    items, planner_data = raw
+    return SavePlan(items=[_decode_item(i) for i in items], planner_data=_paths(planner_data))
+
+
+# ---- planning a save --------------------------------------------------------------------
+
+
+def final_plans(local: Sequence[SavePlan], *, to_lowest_rank: bool = False) -> list[SavePlan]:
+    """Every rank's final plan from every rank's local plan (in rank order), as DCP's
+    default planner makes them on its coordinator: an item several ranks hold (a
+    replicated tensor) is written by one of them (the one with the least planned so
+    far, or the lowest rank), and index hints are rewritten. Every rank computes the
+    same plans from the same local plans, so no rank has to plan for the others."""
+    deduped = dedup_save_plans(list(local), to_lowest_rank)
+    plans, _ = create_default_global_save_plan(deduped)
+    return plans
 
 
 # ---- metadata ---------------------------------------------------------------------------

@@ -11,7 +11,13 @@ A script keeps its DCP code and changes the storage argument::
         dcp.load(state, checkpoint_id=newest, storage_reader=store)
 
 DCP's planner decides what each rank writes and reads (sharding and resharding: a
-checkpoint saved by 4 ranks loads on 3 or on 6); PeerStorage holds the bytes. On save,
+checkpoint saved by 4 ranks loads on 3 or on 6); PeerStorage holds the bytes. A save is
+planned by the ranks together, not by DCP's coordinator: each keeps its local plan and
+hands DCP an empty one, and the ranks exchange their local plans once per state-dict
+structure and each computes every rank's final plan as DCP's default planner would
+(which rank writes a replicated tensor). A save of an unchanged structure then costs
+DCP's small exchanges, one agreement and the copy (``dcp.save`` returns metadata
+without items: PeerStorage rebuilds the metadata when it loads). On save,
 every rank keeps its part in memory and sends a copy to its *holder* (the same local
 rank on the next node; on one node, the next rank), so losing a rank, or a whole node,
 leaves every part somewhere. The newest ``keep`` checkpoints are kept (memory: about
@@ -127,6 +133,8 @@ class PeerStorage(StorageWriter, StorageReader):
         self._seq = 0  # the highest save number this rank has seen
         self._checkpoint: str | None = None  # the id of the save or load under way
         self._loading: _Loading | None = None
+        self._local: SavePlan | None = None  # this rank's local plan of the save under way
+        self._agreed: _Agreed | None = None
         self._base: Group | None = None
         self._group: Group | None = None
         self._said_none = False
@@ -264,20 +272,31 @@ class PeerStorage(StorageWriter, StorageReader):
         pass
 
     def prepare_local_plan(self, plan: Any) -> Any:
-        return plan
+        """A load's plan as it is. A save's: keep this rank's local plan and give DCP an
+        empty one: the ranks plan a save into their memory among themselves
+        (:meth:`write_data`, once per state-dict structure), so DCP's exchanges carry no
+        items and its coordinator plans nothing. A caching planner's "unchanged" plan
+        stands for the plan kept."""
+        if isinstance(plan, LoadPlan):
+            return plan
+        if plan.usable:
+            self._local = plan
+        elif self._local is None:
+            raise InvalidState("PeerStorage: a planner said its plan was unchanged before any")
+        return SavePlan(items=[], planner_data={})
 
     def prepare_global_plan(self, plans: Any) -> Any:
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         checkpoint = self._named()
-        data, places = _pack(plan.items, planner)
+        final, seq = self._final_plan(bool(getattr(planner, "dedup_save_to_lowest_rank", False)))
+        data, places = _pack(final.items, planner)
 
         async def save(group: Group) -> tuple[pp.Part, pp.Part | None]:
-            seqs = await group.all_gather_object(self._seq)
             owned = [pp.Where(group.rank, w.offset, w.nbytes) for w in places]
-            layout = pp.Layout(group.rank, list(plan.items), owned, plan.planner_data)
-            own = pp.Part(checkpoint, max(seqs) + 1, group.size, layout, data, pp.digest(data))
+            layout = pp.Layout(group.rank, list(final.items), owned, final.planner_data)
+            own = pp.Part(checkpoint, seq, group.size, layout, data, pp.digest(data))
             return own, await self._swap(group, own)
 
         own, copy = self._run(save)
@@ -288,13 +307,41 @@ class PeerStorage(StorageWriter, StorageReader):
         if copy is not None:
             self._parts[(copy.checkpoint, copy.owner)] = copy
         self._trim()
-        results = [
-            WriteResult(index=item.index, size_in_bytes=where.nbytes, storage_data=where)
-            for item, where in zip(plan.items, own.layout.places, strict=True)
-        ]
+        # DCP gathers the results for finish(), which needs none: every rank keeps the
+        # layouts the metadata is rebuilt from
         done: Future[list[WriteResult]] = Future()
-        done.set_result(results)
+        done.set_result([])
         return done
+
+    def _final_plan(self, to_lowest_rank: bool) -> tuple[SavePlan, int]:
+        """This rank's final plan of the save under way, and the save's number. The
+        ranks agree on both in one small exchange; where any rank's local plan changed
+        since the plans were last agreed (or the group did: a re-formation), they
+        exchange their local plans and each computes every rank's final plan
+        (:func:`peerparts.final_plans`)."""
+        local = self._local
+        if local is None:
+            raise InvalidState("PeerStorage: write_data before prepare_local_plan")
+        agreed = self._agreed
+        same = agreed is not None and agreed.fits(local, to_lowest_rank)
+
+        async def agree(group: Group) -> tuple[int, list[Any] | None]:
+            unchanged = same and agreed is not None and agreed.group is group
+            told = await group.all_gather_object([self._seq, unchanged])
+            seq = max(int(t[0]) for t in told) + 1
+            if all(t[1] for t in told):
+                return seq, None
+            return seq, await group.all_gather_object(pp.encode_plan(local))
+
+        seq, plans = self._run(agree)
+        if plans is None:
+            assert agreed is not None
+            return agreed.final, seq
+        final = pp.final_plans([pp.decode_plan(p) for p in plans], to_lowest_rank=to_lowest_rank)
+        rank = self._backend().shardwire_group.rank
+        assert self._group is not None
+        self._agreed = _Agreed(self._group, local, to_lowest_rank, final[rank])
+        return final[rank], seq
 
     async def _swap(self, group: Group, own: pp.Part) -> pp.Part | None:
         """Send ``own`` to its holder and take the part this rank holds a copy of."""
@@ -388,6 +435,26 @@ class PeerStorage(StorageWriter, StorageReader):
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+
+@dataclass(frozen=True)
+class _Agreed:
+    """The save plans the ranks last agreed on: over which group, this rank's local
+    plan then, how replicated items were placed, and this rank's final plan."""
+
+    group: Group
+    local: SavePlan
+    to_lowest_rank: bool
+    final: SavePlan
+
+    def fits(self, local: SavePlan, to_lowest_rank: bool) -> bool:
+        """Whether a save with this local plan may use the agreed final plan (on this
+        rank's side: the group and the other ranks are asked too)."""
+        return (
+            self.to_lowest_rank == to_lowest_rank
+            and self.local.items == local.items
+            and self.local.planner_data == local.planner_data
+        )
 
 
 @dataclass

@@ -75,6 +75,29 @@ def test_the_metadata_is_dcp_s_own():
     assert {i.fqn for i in got.storage_data} == {"model.w", "model.b", "extra.step", "extra.rng"}
 
 
+@pytest.mark.parametrize("to_lowest_rank", [False, True])
+def test_every_rank_plans_the_save_as_dcp_s_coordinator_would(to_lowest_rank: bool):
+    """Replicated items (every rank's) and a rank's own: the final plans each rank
+    computes from the exchanged local plans are DCP's default planner's, item for item
+    (which rank writes a replicated tensor, and the rewritten index hints)."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    shared = {"model": {"w": torch.ones(64, 8), "b": torch.zeros(8), "v": torch.ones(300)}}
+    local = [_plan({**shared, "own": {f"r{r}": torch.ones(r + 1)}}) for r in range(3)]
+    wire = [pp.decode_plan(pp.encode_plan(p)) for p in local]
+    assert [w.items for w in wire] == [p.items for p in local]
+    planner = DefaultSavePlanner(dedup_save_to_lowest_rank=to_lowest_rank)
+    expected, _ = planner.create_global_plan(local)
+    got = pp.final_plans(wire, to_lowest_rank=to_lowest_rank)
+    assert [g.items for g in got] == [e.items for e in expected]
+    writers = {i.index.fqn: r for r, g in enumerate(got) for i in g.items}
+    assert writers["own.r2"] == 2 and len(writers) == 6  # each item written once
+    if to_lowest_rank:
+        assert {writers[f"model.{k}"] for k in "wbv"} == {0}
+    else:
+        assert len({writers[f"model.{k}"] for k in "wbv"}) > 1  # spread over the ranks
+
+
 def test_a_damaged_part_is_not_offered():
     part = _part(0, STATE)
     assert pp.holdings([part]) == [["c", 1, 0, 1]]
@@ -120,6 +143,7 @@ CASES = [
     "an id no rank holds",
     "another model shape",
     "damage",
+    "one rank's entry",
 ]
 
 

@@ -18,7 +18,9 @@ Each case prints ``ok CASE`` on every rank when what it checks held:
 - another model shape: DCP's planner refuses it;
 - damage: rank 2's own part of the newest checkpoint and rank 3's copy of it are
   damaged in memory: ``latest()`` falls back to the older checkpoint on every rank,
-  which loads; loading the damaged one names rank 2's part.
+  which loads; loading the damaged one names rank 2's part;
+- one rank's entry: after saves of one structure (planned once by the ranks), rank 1
+  alone adds an entry: every rank plans again, and the entry loads back on rank 1.
 """
 
 from __future__ import annotations
@@ -153,6 +155,24 @@ def keeps_the_newest(store: PeerStorage) -> None:
     assert store.latest() == "step-30"
 
 
+def one_rank_changes(store: PeerStorage) -> None:
+    """After saves of one structure (whose plans the ranks agreed once), rank 1 alone
+    adds an entry: every rank plans again, and the entry is saved and loads back."""
+    model, opt = trained(0, "fsdp2")
+    rank = dist.get_rank()
+    state = state_of(model, opt, 40)
+    if rank == 1:
+        state["extra"]["note"] = torch.arange(5.0)
+    dcp.save(state, checkpoint_id="step-40", storage_writer=store)
+    again = state_of(*trained(3, "fsdp2"), 0)
+    if rank == 1:
+        again["extra"]["note"] = torch.zeros(5)
+    dcp.load(again, checkpoint_id="step-40", storage_reader=store)
+    assert again["extra"]["step"] == 40
+    if rank == 1:
+        assert torch.equal(again["extra"]["note"], torch.arange(5.0)), again["extra"]["note"]
+
+
 def unknown_id(store: PeerStorage) -> None:
     model, opt = trained(0, "fsdp2")
     try:
@@ -215,6 +235,7 @@ def main() -> None:
         ("an id no rank holds", lambda: unknown_id(store)),
         ("another model shape", another_shape),
         ("damage", lambda: damaged(store)),
+        ("one rank's entry", lambda: one_rank_changes(store)),
     ]
     for name, case in cases:
         case()
