@@ -516,7 +516,9 @@ def _torchft(k: dict[str, Any]) -> list[str]:
         f"torchft {ft['goodput']:.2f} ({ft['goodput_range'][0]:.2f}–{ft['goodput_range'][1]:.2f}), "
         f"{ft['lost_per_fault_s']:.2f} s per kill",
         f"torchrun below {tr['goodput_range'][1]:.2f}" + (" in every pair" if stopped else ""),
-        f"torchft's replicas ended with different parameters in {apart} of {len(pairs)} runs",
+        f"torchft's replicas ended with different parameters in {apart} of {len(pairs)} runs"
+        if apart
+        else f"torchft's replicas ended with the same parameters in all {len(pairs)} runs",
     ]
 
 

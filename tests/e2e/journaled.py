@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .cli import ROOT, SHARDWIRE, env, run_records
+from .cli import ROOT, SHARDWIRE, env, run_records, shardwire
 
 TOKEN = {"SHARDWIRE_TOKEN": "restart-token"}
 STEPS = "1500"
@@ -26,27 +26,10 @@ def token_file(where: Path) -> Path:
 
 def straight_run(where: Path) -> tuple[list, dict]:
     """The records of the job run without a fault."""
-    done = subprocess.run(
-        [
-            SHARDWIRE,
-            "launch",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "examples/digits.py",
-            "--steps",
-            STEPS,
-            "--log-every",
-            "100",
-            "--run-dir",
-            str(where / "run"),
-        ],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
+    done = shardwire(
+        *("launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py"),
+        *("--steps", STEPS, "--log-every", "100", "--run-dir", str(where / "run")),
         timeout=300,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return run_records(where / "run")

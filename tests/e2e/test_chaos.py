@@ -37,25 +37,35 @@ CASES = {
 }
 
 
+def _under_plan(
+    tmp_path, plan: str, command: list[str], timeout: float, *extra: str, **env: str
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """``shardwire chaos plan.toml --verdict verdict.json EXTRA -- COMMAND`` in
+    ``tmp_path``: what it printed and its verdict ({} when it wrote none)."""
+    (tmp_path / "plan.toml").write_text(plan)
+    verdict = tmp_path / "verdict.json"
+    chaos = [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict)]
+    done = _run([*chaos, *extra, "--", *command], tmp_path, timeout, **env)
+    return done, (json.loads(verdict.read_text()) if verdict.exists() else {})
+
+
 def _chaos(
     tmp_path, plan: str, *extra: str, transport: str = "auto", run_id: str = "", **more: str
 ) -> tuple[subprocess.CompletedProcess, dict]:
-    (tmp_path / "plan.toml").write_text(plan)
-    verdict = tmp_path / "verdict.json"
-    done = _run(
-        [SHARDWIRE, "chaos", str(tmp_path / "plan.toml"), "--verdict", str(verdict), *extra]
-        + ["--", SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
-        + (["--run-id", run_id] if run_id else [])
-        + [str(SCRIPTS / "steps.py")],
+    launch = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
+    launch += ["--run-id", run_id] if run_id else []
+    return _under_plan(
         tmp_path,
+        plan,
+        [*launch, str(SCRIPTS / "steps.py")],
         180,
+        *extra,
         STEPS="30",
         STEP_DELAY="0.1",
         SIZE="4096",
         SHARDWIRE_TRANSPORT=transport,
         **more,
     )
-    return done, (json.loads(verdict.read_text()) if verdict.exists() else {})
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -362,22 +372,11 @@ def _two_nodes(tmp_path: Path, plan: str) -> tuple[subprocess.CompletedProcess, 
     both = (
         f'{agent(0)} & a=$!; {agent(1)}; b=$?; wait $a; a=$?; [ "$a" = 0 ] && exit "$b"; exit "$a"'
     )
-    (tmp_path / "plan.toml").write_text(plan)
-    verdict = tmp_path / "verdict.json"
     try:
-        done = _run(
-            [
-                SHARDWIRE,
-                "chaos",
-                str(tmp_path / "plan.toml"),
-                "--verdict",
-                str(verdict),
-                "--",
-                "sh",
-                "-c",
-                both,
-            ],
+        return _under_plan(
             tmp_path,
+            plan,
+            ["sh", "-c", both],
             180,
             STEPS="40",
             STEP_DELAY="0.1",
@@ -386,7 +385,6 @@ def _two_nodes(tmp_path: Path, plan: str) -> tuple[subprocess.CompletedProcess, 
     finally:
         coordinator.kill()
         coordinator.communicate(timeout=60)
-    return done, (json.loads(verdict.read_text()) if verdict.exists() else {})
 
 
 @pytest.mark.parametrize("kind", ["kill", "term"])
@@ -453,35 +451,17 @@ def test_the_guides_live_recovery_holds_every_invariant_and_equals_the_clean_run
 @pytest.mark.parametrize("forget", [False, True])
 def test_a_restart_that_forgets_its_data_order_breaks_data_once(tmp_path, forget: bool) -> None:
     plan = 'expect = "survive"\n[[faults]]\nkind = "kill"\nrank = 1\nstep = 10\n'
-    (tmp_path / "plan.toml").write_text(plan)
     (tmp_path / "state").mkdir()
-    verdict = tmp_path / "verdict.json"
-    done = _run(
-        [
-            SHARDWIRE,
-            "chaos",
-            "plan.toml",
-            "--verdict",
-            str(verdict),
-            "--",
-            SHARDWIRE,
-            "launch",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            "--recovery",
-            "relaunch",
-            str(SCRIPTS / "forgetful.py"),
-        ],
+    launch = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "--max-restarts"]
+    done, outcome = _under_plan(
         tmp_path,
+        plan,
+        [*launch, "1", "--recovery", "relaunch", str(SCRIPTS / "forgetful.py")],
         180,
         STEPS="20",
         STATE_DIR=str(tmp_path / "state"),
         FORGET=str(int(forget)),
     )
-    outcome = json.loads(verdict.read_text())
     assert outcome["survived"], done.stderr[-3000:]
     checks = outcome["invariants"]
     assert checks["replicas_agree"]["status"] == checks["steps_in_order"]["status"] == "held"
@@ -493,36 +473,15 @@ def test_a_restart_that_forgets_its_data_order_breaks_data_once(tmp_path, forget
 
 def test_a_slow_disk_holds_a_ranks_checkpoints_and_the_job_finishes(tmp_path) -> None:
     plan = 'expect = "survive"\n[[faults]]\nkind = "slow_disk"\nrank = 1\nstep = 3\n'
-    (tmp_path / "plan.toml").write_text(plan + "for_s = 4.0\ndelay_s = 0.5\n")
-    verdict = tmp_path / "verdict.json"
-    done = _run(
-        [
-            SHARDWIRE,
-            "chaos",
-            "plan.toml",
-            "--verdict",
-            str(verdict),
-            "--",
-            SHARDWIRE,
-            "launch",
-            "--standalone",
-            "--nproc-per-node",
-            "4",
-            str(ROOT / "examples" / "digits.py"),
-            "--steps",
-            "20",
-            "--save-every",
-            "5",
-            "--checkpoint-dir",
-            "ckpt",
-            "--run-dir",
-            "run",
-        ],
+    launch = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "4"]
+    digits = [str(ROOT / "examples" / "digits.py"), "--steps", "20", "--save-every", "5"]
+    done, outcome = _under_plan(
         tmp_path,
+        plan + "for_s = 4.0\ndelay_s = 0.5\n",
+        [*launch, *digits, "--checkpoint-dir", "ckpt", "--run-dir", "run"],
         240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    outcome = json.loads(verdict.read_text())
     assert outcome["faults"][0]["injected"] and outcome["survived"]
     assert (tmp_path / "ckpt" / "step-00000020").is_dir()  # the saves finished all the same
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["chaos"]["held"]

@@ -16,7 +16,7 @@ import pytest
 
 from tests.etcdserver import free_ports
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, env
+from .cli import ROOT, SCRIPTS, SHARDWIRE, env, shardwire
 from .journaled import (
     STEPS,
     TOKEN,
@@ -129,31 +129,11 @@ def test_a_coordinator_killed_while_the_job_forms_is_taken_back_and_the_job_trai
     plan = 'expect = "survive"\n[[faults]]\nkind = "kill"\nrank = "coordinator"\n'
     plan += f"after_s = {after_s}\n"
     (tmp_path / "plan.toml").write_text(plan)
-    done = subprocess.run(
-        [
-            SHARDWIRE,
-            "chaos",
-            str(tmp_path / "plan.toml"),
-            "--verdict",
-            str(tmp_path / "v.json"),
-            "--",
-            SHARDWIRE,
-            "launch",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "examples/digits.py",
-            "--steps",
-            "40",
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
+    done = shardwire(
+        *("chaos", str(tmp_path / "plan.toml"), "--verdict", str(tmp_path / "v.json"), "--"),
+        *(SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "examples/digits.py"),
+        *("--steps", "40", "--run-dir", str(tmp_path / "run")),
         timeout=240,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads((tmp_path / "v.json").read_text())

@@ -28,7 +28,8 @@ KEYS = {
 }
 
 
-def _run(run_dir) -> tuple[list[dict], dict]:
+def _digits(run_dir, *flags: str) -> subprocess.CompletedProcess:
+    """digits on 2 ranks for 150 steps, writing to ``run_dir``; it must succeed."""
     result = shardwire(
         "launch",
         "--standalone",
@@ -39,9 +40,15 @@ def _run(run_dir) -> tuple[list[dict], dict]:
         "150",
         "--run-dir",
         str(run_dir),
+        *flags,
         timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def _run(run_dir) -> tuple[list[dict], dict]:
+    result = _digits(run_dir)
     assert "[rank0]: held_out_accuracy" in result.stdout
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines], json.loads((run_dir / "summary.json").read_text())
@@ -226,22 +233,8 @@ def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_
 
 
 def _summary(tmp_path, name: str, *flags: str) -> dict:
-    run = tmp_path / name
-    result = shardwire(
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "examples/digits.py",
-        "--steps",
-        "150",
-        "--run-dir",
-        str(run),
-        *flags,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads((run / "summary.json").read_text())
+    _digits(tmp_path / name, *flags)
+    return json.loads((tmp_path / name / "summary.json").read_text())
 
 
 def test_aggregators_train_like_fsdp_and_top_k_sends_far_less(tmp_path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from shardwire.worker.runtime.launched import LAUNCHER_VARIABLES
 from tests.docblocks import block
 
-from .cli import ROOT, SHARDWIRE, env
+from .cli import ROOT, SHARDWIRE, env, run
 from .pageruns import assert_shows
 
 pytestmark = pytest.mark.e2e
@@ -53,15 +53,7 @@ def test_charlm_prints_what_getting_started_shows(tmp_path) -> None:
     argv = command.split()
     assert argv[0] == ".venv/bin/shardwire"
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    done = subprocess.run(
-        [SHARDWIRE, *argv[1:]],
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run([SHARDWIRE, *argv[1:]], cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_shows(shown.output(), done.stdout, _VOLATILE, same_numbers=True)
 
@@ -69,15 +61,7 @@ def test_charlm_prints_what_getting_started_shows(tmp_path) -> None:
 def test_the_worker_script_of_getting_started_runs(tmp_path) -> None:
     (tmp_path / "script.py").write_text(block("sample-worker-script").text)
     launch = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", "2", "script.py"]
-    done = subprocess.run(
-        launch,
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run(launch, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -88,15 +72,7 @@ def test_the_readme_first_script_runs_as_written(tmp_path) -> None:
     (command,) = block("readme-first-launch").commands()
     argv = command.split()
     assert argv[0] == ".venv/bin/shardwire"
-    done = subprocess.run(
-        [SHARDWIRE, *argv[1:]],
-        cwd=tmp_path,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    done = run([SHARDWIRE, *argv[1:]], cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     # every rank prints its rank and what its left neighbour sent: the sum 0+1+2+3
     got = sorted(re.findall(r"^\[rank(\d)\]: (\d) \[6\. 6\. 6\. 6\.\]$", done.stdout, re.M))

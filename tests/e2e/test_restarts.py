@@ -16,7 +16,7 @@ import pytest
 from shardwire.worker.transport import shm
 from tests.docblocks import block
 
-from .cli import ROOT, SHARDWIRE, env, run_records
+from .cli import ROOT, SHARDWIRE, env, run, run_records
 from .pageruns import assert_shows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -103,15 +103,7 @@ def _results(tmp_path: Path, name: str) -> tuple[dict, dict]:
 def test_a_killed_worker_is_restarted_and_the_job_ends_like_an_uninterrupted_run(
     tmp_path,
 ) -> None:
-    straight = subprocess.run(
-        _command(tmp_path, "straight"),
-        cwd=ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    straight = run(_command(tmp_path, "straight"), cwd=ROOT, timeout=400)
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "generation" not in straight.stderr  # one generation: no history printed
     restarted = _run_and_kill(tmp_path, "killed", "--recovery", "relaunch", "--max-restarts", "2")
