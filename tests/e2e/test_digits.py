@@ -28,7 +28,7 @@ KEYS = {
 }
 
 
-def _digits(run_dir, *flags: str) -> subprocess.CompletedProcess:
+def _trained(run_dir, *flags: str) -> subprocess.CompletedProcess:
     """digits on 2 ranks for 150 steps, writing to ``run_dir``; it must succeed."""
     result = shardwire(
         "launch",
@@ -48,7 +48,7 @@ def _digits(run_dir, *flags: str) -> subprocess.CompletedProcess:
 
 
 def _run(run_dir) -> tuple[list[dict], dict]:
-    result = _digits(run_dir)
+    result = _trained(run_dir)
     assert "[rank0]: held_out_accuracy" in result.stdout
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines], json.loads((run_dir / "summary.json").read_text())
@@ -233,7 +233,7 @@ def test_digits_killed_and_started_again_finishes_exactly_like_an_uninterrupted_
 
 
 def _summary(tmp_path, name: str, *flags: str) -> dict:
-    _digits(tmp_path / name, *flags)
+    _trained(tmp_path / name, *flags)
     return json.loads((tmp_path / name / "summary.json").read_text())
 
 
