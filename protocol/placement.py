@@ -37,7 +37,7 @@ class Placement(Msg):
     # will not come back and its loss ends the job)
     grace: Annotated[float, Field(ge=0, le=86400)] = 0.0
     # every worker of the generation is on this machine (each reached at a loopback
-    # address): its links are memory copies, not a network (see ``backends.plan``)
+    # address): its links are memory copies, not a network (see ``backends.algorithms``)
     one_machine: bool = False
 
 

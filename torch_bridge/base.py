@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from shardwire.torch.engine import Engine
+from shardwire.torch.loopthread import LoopThread
 from shardwire.torch.tensors import Staged
 from shardwire.torch.work import BridgeWork
 from shardwire.worker.collectives import Group
@@ -40,7 +40,7 @@ class BridgeBase(dist.ProcessGroup):
     """A torch process group over one shardwire group (the world or a subgroup)."""
 
     def __init__(
-        self, engine: Engine, group: Group, *, timeout: float, on_shutdown: Callable[[], None]
+        self, engine: LoopThread, group: Group, *, timeout: float, on_shutdown: Callable[[], None]
     ):
         super().__init__(group.rank, group.size)
         self._engine = engine

@@ -23,9 +23,9 @@ from torch.distributed.constants import default_pg_timeout
 
 from shardwire.protocol import PeerFailed, ShardwireError
 from shardwire.protocol.errors import InvalidState, LeftJob, RecoveryError
-from shardwire.torch.engine import Engine
 from shardwire.torch.group import ShardwireProcessGroup
 from shardwire.torch.join import Joined, through_coordinator, through_store
+from shardwire.torch.loopthread import LoopThread
 from shardwire.torch.store import JobStore
 from shardwire.worker.collectives import Group
 from shardwire.worker.runtime.leave import GRACE_S, LeaveNotice
@@ -50,7 +50,7 @@ class Bridge:
     def __init__(self, environ: Mapping[str, str]):
         self._environ = environ
         self._lock = threading.RLock()
-        self._engine: Engine | None = None
+        self._engine: LoopThread | None = None
         self._joined: Joined | None = None
         self._failure: BaseException | None = None
         self._reforming = False  # the default group's shutdown then does not leave the job
@@ -206,9 +206,9 @@ class Bridge:
 
     # ---- joining -----------------------------------------------------------------------
 
-    def _start_engine(self) -> Engine:
+    def _start_engine(self) -> LoopThread:
         if self._engine is None:
-            engine = Engine()
+            engine = LoopThread()
             engine.start()
             self._engine = engine
             # before the interpreter stops its executors (leaving uses one), not at atexit

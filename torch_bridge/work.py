@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from shardwire.protocol import CollectiveTimeout
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.torch.engine import Engine
+from shardwire.torch.loopthread import LoopThread
 
 # A wait with no timeout of its own is still bounded: by the call's own limit (after
 # which shardwire fails it with a typed error) plus this much for the error to arrive.
@@ -41,7 +41,7 @@ class BridgeWork(dist.Work):
 
     def __init__(
         self,
-        engine: Engine,
+        engine: LoopThread,
         future: concurrent.futures.Future[Any],
         result: list[torch.Tensor],
         *,

@@ -18,7 +18,7 @@ import torch.distributed as dist  # noqa: E402
 
 from shardwire.protocol import CollectiveTimeout, InvalidArgument, InvalidState  # noqa: E402
 from shardwire.torch import UnsupportedTensor  # noqa: E402
-from shardwire.torch.engine import Engine  # noqa: E402
+from shardwire.torch.loopthread import LoopThread  # noqa: E402
 from shardwire.torch.tensors import Staged, joined, reduction, scaled  # noqa: E402
 from shardwire.torch.work import BridgeWork  # noqa: E402
 from shardwire.worker.collectives import ReduceOp  # noqa: E402
@@ -26,7 +26,7 @@ from shardwire.worker.collectives import ReduceOp  # noqa: E402
 
 @pytest.fixture
 def engine():
-    e = Engine()
+    e = LoopThread()
     e.start()
     yield e
     e.close()
@@ -236,7 +236,7 @@ def test_re_forming_is_refused_without_a_job_or_where_ranks_met_through_torch_s_
     async def close(_error):
         return None
 
-    bridge._engine = Engine()  # not started: nothing runs on it
+    bridge._engine = LoopThread()  # not started: nothing runs on it
     bridge._joined = Joined(world=None, ranks=[0], close=close)  # type: ignore[arg-type]
     with pytest.raises(RecoveryError, match="met through torch's store"):
         bridge.reform(RuntimeError("a peer failed"))

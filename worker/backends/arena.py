@@ -17,9 +17,9 @@ from typing import Any
 
 from shardwire.worker.arena import programs
 from shardwire.worker.arena.programs import Context, Program
-from shardwire.worker.backends.base import Backend, Decision, Launch
+from shardwire.worker.backends.algorithms import Algorithm
+from shardwire.worker.backends.base import Backend, Decision, PlacedCall
 from shardwire.worker.backends.call import Call
-from shardwire.worker.backends.flat import LinksBackend
 from shardwire.worker.backends.gate import Gate, GateState, Ticket
 from shardwire.worker.backends.ops import (
     AllGather,
@@ -29,7 +29,7 @@ from shardwire.worker.backends.ops import (
     Op,
     ReduceScatter,
 )
-from shardwire.worker.backends.plan import Algorithm
+from shardwire.worker.backends.peerlinks import LinksBackend
 from shardwire.worker.observe.split import Split
 from shardwire.worker.observe.waits import WAITS
 from shardwire.worker.transport.arena_settings import ArenaSettings
@@ -118,7 +118,7 @@ class ArenaBackend(Backend):
         self._handed = (seq, build, ticket if isinstance(ticket, Ticket) else None)
         return False
 
-    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
+    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> PlacedCall:
         if decision is not _ARENA:
             return self.links.launch(op, call, decision, limit)
         handed, self._handed = self._handed, None
@@ -139,7 +139,7 @@ class ArenaBackend(Backend):
             # the arena could not be made: the links
             return await links.runner(op, links.decide(op).algorithm)(c)
 
-        return Launch(run, lambda: gate.hurry(ticket))
+        return PlacedCall(run, lambda: gate.hurry(ticket))
 
     def poison(self, error: BaseException) -> None:
         self.gate.poison(error)

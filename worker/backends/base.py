@@ -1,7 +1,7 @@
 """The backend contract: how a group's calls move their bytes.
 
 A group hands every call to one backend, chosen once from the roster
-(``collectives.group``): the links backend (``backends.flat``: the flat algorithms over
+(``collectives.group``): the links backend (``backends.peerlinks``: the flat algorithms over
 point-to-point messages), the arena backend (``backends.arena``: the node's shared
 region, links where it cannot serve) or a tiered one (``backends.tiered`` and
 ``backends.leaders``: a node group's calls and a cross-node group's calls). The group
@@ -24,9 +24,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from shardwire.worker.backends.algorithms import Algorithm
 from shardwire.worker.backends.call import Call
 from shardwire.worker.backends.ops import Op
-from shardwire.worker.backends.plan import Algorithm
 from shardwire.worker.kernels.reduce import ReduceOp
 from shardwire.worker.observe.split import Split
 
@@ -43,7 +43,7 @@ class Decision:
 
 
 @dataclass(slots=True)
-class Launch:
+class PlacedCall:
     """A placed call: ``run`` moves its bytes (given the call) and returns its result;
     ``hurry`` (if any) is called when the call is started in the background."""
 
@@ -66,7 +66,7 @@ class Backend(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
+    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> PlacedCall:
         """Place the call just made (sequence ``call.seq``) in this backend's order."""
 
     def subgroups(self) -> Sequence[Subgroup]:

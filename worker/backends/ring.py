@@ -23,8 +23,8 @@ import asyncio
 
 import numpy as np
 
+from shardwire.worker.backends.algorithms import GATHER_STEP
 from shardwire.worker.backends.call import Call
-from shardwire.worker.backends.plan import GATHER_STEP
 from shardwire.worker.kernels.reduce import ReduceOp, finish
 from shardwire.worker.kernels.segments import bounds, pipeline_depth, sub
 from shardwire.worker.transport.base import Fold, Receive

@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 
 from shardwire.protocol import ShardwireError
-from shardwire.worker.backends.base import Backend, Decision, Launch, Subgroup
+from shardwire.worker.backends.algorithms import Algorithm
+from shardwire.worker.backends.base import Backend, Decision, PlacedCall, Subgroup
 from shardwire.worker.backends.call import Call
-from shardwire.worker.backends.flat import LinksBackend
 from shardwire.worker.backends.ops import AllGather, AllReduce, Broadcast, Op, ReduceScatter
-from shardwire.worker.backends.plan import Algorithm
+from shardwire.worker.backends.peerlinks import LinksBackend
 from shardwire.worker.kernels.reduce import ReduceOp, finish
 from shardwire.worker.kernels.segments import bounds
 
@@ -84,7 +84,7 @@ class TieredBackend(Backend):
     def decide(self, op: Op) -> Decision:
         return _TIERED if type(op) in _PHASED else self.links.decide(op)
 
-    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
+    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> PlacedCall:
         if decision is not _TIERED:
             return self.links.launch(op, call, decision, limit)
         run = self.reserve()
@@ -94,7 +94,7 @@ class TieredBackend(Backend):
             await run(c, phases)
             return op.result
 
-        return Launch(tiered)
+        return PlacedCall(tiered)
 
     def _phases(self, op: Op, c: Call, limit: float) -> Callable[[], Awaitable[None]]:
         if isinstance(op, AllReduce):

@@ -14,7 +14,7 @@ import numpy as np
 
 from shardwire.protocol import Tag
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.worker.backends.plan import P2P_BASE
+from shardwire.worker.backends.algorithms import P2P_BASE
 from shardwire.worker.collectives.work import Pending
 
 if TYPE_CHECKING:

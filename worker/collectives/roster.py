@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardwire.protocol.errors import InvalidArgument
+from shardwire.worker.backends.algorithms import CHOICES, Algorithm
 from shardwire.worker.backends.arena import ArenaBackend
 from shardwire.worker.backends.base import Backend
-from shardwire.worker.backends.flat import LinksBackend
 from shardwire.worker.backends.leaders import Leaders
-from shardwire.worker.backends.plan import CHOICES, Algorithm
+from shardwire.worker.backends.peerlinks import LinksBackend
 from shardwire.worker.backends.tiered import Lanes
 from shardwire.worker.kernels.segments import node_layout
 from shardwire.worker.transport.base import Transport

@@ -74,7 +74,7 @@ from shardwire.worker.fsdp.wrapper import FSDP
 log = logging.getLogger(__name__)
 
 
-class Notice(Protocol):
+class LeaveSignal(Protocol):
     """A notice to leave (``Session.leave_notice()``): whether SIGTERM arrived."""
 
     @property
@@ -92,7 +92,12 @@ class PeerCopies:
     """
 
     def __init__(
-        self, every: int, *, keep: int = 2, ranks_per_node: int = 1, leave: Notice | None = None
+        self,
+        every: int,
+        *,
+        keep: int = 2,
+        ranks_per_node: int = 1,
+        leave: LeaveSignal | None = None,
     ) -> None:
         if every < 1 or keep < 1 or ranks_per_node < 1:
             raise InvalidArgument("every, keep and ranks_per_node must be at least 1")
@@ -374,7 +379,7 @@ class PeerCopies:
         return Resumed(step, dict(meta["extra"]), None)
 
 
-async def _anyone_leaving(group: Group, leave: Notice) -> bool:
+async def _anyone_leaving(group: Group, leave: LeaveSignal) -> bool:
     """Whether any rank was told to leave (every rank asks at the same copy step)."""
     told = await group.all_reduce(np.array([int(leave.requested)], np.int64), "max")
     return bool(told[0])

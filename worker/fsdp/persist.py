@@ -353,7 +353,7 @@ class Checkpointer:
         shards: list[np.ndarray] = []
         state: list[dict[str, np.ndarray]] = []
         with store.PieceReader(path, manifest["nonce"]) as reader:
-            source = reshard.Source(reader, reshard.Saved(tensors), self._parts, self._slice)
+            source = reshard.SplitReader(reader, reshard.Saved(tensors), self._parts, self._slice)
             for unit in self._fsdp.all_units():
                 shard = np.zeros_like(unit.shard)
                 fill(source, unit, "param:{}", shard)
@@ -385,7 +385,7 @@ class Checkpointer:
             raise CheckpointError(f"the checkpoint has parameters the model lacks: {unknown}")
 
 
-def fill(source: reshard.Source, unit: Unit, pattern: str, target: np.ndarray) -> None:
+def fill(source: reshard.SplitReader, unit: Unit, pattern: str, target: np.ndarray) -> None:
     """Fill ``target`` (this rank's part of the unit's flat buffer) with the saved values
     of ``pattern`` (``param:{}`` or ``optim:SLOT:{}``, formatted with each name)."""
     lo, hi = owned_range(unit)

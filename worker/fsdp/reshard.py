@@ -112,7 +112,7 @@ def read_range(
     return out
 
 
-class Source:
+class SplitReader:
     """Reads this rank's values of saved tensors, whatever tensor-parallel split they
     were saved with. ``mine``: how this rank's model splits its parameters (by name);
     ``index``: this rank's slice."""

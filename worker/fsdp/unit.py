@@ -27,7 +27,7 @@ import numpy as np
 
 from shardwire.protocol.errors import InvalidState
 from shardwire.worker.collectives import Group, Work
-from shardwire.worker.fsdp.flat import FlatLayout
+from shardwire.worker.fsdp.flatparams import FlatLayout
 from shardwire.worker.fsdp.offload import Offload, UnitSpill
 from shardwire.worker.fsdp.strategy import Strategy
 from shardwire.worker.observe.trace import span

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The model is cut into *units* by a policy (e.g. every transformer block); parameters
 that no unit claims form the *root* unit. Each unit owns one flat, padded buffer (see
-``flat.py``) of which each rank keeps a shard.
+``flatparams.py``) of which each rank keeps a shard.
 
 ``forward`` runs the model's own numpy code in a worker thread, so the event loop stays
 free to move bytes while numpy computes. Each unit's ``forward``/``backward`` is wrapped
@@ -35,9 +35,9 @@ from shardwire.protocol.errors import InvalidArgument, ShardwireError
 from shardwire.worker.collectives import Group
 from shardwire.worker.collectives.agree import differing_from_root
 from shardwire.worker.collectives.threads import LoopBridge
-from shardwire.worker.fsdp import checkpoint, memory, norms
+from shardwire.worker.fsdp import checkpoint, footprint, norms
 from shardwire.worker.fsdp.config import FSDPConfig
-from shardwire.worker.fsdp.flat import FlatLayout
+from shardwire.worker.fsdp.flatparams import FlatLayout
 from shardwire.worker.fsdp.hooks import hook_module
 from shardwire.worker.fsdp.offload import OffloadStore, return_free_memory
 from shardwire.worker.fsdp.partition import fingerprint, owned, partition
@@ -394,7 +394,7 @@ class FSDP:
         """Per-rank bytes by category: what the strategy implies between steps
         ("estimated"), what this rank holds in memory ("held"), and what lives in
         offload files ("offloaded")."""
-        return memory.stats(self.all_units(), self.strategy, self.optimizer, self.config.offload)
+        return footprint.stats(self.all_units(), self.strategy, self.optimizer, self.config.offload)
 
     def unit_states(self) -> dict[str, UnitState]:
         return {u.name or "<root>": u.state for u in self.all_units()}

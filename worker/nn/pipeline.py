@@ -87,7 +87,7 @@ class PipelineParallelConfig:
 
 
 @runtime_checkable
-class Sharded(Protocol):
+class ShardedStage(Protocol):
     """A stage's module sharded over its data-parallel ranks (an FSDP object)."""
 
     model: Module
@@ -132,13 +132,13 @@ class PipelineStage:
         if group.size != config.num_stages:
             raise InvalidArgument(f"{config.num_stages} stages need a group of that size")
         given = list(module) if isinstance(module, Sequence) else [module]
-        self._sharded = given[0] if isinstance(given[0], Sharded) else None
+        self._sharded = given[0] if isinstance(given[0], ShardedStage) else None
         if self._sharded is not None and (len(given) > 1 or self._sharded.mesh is not mesh):
             raise InvalidArgument(
                 "a sharded stage is one FSDP object made over the pipeline's mesh: "
                 "FSDP.create(stage, mesh), then PipelineStage(fsdp, mesh, config)"
             )
-        self.chunks: list[Module] = [m.model if isinstance(m, Sharded) else m for m in given]
+        self.chunks: list[Module] = [m.model if isinstance(m, ShardedStage) else m for m in given]
         if len(self.chunks) != config.chunks:
             raise InvalidArgument(
                 f"{config.chunks} chunks per rank, got {len(self.chunks)} modules"

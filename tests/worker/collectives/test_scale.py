@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwire.worker.backends.plan import choose
+from shardwire.worker.backends.algorithms import choose
 from shardwire.worker.collectives import Group, ReduceOp
 from shardwire.worker.transport import MemoryHub
 

@@ -2,7 +2,7 @@
 
 Algorithms
 ----------
-:func:`choose` is where the links backend (``backends.flat``) picks an algorithm from the
+:func:`choose` is where the links backend (``backends.peerlinks``) picks an algorithm from the
 op, the payload size and the group size; its :class:`~.base.Decision` goes with the call
 to the flight recorder, the trace and the benchmarks.
 Up to the thresholds below the latency-optimal algorithms win. Measured with

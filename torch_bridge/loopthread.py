@@ -11,8 +11,8 @@ torch futures are completed on a second thread, ``shardwire-torch-done``: torch 
 future's callbacks (DDP's bucket hooks) on the thread that completes it, and a callback
 that waited for another collective on the loop's own thread would never return.
 
-Both threads are daemons owned by :class:`Engine`: :meth:`close` stops and joins them,
-and the bridge closes the engine when the default group is destroyed or the process
+Both threads are daemons owned by :class:`LoopThread`: :meth:`close` stops and joins them,
+and the bridge closes the loop thread when the default group is destroyed or the process
 exits (a daemon, so an exit without ``destroy_process_group`` is not held up).
 """
 
@@ -39,7 +39,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-class Engine:
+class LoopThread:
     """The loop thread and the completion thread."""
 
     def __init__(self) -> None:

@@ -1,6 +1,6 @@
 """The links backend: every collective as a flat algorithm over point-to-point links.
 
-:meth:`LinksBackend.decide` asks :func:`~shardwire.worker.backends.plan.choose` (the
+:meth:`LinksBackend.decide` asks :func:`~shardwire.worker.backends.algorithms.choose` (the
 thresholds are measured there); each op's method below runs the algorithm decided: the
 latency-optimal ones of ``backends.small``, the pipelined ring (``backends.ring``) or
 the logarithmic rounds of ``backends.bruck``. Every message is tagged by the call
@@ -16,7 +16,8 @@ import numpy as np
 
 from shardwire.protocol.codec import unpack_object
 from shardwire.worker.backends import bruck, ring, small
-from shardwire.worker.backends.base import Backend, Decision, Launch
+from shardwire.worker.backends.algorithms import DIRECT_MAX, GATHER_STEP, Algorithm, choose
+from shardwire.worker.backends.base import Backend, Decision, PlacedCall
 from shardwire.worker.backends.call import Call
 from shardwire.worker.backends.ops import (
     AllGather,
@@ -31,7 +32,6 @@ from shardwire.worker.backends.ops import (
     ReduceScatter,
     Scatter,
 )
-from shardwire.worker.backends.plan import DIRECT_MAX, GATHER_STEP, Algorithm, choose
 from shardwire.worker.kernels.reduce import finish
 from shardwire.worker.kernels.segments import bounds, offsets
 from shardwire.worker.transport.place import Topology
@@ -95,8 +95,8 @@ class LinksBackend(Backend):
             nbytes = op.buf.nbytes // self.size
         return choose(op.kind, nbytes, self.size, crowded=crowded, network=self._topology.network)
 
-    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> Launch:
-        return Launch(self.runner(op, decision.algorithm))
+    def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> PlacedCall:
+        return PlacedCall(self.runner(op, decision.algorithm))
 
     def runner(self, op: Op, how: Algorithm) -> Callable[[Call], Awaitable[Any]]:
         """Run ``op`` by algorithm ``how`` once given its call."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.worker.backends.plan import (
+from shardwire.worker.backends.algorithms import (
     ALL_REDUCE_SMALL,
     EXCHANGE_SMALL,
     NETWORK_EXCHANGE_PEER,
