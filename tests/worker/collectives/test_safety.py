@@ -78,6 +78,16 @@ async def test_timeout_names_the_silent_rank(kind: str) -> None:
         assert "not heard from ranks [0]" in str(results[1])
 
 
+def _kill_last(groups, kind: str) -> None:
+    """The last rank dies: its hub entry goes, or every connection it has is cut."""
+    victim = groups[-1].transport
+    if kind == "memory":
+        victim.hub.kill(victim.rank, "killed by test")
+        return
+    for conn in [victim.connection(p) for p in victim.peers()]:
+        conn.transport.abort()
+
+
 async def test_dead_peer_fails_every_survivor(kind: str) -> None:
     async with group_world(kind, 4, timeout=30) as groups:
         await connect_all([g.transport for g in groups])  # its death closes connections
@@ -85,12 +95,7 @@ async def test_dead_peer_fails_every_survivor(kind: str) -> None:
         tasks = [asyncio.ensure_future(g.all_reduce(big[g.rank])) for g in groups if g.rank != 3]
         await asyncio.sleep(0)
         start = time.monotonic()
-        victim = groups[3].transport
-        if kind == "memory":
-            victim.hub.kill(3, "killed by test")
-        else:
-            for conn in [victim.connection(p) for p in victim.peers()]:
-                conn.transport.abort()
+        _kill_last(groups, kind)
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert time.monotonic() - start < 2
         for err in results:
@@ -107,12 +112,7 @@ async def test_a_peer_dead_between_calls_is_the_group_s_failure_before_its_next_
     call raises the same error."""
     async with group_world(kind, 4, timeout=30) as groups:
         await connect_all([g.transport for g in groups])
-        victim = groups[3].transport
-        if kind == "memory":
-            victim.hub.kill(3, "killed by test")
-        else:
-            for conn in [victim.connection(p) for p in victim.peers()]:
-                conn.transport.abort()
+        _kill_last(groups, kind)
         survivors = groups[:3]
         await until(lambda: all(g.failed_now() is not None for g in survivors), "the death known")
         for g in survivors:
