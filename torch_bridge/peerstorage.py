@@ -338,10 +338,10 @@ class PeerStorage(StorageWriter, StorageReader):
             assert agreed is not None
             return agreed.final, seq
         final = pp.final_plans([pp.decode_plan(p) for p in plans], to_lowest_rank=to_lowest_rank)
-        rank = self._backend().shardwire_group.rank
-        assert self._group is not None
-        self._agreed = _Agreed(self._group, local, to_lowest_rank, final[rank])
-        return final[rank], seq
+        group = self._group  # the group the plans were exchanged over
+        assert group is not None
+        self._agreed = _Agreed(group, local, to_lowest_rank, final[group.rank])
+        return final[group.rank], seq
 
     async def _swap(self, group: Group, own: pp.Part) -> pp.Part | None:
         """Send ``own`` to its holder and take the part this rank holds a copy of."""
