@@ -67,6 +67,7 @@ async def collectives(pg: sw.ProcessGroup) -> tuple[Names, Check]:
         "full": full,
         "weights": np.full(4, float(r)),
         "params": np.full(2, float(r)),
+        "local_rows": np.zeros((r + 2, 3)),
     }
     total = sum(range(1, n + 1))
 
@@ -76,6 +77,7 @@ async def collectives(pg: sw.ProcessGroup) -> tuple[Names, Check]:
         np.testing.assert_array_equal(ns["shard"], np.array_split(summed, n)[r])
         np.testing.assert_array_equal(ns["full"], summed)  # gathered from the shards
         np.testing.assert_array_equal(ns["weights"], np.zeros(4))  # rank 0's
+        assert ns["offset"].tolist() == [sum(k + 2 for k in range(r + 1))]
         np.testing.assert_array_equal(ns["params_full"], np.repeat(np.arange(n * 1.0), 2))
         assert ns["node"].size == n  # every rank on this one host
 

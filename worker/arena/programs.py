@@ -31,6 +31,8 @@ from this rank's own call arguments and the region's geometry.
   synchronisation, k-fold reads); larger ones as DeepSpeed's CPU shared-memory
   all-reduce: each rank reduces its 1/k slice from every half into its own half,
   publishes, and copies all slices out (two synchronisations, the least memory traffic).
+* scan: every rank writes its part; rank r reduces those of ranks 0..r (it waits for
+  no rank above it).
 * broadcast: the root writes, the others copy out; barrier: a chunk with no data.
 
 Reductions combine rank 0's part with rank 1's, then rank 2's, ...: every rank and every
@@ -358,6 +360,30 @@ def all_reduce(ctx: Context, buf: np.ndarray, op: ReduceOp, count: int) -> Progr
             for r, (lo, hi) in enumerate(slices):
                 piece[lo:hi] = halves[r][lo:hi]
             ctx.received += (k - 1) * acc.nbytes + piece.nbytes - acc.nbytes
+        ctx.release(g)
+
+
+def scan(ctx: Context, buf: np.ndarray, op: ReduceOp) -> Program:
+    """In-place inclusive prefix reduction of ``buf`` (flat): local rank r reduces the
+    halves of ranks 0..r, in rank order, and waits for no rank above it."""
+    me, dtype = ctx.me, buf.dtype
+    per = ctx.halves.elements(dtype)
+    below = range(me)
+    for i in range(_chunks(len(buf), per)):
+        g, h = ctx.next_chunk()
+        if need := ctx.writable(g):
+            yield need
+        piece = buf if len(buf) <= per else buf[i * per : (i + 1) * per]
+        halves = ctx.halves.heads(dtype, h, len(piece))
+        halves[me][:] = piece
+        ctx.sent += piece.nbytes
+        tick = ctx.written(h)
+        if need := ctx.unmet(READY, below, tick):
+            yield need
+        ctx.check(below, h)
+        _reduce(ctx, op, halves[: me + 1], piece)
+        finish(op, piece, me + 1)
+        ctx.received += me * piece.nbytes
         ctx.release(g)
 
 

@@ -78,7 +78,7 @@ class Algorithm(enum.StrEnum):
 
     LOCAL = "local"  # a group of one: nothing moves
     TIERS = "tiers"  # a group over several nodes: node phases (``backends.tiered``)
-    DOUBLING = "doubling"  # recursive doubling (``backends.small``)
+    DOUBLING = "doubling"  # recursive doubling (all_reduce and scan, ``backends.small``)
     TREE = "tree"  # a binomial tree (``backends.small``)
     DIRECT = "direct"  # every rank to every rank at once
     RING = "ring"  # ``backends.ring``
@@ -100,6 +100,8 @@ def choose(
     if size == 1:
         return Algorithm.LOCAL
     ring = nbytes // size >= RING_MIN_HOP  # else a ring is many hops of a few bytes
+    if op == "scan":
+        return Algorithm.DOUBLING  # ceil(log2 n) rounds, every rank's payload whole
     if op in ("all_reduce", "reduce"):
         small = Algorithm.DOUBLING if op == "all_reduce" else Algorithm.TREE
         if nbytes <= ALL_REDUCE_SMALL or (op == "reduce" and not ring):

@@ -1,7 +1,7 @@
 """The arena backend: a group whose ranks all share this node moves its data through the
 node arena (``worker.arena``), and over its links where the arena cannot serve.
 
-all_reduce, reduce_scatter, all_gather, broadcast and barrier run as arena programs
+all_reduce, scan, reduce_scatter, all_gather, broadcast and barrier run as arena programs
 (``arena.programs``); the other ops, and every op while the arena cannot be made (no
 room in ``/dev/shm``, no atomics), run on the links backend. A call is queued with the
 arena when it is *made* (``Gate.enqueue``), so the arena runs a group's calls in call
@@ -28,6 +28,7 @@ from shardwire.worker.backends.ops import (
     Broadcast,
     Op,
     ReduceScatter,
+    Scan,
 )
 from shardwire.worker.backends.peerlinks import LinksBackend
 from shardwire.worker.observe.split import Split
@@ -52,6 +53,10 @@ def _all_reduce(op: AllReduce, size: int) -> Build:
     return lambda ctx: programs.all_reduce(ctx, op.buf, op.op, size)
 
 
+def _scan(op: Scan, size: int) -> Build:
+    return lambda ctx: programs.scan(ctx, op.buf, op.op)
+
+
 def _reduce_scatter(op: ReduceScatter, size: int) -> Build:
     return lambda ctx: programs.reduce_scatter(ctx, op.src, op.out, op.segs, op.op, count=size)
 
@@ -71,6 +76,7 @@ def _barrier(op: Barrier, size: int) -> Build:
 
 _PROGRAMS: dict[type, Callable[[Any, int], Build]] = {
     AllReduce: _all_reduce,
+    Scan: _scan,
     ReduceScatter: _reduce_scatter,
     AllGather: _all_gather,
     Broadcast: _broadcast,

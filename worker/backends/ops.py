@@ -1,25 +1,69 @@
-"""What a collective call asks for, as a frozen descriptor a backend runs.
+"""What a collective call asks for: one descriptor class per op, which checks the call's
+arguments and holds them as its backend runs them.
 
-A group validates a call's arguments and builds one of these (``collectives.requests``):
-a named tuple, immutable and made in a third of the time a frozen dataclass takes, on
-every call. Its backend decides how to run it (:meth:`Backend.decide`) and runs it. A descriptor
-holds flat views of the caller's arrays, never copies: the call reads its inputs and
-writes its outputs while it runs, like every collective. ``signature`` names the call
-(op, dtype, sizes, reduction, root) in every message it sends, so ranks that made
-different calls fail as a mismatch; ``nbytes`` is the payload the algorithm choice and
-the flight recorder see; ``result`` is the output array the call fills and returns
-(None where the backend makes the result itself).
+A group hands a call's arguments to its op's ``of`` (for a group of ``size`` in which
+this rank is ``rank``), which checks them and builds the descriptor: a named tuple,
+immutable and made in a third of the time a frozen dataclass takes, on every call. Its
+backend decides how to run it (:meth:`Backend.decide`) and runs it: one function per
+backend that serves the op (the links backend serves every op; the arena and the tiers
+serve some and hand the others to the links). A descriptor holds flat views of the
+caller's arrays, never copies: the call reads its inputs and writes its outputs while it
+runs, like every collective.
+
+* ``signature`` names the call (op, dtype, sizes, reduction, root) in every message it
+  sends, so ranks that made different calls fail as a mismatch, not a hang;
+* ``nbytes`` is the payload the algorithm choice and the flight recorder see;
+* ``result`` is the output array the call fills and returns (None where the backend
+  makes the result itself).
+
+What every op shares is derived, not written per class: :func:`kind` (the op's name in
+signatures, records and traces) from the class's name, and :data:`SIGNS_DECISION`.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+import re
+from collections.abc import Sequence
+from typing import Any, NamedTuple, get_args
 
 import numpy as np
 
-from shardwire.worker.kernels.reduce import ReduceOp
+from shardwire.protocol.codec import pack_object
+from shardwire.protocol.errors import InvalidArgument
+from shardwire.worker.kernels.arrays import dtype_name, flat, out_array, sizes_text
+from shardwire.worker.kernels.reduce import ReduceOp, check_op
+from shardwire.worker.kernels.segments import offsets
 
 Segments = list[tuple[int, int]]
+
+
+def reduction(op: ReduceOp | str, dtype: np.dtype) -> ReduceOp:
+    """``op`` as a ReduceOp that ``dtype`` allows."""
+    op = op if type(op) is ReduceOp else ReduceOp(op)
+    check_op(op, dtype)
+    return op
+
+
+def check_root(root: int, size: int) -> None:
+    if not 0 <= root < size:
+        raise InvalidArgument(f"root {root} is not a rank of this group of {size}")
+
+
+def split(length: int, sizes: Sequence[int] | None, size: int, what: str) -> list[int]:
+    """Rows per rank: equal parts of ``length``, or ``sizes`` checked."""
+    if sizes is None:
+        if length % size:
+            raise InvalidArgument(
+                f"{what} has {length} rows, not divisible by {size} ranks; pass explicit sizes"
+            )
+        return [length // size] * size
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != size or sum(sizes) != length or min(sizes) < 0:
+        raise InvalidArgument(
+            f"{what}: sizes {sizes} must be {size} non-negative counts summing to {length}"
+        )
+    return sizes
 
 
 class AllReduce(NamedTuple):
@@ -31,13 +75,37 @@ class AllReduce(NamedTuple):
     signature: str
     nbytes: int
 
-    @property
-    def kind(self) -> str:
-        return "all_reduce"
+    @classmethod
+    def of(cls, x: np.ndarray, op: ReduceOp | str, out: np.ndarray | None) -> AllReduce:
+        op = op if type(op) is ReduceOp else ReduceOp(op)  # inline: the most frequent call
+        check_op(op, x.dtype)
+        target = x if out is None else out_array(out, x.shape, x.dtype)
+        buf = flat(target, "x" if out is None else "out")
+        if out is not None:
+            np.copyto(target, x)
+        signature = f"all_reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}"
+        return cls(buf, op, target, signature, x.nbytes)
 
-    @property
-    def signs_decision(self) -> bool:
-        return False
+
+class Scan(NamedTuple):
+    """``buf`` (flat) becomes the reduction of ranks 0..rank's, in place (an inclusive
+    prefix reduction, as ``MPI_Scan``; AVG divides rank r's by r + 1)."""
+
+    buf: np.ndarray
+    op: ReduceOp
+    result: np.ndarray
+    signature: str
+    nbytes: int
+
+    @classmethod
+    def of(cls, x: np.ndarray, op: ReduceOp | str, out: np.ndarray | None) -> Scan:
+        op = reduction(op, x.dtype)
+        target = x if out is None else out_array(out, x.shape, x.dtype)
+        buf = flat(target, "x" if out is None else "out")
+        if out is not None:
+            np.copyto(target, x)
+        signature = f"scan:{dtype_name(x.dtype)}:{x.size}:{op.value}"
+        return cls(buf, op, target, signature, x.nbytes)
 
 
 class ReduceScatter(NamedTuple):
@@ -51,13 +119,27 @@ class ReduceScatter(NamedTuple):
     signature: str
     nbytes: int
 
-    @property
-    def kind(self) -> str:
-        return "reduce_scatter"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
+    @classmethod
+    def of(
+        cls,
+        x: np.ndarray,
+        op: ReduceOp | str,
+        sizes: Sequence[int] | None,
+        out: np.ndarray | None,
+        *,
+        size: int,
+        rank: int,
+    ) -> ReduceScatter:
+        op = reduction(op, x.dtype)
+        rows = split(len(x) if x.ndim else 0, sizes, size, "reduce_scatter input")
+        row = math.prod(x.shape[1:])
+        segs = [(a * row, b * row) for a, b in offsets(rows)]
+        src = flat(x, "x")
+        result = out_array(out, (rows[rank], *x.shape[1:]), x.dtype)
+        signature = (
+            f"reduce_scatter:{dtype_name(x.dtype)}:{list(x.shape)}:{sizes_text(rows)}:{op.value}"
+        )
+        return cls(src, segs, result.reshape(-1), op, result, signature, x.nbytes)
 
 
 class AllGather(NamedTuple):
@@ -70,13 +152,30 @@ class AllGather(NamedTuple):
     signature: str
     nbytes: int
 
-    @property
-    def kind(self) -> str:
-        return "all_gather"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
+    @classmethod
+    def of(
+        cls,
+        x: np.ndarray,
+        sizes: Sequence[int] | None,
+        out: np.ndarray | None,
+        *,
+        size: int,
+        rank: int,
+    ) -> AllGather:
+        local = len(x) if x.ndim else 1
+        x2 = x.reshape(1) if x.ndim == 0 else x
+        rows = [local] * size if sizes is None else list(sizes)
+        if len(rows) != size or rows[rank] != local:
+            raise InvalidArgument(
+                f"sizes {rows} must list {size} first dimensions, this rank's being {local}"
+            )
+        row = math.prod(x2.shape[1:])
+        segs = [(a * row, b * row) for a, b in offsets(rows)]
+        result = out_array(out, (sum(rows), *x2.shape[1:]), x.dtype)
+        buf = flat(result, "out")
+        src = flat(x2, "x")  # read while the call runs, like every collective's input
+        signature = f"all_gather:{dtype_name(x.dtype)}:{list(x2.shape[1:])}:{sizes_text(rows)}"
+        return cls(src, buf, segs, result, signature, x.nbytes)
 
 
 class Broadcast(NamedTuple):
@@ -88,13 +187,12 @@ class Broadcast(NamedTuple):
     signature: str
     nbytes: int
 
-    @property
-    def kind(self) -> str:
-        return "broadcast"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
+    @classmethod
+    def of(cls, x: np.ndarray, root: int, *, size: int) -> Broadcast:
+        check_root(root, size)
+        buf = flat(x, "x")
+        signature = f"broadcast:{dtype_name(x.dtype)}:{list(x.shape)}:{root}"
+        return cls(buf, root, x, signature, x.nbytes)
 
 
 class Reduce(NamedTuple):
@@ -108,13 +206,16 @@ class Reduce(NamedTuple):
     nbytes: int
     result: None = None
 
-    @property
-    def kind(self) -> str:
-        return "reduce"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
+    @classmethod
+    def of(
+        cls, x: np.ndarray, op: ReduceOp | str, root: int, out: np.ndarray | None, *, size: int
+    ) -> Reduce:
+        op = reduction(op, x.dtype)
+        check_root(root, size)
+        src = flat(x, "x")
+        target = x if out is None else out_array(out, x.shape, x.dtype)
+        signature = f"reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}:{root}"
+        return cls(src, target, op, root, signature, x.nbytes)
 
 
 class Gather(NamedTuple):
@@ -128,13 +229,25 @@ class Gather(NamedTuple):
     signature: str
     nbytes: int
 
-    @property
-    def kind(self) -> str:
-        return "gather"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
+    @classmethod
+    def of(
+        cls,
+        x: np.ndarray,
+        root: int,
+        sizes: Sequence[int] | None,
+        out: np.ndarray | None,
+        *,
+        size: int,
+        rank: int,
+    ) -> Gather:
+        check_root(root, size)
+        rows = [len(x)] * size if sizes is None else list(sizes)
+        row_shape = x.shape[1:]
+        src = flat(x, "x")
+        signature = f"gather:{dtype_name(x.dtype)}:{list(row_shape)}:{sizes_text(rows)}:{root}"
+        result = out_array(out, (sum(rows), *row_shape), x.dtype) if rank == root else None
+        row = math.prod(row_shape)
+        return cls(src, [k * row for k in rows], root, result, signature, x.nbytes)
 
 
 class Scatter(NamedTuple):
@@ -148,20 +261,35 @@ class Scatter(NamedTuple):
     nbytes: int
     result: None = None
 
-    @property
-    def kind(self) -> str:
-        return "scatter"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
+    @classmethod
+    def of(
+        cls,
+        x: np.ndarray | None,
+        root: int,
+        sizes: Sequence[int] | None,
+        out: np.ndarray | None,
+        *,
+        size: int,
+        rank: int,
+    ) -> Scatter:
+        check_root(root, size)
+        chunks = None
+        if rank == root:
+            if x is None:
+                raise InvalidArgument("scatter: the root must pass the array to split")
+            rows = split(len(x), sizes, size, "scatter input")
+            chunks = [x[a:b] for a, b in offsets(rows)]
+            for chunk in chunks:
+                flat(chunk, "x")
+        return cls(chunks, root, out, f"scatter:{root}", 0 if x is None else x.nbytes)
 
 
 class AllToAll(NamedTuple):
     """Part p goes to rank p; the parts received are concatenated in rank order (into
     ``out``, of ``recv_segs`` rows, when the receivers gave their sizes). Whether this
-    rank gave them is its own argument, so the algorithm decided goes into the signature:
-    ranks that would run different ones fail as a mismatch, not a hang."""
+    rank gave them is its own argument, so the algorithm decided goes into the signature
+    (:data:`SIGNS_DECISION`): ranks that would run different ones fail as a mismatch,
+    not a hang."""
 
     parts: list[np.ndarray]
     row_shape: tuple[int, ...]
@@ -172,13 +300,27 @@ class AllToAll(NamedTuple):
     nbytes: int
     result: None = None
 
-    @property
-    def kind(self) -> str:
-        return "all_to_all"
-
-    @property
-    def signs_decision(self) -> bool:
-        return True
+    @classmethod
+    def of(
+        cls,
+        x: np.ndarray,
+        send_splits: Sequence[int] | None,
+        recv_splits: Sequence[int] | None,
+        *,
+        size: int,
+    ) -> AllToAll:
+        rows = split(len(x), send_splits, size, "all_to_all input")
+        parts = [x[a:b] for a, b in offsets(rows)]
+        for part in parts:
+            flat(part, "x")
+        row_shape = x.shape[1:]
+        out, recv_segs = None, None
+        if recv_splits is not None:
+            recv = list(recv_splits)
+            out = np.empty((sum(recv), *row_shape), x.dtype)
+            recv_segs = offsets(recv)
+        signature = f"all_to_all:{dtype_name(x.dtype)}:{list(row_shape)}"
+        return cls(parts, row_shape, x.dtype, out, recv_segs, signature, x.nbytes)
 
 
 class Barrier(NamedTuple):
@@ -187,14 +329,6 @@ class Barrier(NamedTuple):
     signature: str = "barrier"
     nbytes: int = 0
     result: None = None
-
-    @property
-    def kind(self) -> str:
-        return "barrier"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
 
 
 class Objects(NamedTuple):
@@ -209,17 +343,24 @@ class Objects(NamedTuple):
     nbytes: int = 0
     result: None = None
 
-    @property
-    def kind(self) -> str:
-        return "objects"
-
-    @property
-    def signs_decision(self) -> bool:
-        return False
+    @classmethod
+    def of(cls, obj: Any, mode: str, root: int, *, size: int, rank: int) -> Objects:
+        if mode != "all":
+            check_root(root, size)
+        sends = mode != "broadcast" or rank == root
+        payload = np.frombuffer(pack_object(obj), np.uint8) if sends else None
+        names = {
+            "broadcast": "broadcast_object",
+            "all": "all_gather_object",
+            "gather": "gather_object",
+        }
+        signature = names[mode] if mode == "all" else f"{names[mode]}:{root}"
+        return cls(payload, mode, root, signature)
 
 
 Op = (
     AllReduce
+    | Scan
     | ReduceScatter
     | AllGather
     | Broadcast
@@ -230,3 +371,17 @@ Op = (
     | Barrier
     | Objects
 )
+
+_KINDS: dict[type, str] = {
+    cls: re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower() for cls in get_args(Op)
+}
+
+SIGNS_DECISION: frozenset[type] = frozenset({AllToAll})
+"""The ops whose algorithm follows from an argument only this rank knows: their
+signatures carry the algorithm decided (see :class:`AllToAll`)."""
+
+
+def kind(op: Op) -> str:
+    """The op's name in signatures, records and traces: its class's name in snake case
+    (``AllReduce``: ``all_reduce``)."""
+    return _KINDS[type(op)]

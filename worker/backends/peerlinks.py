@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from shardwire.protocol.codec import unpack_object
-from shardwire.worker.backends import bruck, ring, small
+from shardwire.worker.backends import bruck, ops, ring, small
 from shardwire.worker.backends.algorithms import DIRECT_MAX, GATHER_STEP, Algorithm, choose
 from shardwire.worker.backends.base import Backend, Decision, PlacedCall
 from shardwire.worker.backends.call import Call
@@ -30,6 +30,7 @@ from shardwire.worker.backends.ops import (
     Op,
     Reduce,
     ReduceScatter,
+    Scan,
     Scatter,
 )
 from shardwire.worker.kernels.reduce import finish
@@ -54,6 +55,7 @@ class LinksBackend(Backend):
         self._decisions: dict[tuple[str, int], Decision] = {}
         self._runs: dict[type, Callable[[Any, Call, Algorithm], Awaitable[Any]]] = {
             AllReduce: _all_reduce,
+            Scan: _scan,
             ReduceScatter: _reduce_scatter,
             AllGather: _all_gather,
             Broadcast: _broadcast,
@@ -66,9 +68,10 @@ class LinksBackend(Backend):
         }
 
     def decide(self, op: Op) -> Decision:
-        key = (op.kind, op.nbytes)
+        kind = ops.kind(op)
+        key = (kind, op.nbytes)
         known = self._decisions.get(key)
-        if known is not None and op.kind not in ("all_to_all", "objects", "barrier"):
+        if known is not None and kind not in ("all_to_all", "objects", "barrier"):
             return known
         decision = Decision(self.name, self._algorithm(op))
         if len(self._decisions) < 256:  # the sizes a training step uses, over and over
@@ -78,7 +81,8 @@ class LinksBackend(Backend):
     def _algorithm(self, op: Op) -> Algorithm:
         if self.size == 1:
             return _A.LOCAL
-        pinned = self.pinned.get(op.kind)
+        kind = ops.kind(op)
+        pinned = self.pinned.get(kind)
         if pinned is not None:
             return pinned
         if isinstance(op, AllToAll) and op.recv_segs is not None:
@@ -89,11 +93,11 @@ class LinksBackend(Backend):
             return _A.DIRECT
         if isinstance(op, Barrier):
             return _A.DISSEMINATION
-        crowded = self._topology.crowded if op.kind == "broadcast" else False
+        crowded = self._topology.crowded if kind == "broadcast" else False
         nbytes = op.nbytes
         if isinstance(op, AllGather):  # parts may differ (sizes=): every rank must choose alike
             nbytes = op.buf.nbytes // self.size
-        return choose(op.kind, nbytes, self.size, crowded=crowded, network=self._topology.network)
+        return choose(kind, nbytes, self.size, crowded=crowded, network=self._topology.network)
 
     def launch(self, op: Op, call: Call, decision: Decision, limit: float) -> PlacedCall:
         return PlacedCall(self.runner(op, decision.algorithm))
@@ -113,6 +117,13 @@ async def _all_reduce(op: AllReduce, c: Call, how: Algorithm) -> np.ndarray:
         await ring.all_reduce(c, buf, op.op)
     elif how == _A.BRUCK:
         await bruck.all_reduce(c, buf, op.op)
+    return op.result
+
+
+async def _scan(op: Scan, c: Call, how: Algorithm) -> np.ndarray:
+    if how == _A.DOUBLING:
+        await small.scan_doubling(c, op.buf, op.op)
+    finish(op.op, op.buf, c.rank + 1)
     return op.result
 
 

@@ -3,6 +3,7 @@
 * all_reduce: recursive doubling (log2 n rounds). For n not a power of two the first
   2*rem ranks fold pairwise into one (rem = n - 2^k), the 2^k survivors double, and the
   result is handed back (Thakur, Rabenseifner & Gropp, 2005).
+* scan: recursive doubling by distance (to r + 2^k, from r - 2^k), ceil(log2 n) rounds.
 * all_gather, reduce_scatter, gather, scatter, all_to_all: direct exchange, one round.
 * broadcast, reduce, and gather and scatter in groups of more than 8: binomial trees
   rooted anywhere (a rank talks to log2 n others).
@@ -75,6 +76,26 @@ async def all_reduce_doubling(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
         step += 1
     if r < 2 * rem:
         await c.send(r + 1, buf, last)
+
+
+async def scan_doubling(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
+    """In-place inclusive prefix reduction of ``buf``: rank r ends with ranks 0..r's
+    combined (AVG still to be divided). In round k (distance d = 2^k) a rank holds ranks
+    r-d+1..r combined: it sends that to r + d and combines, the lower ranks' first, what
+    r - d holds (Hillis and Steele): ceil(log2 n) rounds."""
+    n, r = c.size, c.rank
+    scratch = c.scratch(buf.size, buf.dtype)
+    distance, step = 1, 0
+    while distance < n:
+        below, above = r - distance, r + distance
+        receive = c.irecv(below, step, out=scratch) if below >= 0 else None
+        if above < n:
+            await c.send(above, buf, step)
+        if receive is not None:
+            await receive.wait()
+            c.combine(op, scratch, buf, out=buf)
+        distance <<= 1
+        step += 1
 
 
 async def exchange(

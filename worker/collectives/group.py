@@ -2,7 +2,7 @@
 poisoning, the flight recorder, and :class:`Pending`/:class:`Work` handles.
 
 Each method checks its arguments and builds a frozen op descriptor
-(``collectives.requests``, ``backends.ops``) that the group hands to its *backend*,
+(``backends.ops``) that the group hands to its *backend*,
 chosen once from the roster (``collectives.roster``): links, the node arena, or tiers
 over nodes. The backend decides the algorithm (a ``Decision``, shown by the flight
 recorder, the trace and :attr:`Pending.decision`) and moves the bytes.
@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from shardwire.protocol import TransportClosed
+from shardwire.worker.backends import ops
 from shardwire.worker.backends.base import Backend
 from shardwire.worker.backends.call import Call
-from shardwire.worker.backends.ops import Barrier, Op
-from shardwire.worker.collectives import p2p, requests, roster
+from shardwire.worker.backends.ops import Op
+from shardwire.worker.collectives import p2p, roster
 from shardwire.worker.collectives.calls import Calls
 from shardwire.worker.collectives.roster import DEFAULT_TIMEOUT
 from shardwire.worker.collectives.work import Pending, Work
@@ -213,8 +214,9 @@ class Group:
         seq = self._seq
         backend = self._backend or self.backend
         decision = backend.decide(op)
-        signature = op.signature + self.choice.mark(op.kind) if self._asked else op.signature
-        if op.signs_decision:
+        kind = ops.kind(op)
+        signature = op.signature + self.choice.mark(kind) if self._asked else op.signature
+        if type(op) in ops.SIGNS_DECISION:
             signature = f"{signature}:{decision.algorithm}"
         if self.within:
             signature = f"{signature} in {self.within}"
@@ -228,7 +230,7 @@ class Group:
             self.recorder.ended(
                 group=self.group_id,
                 ranks=self.ranks,
-                op=op.kind,
+                op=kind,
                 seq=seq,
                 nbytes=op.nbytes,
                 start=start,
@@ -263,7 +265,7 @@ class Group:
         timeout: float | None = None,
     ) -> Pending[np.ndarray]:
         """Reduce ``x`` over the group; in place unless ``out`` is given. Returns it."""
-        return self._start(requests.all_reduce(x, op, out), timeout)
+        return self._start(ops.AllReduce.of(x, op, out), timeout)
 
     def reduce_scatter(
         self,
@@ -276,7 +278,7 @@ class Group:
     ) -> Pending[np.ndarray]:
         """Reduce ``x`` (all chunks) over the group; rank r gets chunk r of axis 0.
         Chunks are equal (``len(x)`` divisible by the group size) or ``sizes``."""
-        request = requests.reduce_scatter(x, op, sizes, out, size=self.size, rank=self.rank)
+        request = ops.ReduceScatter.of(x, op, sizes, out, size=self.size, rank=self.rank)
         return self._start(request, timeout)
 
     def reduce(
@@ -290,7 +292,20 @@ class Group:
     ) -> Pending[np.ndarray | None]:
         """Reduce ``x`` onto ``root``: root returns the result (in ``x`` unless ``out``);
         the others return None and keep ``x`` unchanged."""
-        return self._start(requests.reduce(x, op, root, out, self.size), timeout)
+        return self._start(ops.Reduce.of(x, op, root, out, size=self.size), timeout)
+
+    def scan(
+        self,
+        x: np.ndarray,
+        op: ReduceOp | str = ReduceOp.SUM,
+        *,
+        out: np.ndarray | None = None,
+        timeout: float | None = None,
+    ) -> Pending[np.ndarray]:
+        """Rank r gets the reduction of ranks 0..r's ``x`` (an inclusive prefix
+        reduction, as ``MPI_Scan``; AVG divides by r + 1); in place unless ``out`` is
+        given. Returns it."""
+        return self._start(ops.Scan.of(x, op, out), timeout)
 
     # ---- data movement -----------------------------------------------------------------
 
@@ -304,13 +319,13 @@ class Group:
     ) -> Pending[np.ndarray]:
         """Concatenate every rank's ``x`` along axis 0 (rank order). First dimensions
         are equal, or given for every rank in ``sizes``."""
-        return self._start(requests.all_gather(x, sizes, out, self.size, self.rank), timeout)
+        return self._start(ops.AllGather.of(x, sizes, out, size=self.size, rank=self.rank), timeout)
 
     def broadcast(
         self, x: np.ndarray, *, root: int = 0, timeout: float | None = None
     ) -> Pending[np.ndarray]:
         """Overwrite ``x`` on every rank with root's ``x`` (same shape and dtype)."""
-        return self._start(requests.broadcast(x, root, self.size), timeout)
+        return self._start(ops.Broadcast.of(x, root, size=self.size), timeout)
 
     def gather(
         self,
@@ -322,7 +337,7 @@ class Group:
         timeout: float | None = None,
     ) -> Pending[np.ndarray | None]:
         """Concatenate every rank's ``x`` along axis 0 on ``root`` (others get None)."""
-        request = requests.gather(x, root, sizes, out, size=self.size, rank=self.rank)
+        request = ops.Gather.of(x, root, sizes, out, size=self.size, rank=self.rank)
         return self._start(request, timeout)
 
     def scatter(
@@ -336,7 +351,7 @@ class Group:
     ) -> Pending[np.ndarray]:
         """Root splits ``x`` along axis 0 (equal chunks or ``sizes``); rank r gets chunk r.
         Non-roots pass ``None`` (or an ``out`` array of their chunk's shape)."""
-        request = requests.scatter(x, root, sizes, out, size=self.size, rank=self.rank)
+        request = ops.Scatter.of(x, root, sizes, out, size=self.size, rank=self.rank)
         return self._start(request, timeout)
 
     def all_to_all(
@@ -356,7 +371,7 @@ class Group:
         suits small blocks (counts, metadata). With ``recv_splits`` every block goes
         straight to its rank, as large exchanges should. Every rank of a call must give
         ``recv_splits`` or none must."""
-        request = requests.all_to_all(x, send_splits, recv_splits, self.size)
+        request = ops.AllToAll.of(x, send_splits, recv_splits, size=self.size)
         return self._start(request, timeout)
 
     def barrier(self, *, timeout: float | None = None) -> Pending[None]:
@@ -367,11 +382,11 @@ class Group:
         self, obj: Any = None, *, root: int = 0, timeout: float | None = None
     ) -> Pending[Any]:
         """Root's small msgpack-able value, on every rank."""
-        return self._start(requests.objects(obj, "broadcast", root, self.size, self.rank), timeout)
+        return self._start(self._objects(obj, "broadcast", root), timeout)
 
     def all_gather_object(self, obj: Any, *, timeout: float | None = None) -> Pending[list[Any]]:
         """Every rank's small msgpack-able value, as a list in rank order."""
-        return self._start(requests.objects(obj, "all", 0, self.size, self.rank), timeout)
+        return self._start(self._objects(obj, "all", 0), timeout)
 
     def gather_object(
         self, obj: Any, *, root: int = 0, timeout: float | None = None
@@ -379,7 +394,10 @@ class Group:
         """Every rank's small msgpack-able value, as a list in rank order on ``root``
         (None elsewhere): the bytes grow with the group, not with its square; above 8
         ranks they go up a binomial tree, so each rank talks to about log2 n others."""
-        return self._start(requests.objects(obj, "gather", root, self.size, self.rank), timeout)
+        return self._start(self._objects(obj, "gather", root), timeout)
+
+    def _objects(self, obj: Any, mode: str, root: int) -> ops.Objects:
+        return ops.Objects.of(obj, mode, root, size=self.size, rank=self.rank)
 
     # ---- point to point ----------------------------------------------------------------
 
@@ -403,4 +421,4 @@ class Group:
         return p2p.recv_any(self, tag, out, self.timeout if timeout is None else timeout)
 
 
-_BARRIER = Barrier()
+_BARRIER = ops.Barrier()

@@ -11,6 +11,7 @@ import numpy as np
 
 from shardwire.protocol.errors import InvalidArgument
 from shardwire.protocol.messages import Heartbeat
+from shardwire.worker.backends import ops
 from shardwire.worker.collectives import DEFAULT_TIMEOUT, Group
 from shardwire.worker.observe.flight import FlightRecorder
 from shardwire.worker.transport.base import Transport
@@ -138,7 +139,7 @@ class ProcessGroup(Group):
 
         def started(op: Any, timeout: float | None) -> Any:
             pending = start(op, timeout)
-            watcher(self._seq, op.kind)
+            watcher(self._seq, ops.kind(op))
             return pending
 
         self._start = started  # type: ignore[method-assign]

@@ -87,6 +87,27 @@ async def test_collectives_run_on_the_arena_and_match_numpy_across_chunks(n: int
         assert len(mapped()) == n  # one region, mapped once by each rank
 
 
+@pytest.mark.parametrize("n", [2, 3, 5])
+async def test_a_scan_runs_on_the_arena_and_matches_numpy_across_chunks(n: int) -> None:
+    # 8 KiB halves: 5003 float64 values take five chunks; 40 bytes run express.
+    async with arena_groups(n, arena_slot_bytes=16 << 10) as groups:
+        for count in (0, 5, 5003):
+            xs = _inputs(n, count, salt=count)
+            calls = [g.scan(xs[g.rank].copy()) for g in groups]
+            assert {str(c.decision) for c in calls} == {"arena/arena"}
+            got = await asyncio.gather(*calls)
+            for r, out in enumerate(got):
+                np.testing.assert_array_equal(out, sum(xs[: r + 1]), err_msg=f"rank {r}")
+            avg = await on_all(groups, lambda g: g.scan(xs[g.rank].copy(), ReduceOp.AVG))
+            for r, out in enumerate(avg):
+                np.testing.assert_allclose(out, sum(xs[: r + 1]) / (r + 1), err_msg=f"rank {r}")
+            lows = await on_all(groups, lambda g: g.scan(xs[g.rank].copy(), ReduceOp.MIN))
+            for r, out in enumerate(lows):
+                np.testing.assert_array_equal(out, np.minimum.reduce(xs[: r + 1]))
+        engine = groups[0].backend.gate.arena.engine
+        assert engine.inline_runs + engine.thread_runs >= 9
+
+
 async def test_every_rank_holds_the_same_bits_whatever_the_order_of_arrival() -> None:
     rng = np.random.default_rng(5)
     xs = [rng.standard_normal(200_001).astype(np.float32) for _ in range(4)]

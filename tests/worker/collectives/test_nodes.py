@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from shardwire.worker.collectives import Group, ReduceOp, requests
+from shardwire.worker.backends import ops
+from shardwire.worker.collectives import Group, ReduceOp
 from shardwire.worker.kernels.segments import node_layout
 from tests.worker.transport.fabric import tcp_world
 
@@ -90,18 +91,19 @@ async def test_a_group_over_nodes_decides_tiers_for_four_ops_and_links_for_the_r
         for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
             for n in (4, 1 << 18):
                 assert str(g.backend.decide(_descriptor(op, x[:n], g))) == "tiered/tiers"
-        reduce = requests.reduce(x, "sum", 0, None, 4)
+        reduce = ops.Reduce.of(x, "sum", 0, None, size=4)
         assert str(g.backend.decide(reduce)) == "links/ring"
+        assert str(g.backend.decide(ops.Scan.of(x, "sum", None))) == "links/doubling"
 
 
 def _descriptor(op: str, x: np.ndarray, g) -> object:
     if op == "all_reduce":
-        return requests.all_reduce(x, "sum", None)
+        return ops.AllReduce.of(x, "sum", None)
     if op == "all_gather":
-        return requests.all_gather(x, None, None, g.size, g.rank)
+        return ops.AllGather.of(x, None, None, size=g.size, rank=g.rank)
     if op == "reduce_scatter":
-        return requests.reduce_scatter(x, "sum", None, None, size=g.size, rank=g.rank)
-    return requests.broadcast(x, 0, g.size)
+        return ops.ReduceScatter.of(x, "sum", None, None, size=g.size, rank=g.rank)
+    return ops.Broadcast.of(x, 0, size=g.size)
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -193,11 +195,13 @@ async def test_concurrent_calls_awaited_out_of_order_keep_call_order(nodes) -> N
                 g.all_gather(parts[g.rank]).start(),
                 g.broadcast(root.copy() if g.rank == 4 else np.zeros_like(root), root=4).start(),
                 g.reduce_scatter(np.tile(xs[g.rank], n)).start(),
+                g.scan(parts[g.rank].copy()).start(),  # on the group's links, in between
             ]
             return [await w.wait() for w in reversed(works)]
 
         outs = await on_all(groups, run)
-        for r, (rs, bc, ag, ar) in enumerate(outs):
+        for r, (sc, rs, bc, ag, ar) in enumerate(outs):
+            check(sc, oracle(parts[: r + 1], ReduceOp.SUM), f"scan rank {r}")
             check(ar, oracle(xs, ReduceOp.SUM), f"all_reduce rank {r}")
             check(ag, np.concatenate(parts), f"all_gather rank {r}")
             check(bc, root, f"broadcast rank {r}")

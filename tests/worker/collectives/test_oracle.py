@@ -79,6 +79,37 @@ async def test_all_reduce_every_dtype_op_and_size(kind: str, n: int) -> None:
                 assert all(o.tobytes() == outs[0].tobytes() for o in outs)
 
 
+def prefixes(inputs: list[np.ndarray], op: ReduceOp) -> list[np.ndarray]:
+    """What a scan gives each rank: the oracle's reduction of ranks 0..r."""
+    return [oracle(inputs[: r + 1], op) for r in range(len(inputs))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+async def test_scan_every_dtype_op_and_size(kind: str, n: int) -> None:
+    async with group_world(kind, n) as groups:
+        cases = [(c, d, op) for d in DTYPES for c in (0, 1, 1000) for op in valid_ops(d)]
+        cases += [(LARGE, "float32", ReduceOp.SUM), (LARGE, "int64", ReduceOp.MAX)]
+        for salt, (count, dtype, op) in enumerate(cases):
+            inputs = [data(r, count, dtype, salt) for r in range(n)]
+            outs = await on_all(groups, lambda g: g.scan(inputs[g.rank].copy(), op))
+            for rank, (got, want) in enumerate(zip(outs, prefixes(inputs, op), strict=True)):
+                check(got, want, f"{kind} n={n} scan {dtype}[{count}] {op} rank {rank}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_scan_into_out_keeps_the_input_and_keeps_its_shape(kind: str) -> None:
+    async with group_world(kind, 3) as groups:
+        inputs = [data(r, 12, "int32", 4).reshape(3, 4) for r in range(3)]
+        kept = [x.copy() for x in inputs]
+        outs = [np.empty((3, 4), np.int32) for _ in range(3)]
+        got = await on_all(groups, lambda g: g.scan(inputs[g.rank], "max", out=outs[g.rank]))
+        for r, want in enumerate(prefixes(inputs, ReduceOp.MAX)):
+            assert got[r] is outs[r]
+            check(got[r], want, f"{kind} scan into out, rank {r}")
+            np.testing.assert_array_equal(inputs[r], kept[r])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 async def test_reduce_scatter_equal_and_explicit_sizes(kind: str, n: int) -> None:
