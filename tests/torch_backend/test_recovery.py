@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
 
+from tests.e2e.cli import background, start_coordinator  # noqa: E402
+
 from .spawn import PROGS, launch  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -85,3 +87,55 @@ def test_a_rank_told_to_leave_hands_its_part_over_and_no_step_is_lost(
     assert [len(set(pids[r])) for r in range(4)] == [1, 2, 1, 1], text[-3000:]
     # everyone goes on from the step the hand-over saved, not an older checkpoint
     assert text.count("resumes at step 11") == 4
+
+
+def test_a_lost_node_s_ranks_load_from_the_survivors_memory_in_a_smaller_world(
+    tmp_path: Path,
+):
+    """``--nnodes 1:2``, two ranks on each of nodes a and b, FSDP2, checkpoints in the
+    ranks' memory (and on disk, for the oracle) every 4 steps. Node b is lost in step 10
+    (its agent and its first rank killed at once); node a's ranks re-form in their
+    processes as a world of 2 and load step 8 from ``PeerStorage``: their own parts and
+    the copies they held of node b's ranks, resharded by DCP from 4 shards to 2, the same
+    bits as the disk checkpoint of step 8 loaded in that world."""
+    token = {"SHARDWIRE_TOKEN": "torch-shrink"}
+    job = ("--run-id", "torch-shrink", "--max-restarts", "2")
+    coordinator, port = start_coordinator(
+        "--nnodes", "1:2", "--last-call", "2", "--http-port", "-1", *job, **token
+    )
+    args = (PROG, str(tmp_path), "16", "-1", "--wrap", "fsdp2", "--store", "both")
+    nodes = {
+        name: background(
+            "worker",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--nnodes",
+            "1:2",
+            "--nproc-per-node",
+            "2",
+            "--node-id",
+            name,
+            "--recovery",
+            "live",
+            *job,
+            *args,
+            "--lose-node",
+            "b:10",
+            **token,
+        )
+        for name in "ab"
+    }
+    try:
+        out, err = nodes["a"].communicate(timeout=240)
+    finally:
+        for proc in (*nodes.values(), coordinator):
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=60)
+    text = out + err
+    assert nodes["a"].returncode == 0, text[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} restored step 8 in a world of 2 as on disk" in text, text[-3000:]
+    assert "final " in text and "Traceback" not in text, text[-3000:]
+    pids = {r: set(re.findall(rf"rank {r} pid (\d+) trains", out + err)) for r in (0, 1)}
+    assert all(len(p) == 1 for p in pids.values()), text[-3000:]  # node a kept its processes

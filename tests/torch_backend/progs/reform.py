@@ -2,7 +2,7 @@
 
     shardwire launch --standalone --nproc-per-node 4 --max-restarts 1 --recovery live \
         reform.py DIR STEPS KILL_AT [--wrap ddp|fsdp2] [--during backward|step] \
-            [--store disk|peer] [--leave-at STEP]
+            [--store disk|peer|both] [--leave-at STEP] [--lose-node NODE:STEP]
 
 The model is wrapped in DDP or FSDP2 (``fully_shard``). Every 4 steps the model, the
 optimizer and the step are saved with ``torch.distributed.checkpoint``: under DIR
@@ -17,8 +17,15 @@ re-forms the default group in their processes, and ``train`` builds the model ag
 loads the newest checkpoint (``PeerStorage.latest()`` for ``peer``). With
 ``--leave-at STEP`` (``peer`` only) rank 1 is sent SIGTERM instead, as it starts step
 STEP, with a notice to leave armed: every rank saves at the end of that step and rank 1
-leaves with ``LeftJob``; everyone goes on from that step. Each rank prints its process
-id whenever ``train`` starts; rank 0 prints the digest of the final parameters.
+leaves with ``LeftJob``; everyone goes on from that step. With ``--lose-node NODE:STEP``
+(under ``shardwire worker``, node ids as ``--node-id``) the first rank of node NODE
+kills its node's agent and itself in step STEP, so the node's ranks are gone at once.
+``both`` saves in the ranks' memory and under DIR at every checkpoint; a rank that
+restores from memory then also loads the file-system checkpoint of the same step, in
+the same world, into another model and optimizer, and checks that the two states are
+the same bit for bit (the oracle of a load at another world size: DCP's resharding of
+the same bytes). Each rank prints its process id whenever ``train`` starts; rank 0
+prints the digest of the final parameters.
 """
 
 from __future__ import annotations
@@ -101,17 +108,59 @@ def die(root: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def lose_node(root: Path) -> None:
+    """This node's agent and this rank, at once (once: a file in DIR marks it)."""
+    marker = root / "node-lost"
+    if not marker.exists():
+        marker.write_text("")
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def state_of(wrapped: nn.Module, opt: torch.optim.Optimizer, step: int) -> dict[str, Any]:
     model_state, optim_state = get_state_dict(wrapped, opt)
     return {"model": model_state, "optim": optim_state, "step": step}
 
 
+def tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a state dict, whole, by its dotted path."""
+    if isinstance(state, dict):
+        found: dict[str, torch.Tensor] = {}
+        for key, value in state.items():
+            found |= tensors(value, f"{prefix}.{key}")
+        return found
+    if isinstance(state, DTensor):
+        return {prefix: state.full_tensor()}
+    return {prefix: state} if isinstance(state, torch.Tensor) else {}
+
+
+def same_as_disk(root: Path, state: dict[str, Any], wrap: str) -> None:
+    """The state restored from memory is what the file-system checkpoint of its step
+    gives, loaded in this world into another model and optimizer."""
+    step = int(state["step"])
+    other, _ = model(wrap)
+    other_opt = torch.optim.AdamW(other.parameters(), lr=0.01)
+    disk = state_of(other, other_opt, 0)
+    dcp.load(disk, checkpoint_id=str(root / f"step-{step}"))
+    mine, theirs = tensors(state), tensors(disk)
+    assert mine.keys() == theirs.keys(), (sorted(mine), sorted(theirs))
+    unequal = [k for k in mine if not torch.equal(mine[k], theirs[k])]
+    assert not unequal, f"restored from memory unlike the disk checkpoint: {unequal}"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank} restored step {step} in a world of {world} as on disk", flush=True)
+
+
 def restore(
-    root: Path, store: swt.PeerStorage | None, wrapped: nn.Module, opt: torch.optim.Optimizer
+    root: Path,
+    store: swt.PeerStorage | None,
+    wrapped: nn.Module,
+    opt: torch.optim.Optimizer,
+    verify: str | None = None,
 ) -> int:
     """Load the newest checkpoint into the model and optimizer: its step (0: none).
     The state dict is only asked for when there is one to load: asking initialises the
-    optimizer's state (a step of AdamW's count), which a fresh start must not do."""
+    optimizer's state (a step of AdamW's count), which a fresh start must not do.
+    ``verify`` (the wrapping): check a load from memory against the disk's."""
     if store is not None:
         found = store.latest()
         start = 0 if found is None else -1
@@ -122,13 +171,18 @@ def restore(
         return 0
     state = state_of(wrapped, opt, 0)
     dcp.load(state, checkpoint_id=found, storage_reader=store)
+    if verify is not None and store is not None:
+        same_as_disk(root, state, verify)
     set_state_dict(wrapped, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(state["step"]) if start < 0 else start
 
 
-def save(root: Path, store: swt.PeerStorage | None, state: dict[str, Any], step: int) -> None:
+def save(
+    root: Path, store: swt.PeerStorage | None, state: dict[str, Any], step: int, disk: bool
+) -> None:
     if store is not None:
         dcp.save(state, checkpoint_id=f"step-{step}", storage_writer=store)
+    if not disk:
         return
     where = root / f"step-{step}"
     dcp.save(state, checkpoint_id=str(where))
@@ -145,12 +199,18 @@ def train(
     during: str,
     store: swt.PeerStorage | None,
     leave_at: int = -1,
+    *,
+    disk: bool = False,
+    lose: tuple[str, int] | None = None,
 ) -> str:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank} pid {os.getpid()} trains", flush=True)
     wrapped, net = model(wrap)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=0.01)
-    start = restore(root, store, wrapped, opt)
+    start = restore(root, store, wrapped, opt, wrap if disk and store is not None else None)
+    first_of_lost = lose is not None and (
+        os.environ.get("SHARDWIRE_NODE_ID") == lose[0] and os.environ.get("LOCAL_RANK") == "0"
+    )
     if start:
         print(f"rank {rank} resumes at step {start}", flush=True)
     for step in range(start, steps):
@@ -159,6 +219,8 @@ def train(
         if step == leave_at and rank == 1 and not (root / "left").exists():
             (root / "left").write_text("")
             os.kill(os.getpid(), signal.SIGTERM)
+        if first_of_lost and lose is not None and step == lose[1]:
+            lose_node(root)
         if during == "step" and step == kill_at + 1 and rank != 1:
             time.sleep(1.0)  # the next call starts once the death is known
         x, y = batch(step)
@@ -171,7 +233,7 @@ def train(
         opt.step()
         handover = store is not None and store.leaving()
         if (step + 1) % EVERY == 0 or handover:
-            save(root, store, state_of(wrapped, opt, step + 1), step + 1)
+            save(root, store, state_of(wrapped, opt, step + 1), step + 1, disk)
         if store is not None and handover:
             store.leave()  # rank 1 raises LeftJob here; the others go on
     digest = hashlib.sha256()
@@ -188,16 +250,29 @@ def main() -> None:
     parser.add_argument("kill_at", type=int)
     parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="fsdp2")
     parser.add_argument("--during", choices=("backward", "step"), default="backward")
-    parser.add_argument("--store", choices=("disk", "peer"), default="disk")
+    parser.add_argument("--store", choices=("disk", "peer", "both"), default="disk")
     parser.add_argument("--leave-at", type=int, default=-1)
+    parser.add_argument("--lose-node", default=None, help="NODE:STEP")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("shardwire")
     notice = swt.leave_notice() if args.leave_at >= 0 else None
-    store = swt.PeerStorage(leave=notice) if args.store == "peer" else None
+    store = swt.PeerStorage(leave=notice) if args.store != "disk" else None
+    lose = None
+    if args.lose_node is not None:
+        node, at = args.lose_node.rsplit(":", 1)
+        lose = (node, int(at))
     digest = swt.recovering(
         lambda: train(
-            args.root, args.steps, args.kill_at, args.wrap, args.during, store, args.leave_at
+            args.root,
+            args.steps,
+            args.kill_at,
+            args.wrap,
+            args.during,
+            store,
+            args.leave_at,
+            disk=args.store != "peer",
+            lose=lose,
         )
     )
     if dist.get_rank() == 0:
