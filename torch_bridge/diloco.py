@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from shardwire.protocol.errors import InvalidArgument
-from shardwire.torch.base import bridged
+from shardwire.torch.group import bridged
 from shardwire.worker.training.diloco import DiLoCo, Phase
 
 T = TypeVar("T")
@@ -116,12 +116,12 @@ class TorchDiLoCo:
                 "TorchDiLoCo needs a process group of the shardwire backend "
                 f"(dist.init_process_group('shardwire')), got {group!r}"
             )
-        self._engine = backend._engine
+        self._backend = backend
         self._timeout = timeout
         self.diloco = DiLoCo(_Parameters(model), backend.shardwire_group, **options)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._engine.submit(coro).result(self._timeout)
+        return self._backend.run(coro, self._timeout)
 
     @property
     def phase(self) -> Phase:

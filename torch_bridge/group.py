@@ -1,51 +1,221 @@
 """``ShardwireProcessGroup``: every c10d method torch calls on a CPU process group.
 
-Data movement (broadcast, the all-gathers, all-to-all, gather, scatter), barriers and
-point-to-point here; the reductions in ``reductions``; identity and the hand-off to
-shardwire's loop in ``base``. torch's two generations of method names
-(``_allgather_base`` up to 2.12, ``all_gather_single`` from 2.13, and the coalesced
-forms) lead to the same code.
+The group *has* its hand-off to shardwire's loop (``handoff``: staging is the method's,
+the calls and their ``Work`` the hand-off's) and its identity (the name and description
+torch gives it). torch's two generations of method names (``_allgather_base`` up to
+2.12, ``all_gather_single`` from 2.13, and the coalesced forms) lead to the same code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
-from shardwire.torch.reductions import Reductions
+from shardwire.torch.handoff import Handoff
+from shardwire.torch.loopthread import LoopThread
 from shardwire.torch.tensors import (
     Staged,
     check_count,
     check_like,
     check_sizes,
     joined,
+    reduction,
+    scaled,
     split_into,
     stage_all,
 )
 from shardwire.torch.work import BridgeWork
+from shardwire.worker.collectives import Group
+
+T = TypeVar("T")
 
 
-class ShardwireProcessGroup(Reductions):
-    """A torch process group whose collectives run on shardwire (see the package doc)."""
+def bridged(pg: Any) -> ShardwireProcessGroup | None:
+    """The shardwire group behind torch process group ``pg`` (None: another backend)."""
+    if isinstance(pg, ShardwireProcessGroup):  # the backend's own group (its extended API)
+        return pg
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except (AttributeError, RuntimeError):
+        return None
+    return backend if isinstance(backend, ShardwireProcessGroup) else None
+
+
+class ShardwireProcessGroup(dist.ProcessGroup):
+    """A torch process group whose collectives run on one shardwire group (the world or
+    a subgroup; see the package doc)."""
+
+    def __init__(
+        self, engine: LoopThread, group: Group, *, timeout: float, on_shutdown: Callable[[], None]
+    ):
+        super().__init__(group.rank, group.size)
+        self._handoff = Handoff(engine, group, timeout)
+        self._group = group
+        self._on_shutdown = on_shutdown
+        self._desc = ""
+
+    # ---- identity ----------------------------------------------------------------------
+    # torch keeps neither name nor description for a group written in Python; DeviceMesh
+    # and FSDP2 read them back ("ProcessGroup name not set" otherwise).
+
+    def getBackendName(self) -> str:
+        return "shardwire"
+
+    def setGroupName(self, name: str) -> None:
+        self._handoff.name = name
+
+    def getGroupName(self) -> str:
+        return self._handoff.name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    _set_group_name = setGroupName
+    _set_group_desc = setGroupDesc
+    group_name = property(getGroupName)
+    group_desc = property(getGroupDesc)
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices whose tensors the group's collectives take: the CPU's. torch's
+        Python side asks (``dcp.async_save`` refuses a group without a CPU backend); a
+        group written in Python registers no backend with torch's C++ side to tell it."""
+        return [torch.device("cpu")]
+
+    @property
+    def shardwire_group(self) -> Group:
+        """The shardwire group this torch group runs on."""
+        return self._group
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``coro`` on shardwire's loop and wait for it, at most ``timeout`` seconds
+        (from a torch thread: a training loop, or DCP's asynchronous save)."""
+        return self._handoff.run(coro, timeout)
+
+    def __repr__(self) -> str:
+        g = self._group
+        return f"ShardwireProcessGroup(rank={g.rank}, size={g.size}, name={self._handoff.name!r})"
+
+    def shutdown(self) -> None:
+        """``destroy_process_group``: close the shardwire group (the default group's
+        shutdown leaves the job and stops shardwire's loop)."""
+        self._on_shutdown()
+
+    def abort(self) -> None:
+        self._on_shutdown()
+
+    # ---- reductions --------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
+        opts = opts or dist.AllreduceOptions()
+        how = reduction(opts.reduceOp, "allreduce", tensors)
+        staged = stage_all(tensors, "allreduce", reduce=True)
+        limit = self._handoff.limit(opts)
+        g = self._group
+
+        def calls() -> list[Awaitable[Any]]:
+            # the tensor is overwritten by the result anyway: PREMUL_SUM scales it in place
+            return [
+                g.all_reduce(scaled(s.array, how, own=True), how.op, timeout=limit) for s in staged
+            ]
+
+        return self._handoff.submit("allreduce", calls, tensors, timeout=limit, after=staged)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
+        return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
+        opts = opts or dist.ReduceOptions()
+        how = reduction(opts.reduceOp, "reduce", tensors)
+        root = opts.rootRank
+        staged = stage_all(tensors, "reduce", reduce=True)
+        limit = self._handoff.limit(opts)
+        g = self._group
+
+        def calls() -> list[Awaitable[Any]]:
+            return [
+                g.reduce(scaled(s.array, how), how.op, root=root, out=s.array, timeout=limit)
+                for s in staged
+            ]
+
+        writes = staged if g.rank == root else []
+        return self._handoff.submit("reduce", calls, tensors, timeout=limit, after=writes)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> BridgeWork:
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single  # torch up to 2.12
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> BridgeWork:
+        opts = opts or dist.ReduceScatterOptions()
+        how = reduction(opts.reduceOp, "reduce_scatter", inputs)
+        ins = stage_all(inputs, "reduce_scatter input", reduce=True)
+        outs = stage_all(outputs, "reduce_scatter output", reduce=True, load=False)
+        for i, o in zip(ins, outs, strict=True):
+            check_sizes("reduce_scatter input", i.array.size, o.array.size * self._group.size)
+        limit = self._handoff.limit(opts)
+        g = self._group
+
+        def calls() -> list[Awaitable[Any]]:
+            return [
+                g.reduce_scatter(scaled(i.flat(), how), how.op, out=o.flat(), timeout=limit)
+                for i, o in zip(ins, outs, strict=True)
+            ]
+
+        return self._handoff.submit("reduce_scatter", calls, outputs, timeout=limit, after=outs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch up to 2.12
+
+    def reduce_scatter(
+        self,
+        outputs: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> BridgeWork:
+        opts = opts or dist.ReduceScatterOptions()
+        how = reduction(opts.reduceOp, "reduce_scatter", outputs)
+        outs = stage_all(outputs, "reduce_scatter output", reduce=True, load=False)
+        sources = [joined(parts, "reduce_scatter input", reduce=True) for parts in input_lists]
+        for (_, sizes), o in zip(sources, outs, strict=True):
+            check_sizes("reduce_scatter output", o.array.size, sizes[self._group.rank])
+        limit = self._handoff.limit(opts)
+        g = self._group
+
+        def calls() -> list[Awaitable[Any]]:
+            return [
+                g.reduce_scatter(
+                    scaled(x, how, own=True), how.op, sizes=sizes, out=o.flat(), timeout=limit
+                )
+                for (x, sizes), o in zip(sources, outs, strict=True)
+            ]
+
+        return self._handoff.submit("reduce_scatter", calls, outputs, timeout=limit, after=outs)
 
     # ---- broadcast and all-gathers -----------------------------------------------------
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> BridgeWork:
         opts = opts or dist.BroadcastOptions()
         staged = stage_all(tensors, "broadcast", reduce=False)
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
         g = self._group
 
         def calls() -> list[Awaitable[Any]]:
             return [g.broadcast(s.array, root=opts.rootRank, timeout=limit) for s in staged]
 
-        return self._submit("broadcast", calls, tensors, timeout=limit, after=staged)
+        return self._handoff.submit("broadcast", calls, tensors, timeout=limit, after=staged)
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -62,7 +232,7 @@ class ShardwireProcessGroup(Reductions):
         outs = stage_all(outputs, "all_gather output", reduce=False, load=False)
         for i, o in zip(ins, outs, strict=True):
             check_sizes("all_gather output", o.array.size, i.array.size * self._group.size)
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
         g = self._group
 
         def calls() -> list[Awaitable[Any]]:
@@ -71,7 +241,7 @@ class ShardwireProcessGroup(Reductions):
                 for i, o in zip(ins, outs, strict=True)
             ]
 
-        return self._submit("all_gather", calls, outputs, timeout=limit, after=outs)
+        return self._handoff.submit("all_gather", calls, outputs, timeout=limit, after=outs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch up to 2.12
 
@@ -94,7 +264,7 @@ class ShardwireProcessGroup(Reductions):
             for o in lst:
                 check_like("allgather output", o, i)
         bufs = [np.empty(i.array.size * g.size, i.array.dtype) for i in ins]
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
 
         def calls() -> list[Awaitable[Any]]:
             return [
@@ -107,7 +277,7 @@ class ShardwireProcessGroup(Reductions):
                 split_into(buf, lst)
 
         flat_outs = [t for lst in output_lists for t in lst]
-        return self._submit("allgather", calls, flat_outs, timeout=limit, finish=finish)
+        return self._handoff.submit("allgather", calls, flat_outs, timeout=limit, finish=finish)
 
     def allgather_coalesced(
         self,
@@ -131,9 +301,9 @@ class ShardwireProcessGroup(Reductions):
                 check_like("allgather_coalesced output", o, i)
         x = np.concatenate([i.flat() for i in ins]) if ins else np.empty(0, np.uint8)
         buf = np.empty(x.size * g.size, x.dtype)
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
         flat_outs = [o for lst in outs for o in lst]
-        return self._submit(
+        return self._handoff.submit(
             "allgather_coalesced",
             lambda: [g.all_gather(x, out=buf, timeout=limit)],
             [t for lst in output_lists for t in lst],
@@ -161,7 +331,7 @@ class ShardwireProcessGroup(Reductions):
         # goes straight to its rank (torch's exchanges are large)
         n = self._group.size
         recv = [s * row_out for s in output_splits] if output_splits else [output.numel() // n] * n
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
         g = self._group
         got: list[np.ndarray] = []
 
@@ -177,7 +347,7 @@ class ShardwireProcessGroup(Reductions):
             check_sizes("all_to_all output", o.array.size, got[0].size)
             split_into(got[0], [o])
 
-        return self._submit("all_to_all", calls, [output], timeout=limit, finish=finish)
+        return self._handoff.submit("all_to_all", calls, [output], timeout=limit, finish=finish)
 
     alltoall_base = all_to_all_single  # torch up to 2.12
 
@@ -188,14 +358,14 @@ class ShardwireProcessGroup(Reductions):
         x, send = joined(inputs, "alltoall input", reduce=False)
         outs = stage_all(outputs, "alltoall output", reduce=False, load=False)
         recv = [o.array.size for o in outs]
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
         g = self._group
         got: list[np.ndarray] = []
 
         async def exchange() -> None:
             got.append(await g.all_to_all(x, send_splits=send, recv_splits=recv, timeout=limit))
 
-        return self._submit(
+        return self._handoff.submit(
             "alltoall",
             lambda: [exchange()],
             outputs,
@@ -217,7 +387,7 @@ class ShardwireProcessGroup(Reductions):
         )
         if g.rank == root:
             check_sizes("gather outputs", sum(o.array.size for o in outs), i.array.size * g.size)
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
         got: list[np.ndarray | None] = []
 
         async def collect() -> None:
@@ -228,7 +398,9 @@ class ShardwireProcessGroup(Reductions):
                 split_into(got[0], outs)
 
         result = [t for lst in output_lists for t in lst]
-        return self._submit("gather", lambda: [collect()], result, timeout=limit, finish=finish)
+        return self._handoff.submit(
+            "gather", lambda: [collect()], result, timeout=limit, finish=finish
+        )
 
     def scatter(
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None
@@ -242,20 +414,22 @@ class ShardwireProcessGroup(Reductions):
             if g.rank == root
             else (None, None)
         )
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
 
         def calls() -> list[Awaitable[Any]]:
             return [g.scatter(x, root=root, sizes=sizes, out=o.flat(), timeout=limit)]
 
-        return self._submit("scatter", calls, outputs, timeout=limit, after=[o])
+        return self._handoff.submit("scatter", calls, outputs, timeout=limit, after=[o])
 
     # ---- barriers and point to point ---------------------------------------------------
 
     def barrier(self, opts: Any = None) -> BridgeWork:
         opts = opts or dist.BarrierOptions()
-        limit = self._limit(opts)
+        limit = self._handoff.limit(opts)
         g = self._group
-        return self._submit("barrier", lambda: [g.barrier(timeout=limit)], [], timeout=limit)
+        return self._handoff.submit(
+            "barrier", lambda: [g.barrier(timeout=limit)], [], timeout=limit
+        )
 
     def monitored_barrier(
         self, timeout: timedelta | None = None, wait_all_ranks: bool = False
@@ -270,14 +444,14 @@ class ShardwireProcessGroup(Reductions):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> BridgeWork:
         (s,) = stage_all(tensors, "send", reduce=False)
         g = self._group
-        return self._submit(
+        return self._handoff.submit(
             "send", lambda: [g.send(s.array, dst, tag=tag)], tensors, timeout=g.timeout
         )
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> BridgeWork:
         (s,) = stage_all(tensors, "recv", reduce=False, load=False)
         g = self._group
-        return self._submit(
+        return self._handoff.submit(
             "recv",
             lambda: [g.recv(src, tag=tag, out=s.array)],
             tensors,
@@ -289,7 +463,7 @@ class ShardwireProcessGroup(Reductions):
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> BridgeWork:
         (s,) = stage_all(tensors, "recv", reduce=False, load=False)
         g = self._group
-        return self._submit(
+        return self._handoff.submit(
             "recv_anysource",
             lambda: [g.recv_any(tag=tag, out=s.array)],
             tensors,

@@ -85,7 +85,7 @@ from shardwire.protocol.errors import (
     LeftJob,
 )
 from shardwire.torch import peerparts as pp
-from shardwire.torch.base import BridgeBase, bridged
+from shardwire.torch.group import ShardwireProcessGroup, bridged
 from shardwire.worker.collectives import Group
 from shardwire.worker.fsdp.copyplan import holder, source
 from shardwire.worker.runtime.leave import LeaveNotice
@@ -142,7 +142,7 @@ class PeerStorage(StorageWriter, StorageReader):
 
     # ---- the group ------------------------------------------------------------------------
 
-    def _backend(self) -> BridgeBase:
+    def _backend(self) -> ShardwireProcessGroup:
         pg = self._pg if self._pg is not None else dist.group.WORLD
         backend = bridged(pg) if pg is not None else None
         if backend is None:

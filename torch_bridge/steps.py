@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from shardwire.torch.base import bridged
+from shardwire.torch.group import bridged
 from shardwire.worker.collectives.process import ProcessGroup, StepState
 
 _PROGRESS_EVERY_S = 1.0  # the status views' updates, at most this often
