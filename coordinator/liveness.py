@@ -2,7 +2,7 @@
 its node's agent, and the silent-worker rule.
 
 A running worker's heartbeat refreshes its ``last_seen`` and moves it to the end of
-``_beats`` (oldest first), so the tick reads only the head of that order to find the
+``beat_order`` (oldest first), so the tick reads only the head of that order to find the
 workers silent for longer than ``heartbeat_timeout``; of those, the lowest rank is named.
 A node beat from an agent applies each entry as that rank's own heartbeat, only for
 ranks of the agent's node in the current generation (while it forms, the rank each of
@@ -11,10 +11,8 @@ its workers asked for; agents' workers always ask).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from shardwire.coordinator.forming import stall_text
-from shardwire.coordinator.lifecycle import Lifecycle
+from shardwire.coordinator.lifecycle import Job
 from shardwire.coordinator.state import (
     Action,
     ConnId,
@@ -26,16 +24,17 @@ from shardwire.coordinator.state import (
 from shardwire.protocol.beats import Heartbeat, NodeBeat
 
 
-@dataclass
-class Liveness(Lifecycle):
-    """Heartbeats and the silent-worker rule, on top of the job's state."""
+class Liveness:
+    """Heartbeats and the silent-worker rule, over a job's running generation."""
 
-    # heartbeats applied, by how they came: from the worker, or batched by its agent
-    beats_via: dict[str, int] = field(default_factory=lambda: {"worker": 0, "agent": 0})
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        # heartbeats applied, by how they came: from the worker, or batched by its agent
+        self.beats_via: dict[str, int] = {"worker": 0, "agent": 0}
 
     def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
-        worker = self._workers.get(conn)
-        self._now = now
+        worker = self.job.joined.get(conn)
+        self.job.now = now
         if worker is None:
             return []
         self.beats_via["worker"] += 1
@@ -45,20 +44,20 @@ class Liveness(Lifecycle):
         """An agent's batch of its workers' heartbeats: each applies as the rank's own,
         for ranks of the agent's node in the current generation (others are dropped: an
         entry of an ended generation, or of a rank the agent does not speak for)."""
-        self._now = now
-        agent = self._agents.get(conn)
+        self.job.now = now
+        agent = self.job.agents.get(conn)
         if agent is None:  # not (or no longer) an agent of this job: nothing to apply
             return []
         actions: list[Action] = []
         node = agent.join.node_id
-        forming = self.state is JobState.WAITING
+        forming = self.job.state is JobState.WAITING
         for entry in msg.beats:
-            worker = (self._requested if forming else self._by_rank).get(entry.rank)
+            worker = (self.job.requested if forming else self.job.by_rank).get(entry.rank)
             if (
                 worker is None
-                or entry.generation != self.generation
+                or entry.generation != self.job.generation
                 or worker.join.node_id != node
-                or worker.conn not in self._workers
+                or worker.conn not in self.job.joined
             ):
                 continue
             self.beats_via["agent"] += 1
@@ -69,19 +68,19 @@ class Liveness(Lifecycle):
         """Whether ``conn`` is a worker whose liveness is watched without its own
         connection's messages (its heartbeats may come through its node's agent): a
         running one, by its heartbeats; a joined one, by the join deadline."""
-        worker = self._workers.get(conn)
+        worker = self.job.joined.get(conn)
         return worker is not None and worker.state in (RankState.RUNNING, RankState.JOINED)
 
     def _beat(self, worker: Worker, msg: Heartbeat, now: float) -> list[Action]:
         conn = worker.conn
         worker.last_seen = now
-        self._beats.pop(conn, None)
-        self._beats[conn] = None  # now the newest
+        self.job.beat_order.pop(conn, None)
+        self.job.beat_order[conn] = None  # now the newest
         if worker.rank == 0:
-            self.curves.add(now, worker.progress, msg)
+            self.job.curves.add(now, worker.progress, msg)
         if msg.timings or msg.links:
-            self.stragglers.add(worker.rank, msg.timings)
-            self.links.add(worker.rank, msg.links)
+            self.job.stragglers.add(worker.rank, msg.timings)
+            self.job.links.add(worker.rank, msg.links)
             msg = msg.model_copy(update={"timings": [], "links": []})
         before, worker.progress = worker.progress, msg
         return self._stall_notice(worker, before)
@@ -91,15 +90,15 @@ class Liveness(Lifecycle):
         text = stall_text(who, before, worker.progress)
         if text is None:
             return []
-        self._event(text)
+        self.job.event(text)
         return [Notice(text)]
 
-    def _silent(self, now: float) -> list[Action]:
+    def silent(self, now: float) -> list[Action]:
         """Fail the lowest rank among those whose heartbeat is overdue; looks only at the
-        oldest heartbeats (the head of ``_beats``), not at every worker."""
-        limit, overdue, gone = self.config.heartbeat_timeout, [], []
-        for conn in self._beats:
-            w = self._workers.get(conn)
+        oldest heartbeats (the head of ``beat_order``), not at every worker."""
+        limit, overdue, gone = self.job.config.heartbeat_timeout, [], []
+        for conn in self.job.beat_order:
+            w = self.job.joined.get(conn)
             if w is None or w.state is not RankState.RUNNING:
                 gone.append(conn)
             elif now - w.last_seen > limit:
@@ -107,15 +106,9 @@ class Liveness(Lifecycle):
             else:
                 break
         for conn in gone:
-            del self._beats[conn]
+            del self.job.beat_order[conn]
         if not overdue:
             return []
         w = min(overdue, key=lambda w: w.rank)
         silent = now - w.last_seen
-        return self._fail(w, f"no heartbeat for {silent:.1f} s (hung or partitioned)")
-
-    def _fail(self, worker: Worker, reason: str, traceback: str = "") -> list[Action]:
-        worker.state = RankState.FAILED
-        if self.state is not JobState.RUNNING:
-            return []
-        return self._abort(worker.rank, reason, traceback)
+        return self.job.fail(w, f"no heartbeat for {silent:.1f} s (hung or partitioned)")

@@ -31,339 +31,276 @@ Inputs are (connection id, message) pairs plus ``tick(now)``; outputs are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
 
 from shardwire.coordinator.diagnosis import Inquest
-from shardwire.coordinator.forming import agreement_problem, placements
+from shardwire.coordinator.generations import Generations
+from shardwire.coordinator.journal import Journal
+from shardwire.coordinator.lifecycle import Job
 from shardwire.coordinator.linktable import LinkTable
+from shardwire.coordinator.liveness import Liveness
 from shardwire.coordinator.membership import (
-    JoinIndex,
     Shape,
-    assign_node_ranks,
-    describe_missing,
-    shape_problem,
 )
+from shardwire.coordinator.progress import Curves
 from shardwire.coordinator.recovery import Recovery
 from shardwire.coordinator.state import (
     Action,
-    Agent,
-    Close,
     ConnId,
+    FailureRecord,
     JobState,
     RankState,
     Record,
+    RendezvousConfig,
     Send,
     Worker,
     refuse,
 )
 from shardwire.coordinator.stragglers import Stragglers
 from shardwire.coordinator.views import status_reply
+from shardwire.protocol.beats import Heartbeat, NodeBeat
 from shardwire.protocol.messages import (
     DiagnoseReply,
     DiagnoseRequest,
     Diagnosis,
     Failure,
-    Finished,
     Join,
     Leave,
     NodeJoin,
+    NodeRejoin,
+    Rejoin,
     StatusReply,
 )
 from shardwire.protocol.placement import PeerPage, PeerQuery
 
 
-@dataclass
-class Rendezvous(Recovery):
-    """One job's membership, rank assignment and liveness, generation after generation."""
+class Rendezvous:
+    """One job's membership, rank assignment and liveness, generation after generation:
+    the job (its state and transitions), its liveness and its recovery, each input
+    handed to the part it concerns."""
 
-    def _admit(
-        self, conn: ConnId, world_size: int, lws: int, now: float, *, agent: bool
-    ) -> list[Action] | None:
-        """Check a joiner's sizes against the job's: an agent's against the largest job,
-        a worker's against its generation."""
-        expected = self.config.world_size if agent else self._world or self.config.world_size
-        problem = shape_problem(expected, self._shape, world_size, lws)
-        if problem:
-            return refuse(conn, "world_size", problem)
-        self._shape = self._shape or Shape(world_size, lws)
-        if self._deadline is None and self.state is JobState.WAITING:
-            self._deadline = now + self.config.join_timeout
-        return None
+    def __init__(self, config: RendezvousConfig) -> None:
+        self.job = Job(config)
+        self.liveness = Liveness(self.job)
+        self.recovery = Recovery(self.job)
 
-    def _started(self, conn: ConnId) -> list[Action]:
-        return refuse(conn, "already_started", f"job {self.config.run_id!r} is {self.state.value}")
+    # ---- what the job is (read by the server, the status views and /metrics) ----------
+
+    @property
+    def config(self) -> RendezvousConfig:
+        return self.job.config
+
+    @property
+    def state(self) -> JobState:
+        return self.job.state
+
+    @property
+    def failure(self) -> FailureRecord | None:
+        return self.job.failure
+
+    @property
+    def inquest(self) -> Inquest | None:
+        return self.job.inquest
+
+    @property
+    def gens(self) -> Generations:
+        return self.job.gens
+
+    @property
+    def generation(self) -> int:
+        return self.job.generation
+
+    @property
+    def shape(self) -> Shape | None:
+        return self.job.shape
+
+    @property
+    def workers(self) -> list[Worker]:
+        return self.job.workers
+
+    def worker_of(self, rank: int) -> Worker | None:
+        return self.job.worker_of(rank)
+
+    def rows(self, offset: int = 0, limit: int | None = None) -> tuple[list[Worker], int]:
+        return self.job.rows(offset, limit)
+
+    @property
+    def events(self) -> deque[tuple[float, str]]:
+        return self.job.events
+
+    @property
+    def curves(self) -> Curves:
+        return self.job.curves
+
+    @property
+    def stragglers(self) -> Stragglers:
+        return self.job.stragglers
+
+    @property
+    def links(self) -> LinkTable:
+        return self.job.links
+
+    @property
+    def beats_via(self) -> dict[str, int]:
+        return self.liveness.beats_via
+
+    @property
+    def assigned(self) -> bool:
+        return self.job.assigned
+
+    @property
+    def between(self) -> bool:
+        return self.job.between
+
+    def missing(self) -> str:
+        return self.job.missing()
+
+    # ---- inputs ------------------------------------------------------------------------
 
     def node_join(self, conn: ConnId, msg: NodeJoin, now: float) -> list[Action]:
-        self._now = now
-        agent = self._agents.get(conn)
-        if agent is not None:  # again: its processes of the ended generation are gone
-            agent.ready = True
-            return self._advance(now)
-        growing = self.state is JobState.RUNNING and self._may_grow()
-        if self.state not in (JobState.WAITING, JobState.RESTARTING) and not growing:
-            return self._started(conn)
-        refusal = self._admit(conn, msg.world_size, msg.local_world_size, now, agent=True)
-        refusal = refusal or self._agree(conn, msg)
-        if refusal:
-            return refusal
-        if any(a.join.node_id == msg.node_id for a in self._agents.values()):
-            return refuse(conn, "duplicate_rank", f"node {msg.node_id!r} already has an agent")
-        if msg.node_index is not None and (
-            twin := next(
-                (a for a in self._agents.values() if a.join.node_index == msg.node_index), None
-            )
-        ):
-            return refuse(
-                conn,
-                "duplicate_rank",
-                f"node index {msg.node_index} is already node {twin.join.node_id!r}'s "
-                f"(this is node {msg.node_id!r})",
-            )
-        assert self._shape is not None
-        if len(self._agents) >= self._shape.nnodes:
-            return refuse(conn, "world_size", f"all {self._shape.nnodes} nodes already joined")
-        self._agents[conn] = Agent(conn, msg)
-        self._event(f"node {msg.node_id!r} joined", now)
-        if growing:
-            return self._end_generation(-1, f"node {msg.node_id!r} joined", failure=False)
-        return self._advance(now)
-
-    def _agree(self, conn: ConnId, msg: NodeJoin) -> list[Action] | None:
-        assert self._shape is not None
-        first = not self._agents and self.generation == 1 and not self._workers
-        problem = agreement_problem(self.config, self._shape, self.gens, msg, first=first)
-        return refuse(conn, *problem) if problem else None
+        return self.job.node_join(conn, msg, now)
 
     def join(self, conn: ConnId, msg: Join, *, peer_host: str, now: float) -> list[Action]:
-        if self.state is JobState.RESTARTING and msg.requested_rank is not None:
-            # a survivor re-forming in its process: it joins the next generation once the
-            # ended one's processes are gone (bounded by the restart's own deadline)
-            self._parked[conn] = (msg, peer_host)
-            return []
-        if self.state is not JobState.WAITING:
-            return self._started(conn)
-        world = msg.world_size
-        if msg.reforming:  # it cannot know the next generation's size (after a grow, say)
-            shaped = self._shape.world_size if self._shape else None
-            world = self._world or self.config.world_size or shaped or world
-        refusal = self._admit(conn, world, msg.local_world_size, now, agent=False)
-        if refusal:
-            return refusal
-        shape = self._generation_shape()
-        problem = self._joins.problem(shape, msg)
-        if problem:
-            code, text = problem
-            return refuse(conn, code, text)
-        host = msg.listen_host or peer_host
-        worker = self._workers[conn] = Worker(conn, msg, host, now)
-        self._joins.add(msg, shape.local_world_size)
-        if msg.requested_rank is not None:  # its agent may beat for it before it forms
-            self._requested[msg.requested_rank] = worker
-        self._event(
-            f"worker joined from {host} (node {msg.node_id!r}, local rank {msg.local_rank})", now
-        )
-        if len(self._workers) < shape.world_size:
-            return []
-        return self._start(now)
+        return self.job.join(conn, msg, peer_host=peer_host, now=now)
 
-    def _complete(self, now: float) -> list[Action]:
-        if self._workers and len(self._workers) >= self._generation_shape().world_size:
-            return self._start(now)
-        return []
+    def leave(self, conn: ConnId, msg: Leave) -> list[Action]:
+        return self.job.leave(conn, msg)
 
-    def _start(self, now: float) -> list[Action]:
-        shape = self._generation_shape()
-        lws = shape.local_world_size
-        node_ranks = assign_node_ranks(shape, [w.join for w in self._workers.values()])
-        self._left = 0
-        for w in self._workers.values():
-            w.rank = node_ranks[w.join.node_id] * lws + w.join.local_rank
-            w.state = RankState.RUNNING
-            w.last_seen = now  # building the peer mesh comes next; the clock starts here
-        # by rank: of workers silent equally long, the lowest rank is named
-        self._beats = {w.conn: None for w in sorted(self._workers.values(), key=lambda w: w.rank)}
-        self.state = JobState.RUNNING
-        self._deadline = None
-        nodes = sum(1 for a in self._agents.values() if a.node_rank is not None)
-        self.gens.begin(shape.world_size, nodes, now)
-        self.stragglers = Stragglers()  # sequences start again with the generation
-        self.links = LinkTable()  # so do connections and their totals
-        self._event(
-            f"all {shape.world_size} workers joined; job running (generation {self.generation})",
-            now,
-        )
-        self._members, actions = placements(
-            self._workers.values(), shape, self.generation, grace=self.config.grace
-        )
-        self._by_rank = {w.rank: w for w in self._workers.values()}
-        self._requested = {}
-        if self._may_grow() and any(a.node_rank is None for a in self._agents.values()):
-            # a node arrived while this generation formed: take it in with the next one
-            late = next(a for a in self._agents.values() if a.node_rank is None)
-            actions += self._end_generation(-1, f"node {late.join.node_id!r} joined", failure=False)
-        return actions
+    def heartbeat(self, conn: ConnId, msg: Heartbeat, now: float) -> list[Action]:
+        return self.liveness.heartbeat(conn, msg, now)
+
+    def node_beat(self, conn: ConnId, msg: NodeBeat, now: float) -> list[Action]:
+        return self.liveness.node_beat(conn, msg, now)
+
+    def beating(self, conn: ConnId) -> bool:
+        return self.liveness.beating(conn)
+
+    def rejoin(self, conn: ConnId, msg: Rejoin, now: float) -> list[Action]:
+        return self.recovery.rejoin(conn, msg, now)
+
+    def node_rejoin(self, conn: ConnId, msg: NodeRejoin, now: float) -> list[Action]:
+        return self.recovery.node_rejoin(conn, msg, now)
+
+    def journal(self) -> Journal | None:
+        return self.recovery.journal()
+
+    def restore(self, journal: Journal, now: float, *, since_written: float = 0.0) -> None:
+        self.recovery.restore(journal, now, since_written=since_written)
 
     def peer_page(self, conn: ConnId, msg: PeerQuery) -> list[Action]:
         """The members with the asked ranks, of the asking worker's generation."""
-        worker = self._workers.get(conn)
-        if worker is None or worker.rank < 0 or not self._members:
+        worker = self.job.joined.get(conn)
+        if worker is None or worker.rank < 0 or not self.job.members:
             return refuse(conn, "bad_request", "members are asked by a worker of a formed job")
-        world = len(self._members)
+        world = len(self.job.members)
         if any(r >= world for r in msg.ranks):
             return refuse(conn, "bad_request", f"asked for ranks beyond the world of {world}")
-        members = [self._members[r] for r in msg.ranks]
-        return [Send(conn, PeerPage(generation=self.generation, members=members))]
+        members = [self.job.members[r] for r in msg.ranks]
+        return [Send(conn, PeerPage(generation=self.job.generation, members=members))]
 
     def report_failure(self, conn: ConnId, msg: Failure, now: float) -> list[Action]:
-        worker = self._workers.get(conn)
-        self._now = now
+        worker = self.job.joined.get(conn)
+        self.job.now = now
         if worker is None or worker.rank < 0:
             return []
-        if self.state is JobState.FAILING:
+        if self.job.state is JobState.FAILING:
             return self._testify(worker, msg.diagnosis, now)
         if msg.rank >= 0 and msg.rank != worker.rank:
-            blamed = self._by_rank.get(msg.rank)
-            if blamed is None or self._workers.get(blamed.conn) is not blamed:
+            blamed = self.job.by_rank.get(msg.rank)
+            if blamed is None or self.job.joined.get(blamed.conn) is not blamed:
                 return []
             reason = f"{msg.reason} (reported by rank {worker.rank})"
-            return self._fail(blamed, reason)
-        if msg.code == "collective_timeout" and self.state is JobState.RUNNING:
+            return self.job.fail(blamed, reason)
+        if msg.code == "collective_timeout" and self.job.state is JobState.RUNNING:
             return self._open_inquest(worker, msg, now)
-        return self._fail(worker, msg.reason, msg.traceback)
+        return self.job.fail(worker, msg.reason, msg.traceback)
 
     def _open_inquest(self, worker: Worker, msg: Failure, now: float) -> list[Action]:
         worker.state = RankState.FAILED
-        self.state = JobState.FAILING
-        self._event(f"rank {worker.rank}: {msg.reason}; asking every rank what it is doing")
-        live = [w for w in self._workers.values() if w.state is RankState.RUNNING]
-        self.inquest = Inquest(
+        self.job.state = JobState.FAILING
+        self.job.event(f"rank {worker.rank}: {msg.reason}; asking every rank what it is doing")
+        live = [w for w in self.job.joined.values() if w.state is RankState.RUNNING]
+        self.job.inquest = Inquest(
             reporter=worker.rank,
             reason=msg.reason,
-            deadline=now + self.config.diagnose_timeout,
+            deadline=now + self.job.config.diagnose_timeout,
             asked={w.rank for w in live},
         )
-        self.inquest.add(worker.rank, msg.diagnosis)
+        self.job.inquest.add(worker.rank, msg.diagnosis)
         return [Send(w.conn, DiagnoseRequest()) for w in live] + self._conclude(now)
 
     def diagnosis(self, conn: ConnId, msg: DiagnoseReply, now: float) -> list[Action]:
-        worker = self._workers.get(conn)
-        self._now = now
-        if worker is None or self.state is not JobState.FAILING:
+        worker = self.job.joined.get(conn)
+        self.job.now = now
+        if worker is None or self.job.state is not JobState.FAILING:
             return []
         return self._testify(worker, msg.diagnosis, now)
 
     def _testify(self, worker: Worker, diagnosis: Diagnosis | None, now: float) -> list[Action]:
-        assert self.inquest is not None
+        assert self.job.inquest is not None
         if worker.state is RankState.RUNNING and diagnosis is None:
             worker.state = RankState.FAILED  # it failed too, without saying more
-        self.inquest.add(worker.rank, diagnosis)
+        self.job.inquest.add(worker.rank, diagnosis)
         return self._conclude(now)
 
     def _conclude(self, now: float) -> list[Action]:
-        inquest = self.inquest
+        inquest = self.job.inquest
         if inquest is None or not inquest.complete(now):
             return []
-        assert self._shape is not None
-        verdict = inquest.verdict(self._shape.world_size)
-        self.inquest = None
+        assert self.job.job_shape is not None
+        verdict = inquest.verdict(self.job.job_shape.world_size)
+        self.job.inquest = None
         reason, records = verdict.reason, []
-        if self.config.inquest_dir:  # the summary names the file with everything
-            name = f"{self.config.run_id}-generation-{self.generation}-inquest.json"
-            path = f"{self.config.inquest_dir.rstrip('/')}/{name}"
+        if self.job.config.inquest_dir:  # the summary names the file with everything
+            name = f"{self.job.config.run_id}-generation-{self.job.generation}-inquest.json"
+            path = f"{self.job.config.inquest_dir.rstrip('/')}/{name}"
             reason += f"; every rank's place, stack and recent collectives: {path}"
             records.append(Record(path, verdict.detail))
-        return records + self._abort(verdict.rank, reason, stacks=verdict.stacks)
-
-    def leave(self, conn: ConnId, msg: Leave) -> list[Action]:
-        worker = self._workers.get(conn)
-        if worker is None or worker.state is not RankState.RUNNING:
-            return []
-        worker.state = RankState.LEFT
-        self._left += 1  # counted, not scanned: a thousand leaves stay linear
-        self._event(f"rank {worker.rank} finished")
-        if self.state is JobState.RUNNING and self._left == len(self._workers):
-            self.state = JobState.FINISHED
-            self.gens.end("finished", self._now)
-            self._event("job finished")
-            return [Send(a, Finished(generation=self.generation)) for a in self._agents]
-        return []
-
-    def _unpark(self, now: float) -> list[Action]:
-        parked, self._parked = self._parked, {}
-        actions: list[Action] = []
-        for conn, (msg, host) in parked.items():
-            actions += self.join(conn, msg, peer_host=host, now=now)
-        return actions
+        return records + self.job.abort(verdict.rank, reason, stacks=verdict.stacks)
 
     def disconnected(self, conn: ConnId) -> list[Action]:
-        if self._parked.pop(conn, None) is not None:
+        if self.job.parked.pop(conn, None) is not None:
             return []
-        agent = self._agents.pop(conn, None)
+        agent = self.job.agents.pop(conn, None)
         if agent is not None:
-            return self._agent_lost(agent)
-        if self._old.pop(conn, None) is not None:
-            return self._advance(self._now)
-        worker = self._workers.get(conn)
+            return self.job.agent_lost(agent)
+        if self.job.old.pop(conn, None) is not None:
+            return self.job.advance(self.job.now)
+        worker = self.job.joined.get(conn)
         if worker is None:
             return []
-        if self.state is JobState.WAITING:
-            del self._workers[conn]
-            self._joins.remove(worker.join, worker.join.local_world_size)
+        if self.job.state is JobState.WAITING:
+            del self.job.joined[conn]
+            self.job.join_index.remove(worker.join, worker.join.local_world_size)
             asked = worker.join.requested_rank
-            if asked is not None and self._requested.get(asked) is worker:
-                del self._requested[asked]
+            if asked is not None and self.job.requested.get(asked) is worker:
+                del self.job.requested[asked]
             return []
         worker.connected = False
-        if self.inquest is not None:
+        if self.job.inquest is not None:
             worker.state = RankState.FAILED
-            self.inquest.add(worker.rank, None)
-            return self._conclude(self._now)
+            self.job.inquest.add(worker.rank, None)
+            return self._conclude(self.job.now)
         if worker.state is RankState.RUNNING:
-            return self._fail(worker, "connection to the coordinator closed (process died?)")
+            return self.job.fail(worker, "connection to the coordinator closed (process died?)")
         return []
 
     def tick(self, now: float) -> list[Action]:
-        self._now = now
-        expired = self._deadline is not None and now > self._deadline
-        if self.state is JobState.WAITING:
+        self.job.now = now
+        expired = self.job.deadline is not None and now > self.job.deadline
+        if self.job.state is JobState.WAITING:
             if expired:
-                return self._join_timeout()
-            return self._advance(now)
-        if self.state is JobState.RESTARTING:
+                return self.job.join_timeout()
+            return self.job.advance(now)
+        if self.job.state is JobState.RESTARTING:
             if expired:
-                return self._give_up("the processes of the ended generation did not all exit")
-            return self._advance(now)
-        if self.state is JobState.FAILING:
+                return self.job.give_up("the processes of the ended generation did not all exit")
+            return self.job.advance(now)
+        if self.job.state is JobState.FAILING:
             return self._conclude(now)
-        if self.state is not JobState.RUNNING:
+        if self.job.state is not JobState.RUNNING:
             return []
-        return self._silent(now)
-
-    def _join_timeout(self) -> list[Action]:
-        message = f"join timeout after {self.config.join_timeout:g} s: {self.missing()}"
-        self._event(message)
-        if self.generation > 1:  # a restart that never formed: the job is over
-            return self._give_up(message) + [Close(c) for c in self._workers]
-        conns = list(self._workers) + list(self._agents)
-        self._workers.clear()
-        self._joins = JoinIndex()
-        self._members = []
-        self._by_rank = {}
-        self._requested = {}
-        self._agents.clear()
-        self._deadline = None
-        self._last_call = None
-        self._world = None
-        self._shape = None
-        actions: list[Action] = []
-        for conn in conns:
-            actions += refuse(conn, "join_timeout", message)
-        return actions
-
-    def missing(self) -> str:
-        """Describe who has not joined yet (used in timeout errors and status)."""
-        joins = [w.join for w in self._workers.values()]
-        return describe_missing(self.shape, joins, agents=len(self._agents))
+        return self.liveness.silent(now)
 
     def status(self, now: float, offset: int = 0, limit: int | None = None) -> StatusReply:
         """The job as a monitoring client sees it (rank rows ``offset`` onwards, at most

@@ -376,7 +376,7 @@ def test_survivors_re_forming_into_a_grown_job_are_admitted_whatever_size_they_k
         assert r.join(old + 20, rejoin, peer_host="10.0.0.1", now=3.5) == []
         r.disconnected(old)
     r.node_join(100, node("a", low=1, budget=1), 4.0)
-    assert r.state is JobState.WAITING and r._world == 2 * LWS
+    assert r.state is JobState.WAITING and r.job.world == 2 * LWS
     placed = {}
     for local in range(LWS):  # node b's new processes
         msg = Join(world_size=2 * LWS, node_id="b", local_rank=local, local_world_size=LWS)
