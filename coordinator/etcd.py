@@ -40,7 +40,7 @@ class EtcdRefused(ShardwireError):
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class KeyValue:
     """One key's value and revisions."""
 
     value: bytes
@@ -134,7 +134,7 @@ class EtcdClient:
         """End ``lease`` now; the keys it holds are deleted."""
         self.call("/v3/lease/revoke", {"ID": str(lease)})
 
-    def get(self, key: str) -> Entry | None:
+    def get(self, key: str) -> KeyValue | None:
         kvs = self.call("/v3/kv/range", {"key": b64(key)}).get("kvs", [])
         return _entry(kvs[0]) if kvs else None
 
@@ -152,7 +152,7 @@ class EtcdClient:
         return bool(reply.get("succeeded", False)), reply
 
 
-def range_entry(reply: dict[str, Any], index: int = 0) -> Entry | None:
+def range_entry(reply: dict[str, Any], index: int = 0) -> KeyValue | None:
     """The key a transaction's ``index``-th (range) response read, if any."""
     responses = reply.get("responses", [])
     if index >= len(responses):
@@ -161,8 +161,8 @@ def range_entry(reply: dict[str, Any], index: int = 0) -> Entry | None:
     return _entry(kvs[0]) if kvs else None
 
 
-def _entry(kv: dict[str, Any]) -> Entry:
-    return Entry(
+def _entry(kv: dict[str, Any]) -> KeyValue:
+    return KeyValue(
         value=base64.b64decode(kv.get("value", "")),
         create_revision=int(kv.get("create_revision", 0)),
         mod_revision=int(kv.get("mod_revision", 0)),

@@ -2,7 +2,7 @@
 starting it, ending it (a failure, a membership change, or every rank finished), and
 restarting.
 
-:class:`Job` holds the job's state and makes every transition between generations; the
+:class:`Lifecycle` holds the job's state and makes every transition between generations; the
 rendezvous (``coordinator.rendezvous``) has a job, its liveness (``liveness``) and its
 recovery from a journal (``recovery``), and hands each input to the part it concerns.
 Ending a generation (a failure with restarts left, or a membership change) aborts its
@@ -49,7 +49,7 @@ _EVENTS = 200  # recent events kept for status pages
 
 
 @dataclass
-class Job:
+class Lifecycle:
     """A job's state and its moves from one generation to the next."""
 
     config: RendezvousConfig

@@ -12,7 +12,7 @@ its workers asked for; agents' workers always ask).
 from __future__ import annotations
 
 from shardwire.coordinator.forming import stall_text
-from shardwire.coordinator.lifecycle import Job
+from shardwire.coordinator.lifecycle import Lifecycle
 from shardwire.coordinator.state import (
     Action,
     ConnId,
@@ -27,7 +27,7 @@ from shardwire.protocol.beats import Heartbeat, NodeBeat
 class Liveness:
     """Heartbeats and the silent-worker rule, over a job's running generation."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Lifecycle) -> None:
         self.job = job
         # heartbeats applied, by how they came: from the worker, or batched by its agent
         self.beats_via: dict[str, int] = {"worker": 0, "agent": 0}

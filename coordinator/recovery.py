@@ -22,7 +22,7 @@ from __future__ import annotations
 from shardwire.coordinator.forming import member
 from shardwire.coordinator.generations import Era
 from shardwire.coordinator.journal import Journal, JournalEra, JournalNode, JournalWorker
-from shardwire.coordinator.lifecycle import Job
+from shardwire.coordinator.lifecycle import Lifecycle
 from shardwire.coordinator.membership import JoinIndex, Shape
 from shardwire.coordinator.state import (
     Action,
@@ -41,7 +41,7 @@ from shardwire.protocol.messages import Finished, NodeRejoin, Rejoin, Rejoined
 class Recovery:
     """A job's journal, and taking the job back from it."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Lifecycle) -> None:
         self.job = job
 
     def journal(self) -> Journal | None:

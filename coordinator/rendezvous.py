@@ -36,7 +36,7 @@ from collections import deque
 from shardwire.coordinator.diagnosis import Inquest
 from shardwire.coordinator.generations import Generations
 from shardwire.coordinator.journal import Journal
-from shardwire.coordinator.lifecycle import Job
+from shardwire.coordinator.lifecycle import Lifecycle
 from shardwire.coordinator.linktable import LinkTable
 from shardwire.coordinator.liveness import Liveness
 from shardwire.coordinator.membership import (
@@ -80,7 +80,7 @@ class Rendezvous:
     handed to the part it concerns."""
 
     def __init__(self, config: RendezvousConfig) -> None:
-        self.job = Job(config)
+        self.job = Lifecycle(config)
         self.liveness = Liveness(self.job)
         self.recovery = Recovery(self.job)
 

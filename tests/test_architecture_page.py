@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from shardwire.worker.collectives import Group
+from tests import pathtrace
 from tests.worker.transport.fabric import tcp_world
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,9 @@ WORLDS = {
     "tiered": [0, 0, 1, 1],
 }
 MAX_OBJECTS = 6  # a reader follows any call through at most this many objects
+# Every class and module a path runs code of, bounded: the counts measured when the
+# bound was set (docs/architecture.md's trace lists), plus two.
+BOUNDS = {"links": (28, 35), "arena": (24, 28), "tiered": (39, 44)}
 
 
 def _paths() -> dict[str, list[tuple[str, str | None]]]:
@@ -111,3 +115,21 @@ async def test_the_page_names_the_objects_the_call_passes_through(path: str) -> 
     assert missing == [], f"{path}: the call never passed through {missing}"
     if path != "links-receive":  # arrivals interleave with the sends
         assert _in_order(wanted, seen), f"{path}: {wanted} out of order in {seen}"
+
+
+@pytest.mark.parametrize("path", sorted(pathtrace.LAYOUTS))
+async def test_a_path_runs_only_what_the_page_lists_and_stays_within_its_bound(
+    path: str,
+) -> None:
+    listed = pathtrace.listed()[path]
+    classes, modules = BOUNDS[path]
+    assert len(listed.classes) <= classes and len(listed.modules) <= modules, (
+        f"{path}: {len(listed.classes)} classes in {len(listed.modules)} modules, past the "
+        f"bound of {classes} in {modules}: a new hop on the hot path"
+    )
+    found = await pathtrace.trace(pathtrace.LAYOUTS[path])
+    unlisted = sorted(found.classes - listed.classes) + sorted(found.modules - listed.modules)
+    assert unlisted == [], (
+        f"{path}: the call ran {unlisted}, which docs/architecture.md does not list "
+        "(python -m tests.pathtrace writes the lists again)"
+    )

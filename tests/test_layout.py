@@ -185,3 +185,14 @@ def test_installed_package_is_the_wheel_layout() -> None:
     installed = Path(shardwire.protocol.__file__).resolve()
     assert installed.parent.name == "protocol"
     assert installed.parent.parent.name == "shardwire"
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    """A class's name says which class it is, wherever a reader meets it."""
+    where: dict[str, list[str]] = {}
+    for folder in ("protocol", "coordinator", "worker", "torch_bridge"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}

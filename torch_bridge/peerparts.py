@@ -57,7 +57,7 @@ class Where:
 
 
 @dataclass(frozen=True)
-class Layout:
+class PartLayout:
     """What one owner wrote, without the bytes: its final plan's items, where each
     item's bytes lie in its part, and the plan's ``planner_data``."""
 
@@ -75,7 +75,7 @@ class Part:
     checkpoint: str
     seq: int
     world: int
-    layout: Layout
+    layout: PartLayout
     data: np.ndarray
     digest: str
 
@@ -187,10 +187,10 @@ def describe(part: Part) -> dict[str, Any]:
     }
 
 
-def layout_of(described: dict[str, Any]) -> Layout:
+def layout_of(described: dict[str, Any]) -> PartLayout:
     """The layout a :func:`describe` wrote down."""
     owner = int(described["owner"])
-    return Layout(
+    return PartLayout(
         owner=owner,
         items=[_decode_item(i) for i in described["items"]],
         places=[Where(owner, int(o), int(n)) for o, n in described["places"]],
@@ -243,7 +243,7 @@ def final_plans(local: Sequence[SavePlan], *, to_lowest_rank: bool = False) -> l
 # ---- metadata ---------------------------------------------------------------------------
 
 
-def metadata(layouts: Sequence[Layout]) -> Metadata:
+def metadata(layouts: Sequence[PartLayout]) -> Metadata:
     """DCP's ``Metadata`` of a checkpoint from every owner's layout (any order), as DCP's
     default planner made it when the checkpoint was saved."""
     ordered = sorted(layouts, key=lambda p: p.owner)

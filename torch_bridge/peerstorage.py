@@ -295,7 +295,7 @@ class PeerStorage(StorageWriter, StorageReader):
 
         async def save(group: Group) -> tuple[pp.Part, pp.Part | None]:
             owned = [pp.Where(group.rank, w.offset, w.nbytes) for w in places]
-            layout = pp.Layout(group.rank, list(final.items), owned, final.planner_data)
+            layout = pp.PartLayout(group.rank, list(final.items), owned, final.planner_data)
             own = pp.Part(checkpoint, seq, group.size, layout, data, pp.digest(data))
             return own, await self._swap(group, own)
 

@@ -35,7 +35,7 @@ def _part(owner: int, state: dict, checkpoint: str = "c", seq: int = 1, world: i
     plan = _plan(state)
     places = [pp.Where(owner, 4 * i, 4) for i in range(len(plan.items))]
     data = np.arange(4 * len(plan.items), dtype=np.uint8)
-    layout = pp.Layout(owner, plan.items, places, plan.planner_data)
+    layout = pp.PartLayout(owner, plan.items, places, plan.planner_data)
     return pp.Part(checkpoint, seq, world, layout, data, pp.digest(data))
 
 

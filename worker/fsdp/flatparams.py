@@ -18,7 +18,7 @@ from shardwire.worker.nn.module import Module
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class FlatEntry:
     """One parameter: where it lives in the module tree and in the flat buffer."""
 
     name: str  # dotted name from the model root
@@ -34,7 +34,7 @@ class Entry:
 
 @dataclass(frozen=True)
 class FlatLayout:
-    entries: tuple[Entry, ...]
+    entries: tuple[FlatEntry, ...]
     numel: int
     shards: int
     dtype: np.dtype
@@ -48,7 +48,7 @@ class FlatLayout:
             dtype = dtype or value.dtype
             if value.dtype != dtype:
                 raise InvalidType(f"{name} is {value.dtype}, the unit's others are {dtype}")
-            entries.append(Entry(name, owner, local, offset, tuple(value.shape)))
+            entries.append(FlatEntry(name, owner, local, offset, tuple(value.shape)))
             offset += value.size
         return cls(tuple(entries), offset, shards, np.dtype(dtype or np.float64))
 

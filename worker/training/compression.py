@@ -106,7 +106,7 @@ class Quantized(Codec):
         self.bits = bits
         self.block = block
 
-    def layout(self, count: int) -> quantize.Layout:
+    def layout(self, count: int) -> quantize.CodeLayout:
         return quantize.layout(count, bits=self.bits, block=self.block)
 
     def wire_bytes(self, grad: np.ndarray) -> int:

@@ -143,7 +143,7 @@ class DiLoCo:
         self.largest_sent = 0  # the largest of them in one exchange (the peak to carry)
         self._flight: _Flight | None = None
 
-    def _layout(self, count: int) -> blocks.Layout:
+    def _layout(self, count: int) -> blocks.CodeLayout:
         assert self.bits is not None
         return blocks.layout(count, bits=self.bits, block=self.block)
 

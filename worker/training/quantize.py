@@ -25,7 +25,7 @@ from shardwire.protocol.errors import InvalidArgument
 BITS = (8, 4)
 
 
-class Layout(NamedTuple):
+class CodeLayout(NamedTuple):
     """Where a quantized vector's parts lie in its buffer."""
 
     values: int
@@ -53,16 +53,16 @@ class Layout(NamedTuple):
         return 4 * self.blocks + self.code_bytes
 
 
-def layout(count: int, *, bits: int, block: int) -> Layout:
+def layout(count: int, *, bits: int, block: int) -> CodeLayout:
     """The layout of ``count`` values at ``bits`` per value in blocks of ``block``."""
     if bits not in BITS:
         raise InvalidArgument(f"quantization bits must be one of {BITS}, got {bits}")
     if block < 2 or block % 2:
         raise InvalidArgument(f"quantization block must be an even count >= 2, got {block}")
-    return Layout(count, bits, block)
+    return CodeLayout(count, bits, block)
 
 
-def encode(x: np.ndarray, shape: Layout) -> np.ndarray:
+def encode(x: np.ndarray, shape: CodeLayout) -> np.ndarray:
     """``x`` (any float dtype, ``shape.values`` values) as one uint8 buffer."""
     flat = np.asarray(x, dtype=np.float64).reshape(-1)
     if flat.size != shape.values:
@@ -83,7 +83,7 @@ def encode(x: np.ndarray, shape: Layout) -> np.ndarray:
     return out
 
 
-def decode(buffer: np.ndarray, shape: Layout) -> np.ndarray:
+def decode(buffer: np.ndarray, shape: CodeLayout) -> np.ndarray:
     """One rank's buffer back to float64 values."""
     raw = np.asarray(buffer, dtype=np.uint8).reshape(-1)
     if raw.size != shape.nbytes:
@@ -100,7 +100,7 @@ def decode(buffer: np.ndarray, shape: Layout) -> np.ndarray:
     return values.reshape(-1)[: shape.values]
 
 
-def decode_sum(gathered: np.ndarray, shape: Layout) -> np.ndarray:
+def decode_sum(gathered: np.ndarray, shape: CodeLayout) -> np.ndarray:
     """The float64 sum of every rank's buffer (rows of ``gathered``, in rank order)."""
     rows = np.asarray(gathered, dtype=np.uint8).reshape(-1, shape.nbytes)
     total = np.zeros(shape.values)
@@ -109,7 +109,7 @@ def decode_sum(gathered: np.ndarray, shape: Layout) -> np.ndarray:
     return total
 
 
-def error_bound(x: np.ndarray, shape: Layout) -> np.ndarray:
+def error_bound(x: np.ndarray, shape: CodeLayout) -> np.ndarray:
     """The largest error :func:`encode` then :func:`decode` may make on each value of
     ``x``: half its block's scale (one float32 step up, for the rounding of the codes)."""
     scales = _scales(_blocks(np.asarray(x, dtype=np.float64).reshape(-1), shape), shape)
@@ -117,14 +117,14 @@ def error_bound(x: np.ndarray, shape: Layout) -> np.ndarray:
     return np.repeat(half, shape.block)[: shape.values]
 
 
-def _blocks(flat: np.ndarray, shape: Layout) -> np.ndarray:
+def _blocks(flat: np.ndarray, shape: CodeLayout) -> np.ndarray:
     """``flat`` (float64) zero-padded to whole blocks, one row per block."""
     padded = np.zeros(shape.padded)
     padded[: flat.size] = flat
     return padded.reshape(shape.blocks, shape.block)
 
 
-def _scales(blocks: np.ndarray, shape: Layout) -> np.ndarray:
+def _scales(blocks: np.ndarray, shape: CodeLayout) -> np.ndarray:
     """Each block's float32 scale: its largest magnitude over the largest code, rounded
     up so that no code clips."""
     wanted = np.abs(blocks).max(axis=1) / shape.qmax

@@ -65,7 +65,7 @@ class PeerOwner(Protocol):
     stages: StagePool  # staging buffers shared by the connections
     traffic: Traffic  # what each peer link carried
     idle: IdleCloser  # releases connections nothing moved on
-    tcp: tcptuning.Plan  # the TCP settings each connection gets, by its addresses
+    tcp: tcptuning.TcpPlan  # the TCP settings each connection gets, by its addresses
 
     @property
     def has_place(self) -> bool: ...

@@ -6,7 +6,7 @@ Theory of operation
 -------------------
 A connection between two hosts gets CUBIC and an unsent low-water mark of 256 KiB; a
 connection that stays on this machine (its remote address is a loopback address or one
-of this machine's own) keeps the kernel's defaults. :meth:`Plan.for_connection` decides
+of this machine's own) keeps the kernel's defaults. :meth:`TcpPlan.for_connection` decides
 per connection from the connected socket's two addresses. A setting given explicitly
 applies to every connection instead: an algorithm's name, or ``kernel`` (``KERNEL``) for
 the kernel's own; a byte count, or 0 for the kernel's own (Linux reads 0 the same way).
@@ -61,7 +61,7 @@ class Tuning:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class TcpPlan:
     """What a rank's peer connections get, settled when it starts listening.
 
     Attributes:
@@ -85,7 +85,7 @@ class Plan:
         return Tuning(None if congestion == KERNEL else congestion, lowat or None)
 
 
-UNTUNED = Plan()  # every connection on the kernel's defaults
+UNTUNED = TcpPlan()  # every connection on the kernel's defaults
 # Measured best between hosts on 1 Gbit/s links (see above).
 BETWEEN_HOSTS = Tuning("cubic", 256 * 1024)
 
@@ -178,7 +178,7 @@ def usable(congestion: str) -> bool:
 
 def plan(
     congestion: str | None, notsent_lowat: int | None, *, between_hosts: Tuning = BETWEEN_HOSTS
-) -> Plan:
+) -> TcpPlan:
     """The rank's plan for its peer connections from what was asked (None: automatic,
     ``between_hosts`` for a connection to another host, as far as this kernel gives it
     to this process); refuses, typed, an explicit setting it cannot give a connection."""
@@ -190,7 +190,8 @@ def plan(
         mark if notsent_lowat is None and lowat_settable else None,
     )
     automatic = congestion is None or notsent_lowat is None
-    return Plan(congestion, notsent_lowat, between, own_addresses() if automatic else frozenset())
+    own = own_addresses() if automatic else frozenset()
+    return TcpPlan(congestion, notsent_lowat, between, own)
 
 
 def check(congestion: str | None, notsent_lowat: int | None = None) -> None:
@@ -238,7 +239,7 @@ def apply(sock: socket.socket, tuning: Tuning) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, tuning.notsent_lowat)
 
 
-def tune(sock: socket.socket, chosen: Plan) -> Tuning:
+def tune(sock: socket.socket, chosen: TcpPlan) -> Tuning:
     """Give ``sock`` (a connected TCP socket) what ``chosen`` gives its addresses."""
     tuning = chosen.for_connection(str(sock.getsockname()[0]), str(sock.getpeername()[0]))
     apply(sock, tuning)

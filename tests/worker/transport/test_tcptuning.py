@@ -16,7 +16,7 @@ from shardwire.protocol import InvalidArgument, Tag, Token
 from shardwire.worker.api import mesh_config
 from shardwire.worker.runtime.worker_config import WorkerConfig
 from shardwire.worker.transport import MeshConfig, TcpMesh, tcptuning
-from shardwire.worker.transport.tcptuning import BETWEEN_HOSTS, KERNEL, Plan, Tuning
+from shardwire.worker.transport.tcptuning import BETWEEN_HOSTS, KERNEL, TcpPlan, Tuning
 from tests.docblocks import block
 
 from .fabric import tcp_world
@@ -25,7 +25,7 @@ LOWAT = 196608  # not the kernel's default (no mark of the connection's own: 0)
 KERNELS = Tuning()  # every setting left to the kernel
 HERE = "10.1.2.3"  # this machine's address in the cases below
 OWN = frozenset({HERE, "192.168.7.1", "fe80::1"})
-AUTOMATIC = Plan(None, None, BETWEEN_HOSTS, OWN)
+AUTOMATIC = TcpPlan(None, None, BETWEEN_HOSTS, OWN)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_a_connection_to_another_host_gets_cubic_and_the_mark(local, remote) -> 
     ],
 )
 def test_an_explicit_setting_applies_to_every_connection(asked, between, here) -> None:
-    chosen = Plan(*asked, BETWEEN_HOSTS, OWN)
+    chosen = TcpPlan(*asked, BETWEEN_HOSTS, OWN)
     assert chosen.for_connection(HERE, "10.1.2.4") == between
     assert chosen.for_connection("127.0.0.1", "127.0.0.1") == here
 
