@@ -125,11 +125,15 @@ class DiLoCo:
         arrays = self._arrays()
         self._sizes = [a.size for a in arrays]
         total = sum(self._sizes)
-        if fragments > total:
-            raise InvalidArgument(f"{fragments} fragments for {total} parameters")
+        places = getattr(model, "places", None)
+        # fragments are cut in the whole model: a shard may hold none of one (it syncs
+        # nothing then, as the other holders of that shard do)
+        whole = places()[1] if places is not None else total
+        if fragments > whole:
+            raise InvalidArgument(f"{fragments} fragments for {whole} parameters")
         self.dtype = np.result_type(*arrays) if arrays else np.dtype(np.float32)
         self.global_params = self._read(0, total)
-        cuts = _cuts(fragments, self._sizes, getattr(model, "places", None))
+        cuts = _cuts(fragments, self._sizes, places)
         self.bounds = [(int(lo), int(hi)) for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
         if self.bits is not None:  # checks the block before the first sync
             self._layout(0)

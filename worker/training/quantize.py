@@ -102,6 +102,8 @@ def decode(buffer: np.ndarray, shape: CodeLayout) -> np.ndarray:
 
 def decode_sum(gathered: np.ndarray, shape: CodeLayout) -> np.ndarray:
     """The float64 sum of every rank's buffer (rows of ``gathered``, in rank order)."""
+    if shape.values == 0:  # nothing was sent (a fragment none of whose elements is here)
+        return np.zeros(0)
     rows = np.asarray(gathered, dtype=np.uint8).reshape(-1, shape.nbytes)
     total = np.zeros(shape.values)
     for row in rows:  # rank order, one addition each: the same rounding on every rank

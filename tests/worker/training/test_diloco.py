@@ -333,3 +333,50 @@ def test_fragments_of_shards_are_cut_in_the_whole_model_s_elements():
     assert _cuts(2, [3, 2], lambda: ([0, 6], 10)) == [0, 3, 5]
     # a fragment can hold none of a rank's elements (whole [4, 6) here)
     assert _cuts(5, [3, 2], lambda: ([0, 6], 10)) == [0, 2, 3, 3, 5, 5]
+
+
+class Slice:
+    """One rank's shard of a larger model (what TorchDiLoCo offers over FSDP2): 2 of the
+    whole model's 10 elements, [0, 2), so the whole's fragments past the first hold none
+    of them."""
+
+    def __init__(self, seed: int) -> None:
+        self.arrays = [np.random.default_rng(seed).standard_normal(2)]
+
+    def places(self) -> tuple[list[int], int]:
+        return [0], 10
+
+    def shards(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(a, np.zeros_like(a)) for a in self.arrays]
+
+    async def update_shards(self, values: list[np.ndarray]) -> None:
+        self.arrays = [np.array(v) for v in values]
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+async def test_a_shard_with_fewer_elements_than_fragments_syncs_its_empty_ones(quantize) -> None:
+    """Five fragments of the whole model: this shard's 2 elements are all in the first,
+    the other four are empty here. Every fragment syncs in turn (the empty ones with
+    nothing to send) and the shard ends as the replicas' average (outer SGD of rate 1)."""
+    async with group_world("memory", 2) as groups:
+        models = [Slice(r) for r in range(2)]
+        options = {"every": 5, "fragments": 5, "outer_lr": 1.0, "outer_momentum": 0.0}
+        outers = [
+            DiLoCo(m, g, nesterov=False, quantize=quantize, **options)
+            for m, g in zip(models, groups, strict=True)
+        ]
+        await on_all(groups, lambda g: outers[g.rank].begin())
+        start = models[0].arrays[0].copy()
+        moved = [start + 1.0, start - 3.0]
+
+        async def train(g: Group) -> None:
+            for step in range(5):
+                if step == 0:
+                    models[g.rank].arrays = [moved[g.rank].copy()]
+                await outers[g.rank].step()
+
+        await on_all(groups, train)
+    assert [o.bounds for o in outers] == [[(0, 2), (2, 2), (2, 2), (2, 2), (2, 2)]] * 2
+    for model in models:
+        bound = 0.0 if quantize is None else 4.0 / 127  # int8: half a step of the block's
+        np.testing.assert_allclose(model.arrays[0], start - 1.0, atol=bound + 1e-12)
