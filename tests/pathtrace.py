@@ -33,13 +33,15 @@ BLOCK = re.compile(r"(<!-- trace: ([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
 
 class Trace(NamedTuple):
-    """The classes and the modules (``shardwire.`` left off) one call ran code of."""
+    """The classes and the modules (``shardwire.`` left off) one call ran code of, and
+    the classes in the order their methods ran (a class again only after another's)."""
 
     classes: frozenset[str]
     modules: frozenset[str]
+    order: tuple[str, ...] = ()
 
 
-def _profiler(classes: set[str], modules: set[str]) -> Callable[..., Any]:
+def _profiler(classes: set[str], modules: set[str], order: list[str]) -> Callable[..., Any]:
     def profile(frame: Any, event: str, _arg: Any) -> None:
         if event != "call":
             return
@@ -49,7 +51,10 @@ def _profiler(classes: set[str], modules: set[str]) -> Callable[..., Any]:
         modules.add(module.removeprefix("shardwire."))
         owner = frame.f_locals.get("self")
         if owner is not None:
-            classes.add(type(owner).__name__)
+            name = type(owner).__name__
+            classes.add(name)
+            if not order or order[-1] != name:
+                order.append(name)
 
     return profile
 
@@ -58,12 +63,13 @@ async def trace(nodes: list[int]) -> Trace:
     """What the second all_reduce on a world laid out as ``nodes`` ran code of."""
     classes: set[str] = set()
     modules: set[str] = set()
+    order: list[str] = []
     async with tcp_world(len(nodes), arena=True, nodes=nodes, timeout=30.0) as meshes:
         groups = [Group(m, timeout=30.0) for m in meshes]
         xs = [np.ones(1 << 18, np.float32) for _ in groups]
         try:
             await asyncio.gather(*(g.all_reduce(x) for g, x in zip(groups, xs, strict=True)))
-            profile = _profiler(classes, modules)
+            profile = _profiler(classes, modules, order)
             threading.setprofile(profile)
             sys.setprofile(profile)
             try:
@@ -74,7 +80,7 @@ async def trace(nodes: list[int]) -> Trace:
         finally:
             for g in groups:
                 await g.aclose()
-    return Trace(frozenset(classes), frozenset(modules))
+    return Trace(frozenset(classes), frozenset(modules), tuple(order))
 
 
 def render(found: Trace) -> str:

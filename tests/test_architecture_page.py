@@ -10,20 +10,12 @@ one. Every named class must also be defined in the file the page gives for it.
 from __future__ import annotations
 
 import ast
-import asyncio
 import re
-import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from shardwire.worker.collectives import Group
 from tests import pathtrace
-from tests.worker.transport.fabric import tcp_world
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "architecture.md"
@@ -68,40 +60,6 @@ def test_every_named_class_is_defined_where_the_page_says() -> None:
             assert cls in defined, f"{cls} is not defined in {file}"
 
 
-def _profiler(seen: list[str]) -> Callable[..., Any]:
-    def profile(frame: Any, event: str, _arg: Any) -> None:
-        if event != "call" or not frame.f_globals.get("__name__", "").startswith("shardwire."):
-            return
-        owner = frame.f_locals.get("self")
-        if owner is not None:
-            name = type(owner).__name__
-            if not seen or seen[-1] != name:
-                seen.append(name)
-
-    return profile
-
-
-async def _traced_all_reduce(nodes: list[int]) -> list[str]:
-    seen: list[str] = []
-    async with tcp_world(len(nodes), arena=True, nodes=nodes, timeout=30.0) as meshes:
-        groups = [Group(m, timeout=30.0) for m in meshes]
-        xs = [np.ones(1 << 18, np.float32) for _ in groups]
-        try:
-            await asyncio.gather(*(g.all_reduce(x) for g, x in zip(groups, xs, strict=True)))
-            profile = _profiler(seen)
-            threading.setprofile(profile)
-            sys.setprofile(profile)
-            try:
-                await asyncio.gather(*(g.all_reduce(x) for g, x in zip(groups, xs, strict=True)))
-            finally:
-                sys.setprofile(None)
-                threading.setprofile(None)  # type: ignore[arg-type]
-        finally:
-            for g in groups:
-                await g.aclose()
-    return seen
-
-
 def _in_order(wanted: list[str], seen: list[str]) -> bool:
     it = iter(seen)
     return all(any(name == s for s in it) for name in wanted)
@@ -110,7 +68,7 @@ def _in_order(wanted: list[str], seen: list[str]) -> bool:
 @pytest.mark.parametrize("path", sorted(WORLDS))
 async def test_the_page_names_the_objects_the_call_passes_through(path: str) -> None:
     wanted = [cls for cls, _file in _paths()[path]]
-    seen = await _traced_all_reduce(WORLDS[path])
+    seen = list((await pathtrace.trace(WORLDS[path])).order)
     missing = [name for name in wanted if name not in seen]
     assert missing == [], f"{path}: the call never passed through {missing}"
     if path != "links-receive":  # arrivals interleave with the sends

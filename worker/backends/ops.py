@@ -66,6 +66,16 @@ def split(length: int, sizes: Sequence[int] | None, size: int, what: str) -> lis
     return sizes
 
 
+def _in_place(x: np.ndarray, out: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Where a call that rewrites its input writes: ``x`` itself, or ``out`` given a copy
+    of it; and that array flat."""
+    if out is None:
+        return x, flat(x, "x")
+    target = out_array(out, x.shape, x.dtype)
+    np.copyto(target, x)
+    return target, flat(target, "out")
+
+
 class AllReduce(NamedTuple):
     """``buf`` (flat) becomes its reduction over the group, in place."""
 
@@ -79,10 +89,7 @@ class AllReduce(NamedTuple):
     def of(cls, x: np.ndarray, op: ReduceOp | str, out: np.ndarray | None) -> AllReduce:
         op = op if type(op) is ReduceOp else ReduceOp(op)  # inline: the most frequent call
         check_op(op, x.dtype)
-        target = x if out is None else out_array(out, x.shape, x.dtype)
-        buf = flat(target, "x" if out is None else "out")
-        if out is not None:
-            np.copyto(target, x)
+        target, buf = _in_place(x, out)
         signature = f"all_reduce:{dtype_name(x.dtype)}:{x.size}:{op.value}"
         return cls(buf, op, target, signature, x.nbytes)
 
@@ -100,10 +107,7 @@ class Scan(NamedTuple):
     @classmethod
     def of(cls, x: np.ndarray, op: ReduceOp | str, out: np.ndarray | None) -> Scan:
         op = reduction(op, x.dtype)
-        target = x if out is None else out_array(out, x.shape, x.dtype)
-        buf = flat(target, "x" if out is None else "out")
-        if out is not None:
-            np.copyto(target, x)
+        target, buf = _in_place(x, out)
         signature = f"scan:{dtype_name(x.dtype)}:{x.size}:{op.value}"
         return cls(buf, op, target, signature, x.nbytes)
 
