@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,19 @@ def test_the_baseline_scripts_load_without_shardwire(script: str) -> None:
         check=False,
     )
     assert isolated.returncode == 0, isolated.stderr
+
+
+@pytest.mark.e2e
+def test_scan_is_timed_when_asked_and_gloo_has_no_cell_for_it(tmp_path, capsys) -> None:
+    """``--ops scan``: a real two-rank job times shardwire's scan (on the node arena);
+    torch.distributed has no scan, so its baseline script records why, not a time."""
+    out = tmp_path / "scan.json"
+    argv = ["--world", "2", "--sizes", "4K", "--ops", "scan", "--target-s", "0.2"]
+    assert collectives.main([*argv, "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["op"], row["n"], row["algorithm"]) == ("scan", 2, "arena")
+    assert row["median_us"] > 0
+    assert "| scan | 2 | 4 KiB | arena |" in capsys.readouterr().out
+    side = runpy.run_path(str(Path(collectives.__file__).with_name("c10d.py")), run_name="side")
+    with pytest.raises(RuntimeError, match="torch.distributed has no scan"):
+        side["_call"](None, None, "scan", 4096, 2)

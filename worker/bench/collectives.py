@@ -31,7 +31,15 @@ from shardwire.worker.bench import mpi as mpi_module
 from shardwire.worker.bench.jobs import run_nodes, side_python
 from shardwire.worker.bench.rawsocket import two_way_throughput
 from shardwire.worker.bench.stages import Stages
-from shardwire.worker.bench.timing import OPS, SIZES, busbw_factor, human, parse_size, summarized
+from shardwire.worker.bench.timing import (
+    MORE_OPS,
+    OPS,
+    SIZES,
+    busbw_factor,
+    human,
+    parse_size,
+    summarized,
+)
 from shardwire.worker.transport import tcptuning
 from shardwire.worker.transport.shmfiles import SHM_DIR
 
@@ -267,7 +275,12 @@ def parser() -> argparse.ArgumentParser:
         f"({' '.join(SIZES)})",
     )
     p.add_argument(
-        "--ops", nargs="+", default=OPS, choices=OPS, help="the collectives timed (all of them)"
+        "--ops",
+        nargs="+",
+        default=OPS,
+        choices=OPS + MORE_OPS,
+        help="the collectives timed (all but scan, which torch.distributed lacks: gloo's "
+        "column stays empty for it)",
     )
     p.add_argument("--target-s", type=float, default=1.0, help="seconds per cell")
     p.add_argument("--compare-gloo", action="store_true", help="also time torch's gloo")

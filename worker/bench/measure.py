@@ -41,6 +41,9 @@ def make_call(pg: sw.ProcessGroup, op: str, nbytes: int) -> Callable[[], Pending
     if op == "reduce_scatter":
         inp, out = np.ones(numel // n * n, np.float32), np.empty(numel // n, np.float32)
         return lambda: pg.reduce_scatter(inp, out=out)
+    if op == "scan":
+        x = np.zeros(numel, np.float32)
+        return lambda: pg.scan(x)
     raise InvalidArgument(f"unknown op {op!r}")
 
 

@@ -35,6 +35,9 @@ def _call(comm, op: str, nbytes: int):
     if op == "reduce_scatter":
         inp, out = np.ones(numel // n * n, np.float32), np.empty(numel // n, np.float32)
         return lambda: comm.Reduce_scatter_block(inp, out, mpi.SUM)
+    if op == "scan":
+        x, y = np.ones(numel, np.float32), np.empty(numel, np.float32)
+        return lambda: comm.Scan(x, y, mpi.SUM)
     raise SystemExit(f"{__file__}: no such op {op!r}")
 
 
