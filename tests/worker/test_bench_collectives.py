@@ -161,5 +161,5 @@ def test_scan_is_timed_when_asked_and_gloo_has_no_cell_for_it(tmp_path, capsys) 
     assert row["median_us"] > 0
     assert "| scan | 2 | 4 KiB | arena |" in capsys.readouterr().out
     side = runpy.run_path(str(Path(collectives.__file__).with_name("c10d.py")), run_name="side")
-    with pytest.raises(RuntimeError, match="torch.distributed has no scan"):
-        side["_call"](None, None, "scan", 4096, 2)
+    record = side["_cell"](None, None, "scan", 4096, n=2, target_s=0.1)
+    assert record == {"op": "scan", "n": 2, "bytes": 4096, "error": "torch.distributed has no scan"}
