@@ -410,6 +410,14 @@ class Lifecycle:
         self.parked = {}
         return [Send(c, abort) for c in conns]
 
+    def withdraw(self, worker: Worker) -> None:
+        """A worker of the forming generation disconnected: its join no longer counts."""
+        del self.joined[worker.conn]
+        self.join_index.remove(worker.join, worker.join.local_world_size)
+        asked = worker.join.requested_rank
+        if asked is not None and self.requested.get(asked) is worker:
+            del self.requested[asked]
+
     def leave(self, conn: ConnId, msg: Leave) -> list[Action]:
         worker = self.joined.get(conn)
         if worker is None or worker.state is not RankState.RUNNING:

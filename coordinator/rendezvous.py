@@ -270,11 +270,7 @@ class Rendezvous:
         if worker is None:
             return []
         if self.job.state is JobState.WAITING:
-            del self.job.joined[conn]
-            self.job.join_index.remove(worker.join, worker.join.local_world_size)
-            asked = worker.join.requested_rank
-            if asked is not None and self.job.requested.get(asked) is worker:
-                del self.job.requested[asked]
+            self.job.withdraw(worker)
             return []
         worker.connected = False
         if self.job.inquest is not None:
