@@ -16,8 +16,11 @@ $(UV):
 	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
 
 # Non-editable on purpose: tests run against the installed package layout (the wheel's).
-# Inexact: a torch installed by `make torch` stays.
+# Inexact: a torch installed by `make torch` stays. The build's own directories go first:
+# setuptools keeps build/lib between builds, so a module deleted from the tree would
+# otherwise stay in the wheel.
 sync: $(UV)
+	rm -rf build shardwire.egg-info
 	$(UV) sync --locked --inexact --no-editable --compile-bytecode --extra examples --reinstall-package shardwire --python $(PYTHON) --quiet
 
 # torch for the torch backend (the `torch` extra) and its tests, which skip without it.

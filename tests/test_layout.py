@@ -187,6 +187,23 @@ def test_installed_package_is_the_wheel_layout() -> None:
     assert installed.parent.parent.name == "shardwire"
 
 
+def test_every_installed_module_is_one_of_the_tree_s() -> None:
+    """The installed wheel holds no module the tree no longer has (a build directory
+    kept between builds would put a deleted module back: ``make sync`` removes it)."""
+    import shardwire.protocol
+
+    installed = Path(shardwire.protocol.__file__).resolve().parent.parent
+    folders = {"protocol": "protocol", "coordinator": "coordinator", "worker": "worker"}
+    folders["torch"] = "torch_bridge"
+    ghosts = []
+    for path in sorted(installed.rglob("*.py")):
+        inside = path.relative_to(installed)
+        source = ROOT / folders[inside.parts[0]] / Path(*inside.parts[1:])
+        if not source.exists():
+            ghosts.append(str(inside))
+    assert ghosts == []
+
+
 def test_no_two_public_classes_share_a_name() -> None:
     """A class's name says which class it is, wherever a reader meets it."""
     where: dict[str, list[str]] = {}
