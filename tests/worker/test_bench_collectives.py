@@ -163,3 +163,25 @@ def test_scan_is_timed_when_asked_and_gloo_has_no_cell_for_it(tmp_path, capsys) 
     side = runpy.run_path(str(Path(collectives.__file__).with_name("c10d.py")), run_name="side")
     record = side["_cell"](None, None, "scan", 4096, n=2, target_s=0.1)
     assert record == {"op": "scan", "n": 2, "bytes": 4096, "error": "torch.distributed has no scan"}
+
+
+@pytest.mark.e2e
+def test_looking_for_mpi4py_does_not_start_mpi(tmp_path, monkeypatch) -> None:
+    """Importing mpi4py.MPI starts MPI (a singleton that leaves its shared-memory segment
+    in /dev/shm): the probe for an interpreter with mpi4py turns that off first. Here an
+    mpi4py that says so stands in for it."""
+    from shardwire.worker.bench.jobs import side_python
+
+    fake = tmp_path / "mpi4py"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("class rc:\n    initialize = True\n")
+    started = tmp_path / "started"
+    (fake / "MPI.py").write_text(
+        "import mpi4py, pathlib\n"
+        f"if mpi4py.rc.initialize:\n    pathlib.Path({str(started)!r}).write_text('')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert side_python(sys.executable, "mpi-venv", collectives.MPI_PROBE) == sys.executable
+    assert not started.exists()
+    assert side_python(sys.executable, "mpi-venv", "import mpi4py.MPI") == sys.executable
+    assert started.exists()  # the plain import would have started it

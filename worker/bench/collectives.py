@@ -83,6 +83,10 @@ def _c10d_cells(n: int, config: dict, python: str, tmp: str, backend: str) -> li
     return summarized(out)
 
 
+# Whether an interpreter has mpi4py, asked without starting MPI: importing mpi4py.MPI
+# initializes it, as a singleton whose shared-memory segment stays in /dev/shm.
+MPI_PROBE = "import mpi4py; mpi4py.rc.initialize = False; import mpi4py.MPI"
+
 # Open MPI's TCP transport on loopback only: by default it also uses every other
 # interface it finds. (Its launcher runs no remote daemon with one host.)
 _MPI_LOOPBACK = ["--mca", "btl_tcp_if_include", "lo"]
@@ -362,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             print("--compare-gloo: no interpreter with torch (pip install torch)", file=sys.stderr)
             return 2
     if args.compare_mpi:
-        mpi_python = side_python(args.mpi_python, "mpi-venv", "import mpi4py.MPI")
+        mpi_python = side_python(args.mpi_python, "mpi-venv", MPI_PROBE)
         if mpi_python is None or not (Path(mpi_python).parent / "mpirun").exists():
             print(
                 "--compare-mpi: no interpreter with mpi4py and mpirun beside it "
