@@ -73,15 +73,14 @@ class LinksBackend(Backend):
         known = self._decisions.get(key)
         if known is not None and kind not in ("all_to_all", "objects", "barrier"):
             return known
-        decision = Decision(self.name, self._algorithm(op))
+        decision = Decision(self.name, self._algorithm(op, kind))
         if len(self._decisions) < 256:  # the sizes a training step uses, over and over
             self._decisions[key] = decision
         return decision
 
-    def _algorithm(self, op: Op) -> Algorithm:
+    def _algorithm(self, op: Op, kind: str) -> Algorithm:
         if self.size == 1:
             return _A.LOCAL
-        kind = ops.kind(op)
         pinned = self.pinned.get(kind)
         if pinned is not None:
             return pinned
