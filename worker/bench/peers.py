@@ -35,6 +35,7 @@ from shardwire.worker.chaos.plan import Scheduled
 REPLICA = Path(__file__).with_name("torchft_replica.py")
 TORCHFT_VENV = "torchft-venv"  # under ~/.cache: where `make torchft-venv` puts it
 POLL_S = 0.05
+ENDED_S = 15.0  # how long the end of a run waits for its processes to end
 
 
 @dataclass
@@ -183,6 +184,39 @@ def torchft_job(
     return run
 
 
+def _end_agent(agent: subprocess.Popen) -> list[int]:
+    """End torchrun's agent and its workers; return the workers it had. The agent is
+    stopped first, so that it starts no worker between the listing and its end (its
+    workers run in sessions of their own, so the agent's end would leave them running),
+    and the return waits, bounded, until every worker has ended."""
+    try:
+        os.kill(agent.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + ENDED_S
+    while agent.poll() is None and _state(agent.pid) not in ("T", "Z", "") and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    workers = _children(agent.pid)
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _end([agent])
+    while any(_state(pid) not in ("Z", "") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return workers
+
+
+def _state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc ("Z" for a zombie), "" once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -247,11 +281,6 @@ def torchrun_job(
         wall = time.monotonic() - start
         finished = agent.poll() == 0 and (work / "run" / "summary.json").exists()
     finally:
-        for pid in _children(agent.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _end([agent])
+        seen.update(_end_agent(agent))
     detail = "" if finished else (work / "torchrun.log").read_text(errors="replace")[-3000:]
     return PeerRun(wall, finished, faults, len(seen), detail=detail, pids=seen)
