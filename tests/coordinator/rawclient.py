@@ -7,6 +7,7 @@ from collections import deque
 
 from shardwire.protocol import ClientHandshake, FrameDecoder, Token, frame_message, message_bytes
 from shardwire.protocol.messages import Message
+from tests.isolation import RUN_ID
 
 
 class RawClient:
@@ -41,7 +42,7 @@ class RawClient:
         return True
 
     async def authenticate(
-        self, token: Token, *, run_id: str = "test", role: str = "worker", generation: int = 0
+        self, token: Token, *, run_id: str = RUN_ID, role: str = "worker", generation: int = 0
     ):
         shake = ClientHandshake(token, role=role, run_id=run_id, generation=generation)
         self.send(shake.hello)

@@ -9,6 +9,7 @@ import pytest
 from shardwire.coordinator.refusals import RefusalLog
 from shardwire.protocol import ClientHandshake, Token
 from shardwire.protocol.messages import Error, Join, Proof
+from tests.isolation import RUN_ID
 from tests.worker.cluster import TOKEN, coordinator
 
 from .rawclient import RawClient
@@ -40,7 +41,7 @@ def test_the_memory_of_addresses_is_bounded() -> None:
 async def _wrong_token(address) -> None:
     client = await RawClient.open(address)
     try:
-        client.send(ClientHandshake(Token("wrong"), role="worker", run_id="test").hello)
+        client.send(ClientHandshake(Token("wrong"), role="worker", run_id=RUN_ID).hello)
         await client.recv()
         client.send(Proof(proof="ab" * 32))
         assert isinstance(await client.recv(), Error)

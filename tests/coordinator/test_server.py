@@ -13,6 +13,7 @@ from shardwire.protocol import PROTOCOL_VERSION, ClientHandshake, Token
 from shardwire.protocol.frames import MAGIC, PREFIX
 from shardwire.protocol.messages import Error, Proof
 from shardwire.protocol.placement import Placement
+from tests.isolation import RUN_ID
 from tests.worker.cluster import TOKEN, coordinator
 
 from .rawclient import RawClient
@@ -45,7 +46,7 @@ async def test_256_workers_join_concurrently() -> None:
 async def test_wrong_token_admits_no_one() -> None:
     async with coordinator(1) as server:
         client = await RawClient.open(server.address)
-        shake = ClientHandshake(Token("wrong"), role="worker", run_id="test")
+        shake = ClientHandshake(Token("wrong"), role="worker", run_id=RUN_ID)
         client.send(shake.hello)
         await client.recv()  # the challenge; we cannot verify it and answer with junk
         client.send(Proof(proof="ab" * 32))
@@ -123,7 +124,7 @@ async def test_connections_over_the_unauthenticated_cap_are_closed_on_arrival() 
 
     server = CoordinatorServer(
         ServerConfig(
-            RendezvousConfig(run_id="test", world_size=1),
+            RendezvousConfig(run_id=RUN_ID, world_size=1),
             max_unauthenticated=3,
             handshake_timeout=0.5,
         ),
@@ -154,7 +155,7 @@ async def test_a_ticker_that_dies_ends_the_server_and_its_error_reaches_aclose()
     from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerConfig
 
     server = CoordinatorServer(
-        ServerConfig(RendezvousConfig(run_id="test", world_size=1), tick_interval=0.01), TOKEN
+        ServerConfig(RendezvousConfig(run_id=RUN_ID, world_size=1), tick_interval=0.01), TOKEN
     )
 
     def broken(now: float):
@@ -174,7 +175,7 @@ async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() 
     world, lws = 96, 8
     server = CoordinatorServer(
         ServerConfig(
-            RendezvousConfig(run_id="test", world_size=world),
+            RendezvousConfig(run_id=RUN_ID, world_size=world),
             max_unauthenticated=4,
             handshake_timeout=1.0,
         ),
@@ -184,7 +185,7 @@ async def test_a_burst_of_workers_over_the_handshake_cap_all_join_by_retrying() 
     # every slot held by a silent client until its handshake deadline: every first
     # attempt of the burst is told "busy"
     idle = [await RawClient.open(server.address) for _ in range(4)]
-    clients = [ControlClient(token=TOKEN, run_id="test", role="worker") for _ in range(world)]
+    clients = [ControlClient(token=TOKEN, run_id=RUN_ID, role="worker") for _ in range(world)]
 
     async def one(i: int) -> Placement:
         await clients[i].connect(*server.address, timeout=60)
@@ -225,7 +226,7 @@ async def test_one_message_sent_to_many_is_encoded_once(monkeypatch) -> None:
         def close(self) -> None:
             self.closed = True
 
-    server = CoordinatorServer(ServerConfig(RendezvousConfig(run_id="test", world_size=1)), TOKEN)
+    server = CoordinatorServer(ServerConfig(RendezvousConfig(run_id=RUN_ID, world_size=1)), TOKEN)
     transports = [Transport() for _ in range(1000)]
     ids = []
     for transport in transports:
@@ -273,7 +274,7 @@ async def test_status_of_a_job_too_large_for_one_frame_comes_page_by_page() -> N
         assert len(message_bytes(server.rendezvous.status(0.0, 0, STATUS_PAGE))) < MAX_META_BYTES
         with pytest.raises(ValidationError, match="limit\n  Input should be less than or equal to"):
             StatusRequest(limit=STATUS_PAGE + 1)
-        monitor = ControlClient(token=TOKEN, run_id="test", role="client")
+        monitor = ControlClient(token=TOKEN, run_id=RUN_ID, role="client")
         try:
             await monitor.connect(*server.address, timeout=30)
             reply = await monitor.status(timeout=30)

@@ -11,6 +11,7 @@ from shardwire.coordinator import CoordinatorServer, RendezvousConfig, ServerCon
 from shardwire.coordinator.http import StatusHTTP
 from shardwire.protocol import Token
 from shardwire.worker import WorkerConfig
+from tests.isolation import RUN_ID
 
 TOKEN = Token("cluster-token")
 
@@ -19,7 +20,7 @@ TOKEN = Token("cluster-token")
 async def coordinator(
     world_size: int | None = None,
     *,
-    run_id: str = "test",
+    run_id: str = RUN_ID,
     token: Token = TOKEN,
     heartbeat_timeout: float = 5.0,
     join_timeout: float = 30.0,
@@ -61,7 +62,7 @@ def worker_config(
         world_size=world_size,
         local_rank=local_rank,
         local_world_size=world_size,
-        run_id="test",
+        run_id=RUN_ID,
         token=TOKEN,
         node_id="node-a",
         join_timeout=20.0,

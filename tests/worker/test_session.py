@@ -22,6 +22,7 @@ from shardwire.protocol import (
 )
 from shardwire.worker import WorkerConfig, init
 from shardwire.worker.transport import TcpMesh
+from tests.isolation import RUN_ID
 
 from .cluster import coordinator, worker_config
 
@@ -232,7 +233,7 @@ async def test_status_shows_each_rank_and_its_progress() -> None:
             reply = await fetch(
                 StatusSettings(
                     coordinator="{}:{}".format(*server.address),
-                    run_id="test",
+                    run_id=RUN_ID,
                     token="cluster-token",
                     status_timeout=5,
                 )
@@ -245,7 +246,7 @@ async def test_status_shows_each_rank_and_its_progress() -> None:
     assert reply.state == "running" and reply.world_size == 2
     assert sorted((r.rank, r.step, r.samples_per_s) for r in reply.ranks) == want
     text = render(reply)
-    assert "run 'test': running, world size 2" in text and "node-a" in text
+    assert f"run '{RUN_ID}': running, world size 2" in text and "node-a" in text
 
 
 async def test_heartbeat_interval_sets_how_often_the_coordinator_hears() -> None:

@@ -194,8 +194,8 @@ def _end_agent(agent: subprocess.Popen) -> list[int]:
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + ENDED_S
-    while agent.poll() is None and _state(agent.pid) not in ("T", "Z", "") and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+    while _state(agent.pid) not in ("T", "Z", "") and time.monotonic() < deadline:
+        time.sleep(POLL_S)  # until it has stopped (or ended)
     workers = _children(agent.pid)
     for pid in workers:
         try:

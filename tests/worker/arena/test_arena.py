@@ -21,11 +21,12 @@ from shardwire.worker.backends.arena import EXPRESS_BYTES
 from shardwire.worker.backends.gate import GateState
 from shardwire.worker.collectives import Group, ReduceOp
 from shardwire.worker.transport.shmfiles import run_prefix, segment_names
+from tests.isolation import RUN_ID
 from tests.worker.collectives.worlds import groups_over, on_all
 from tests.worker.transport.fabric import tcp_world
 
 
-def mapped(run_id: str = "test") -> list[str]:
+def mapped(run_id: str = RUN_ID) -> list[str]:
     prefix = run_prefix(run_id)
     return [line for line in Path("/proc/self/maps").read_text().splitlines() if prefix in line]
 
@@ -33,7 +34,7 @@ def mapped(run_id: str = "test") -> list[str]:
 @pytest.fixture(autouse=True)
 def _nothing_left():
     yield
-    assert segment_names("test") == []
+    assert segment_names(RUN_ID) == []
     assert mapped() == []
 
 
@@ -83,7 +84,7 @@ async def test_collectives_run_on_the_arena_and_match_numpy_across_chunks(n: int
         engine = groups[0].backend.gate.arena.engine
         assert groups[0].backend.gate.state is GateState.OPEN
         assert engine.inline_runs + engine.thread_runs >= 5 * 5 + 2
-        assert segment_names("test") == []  # the name went once every rank had attached
+        assert segment_names(RUN_ID) == []  # the name went once every rank had attached
         assert len(mapped()) == n  # one region, mapped once by each rank
 
 

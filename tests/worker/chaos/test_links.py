@@ -9,9 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from shardwire.protocol import IntegrityError, PeerFailed, Tag
+from shardwire.protocol import IntegrityError, PeerFailed, Tag, Token
 from shardwire.worker.chaos.links import LinkFaults
 from shardwire.worker.chaos.plan import Fault
+from shardwire.worker.transport import MeshConfig, TcpMesh
+from tests.isolation import RUN_ID
 from tests.worker.transport.fabric import memory_world, tcp_world
 
 TAG = Tag(0, 1, 0)
@@ -97,9 +99,10 @@ def test_shm_fill_fills_to_the_percent_with_a_file_of_the_run() -> None:
     total = stats.f_blocks * stats.f_frsize
     used = total - stats.f_bavail * stats.f_frsize
     target = min(99.0, 100 * used / total + 0.5)  # half a percent more than now
-    before = set(segment_names("shardwire"))
-    taken = fill_shm(None, target)  # type: ignore[arg-type]
-    (made,) = set(segment_names("shardwire")) - before
+    run = TcpMesh(MeshConfig(run_id=RUN_ID, token=Token("t")))  # only its run id is read
+    before = set(segment_names(RUN_ID))
+    taken = fill_shm(run, target)
+    (made,) = set(segment_names(RUN_ID)) - before
     try:
         assert made.stat().st_size == taken > 0
         assert abs(taken - (total * target / 100 - used)) < total / 100

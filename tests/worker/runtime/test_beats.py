@@ -15,6 +15,7 @@ from shardwire.protocol.messages import Join, NodeJoin
 from shardwire.worker.runtime.beats import BeatRelay, NodeBeats
 from shardwire.worker.runtime.control import ControlClient
 from tests.coordinator.rawclient import RawClient
+from tests.isolation import RUN_ID
 from tests.waiting import until as _until
 from tests.worker.cluster import TOKEN, coordinator
 
@@ -101,7 +102,7 @@ async def test_a_job_beats_through_its_agents_and_quiet_workers_are_not_closed()
         agents, workers, nodes, assigned = [], [], [], []
         try:
             for name in ("a", "b"):
-                agent = ControlClient(token=TOKEN, run_id="test", role="agent")
+                agent = ControlClient(token=TOKEN, run_id=RUN_ID, role="agent")
                 await agent.connect(host, port, timeout=10)
                 nodes.append(NodeBeats(agent.send, interval=0.2))
                 agents.append((agent, await nodes[-1].start()))
@@ -110,7 +111,7 @@ async def test_a_job_beats_through_its_agents_and_quiet_workers_are_not_closed()
             assert [a.node_rank for a in await asyncio.gather(*assigned)] == [0, 1]
             joins = []
             for rank in range(4):  # as a worker under an agent: beats relayed from the start
-                client = ControlClient(token=TOKEN, run_id="test", role="worker")
+                client = ControlClient(token=TOKEN, run_id=RUN_ID, role="worker")
                 await client.connect(host, port, timeout=10)
                 path = agents[rank // 2][1]
                 client.relay(await BeatRelay.open(path, rank, 1, timeout=10))

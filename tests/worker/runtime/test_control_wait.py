@@ -11,6 +11,7 @@ import pytest
 
 from shardwire.protocol import Token
 from shardwire.worker.runtime.control import ControlClient, CoordinatorUnreachable
+from tests.isolation import RUN_ID
 
 
 def _refused_port() -> int:
@@ -21,7 +22,7 @@ def _refused_port() -> int:
 
 async def test_retries_to_a_refused_address_are_said_and_end_with_one_error(caplog) -> None:
     port = _refused_port()
-    client = ControlClient(token=Token("t"), run_id="test", role="worker")
+    client = ControlClient(token=Token("t"), run_id=RUN_ID, role="worker")
     caplog.set_level(logging.WARNING, logger="shardwire.worker")
     try:
         with pytest.raises(CoordinatorUnreachable, match=f"at 127.0.0.1:{port} within 1.5 s"):
@@ -37,7 +38,7 @@ async def test_retries_to_a_refused_address_are_said_and_end_with_one_error(capl
 
 async def test_a_prompt_answer_is_not_announced(caplog) -> None:
     port = _refused_port()
-    client = ControlClient(token=Token("t"), run_id="test", role="worker")
+    client = ControlClient(token=Token("t"), run_id=RUN_ID, role="worker")
     caplog.set_level(logging.WARNING, logger="shardwire.worker")
     try:
         with pytest.raises(CoordinatorUnreachable):
@@ -51,7 +52,7 @@ async def test_a_coordinator_that_accepts_but_never_answers_is_waited_for_aloud(
     # as an attempt that hangs (a firewall dropping the port answers nothing at all)
     server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = ControlClient(token=Token("t"), run_id="test", role="agent")
+    client = ControlClient(token=Token("t"), run_id=RUN_ID, role="agent")
     caplog.set_level(logging.WARNING, logger="shardwire.worker")
     try:
         with pytest.raises(CoordinatorUnreachable, match="no answer yet"):
@@ -73,7 +74,7 @@ async def test_a_job_that_does_not_form_is_waited_for_aloud(caplog) -> None:
     caplog.set_level(logging.WARNING, logger="shardwire.worker")
     async with coordinator(2) as server:  # a job of two; only one process joins
         host, port = server.address
-        client = ControlClient(token=TOKEN, run_id="test", role="worker")
+        client = ControlClient(token=TOKEN, run_id=RUN_ID, role="worker")
         try:
             await client.connect(host, port, timeout=10)
             join = Join(

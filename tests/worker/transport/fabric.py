@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import AsyncIterator
 
@@ -12,14 +13,19 @@ import pytest
 from shardwire.protocol import Token
 from shardwire.protocol.placement import Placement
 from shardwire.worker.transport import AddressBook, MemoryHub, MeshConfig, TcpMesh, Transport
+from tests.isolation import RUN_ID
 
 TOKEN = Token("test-token")
 
 
 def free_port_range(count: int) -> tuple[int, int]:
     """``count`` consecutive ports nothing listens on, below the kernel's ephemeral range
-    (so no connection of another test lands on them meanwhile)."""
-    for low in range(21000, 29000, 97):
+    (so no connection of another test lands on them meanwhile). Each test process starts
+    its search at a place of its own, so that two processes probing at once do not both
+    take the first free range."""
+    lows = list(range(21000, 29000, 97))
+    start = os.getpid() % len(lows)
+    for low in lows[start:] + lows[:start]:
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(low, low + count):
@@ -95,7 +101,7 @@ async def tcp_world(
 ) -> AsyncIterator[list[TcpMesh]]:
     meshes = [
         TcpMesh(
-            MeshConfig(run_id="test", token=token, shm=shm, **config),  # type: ignore[arg-type]
+            MeshConfig(run_id=RUN_ID, token=token, shm=shm, **config),  # type: ignore[arg-type]
             timeout=timeout,
             max_early_bytes=max_early_bytes,
         )

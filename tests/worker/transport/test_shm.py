@@ -15,11 +15,12 @@ import pytest
 from shardwire.protocol import FrameKind, PeerFailed, ProtocolError, Tag, encode_head
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.shmlink import CHUNK_KEY, CREDIT_KEY, SHM_KEY, SHM_MIN_BYTES
+from tests.isolation import RUN_ID
 
 from .fabric import mixed_world, shm_world, tcp_world
 
 
-def mapped_segments(run_id: str = "test") -> list[str]:
+def mapped_segments(run_id: str = RUN_ID) -> list[str]:
     prefix = shm.run_prefix(run_id)
     return [line for line in Path("/proc/self/maps").read_text().splitlines() if prefix in line]
 
@@ -36,7 +37,7 @@ async def touch(meshes, nbytes: int = SHM_MIN_BYTES) -> None:
 @pytest.fixture(autouse=True)
 def _no_segments_left():
     yield
-    assert shm.segment_names("test") == []
+    assert shm.segment_names(RUN_ID) == []
     assert mapped_segments() == []
 
 
@@ -48,7 +49,7 @@ async def test_same_node_pairs_send_through_shared_memory_byte_exact() -> None:
         assert mapped_segments() == []
         await touch(meshes)  # every direction offers at once: answers never queue behind
         assert [m.shm_peers() for m in meshes] == [[1, 2], [0, 2], [0, 1]]
-        assert shm.segment_names("test") == []  # names dropped once attached
+        assert shm.segment_names(RUN_ID) == []  # names dropped once attached
         assert len(mapped_segments()) == 6 * 2  # each direction, mapped at both ends
         rng = np.random.default_rng(0)
         sizes = [1, SHM_MIN_BYTES - 1, SHM_MIN_BYTES, (5 << 20) + 12345, 64 << 10]
@@ -138,7 +139,7 @@ def test_attach_refuses_a_foreign_name_a_wrong_nonce_and_an_open_mode(tmp_path: 
 
 
 def test_slots_and_lengths_are_checked() -> None:
-    segment, _ = shm.Segment.create("test", 2, 4096)
+    segment, _ = shm.Segment.create(RUN_ID, 2, 4096)
     try:
         segment.unlink()
         assert len(segment.slot(1, 4096)) == 4096
