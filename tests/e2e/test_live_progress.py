@@ -14,7 +14,7 @@ import pytest
 
 from .cli import ROOT, SHARDWIRE, env
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]  # the job is the test; its loop is not
 STEPS = 100_000  # the only log point is the last step, which the test never waits for
 
 

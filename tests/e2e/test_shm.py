@@ -30,6 +30,7 @@ def _segments_mapped(pid: int) -> int:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.one_loop  # the job is the test; its loop is not
 async def test_sigkill_during_a_large_shared_memory_all_reduce() -> None:
     # 4 Mi float64 = 32 MiB per all_reduce: every step moves many 1 MiB slots.
     async with job(3, STEPS="100000", SIZE=str(4 << 20)) as j:
@@ -54,6 +55,7 @@ async def test_sigkill_during_a_large_shared_memory_all_reduce() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.one_loop  # the job is the test; its loop is not
 async def test_a_creator_killed_before_the_others_attach_leaves_no_name_without_an_agent():
     # Rank 1 blocks its event loop before the first collective, so the region rank 0
     # offers for the world group waits, named, for its attach; rank 0 dies right then.
@@ -72,6 +74,7 @@ async def test_a_creator_killed_before_the_others_attach_leaves_no_name_without_
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.one_loop  # the job is the test; its loop is not
 async def test_transport_tcp_keeps_every_byte_on_the_connections() -> None:
     async with job(2, STEPS="100000", SIZE=str(1 << 20), SHARDWIRE_TRANSPORT="tcp") as j:
         await j.workers[0].line(r"^step 2 ", timeout=120)

@@ -15,7 +15,7 @@ from tests.docblocks import block
 from .faults import job
 from .pageruns import assert_shows, run_page_command
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]  # the job is the test; its loop is not
 
 
 def _get(url: str) -> str:

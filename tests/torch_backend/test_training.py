@@ -6,6 +6,8 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
 
+from pathlib import Path  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from .spawn import PROGS, launch, run_ranks  # noqa: E402
@@ -13,11 +15,29 @@ from .spawn import PROGS, launch, run_ranks  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-def _train(n: int, backend: str, mode: str, tmp_path) -> dict[str, np.ndarray]:
-    out = tmp_path / f"{backend}-{mode}-{n}.npz"
-    run_ranks(n, "train.py", backend, mode, str(out), tmp=tmp_path / backend).check()
-    with np.load(out) as saved:
-        return dict(saved)
+class Runs:
+    """Each run of ``train.py`` (deterministic: same ranks, backend and mode, same
+    result) made once for the module; the tests that compare a run read the one copy."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: dict[tuple[int, str, str], dict[str, np.ndarray]] = {}
+
+    def __call__(self, n: int, backend: str, mode: str) -> dict[str, np.ndarray]:
+        key = (n, backend, mode)
+        if key not in self.made:
+            work = self.root / f"{backend}-{mode}-{n}"
+            work.mkdir()
+            out = work / "result.npz"
+            run_ranks(n, "train.py", backend, mode, str(out), tmp=work).check()
+            with np.load(out) as saved:
+                self.made[key] = dict(saved)
+        return self.made[key]
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("train"))
 
 
 def _same_run(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
@@ -30,60 +50,52 @@ def _same_run(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
     ("n", "mode"),
     [(2, "ddp"), (2, "fsdp"), (2, "fsdp-keep"), (2, "fsdp-mixed"), (4, "ddp"), (4, "fsdp")],
 )
-def test_training_matches_gloo(n, mode, tmp_path):
-    for sub in ("gloo", "shardwire"):
-        (tmp_path / sub).mkdir()
-    theirs = _train(n, "gloo", mode, tmp_path)
-    ours = _train(n, "shardwire", mode, tmp_path)
+def test_training_matches_gloo(n, mode, train):
+    theirs = train(n, "gloo", mode)
+    ours = train(n, "shardwire", mode)
     _same_run(theirs, ours)
 
 
-def test_torch_diloco_syncing_every_step_with_outer_sgd_of_rate_one_is_ddp(tmp_path):
-    (tmp_path / "gloo").mkdir()
-    (tmp_path / "shardwire").mkdir()
-    ddp = _train(2, "gloo", "ddp-sgd", tmp_path)  # gloo's DDP with SGD: the oracle
-    diloco = _train(2, "shardwire", "diloco-sgd", tmp_path)
+def test_torch_diloco_syncing_every_step_with_outer_sgd_of_rate_one_is_ddp(train):
+    ddp = train(2, "gloo", "ddp-sgd")  # gloo's DDP with SGD: the oracle
+    diloco = train(2, "shardwire", "diloco-sgd")
     _same_run(ddp, diloco)
 
 
-def test_torch_diloco_with_int8_syncs_leaves_the_replicas_alike(tmp_path):
-    (tmp_path / "shardwire").mkdir()
-    quantized = _train(2, "shardwire", "diloco", tmp_path)  # the program checks alikeness
-    plain = _train(2, "shardwire", "diloco-sgd", tmp_path)
+def test_torch_diloco_with_int8_syncs_leaves_the_replicas_alike(train):
+    quantized = train(2, "shardwire", "diloco")  # the program checks alikeness
+    plain = train(2, "shardwire", "diloco-sgd")
     assert np.all(np.isfinite(quantized["losses"]))
     assert not np.allclose(quantized["losses"], plain["losses"])
 
 
-def test_torch_diloco_over_fsdp2_shards_trains_as_over_whole_replicas(tmp_path):
+def test_torch_diloco_over_fsdp2_shards_trains_as_over_whole_replicas(train):
     """2 replicas of 2 ranks: FSDP2 inside each replica (DiLoCo's outer step over each
     rank's local shard, with the same shard of the other replica) ends with the
     parameters of DDP inside each (whole parameters), bit for bit; with int8 outer
     syncs the blocks quantized differ (a shard's blocks, not the whole parameter's), so
     the runs agree to int8's error only."""
-    (tmp_path / "shardwire").mkdir()
-    runs = {m: _train(4, "shardwire", m, tmp_path) for m in ("diloco-ddp", "diloco-fsdp")}
+    runs = {m: train(4, "shardwire", m) for m in ("diloco-ddp", "diloco-fsdp")}
     whole, sharded = runs["diloco-ddp"], runs["diloco-fsdp"]
     assert sorted(whole) == sorted(sharded)
     for name, value in whole.items():
         np.testing.assert_array_equal(value, sharded[name], err_msg=name)
-    int8 = _train(4, "shardwire", "diloco-fsdp-int8", tmp_path)
+    int8 = train(4, "shardwire", "diloco-fsdp-int8")
     assert not np.array_equal(int8["losses"], sharded["losses"])  # the option reached it
     for name, value in whole.items():
         if name != "losses":
             np.testing.assert_allclose(int8[name], value, atol=2e-3, err_msg=name)
 
 
-def test_mixed_precision_changes_the_run(tmp_path):
+def test_mixed_precision_changes_the_run(train):
     """bf16 parameters really went through the backend: the run differs from fp32's."""
-    (tmp_path / "shardwire").mkdir()
-    full = _train(2, "shardwire", "fsdp", tmp_path)
-    mixed = _train(2, "shardwire", "fsdp-mixed", tmp_path)
+    full = train(2, "shardwire", "fsdp")
+    mixed = train(2, "shardwire", "fsdp-mixed")
     assert not np.allclose(full["losses"], mixed["losses"], rtol=1e-7, atol=0)
 
 
-def test_fsdp_under_shardwire_launch_matches_gloo(tmp_path):
-    (tmp_path / "gloo").mkdir()
-    theirs = _train(2, "gloo", "fsdp", tmp_path)
+def test_fsdp_under_shardwire_launch_matches_gloo(train, tmp_path):
+    theirs = train(2, "gloo", "fsdp")
     out = tmp_path / "launched.npz"
     done = launch("--nproc-per-node", "2", str(PROGS / "train.py"), "shardwire", "fsdp", str(out))
     assert done.returncode == 0, done.stderr[-4000:]
