@@ -31,6 +31,7 @@ from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import side_python
 from shardwire.worker.bench.torchrun import clean_env, free_port
 from shardwire.worker.chaos.plan import Scheduled
+from shardwire.worker.launcher.supervisor import process_state
 
 REPLICA = Path(__file__).with_name("torchft_replica.py")
 TORCHFT_VENV = "torchft-venv"  # under ~/.cache: where `make torchft-venv` puts it
@@ -194,7 +195,7 @@ def _end_agent(agent: subprocess.Popen) -> list[int]:
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + ENDED_S
-    while _state(agent.pid) not in ("T", "Z", "") and time.monotonic() < deadline:
+    while process_state(agent.pid) not in ("T", "Z", "") and time.monotonic() < deadline:
         time.sleep(POLL_S)  # until it has stopped (or ended)
     workers = _children(agent.pid)
     for pid in workers:
@@ -203,18 +204,11 @@ def _end_agent(agent: subprocess.Popen) -> list[int]:
         except ProcessLookupError:
             pass
     _end([agent])
-    while any(_state(pid) not in ("Z", "") for pid in workers) and time.monotonic() < deadline:
+    running = [pid for pid in workers if process_state(pid) not in ("Z", "")]
+    while running and time.monotonic() < deadline:
         time.sleep(POLL_S)
+        running = [pid for pid in running if process_state(pid) not in ("Z", "")]
     return workers
-
-
-def _state(pid: int) -> str:
-    """The state letter of ``pid`` in /proc ("Z" for a zombie), "" once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def _children(pid: int) -> list[int]:

@@ -368,13 +368,19 @@ class Supervisor:
                 await self.stop()
 
 
-def _is_stopped(pid: int) -> bool:
-    """Whether a process is stopped (state T in /proc; False where there is no /proc)."""
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc ("T" stopped, "Z" a zombie), "" once it is
+    gone or where there is no /proc."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+            return fh.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return ""
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether a process is stopped (False where there is no /proc)."""
+    return process_state(pid) in ("T", "t")
 
 
 def _script(launch: Launch) -> list[str]:
