@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 TEST_PROCESSES ?= auto
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test check lint validate bench sync torch torchft-venv docs docs-serve clean
+.PHONY: run test check lint validate bench sync torch ray torchft-venv docs docs-serve clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -30,6 +30,11 @@ sync: $(UV)
 TORCH_SPEC ?= torch==2.13.0
 torch: sync
 	$(TOOLS)/bin/pip --python $(RUN)/python install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+
+# Ray for `shardwire ray` and `shardwire.ray` (the `ray` extra) and their tests, which
+# skip without it; pip, as for torch, so the same configuration applies.
+ray: sync
+	$(TOOLS)/bin/pip --python $(RUN)/python install --quiet --disable-pip-version-check "ray>=2.60"
 
 # An interpreter beside the project's for `bench goodput --compare-torchft`: torch's CPU
 # build, torchft and this checkout (torchft is never a dependency of the package).
@@ -57,7 +62,7 @@ check: lint
 lint: sync
 	$(RUN)/ruff check .
 	$(RUN)/ruff format --check .
-	$(RUN)/mypy -p shardwire.protocol -p shardwire.coordinator -p shardwire.worker -p shardwire.torch
+	$(RUN)/mypy -p shardwire.protocol -p shardwire.coordinator -p shardwire.worker -p shardwire.torch -p shardwire.ray
 
 # Dockerfile and compose file, checked without a Docker engine.
 validate:

@@ -22,7 +22,7 @@ from pathlib import Path
 from .docblocks import blocks
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ["protocol", "coordinator", "worker", "torch_bridge"]
+PACKAGE = ["protocol", "coordinator", "worker", "torch_bridge", "ray_bridge"]
 EXAMPLES = ROOT / "examples"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 _GENERATED = re.compile(r"<!-- generated: [\w-]+ -->\n.*?<!-- end generated -->", re.S)
@@ -319,6 +319,7 @@ def variable_defaults() -> dict[str, list[object]]:
 def _module(path: Path) -> str:
     tops = {"protocol": "protocol", "coordinator": "coordinator", "worker": "worker"}
     tops["torch_bridge"] = "torch"
+    tops["ray_bridge"] = "ray"
     parts = path.relative_to(ROOT).with_suffix("").parts
     parts = parts[:-1] if parts[-1] == "__init__" else parts
     return ".".join(["shardwire", tops[parts[0]], *parts[1:]])

@@ -18,7 +18,7 @@ from .docblocks import block, blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
-PACKAGE = ["worker", "coordinator", "protocol", "torch_bridge"]
+PACKAGE = ["worker", "coordinator", "protocol", "torch_bridge", "ray_bridge"]
 
 
 @pytest.mark.e2e

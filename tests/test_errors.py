@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 from pathlib import Path
@@ -17,7 +18,7 @@ import shardwire
 from shardwire.protocol import InvalidArgument, InvalidState, InvalidType, ShardwireError
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["protocol", "coordinator", "worker", "torch_bridge"]
+SOURCES = ["protocol", "coordinator", "worker", "torch_bridge", "ray_bridge"]
 # Builtins the package may still raise, and why.
 ALLOWED = {
     "NotImplementedError",  # abstract methods a subclass overrides
@@ -66,6 +67,8 @@ def _modules() -> list[str]:
     for info in pkgutil.walk_packages(shardwire.__path__, "shardwire."):
         if info.name.startswith("shardwire.torch") or info.name.endswith("__main__"):
             continue  # the torch backend needs torch; its errors are checked below by source
+        if info.name.startswith("shardwire.ray") and importlib.util.find_spec("ray") is None:
+            continue  # jobs on Ray need the ray extra
         if info.name == "shardwire.worker.bench.torchft_replica":
             continue  # a script run by an interpreter with torchft, which defines no error
         names.append(info.name)

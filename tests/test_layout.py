@@ -14,6 +14,7 @@ TOP = {
     "coordinator": "shardwire.coordinator",
     "worker": "shardwire.worker",
     "torch_bridge": "shardwire.torch",
+    "ray_bridge": "shardwire.ray",
 }
 
 # (folder, banned module prefixes)
@@ -25,6 +26,8 @@ RULES = [
     ("coordinator", ["shardwire.worker"]),
     ("worker", ["shardwire.coordinator"]),
     ("torch_bridge", ["shardwire.coordinator"]),
+    # the job's coordinator runs as a process of its own: the driver never imports it
+    ("ray_bridge", ["shardwire.coordinator", "shardwire.torch"]),
     (
         "worker/collectives",
         [
@@ -195,6 +198,7 @@ def test_every_installed_module_is_one_of_the_tree_s() -> None:
     installed = Path(shardwire.protocol.__file__).resolve().parent.parent
     folders = {"protocol": "protocol", "coordinator": "coordinator", "worker": "worker"}
     folders["torch"] = "torch_bridge"
+    folders["ray"] = "ray_bridge"
     ghosts = []
     for path in sorted(installed.rglob("*.py")):
         inside = path.relative_to(installed)
@@ -207,7 +211,7 @@ def test_every_installed_module_is_one_of_the_tree_s() -> None:
 def test_no_two_public_classes_share_a_name() -> None:
     """A class's name says which class it is, wherever a reader meets it."""
     where: dict[str, list[str]] = {}
-    for folder in ("protocol", "coordinator", "worker", "torch_bridge"):
+    for folder in ("protocol", "coordinator", "worker", "torch_bridge", "ray_bridge"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):

@@ -106,9 +106,14 @@ def _card(run_id: str, address: tuple[str, int], token: str) -> Iterator[None]:
 def worker_env(
     settings: LaunchSettings, address: tuple[str, int], env: dict[str, str]
 ) -> dict[str, str]:
+    """A worker process's environment: this process's, ``env``, and the job's."""
+    return {**os.environ, **env, **job_env(settings, address)}
+
+
+def job_env(settings: LaunchSettings, address: tuple[str, int]) -> dict[str, str]:
+    """The variables that tell a rank's session which job it joins, at ``address`` (the
+    coordinator), and how (every rank's the same)."""
     child_env = {
-        **os.environ,
-        **env,
         "MASTER_ADDR": address[0],
         "MASTER_PORT": str(address[1]),
         "SHARDWIRE_RUN_ID": settings.run_id,

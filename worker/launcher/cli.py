@@ -35,6 +35,7 @@ TOOLS: dict[str, tuple[str, str]] = {
         "run a job with a fault plan and say what each fault cost it",
     ),
     "trace": ("shardwire.worker.observe.trace", "merge a traced job's timelines into one file"),
+    "ray": ("shardwire.ray.command", "run a job's ranks as actors on a Ray cluster"),
     "kubernetes": (
         "shardwire.worker.launcher.kubernetes",
         "render Kubernetes manifests for a job of N nodes",

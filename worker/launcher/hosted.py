@@ -19,9 +19,12 @@ from shardwire.worker.launcher.options import LaunchSettings
 _COORDINATOR_START_TIMEOUT = 30.0
 
 
-def coordinator_command(settings: LaunchSettings, *, serve: bool = False) -> list[str]:
+def coordinator_command(
+    settings: LaunchSettings, *, serve: bool = False, host: str = "127.0.0.1"
+) -> list[str]:
     """The command line of the coordinator this node starts: with ``serve``, the job's
-    (every address, ``--coordinator``'s port, every node); else the standalone one."""
+    (every address, ``--coordinator``'s port, every node); else one for this node's
+    ``--nproc-per-node`` ranks on ``host``, any port."""
     if serve:
         low, high = settings.node_range
         _, port = settings.coordinator_address()
@@ -32,7 +35,7 @@ def coordinator_command(settings: LaunchSettings, *, serve: bool = False) -> lis
             else ["--nnodes", settings.nnodes]
         )
     else:
-        where = ["--host", "127.0.0.1", "--port", "0"]
+        where = ["--host", host, "--port", "0"]
         size = ["--world-size", str(settings.nproc_per_node)]
     return [
         sys.executable,
