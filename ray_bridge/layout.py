@@ -88,6 +88,14 @@ class RankLayout:
                 f"no node holds one bundle of {_spelled(bundle)} "
                 f"({self.workers_per_node} ranks of {_spelled(self.per_worker())})"
             )
+        if self.strategy == "STRICT_PACK" and not any(
+            all(has.get(name, 0.0) >= amount for name, amount in whole.items())
+            for has in nodes.values()
+        ):
+            return (
+                f"STRICT_PACK puts all {self.nodes} bundles on one node; "
+                f"none holds {_spelled(whole)}"
+            )
         if self.strategy == "STRICT_SPREAD" and len(fits) < self.nodes:
             return (
                 f"STRICT_SPREAD puts each of {self.nodes} bundles on its own node; "

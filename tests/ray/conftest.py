@@ -1,5 +1,6 @@
 """A real Ray cluster on this machine for the tests of jobs on Ray: a head node with no
-CPUs (the driver's) and worker nodes of 2 CPUs each, every one on 127.0.0.1."""
+CPUs (the driver's) and worker nodes of 2 CPUs and 2 ``trainer`` (a custom resource)
+each, every one on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ class LocalCluster:
         return self.cluster.address
 
     def add(self):
-        return self.cluster.add_node(num_cpus=NODE_CPUS, node_ip_address="127.0.0.1")
+        return self.cluster.add_node(
+            num_cpus=NODE_CPUS, resources={"trainer": NODE_CPUS}, node_ip_address="127.0.0.1"
+        )
 
     def remove(self, node) -> None:
         self.cluster.remove_node(node)

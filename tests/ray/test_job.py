@@ -5,9 +5,11 @@ ranks keep their processes; and what cannot run is refused with a typed error.""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -213,6 +215,15 @@ def test_too_few_cpus_for_the_ranks_is_refused_typed(ray_cluster: LocalCluster, 
     assert "8 ranks, 2 per node, cannot be placed: the cluster has CPU 4 of 8" in done.stderr
 
 
+def test_a_strategy_the_cluster_cannot_meet_is_refused_typed(
+    ray_cluster: LocalCluster, tmp_path
+) -> None:
+    flags = [*SPREAD, "--strategy", "STRICT_PACK"]
+    done = _job(_ray(ray_cluster, *flags, script=DIGITS, run=tmp_path))
+    assert done.returncode == 1
+    assert "STRICT_PACK puts all 2 bundles on one node; none holds 4 CPU" in done.stderr
+
+
 def test_a_script_the_nodes_cannot_see_is_refused_naming_the_rank(
     ray_cluster: LocalCluster, tmp_path
 ) -> None:
@@ -241,3 +252,39 @@ def test_the_clusters_page_command_runs_as_written(ray_cluster: LocalCluster, tm
     assert done.returncode == 0, done.stderr[-3000:]
     assert "4 ranks on 2 node(s), 0 rank(s) started again" in done.stderr
     assert "step 200/200" in done.stdout
+
+
+def _driver(cluster: LocalCluster, case: str) -> dict:
+    done = _job(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "scripts" / "driver.py"),
+            cluster.address,
+            case,
+        ]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_function_runs_on_every_rank_and_rank_0_s_result_comes_back(
+    ray_cluster: LocalCluster,
+) -> None:
+    out = _driver(ray_cluster, "function")["result"]
+    assert out["sum"] == 2.0 * (0 + 1 + 2 + 3) and out["rank"] == 0
+    assert out["run_id"] == "fn-job"
+    assert out["node"].startswith("ray-") and out["node"].endswith("-0")
+
+
+def test_custom_resources_are_asked_per_rank(ray_cluster: LocalCluster) -> None:
+    out = _driver(ray_cluster, "too-much-of-a-resource")
+    assert out["error"] == "PlacementUnavailable"
+    assert "the cluster has trainer 4 of 8 the job needs" in out["message"]
+
+
+def test_a_placement_held_by_other_work_gives_up_after_the_placement_timeout(
+    ray_cluster: LocalCluster,
+) -> None:
+    out = _driver(ray_cluster, "held-elsewhere")
+    assert out["error"] == "PlacementUnavailable"
+    assert "within 3 s (other work holds the resources?)" in out["message"]

@@ -51,6 +51,9 @@ def test_the_shortfall_names_what_the_cluster_lacks() -> None:
     assert spread.shortfall({"a": {"CPU": 2.0}}) == (
         "STRICT_SPREAD puts each of 2 bundles on its own node; 1 node(s) hold one of 1 CPU"
     )
+    packed = RankLayout(4, 2, strategy="STRICT_PACK")
+    assert packed.shortfall(NODES) == "STRICT_PACK puts all 2 bundles on one node; none holds 4 CPU"
+    assert RankLayout(2, 1, strategy="STRICT_PACK").shortfall(NODES) is None
     custom = RankLayout(2, 1, resources_per_worker={"trainer": 1})
     assert custom.shortfall(NODES) == "the cluster has trainer 0 of 2 the job needs"
 
