@@ -34,7 +34,7 @@ torch: sync
 # Ray for `shardwire ray` and `shardwire.ray` (the `ray` extra) and their tests, which
 # skip without it; pip, as for torch, so the same configuration applies.
 ray: sync
-	$(TOOLS)/bin/pip --python $(RUN)/python install --quiet --disable-pip-version-check "ray>=2.60"
+	$(TOOLS)/bin/pip --python $(RUN)/python install --quiet --disable-pip-version-check "ray[train]>=2.60"
 
 # An interpreter beside the project's for `bench goodput --compare-torchft`: torch's CPU
 # build, torchft and this checkout (torchft is never a dependency of the package).

@@ -236,7 +236,7 @@ SECTIONS = [
     ("Transports", ["shardwire.worker.transport"]),
     ("The node arena", ["shardwire.worker.arena"]),
     ("The torch.distributed backend", ["shardwire.torch"]),
-    ("Jobs on a Ray cluster", ["shardwire.ray"]),
+    ("Jobs on a Ray cluster", ["shardwire.ray", "shardwire.ray.train"]),
     ("The coordinator", ["shardwire.coordinator"]),
     ("The wire protocol", ["shardwire.protocol"]),
 ]

@@ -27,7 +27,7 @@ RULES = [
     ("worker", ["shardwire.coordinator"]),
     ("torch_bridge", ["shardwire.coordinator"]),
     # the job's coordinator runs as a process of its own: the driver never imports it
-    ("ray_bridge", ["shardwire.coordinator", "shardwire.torch"]),
+    ("ray_bridge", ["shardwire.coordinator"]),
     (
         "worker/collectives",
         [
