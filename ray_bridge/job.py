@@ -19,6 +19,7 @@ import contextlib
 import secrets
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,13 @@ from shardwire.worker.launcher.options import LaunchSettings
 _POLL_S = 0.25
 # The longest one question to a live actor may take (it answers at once).
 _ASK_S = 60.0
+# How long joining a cluster may take before the driver says what may hold it.
+_SLOW_CONNECT_S = 30.0
+_SLOW_CONNECT = (
+    "still joining the Ray cluster at {} after 30 s: a cluster whose nodes listen on "
+    "127.0.0.1 is joined only with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in this process's "
+    "environment"
+)
 # After the ranks end, how long the coordinator may take to see them out.
 _LINGER_S = 10.0
 
@@ -67,10 +75,17 @@ def connect(address: str | None, *, timeout: float = 10.0) -> None:
         return
     if address is not None and address != "auto":
         _dial(address, timeout)
+    # Ray waits without end for a cluster it reaches at an address its nodes do not
+    # use (nodes on 127.0.0.1, unless Ray is told to keep to loopback): say why, once
+    hint = threading.Timer(_SLOW_CONNECT_S, _say, [_SLOW_CONNECT.format(address or "auto")])
+    hint.daemon = True
+    hint.start()
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
     except (ConnectionError, RuntimeError, TimeoutError) as exc:
         raise ClusterUnreachable(f"no Ray cluster at {address or 'auto'}: {exc}") from exc
+    finally:
+        hint.cancel()
 
 
 def _dial(address: str, timeout: float) -> None:

@@ -10,6 +10,7 @@ line. The actor sets it in its own environment only, for the script's session to
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import sys
@@ -39,6 +40,9 @@ class RankActor:
             reconfigure = getattr(stream, "reconfigure", None)
             if reconfigure is not None:
                 reconfigure(line_buffering=True)
+        # The rank's runtime, imported while Ray starts the actor (again, after a loss)
+        # and the driver learns of it: the rank then joins as soon as it is run.
+        importlib.import_module("shardwire.worker")
 
     def __repr__(self) -> str:  # Ray prefixes the actor's log lines with it
         return f"rank{self.rank}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("ray", reason="the ray extra is not installed (make ray)")
@@ -70,3 +72,22 @@ def test_each_rank_is_told_torchrun_s_variables_and_its_node() -> None:
     # two bundles Ray packs onto one host are two shardwire nodes there
     other = rank_env(RankLayout(4, 2), 0, job=job, ray_node="abcdef0123456789", host="h")
     assert other["SHARDWIRE_NODE_ID"] != env["SHARDWIRE_NODE_ID"]
+
+
+def test_on_ray_runs_every_rank_on_one_node_as_launch_does() -> None:
+    from shardwire.ray.bench import on_ray
+
+    command = on_ray("127.0.0.1:6379", Path("examples/charlm.py"), ["--dim=8"], 4)
+    work = Path("/tmp/w")
+    argv = command(work, ["--max-restarts=5"])
+    assert argv[1:7] == [
+        "ray",
+        "--address",
+        "127.0.0.1:6379",
+        "--num-workers",
+        "4",
+        "--workers-per-node",
+    ]
+    assert argv[7] == "4" and "--max-restarts=5" in argv
+    assert argv[argv.index("examples/charlm.py") + 1] == "--dim=8"
+    assert f"--run-dir={work / 'run'}" in argv

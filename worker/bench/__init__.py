@@ -61,6 +61,10 @@ BENCHES = {
         "shardwire.worker.bench.goodput",
         "charlm with a random fault every F seconds beside no faults (run in a checkout)",
     ),
+    "ray": (
+        "shardwire.ray.bench",
+        "on a local Ray cluster: Ray Train over shardwire beside gloo; goodput beside launch",
+    ),
 }
 _EXAMPLES = """examples:
   shardwire bench collectives --world 2 4 --sizes 4096 1048576 --compare-mpi

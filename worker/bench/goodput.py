@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,24 @@ def _workload(args: Any) -> tuple[Path, list[str]]:
     return example("charlm.py"), [*SHAPE, "--log-every=10"]
 
 
-def _job(script: Path, model: list[str], nproc: int, work: Path, *args: str) -> list[str]:
+# A job's command line for run directory ``work``, launcher flags first: shardwire
+# launch's by default, shardwire ray's for the benchmark on Ray.
+JobCommand = Callable[[Path, list[str]], list[str]]
+
+
+def launched(script: Path, model: list[str], nproc: int) -> JobCommand:
+    """``shardwire launch --standalone`` of ``nproc`` ranks of ``script`` with ``model``."""
+
+    def command(work: Path, flags: list[str]) -> list[str]:
+        head = [SHARDWIRE, "launch", "--standalone", "--nproc-per-node", str(nproc)]
+        return [*head, "--run-id", f"goodput-{work.name}", *flags, *dirs(script, model, work)]
+
+    return command
+
+
+def dirs(script: Path, model: list[str], work: Path) -> list[str]:
+    """The script, its model's flags and where it writes, under ``work``."""
     return [
-        SHARDWIRE,
-        "launch",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        "--run-id",
-        f"goodput-{work.name}",
-        *args,
         str(script),
         *model,
         f"--run-dir={work / 'run'}",
@@ -90,24 +99,27 @@ def _steps(run_dir: Path) -> int:
     return int(json.loads((run_dir / "summary.json").read_text())["steps"])
 
 
-def _faulty(
+def faulty(
     args: Any,
-    job_of: tuple[Path, list[str]],
+    job_of: JobCommand,
     root: Path,
     mode: str,
     *,
     steps: int,
     clean_s: float,
+    flags: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The same steps under the plan, recovering by ``mode``."""
+    """The same steps under the plan (``root``'s parent's ``plan.toml``), recovering by
+    ``mode`` (``relaunch``; else live, from peer copies), with the launcher's
+    ``flags`` (default: ``launch``'s restarts and ``--recovery mode``)."""
     work = root / mode
     plan = root.parent / "plan.toml"
     verdict = work / "verdict.json"
     work.mkdir()
     launch = [f"--max-restarts={args.max_restarts}", f"--recovery={mode}"]
-    job = _job(*job_of, args.nproc, work, *launch)
+    job = job_of(work, launch if flags is None else flags)
     job += [f"--save-every={args.save_every}", f"--steps={steps}", "--minutes=100000"]
-    if mode == "live":
+    if mode != "relaunch":
         job.append(f"--copy-every={args.copy_every}")
     command = [SHARDWIRE, "chaos", str(plan), "--verdict", str(verdict), "--", *job]
     faulty_s, done = _run(command, timeout=max(3600.0, clean_s * 20))
@@ -133,10 +145,11 @@ def _faulty(
     }
 
 
-def _clean(args: Any, job_of: tuple[Path, list[str]], root: Path) -> tuple[float, int]:
-    clean = root / "clean"
+def clean(args: Any, job_of: JobCommand, root: Path, name: str = "clean") -> tuple[float, int]:
+    """The fault-free job for ``--minutes``: its wall time and the steps it made."""
+    clean = root / name
     common = [f"--save-every={args.save_every}", "--steps=1000000"]
-    command = _job(*job_of, args.nproc, clean) + common + [f"--minutes={args.minutes}"]
+    command = job_of(clean, []) + common + [f"--minutes={args.minutes}"]
     clean_s, done = _run(command, timeout=args.minutes * 60 * 4 + 300)
     if done.returncode != 0:
         raise BenchmarkFailed(f"the fault-free job failed:\n{done.stderr[-3000:]}")
@@ -190,7 +203,7 @@ def _peer(
     }
 
 
-def _summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """One mode's result over the pairs: the median pair's figures, with each pair's
     goodput and the median and range."""
     goodputs = [p["goodput"] for p in pairs]
@@ -205,32 +218,37 @@ def _summary(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def plan_text(args: Any) -> str:
+    """The fault plan: ``--kind`` on a random rank every ``--every`` s on average."""
+    return (
+        # no state notes: the fault-free run hashes nothing either
+        f"seed = {args.seed}\ncheck_every = 0\n\n[[faults]]\nkind = {json.dumps(args.kind)}\n"
+        f'rank = "random"\nevery_s = {args.every}\n'
+        + ("for_s = 1.0\n" if args.kind in ("stop", "block") else "")
+    )
+
+
 def measure(args: Any) -> dict[str, Any]:
-    job_of = _workload(args)
+    job_of = launched(*_workload(args), args.nproc)
     modes = ["relaunch", "live"] if args.recovery == "both" else [args.recovery]
     peers = PEERS if args.compare_torchft else ()
     runs: list[dict[str, Any]] = []
     progress = Stages("goodput", args.pairs * (1 + len(modes) + 2 * len(peers)))
     with progress, tempfile.TemporaryDirectory(prefix="shardwire-goodput-") as scratch:
-        (Path(scratch) / "plan.toml").write_text(
-            # no state notes: the fault-free run hashes nothing either
-            f"seed = {args.seed}\ncheck_every = 0\n\n[[faults]]\nkind = {json.dumps(args.kind)}\n"
-            f'rank = "random"\nevery_s = {args.every}\n'
-            + ("for_s = 1.0\n" if args.kind in ("stop", "block") else "")
-        )
+        (Path(scratch) / "plan.toml").write_text(plan_text(args))
         for pair in range(args.pairs):
             root = Path(scratch) / f"pair-{pair}"
             root.mkdir()
             progress.start(f"pair {pair + 1}: the fault-free job, {args.minutes:g} min")
-            clean_s, steps = _clean(args, job_of, root)
-            faulty = {}
+            clean_s, steps = clean(args, job_of, root)
+            outcomes = {}
             for mode in modes:
                 progress.start(f"pair {pair + 1}: {steps} steps under the plan, {mode}")
-                faulty[mode] = _faulty(args, job_of, root, mode, steps=steps, clean_s=clean_s)
+                outcomes[mode] = faulty(args, job_of, root, mode, steps=steps, clean_s=clean_s)
             for peer in peers:
-                faulty[peer] = _peer(args, peer, root, steps=steps, progress=progress, pair=pair)
-            runs.append({"clean_s": round(clean_s, 2), "steps": steps, "modes": faulty})
-    results = {m: _summary([r["modes"][m] for r in runs]) for m in [*modes, *peers]}
+                outcomes[peer] = _peer(args, peer, root, steps=steps, progress=progress, pair=pair)
+            runs.append({"clean_s": round(clean_s, 2), "steps": steps, "modes": outcomes})
+    results = {m: summary([r["modes"][m] for r in runs]) for m in [*modes, *peers]}
     first = next(iter(results))  # relaunch when both ran: the mode run first
     headline = {k: results[first][k] for k in ("goodput", "steps_lost", "recovery_s")}
     return {
