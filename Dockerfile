@@ -15,6 +15,7 @@ COPY protocol protocol
 COPY coordinator coordinator
 COPY worker worker
 COPY torch_bridge torch_bridge
+COPY ray_bridge ray_bridge
 RUN /opt/uv/bin/uv sync --locked --no-editable --no-dev --extra examples --compile-bytecode
 
 FROM ${BASE_IMAGE} AS runtime

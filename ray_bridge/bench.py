@@ -80,7 +80,8 @@ def _charlm(address: str, backend: str, args: Any) -> dict[str, Any]:
 
 
 def throughput(address: str, args: Any, progress: Stages) -> dict[str, Any]:
-    pairs = []
+    pairs: list[dict[str, Any]] = []
+    ratios: list[float] = []
     for pair in range(args.pairs):
         order = BACKENDS if pair % 2 == 0 else BACKENDS[::-1]
         runs = {}
@@ -88,9 +89,9 @@ def throughput(address: str, args: Any, progress: Stages) -> dict[str, Any]:
             progress.start(f"pair {pair + 1}: Ray Train over {backend}, {args.minutes:g} min")
             runs[backend] = _charlm(address, backend, args)
         ours, theirs = (runs[b]["tokens_per_s"] for b in BACKENDS)
+        ratios.append(round(ours / theirs, 3))
         pairs.append({"tokens_per_s": {b: runs[b]["tokens_per_s"] for b in BACKENDS}})
-        pairs[-1]["ratio"] = round(ours / theirs, 3)
-    ratios = [p["ratio"] for p in pairs]
+        pairs[-1]["ratio"] = ratios[-1]
     return {
         "workload": f"torch charlm (DDP), {args.nproc} Ray Train workers",
         "pairs": pairs,

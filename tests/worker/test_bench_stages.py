@@ -8,6 +8,7 @@ import contextlib
 import io
 import re
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -219,9 +220,9 @@ def test_goodput_counts_a_fault_free_run_and_each_mode_per_pair(monkeypatch, cap
         "recovery_max_s": 1.0,
         "processes": 3,
     }
-    monkeypatch.setattr(goodput, "_workload", lambda args: (None, []))
-    monkeypatch.setattr(goodput, "_clean", lambda args, job_of, root: (10.0, 100))
-    monkeypatch.setattr(goodput, "_faulty", lambda *a, **k: dict(faulty))
+    monkeypatch.setattr(goodput, "_workload", lambda args: (Path("x.py"), []))
+    monkeypatch.setattr(goodput, "clean", lambda args, job_of, root: (10.0, 100))
+    monkeypatch.setattr(goodput, "faulty", lambda *a, **k: dict(faulty))
     args = goodput.parser().parse_args(["--pairs", "2", "--minutes", "0.5"])
     result = goodput.measure(args)
     assert result["modes"]["live"]["goodput_pairs"] == [0.8, 0.8]
