@@ -23,6 +23,7 @@ KEPT = {
     "bench-reform": "reform.json",
     "bench-hosts": "hosts.json",
     "bench-slowlink": "slowlink.json",
+    "bench-ray": "ray.json",
 }
 OUTPUTS = {"--json", "--plot"}  # where the output goes: a user's own paths
 

@@ -503,6 +503,27 @@ def _goodput(k: dict[str, Any]) -> list[str]:
     ]
 
 
+def _ray(k: dict[str, Any]) -> list[str]:
+    t, g = k["result"]["throughput"], k["result"]["goodput"]
+    ours = " and ".join(f"{p['tokens_per_s']['shardwire']:,}" for p in t["pairs"])
+    gloo = " and ".join(f"{p['tokens_per_s']['gloo']:,}" for p in t["pairs"])
+    ray, launch = g["modes"]["ray"], g["modes"]["launch"]
+
+    def spread(m: dict[str, Any]) -> str:
+        low, high = m["goodput_range"]
+        return f"{m['goodput']:.2f} ({low:.2f}–{high:.2f})"
+
+    return [
+        k["benchmark"],
+        f"{ours} tokens/s over shardwire against {gloo} over gloo, {t['ratio']:.2f}x "
+        f"({t['ratio_range'][0]:.2f}–{t['ratio_range'][1]:.2f})",
+        f"goodput {spread(ray)} on Ray against {spread(launch)} under launch, "
+        f"{ray['lost_per_fault_s']:.1f} s lost per kill against {launch['lost_per_fault_s']:.1f} s",
+        f"trains again {ray['recovery_median_s']:.1f} s after a kill (median) against "
+        f"{launch['recovery_median_s']:.1f} s under launch",
+    ]
+
+
 def _torchft(k: dict[str, Any]) -> list[str]:
     modes = k["result"]["modes"]
     live, ft, tr = modes["live"], modes["torchft"], modes["torchrun"]
@@ -617,6 +638,7 @@ FIGURES: list[tuple[str, str, Callable[[], list[str]]]] = [
     ("guide/chaos.md", "bench/goodput.json", lambda: _goodput(_kept("goodput"))),
     ("guide/chaos.md", "bench/goodput-torchft.json", lambda: _torchft(_kept("goodput-torchft"))),
     ("failures.md", "bench/etcd.json", lambda: _etcd(_kept("etcd"))),
+    ("clusters.md", "bench/ray.json", lambda: _ray(_kept("ray"))),
     (
         "guide/performance.md",
         "bench/reform.json",
