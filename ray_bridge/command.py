@@ -18,11 +18,18 @@ import sys
 from shardwire.protocol import InvalidArgument
 from shardwire.worker.chaos.inject import chaos_env
 
+_EXAMPLES = """examples:
+  shardwire ray --num-workers 4 --workers-per-node 2 train.py --steps 200
+  shardwire ray --address 10.0.0.1:6379 --num-workers 8 --max-restarts 3 train.py
+  shardwire chaos plan.toml -- shardwire ray --num-workers 4 --max-restarts 2 train.py"""
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="shardwire ray",
         description="Run a script's ranks as actors on a Ray cluster, with live recovery.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--address", help="the Ray cluster (HOST:PORT; default: RAY_ADDRESS or local)")
     p.add_argument("--num-workers", type=int, required=True, help="ranks in the job")
