@@ -182,11 +182,11 @@ class _Job:
     def _failed(self, rank: int, cause: str) -> RayJobFailed:
         return RayJobFailed(rank=rank, cause=cause, run_id=self.spec.settings.run_id)
 
-    async def rank(self, rank: int) -> Any:
-        """Run rank ``rank`` until it finishes; start it again while restarts last."""
+    async def rank(self, rank: int, place: dict[str, Any]) -> Any:
+        """Run rank ``rank`` (its first process at ``place``) until it finishes; start
+        it again while restarts last."""
         budget = self.spec.settings.max_restarts
         reruns = 0
-        place = await self._ask(rank)
         while True:
             try:
                 outcome = await self.actors[rank].run.remote(self.spec.target, self.spec.args)
@@ -246,12 +246,13 @@ async def drive(spec: JobSpec) -> Any:
 async def _ranks(job: _Job) -> list[Any]:
     """Every rank's run, side by side, and each one's result; the first failure ends
     the others."""
-    for place in await job.places():
+    places = await job.places()
+    for place in places:
         _say(f"rank {place['rank']}: process {place['pid']} on node {place['node'][:12]}")
     results: list[Any] = [None] * len(job.actors)
 
     async def one(rank: int) -> None:
-        results[rank] = await job.rank(rank)
+        results[rank] = await job.rank(rank, places[rank])
 
     try:
         async with asyncio.TaskGroup() as tasks:

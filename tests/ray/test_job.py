@@ -26,7 +26,7 @@ DIGITS = ["examples/digits.py", "--steps", "400", "--log-every", "10"]
 JOB_TIMEOUT = 300
 
 
-def _ray(cluster: LocalCluster, *flags: str, script: list[str], run: Path, **extra: str):
+def _ray(cluster: LocalCluster, *flags: str, script: list[str], run: Path) -> list[str]:
     """``shardwire ray`` of ``script`` into run directory ``run`` on ``cluster``."""
     return [
         SHARDWIRE,
