@@ -23,11 +23,6 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-try:
-    import ray  # noqa: F401 - the extra this package needs
-except ImportError as exc:  # pragma: no cover - exercised where ray is absent
-    raise ImportError("shardwire on Ray needs ray: pip install 'shardwire[ray]'") from exc
-
 from shardwire.ray.errors import (
     ClusterUnreachable,
     PlacementUnavailable,
@@ -35,7 +30,6 @@ from shardwire.ray.errors import (
     ScriptExit,
     ScriptNotFound,
 )
-from shardwire.ray.job import JobSpec, connect, drive
 from shardwire.ray.layout import RankLayout
 from shardwire.worker.launcher.options import LaunchSettings
 
@@ -90,10 +84,13 @@ def run(
         env: variables for every rank's process.
 
     Raises:
+        ImportError: ray is not installed (``pip install 'shardwire[ray]'``).
         ClusterUnreachable: no cluster at ``address``.
         PlacementUnavailable: the cluster cannot hold the ranks.
         RayJobFailed: the job ended unfinished; it names the first failed rank and why.
     """
+    from shardwire.ray.job import JobSpec, connect, drive  # needs ray, unlike the help
+
     layout = RankLayout(
         num_workers=num_workers,
         workers_per_node=workers_per_node,

@@ -16,6 +16,7 @@ import os
 import sys
 
 from shardwire.protocol import InvalidArgument
+from shardwire.ray import run
 from shardwire.worker.chaos.inject import chaos_env
 
 _EXAMPLES = """examples:
@@ -87,14 +88,9 @@ def main(argv: list[str]) -> int:
     except json.JSONDecodeError as exc:
         print(f"shardwire ray: --resources-per-worker is not JSON: {exc}", file=sys.stderr)
         return 2
-    try:
-        import shardwire.ray as swr
-    except ImportError as exc:
-        print(f"shardwire ray: {exc}", file=sys.stderr)
-        return 1
     env = chaos_env(args.chaos, os.environ) if args.chaos else {}
     try:
-        swr.run(
+        run(
             args.script,
             args.args,
             num_workers=args.num_workers,
@@ -112,6 +108,9 @@ def main(argv: list[str]) -> int:
     except InvalidArgument as exc:
         print(f"shardwire ray: invalid option: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # ray is an extra: the help works without it, a job does not
+        print(f"shardwire ray: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

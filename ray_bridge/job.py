@@ -25,7 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
+try:
+    import ray
+except ImportError as exc:  # pragma: no cover - exercised where ray is absent
+    raise ImportError("shardwire on Ray needs ray: pip install 'shardwire[ray]'") from exc
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
