@@ -16,7 +16,9 @@ Through failures: ``--checkpoint-dir`` with ``--save-every`` keeps a
 ``shardwire launch --recovery live`` ``--copy-every`` keeps one in the ranks' memory
 (``shardwire.torch.PeerStorage``) from which the survivors and the failed rank's
 replacement resume in their processes, and SIGTERM hands the rank's part over before
-it leaves. Every step is told to shardwire (``shardwire.torch.step_finished``): the
+it leaves. Under DDP a live job needs no copy: every survivor holds the whole state at
+its newest step, and the replacement takes it from one (``shardwire.torch.heal``), so
+no step is done twice. Every step is told to shardwire (``shardwire.torch.step_finished``): the
 status views show it, and ``shardwire chaos`` checks its invariants.
 """
 
@@ -124,8 +126,33 @@ def newest_on_disk(root: Path | None) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
+class Held:
+    """This process's model, optimizer and step from its last attempt (DDP under live
+    recovery); the step counts optimizer steps, set at once after each."""
+
+    model: nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    step = 0
+
+
+def healed(args, model, opt) -> int:
+    """DDP under live recovery: the newest state a live rank holds (a survivor's, after
+    a failure), into this attempt's model and optimizer: its step (0: none holds one)."""
+    if args.wrap != "ddp" or args.backend != "shardwire" or not swt.bridge.live:
+        return 0
+    old = state_of(Held.model, Held.opt, Held.step) if Held.opt is not None else None
+    got, step = swt.heal(old, Held.step)
+    if got is not None:
+        set_state_dict(model, opt, model_state_dict=got["model"], optim_state_dict=got["optim"])
+    Held.model, Held.opt, Held.step = model, opt, step
+    return step
+
+
 def resume(args, model, opt, store) -> int:
-    """Load the newest checkpoint (the peers' memory first, else the disk's): its step."""
+    """Restore the newest state: a live rank's (DDP), else the newest checkpoint in the
+    peers' memory, else on disk. Its step."""
+    if live := healed(args, model, opt):
+        return live
     found = store.latest() if store is not None else None
     reader = store
     if found is None and (on_disk := newest_on_disk(args.checkpoint_dir)) is not None:
@@ -181,9 +208,10 @@ def train(args, data: np.ndarray, vocab: int, store) -> dict:
         (part * size).backward()  # DDP and FSDP2 average gradients over the ranks
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        step += 1
+        Held.step = step
         loss = part.detach().clone()
         dist.all_reduce(loss)
-        step += 1
         swt.step_finished(
             step,
             read=starts,

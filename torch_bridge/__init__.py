@@ -41,6 +41,7 @@ except ImportError as exc:  # pragma: no cover - exercised where torch is absent
 from shardwire.torch.bridge import Bridge, rendezvous_handlers
 from shardwire.torch.diloco import TorchDiLoCo
 from shardwire.torch.group import ShardwireProcessGroup
+from shardwire.torch.livestate import heal
 from shardwire.torch.peerstorage import PeerStorage
 from shardwire.torch.steps import Steps
 from shardwire.torch.store import JobStore, StoreUnavailable
@@ -144,6 +145,7 @@ __all__ = [
     "TorchDiLoCo",
     "UnsupportedTensor",
     "bridge",
+    "heal",
     "leave_notice",
     "recovering",
     "reform",

@@ -2,7 +2,7 @@
 
     shardwire launch --standalone --nproc-per-node 4 --max-restarts 1 --recovery live \
         reform.py DIR STEPS KILL_AT [--wrap ddp|fsdp2] [--during backward|step] \
-            [--store disk|peer|both] [--leave-at STEP] [--lose-node NODE:STEP]
+            [--store disk|peer|both|heal] [--leave-at STEP] [--lose-node NODE:STEP]
 
 The model is wrapped in DDP or FSDP2 (``fully_shard``). Every 4 steps the model, the
 optimizer and the step are saved with ``torch.distributed.checkpoint``: under DIR
@@ -14,7 +14,9 @@ the wire) or at the start of its optimizer step. The others see the failure in t
 next collective (after a ``step`` kill they start it a second late, by when their group
 knows of the death: the call fails as it starts); ``shardwire.torch.recovering``
 re-forms the default group in their processes, and ``train`` builds the model again and
-loads the newest checkpoint (``PeerStorage.latest()`` for ``peer``). With
+loads the newest checkpoint (``PeerStorage.latest()`` for ``peer``). ``heal`` (DDP)
+saves nothing: each rank keeps its model, optimizer and step from the failed attempt,
+and ``shardwire.torch.heal`` sends the newest a survivor holds to the replacement. With
 ``--leave-at STEP`` (``peer`` only) rank 1 is sent SIGTERM instead, as it starts step
 STEP, with a notice to leave armed: every rank saves at the end of that step and rank 1
 leaves with ``LeftJob``; everyone goes on from that step. With ``--lose-node NODE:STEP``
@@ -191,6 +193,26 @@ def save(
         (where / "done").write_text("")
 
 
+class Held:
+    """This process's model, optimizer and step from its last attempt (``heal``); the
+    step counts the optimizer steps taken, at once after each."""
+
+    wrapped: nn.Module | None = None
+    opt: torch.optim.Optimizer | None = None
+    step = 0
+
+
+def healed(wrapped: nn.Module, opt: torch.optim.Optimizer) -> int:
+    """The newest state a live rank holds, into this attempt's model and optimizer: its
+    step (0: no rank holds one)."""
+    old = state_of(Held.wrapped, Held.opt, Held.step) if Held.opt is not None else None
+    got, step = swt.heal(old, Held.step)
+    if got is not None:
+        set_state_dict(wrapped, opt, model_state_dict=got["model"], optim_state_dict=got["optim"])
+    Held.wrapped, Held.opt, Held.step = wrapped, opt, step
+    return step
+
+
 def train(
     root: Path,
     steps: int,
@@ -202,12 +224,16 @@ def train(
     *,
     disk: bool = False,
     lose: tuple[str, int] | None = None,
+    heal: bool = False,
 ) -> str:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank} pid {os.getpid()} trains", flush=True)
     wrapped, net = model(wrap)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=0.01)
-    start = restore(root, store, wrapped, opt, wrap if disk and store is not None else None)
+    if heal:
+        start = healed(wrapped, opt)
+    else:
+        start = restore(root, store, wrapped, opt, wrap if disk and store is not None else None)
     first_of_lost = lose is not None and (
         os.environ.get("SHARDWIRE_NODE_ID") == lose[0] and os.environ.get("LOCAL_RANK") == "0"
     )
@@ -231,6 +257,7 @@ def train(
         if armed and during == "step":
             die(root)
         opt.step()
+        Held.step = step + 1
         handover = store is not None and store.leaving()
         if (step + 1) % EVERY == 0 or handover:
             save(root, store, state_of(wrapped, opt, step + 1), step + 1, disk)
@@ -250,14 +277,14 @@ def main() -> None:
     parser.add_argument("kill_at", type=int)
     parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="fsdp2")
     parser.add_argument("--during", choices=("backward", "step"), default="backward")
-    parser.add_argument("--store", choices=("disk", "peer", "both"), default="disk")
+    parser.add_argument("--store", choices=("disk", "peer", "both", "heal"), default="disk")
     parser.add_argument("--leave-at", type=int, default=-1)
     parser.add_argument("--lose-node", default=None, help="NODE:STEP")
     args = parser.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("shardwire")
     notice = swt.leave_notice() if args.leave_at >= 0 else None
-    store = swt.PeerStorage(leave=notice) if args.store != "disk" else None
+    store = swt.PeerStorage(leave=notice) if args.store in ("peer", "both") else None
     lose = None
     if args.lose_node is not None:
         node, at = args.lose_node.rsplit(":", 1)
@@ -271,8 +298,9 @@ def main() -> None:
             args.during,
             store,
             args.leave_at,
-            disk=args.store != "peer",
+            disk=args.store in ("disk", "both"),
             lose=lose,
+            heal=args.store == "heal",
         )
     )
     if dist.get_rank() == 0:
