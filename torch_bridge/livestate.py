@@ -59,18 +59,18 @@ _DTYPES = {
 
 
 @dataclass(frozen=True)
-class Source:
+class Sender:
     """Who sends: the rank and the step it holds (-1: no rank holds a state)."""
 
     rank: int
     step: int
 
 
-def choose(steps: list[int]) -> Source:
+def choose(steps: list[int]) -> Sender:
     """The lowest rank holding the newest step; ``steps[r]`` is -1 where rank r holds
     nothing."""
     newest = max(steps)
-    return Source(rank=steps.index(newest), step=newest)
+    return Sender(rank=steps.index(newest), step=newest)
 
 
 def encode(state: Any) -> tuple[bytes, list[torch.Tensor]]:

@@ -59,8 +59,8 @@ def test_a_tree_comes_back_as_it_was_bit_for_bit():
 
 
 def test_the_lowest_rank_of_the_newest_step_sends():
-    assert hl.choose([4, 5, 5]) == hl.Source(rank=1, step=5)
-    assert hl.choose([-1, 3, -1]) == hl.Source(rank=1, step=3)
+    assert hl.choose([4, 5, 5]) == hl.Sender(rank=1, step=5)
+    assert hl.choose([-1, 3, -1]) == hl.Sender(rank=1, step=3)
     assert hl.choose([-1, -1]).step == -1
 
 
