@@ -25,6 +25,7 @@ state comes back through :class:`~shardwire.torch.PeerStorage`. It works over an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from shardwire.protocol import InvalidArgument, InvalidType
 
-_TENSOR = "\x00tensor"  # a leaf: index into the tensors' table
+_TENSOR = "\x00tensor"  # a leaf: its dtype and shape (its bytes: the next in the table)
 _TUPLE = "\x00tuple"  # a tuple (msgpack has lists only)
 _REFUSED = -2  # a rank's word for "my state cannot be sent"
 ALIGN = 16  # each tensor's bytes start at a multiple of this (a view as any dtype)
@@ -74,8 +75,8 @@ def choose(steps: list[int]) -> Sender:
 
 
 def encode(state: Any) -> tuple[bytes, list[torch.Tensor]]:
-    """``state``'s structure (msgpack, tensors replaced by their place in the table) and
-    its tensors, in order."""
+    """``state``'s structure (msgpack, tensors replaced by their dtype and shape) and its
+    tensors, in the order the structure names them."""
     table: list[torch.Tensor] = []
 
     def walk(node: Any, path: str) -> Any:
@@ -88,7 +89,7 @@ def encode(state: Any) -> tuple[bytes, list[torch.Tensor]]:
             if str(node.dtype) not in _DTYPES:
                 raise InvalidType(f"heal: {path} has dtype {node.dtype}, which heal does not send")
             table.append(node.detach())
-            return {_TENSOR: [len(table) - 1, str(node.dtype), list(node.shape)]}
+            return {_TENSOR: [str(node.dtype), list(node.shape)]}
         if isinstance(node, dict):
             return {key: walk(value, f"{path}.{key}") for key, value in node.items()}
         if isinstance(node, (list, tuple)):
@@ -103,35 +104,18 @@ def encode(state: Any) -> tuple[bytes, list[torch.Tensor]]:
 
 def decode(structure: bytes, flat: torch.Tensor) -> Any:
     """The state ``encode`` described, its tensors cut from ``flat`` (the bytes of every
-    tensor in table order); the tensors are ``flat``'s, not copies."""
-    tree = msgpack.unpackb(structure, raw=False, strict_map_key=False)
-    specs: list[tuple[int, torch.dtype, list[int]]] = []
-
-    def collect(node: Any) -> None:
-        if isinstance(node, dict) and _TENSOR in node:
-            index, dtype, shape = node[_TENSOR]
-            specs.append((index, _DTYPES[dtype], shape))
-        elif isinstance(node, dict):
-            for value in node.values():
-                collect(value)
-        elif isinstance(node, list):
-            for value in node:
-                collect(value)
-
-    collect(tree)
-    tensors: dict[int, torch.Tensor] = {}
+    tensor in table order, which is the order this walk meets them); the tensors are
+    ``flat``'s, not copies."""
     offset = 0
-    for index, dtype, shape in sorted(specs, key=lambda spec: spec[0]):
-        count = 1
-        for extent in shape:
-            count *= extent
-        size = count * torch.empty((), dtype=dtype).element_size()
-        tensors[index] = flat[offset : offset + size].view(dtype).reshape(shape)
-        offset += _padded(size)
 
     def build(node: Any) -> Any:
+        nonlocal offset
         if isinstance(node, dict) and _TENSOR in node:
-            return tensors[node[_TENSOR][0]]
+            dtype, shape = _DTYPES[node[_TENSOR][0]], node[_TENSOR][1]
+            size = math.prod(shape) * dtype.itemsize
+            tensor = flat[offset : offset + size].view(dtype).reshape(shape)
+            offset += _padded(size)
+            return tensor
         if isinstance(node, dict) and _TUPLE in node:
             return tuple(build(value) for value in node[_TUPLE])
         if isinstance(node, dict):
@@ -140,7 +124,7 @@ def decode(structure: bytes, flat: torch.Tensor) -> Any:
             return [build(value) for value in node]
         return node
 
-    return build(tree)
+    return build(msgpack.unpackb(structure, raw=False, strict_map_key=False))
 
 
 def _padded(size: int) -> int:
