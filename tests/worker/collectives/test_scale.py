@@ -128,6 +128,8 @@ SCALES = [(N, key) for key in CALLS] + [
 ]
 
 
+# in memory, with no socket: the peers counted are the algorithms', whatever the loop
+@pytest.mark.one_loop
 @pytest.mark.parametrize(("n", "key"), SCALES, ids=[f"{n}-{key}" for n, key in SCALES])
 async def test_at_a_thousand_ranks_each_rank_talks_to_a_logarithmic_number_of_peers(
     n: int, key: str
