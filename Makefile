@@ -10,6 +10,8 @@ PYTEST_ARGS ?=
 # pytest-xdist's test processes for the quick tier: two per core, as about a third of
 # its time is tests waiting (timeouts, retries, heartbeats) while the core is idle
 TEST_PROCESSES ?= $(shell echo $$((2 * $$(nproc))))
+# the quick tier's selection and scheduling (an idle test process steals queued tests)
+QUICK := --quick -n $(TEST_PROCESSES) --dist worksteal
 export UV_PYTHON_DOWNLOADS := never
 
 .PHONY: run test check lint validate bench sync torch ray torchft-venv docs docs-serve clean
@@ -48,17 +50,17 @@ run: sync
 	$(RUN)/shardwire launch --standalone --nproc-per-node $(NPROC) examples/digits.py
 
 # The whole suite in two runs: the quick tier on two test processes per core (its tests
-# run in the test process alone; an idle process steals queued tests), then the tests that start processes
-# or open namespaces, one at a time (their jobs already keep every core busy: run side
-# by side they take as long and their waits fail under the load). Each log ends with the
+# run in the test process alone), then the tests that start processes or open
+# namespaces, one at a time (their jobs already keep every core busy: run side by side
+# they take as long and their waits fail under the load). Each log ends with the
 # slowest tests, so a slow one is seen as it lands.
 test: sync
-	$(RUN)/python -m pytest --quick -n $(TEST_PROCESSES) --dist worksteal --durations=25 $(PYTEST_ARGS)
+	$(RUN)/python -m pytest $(QUICK) --durations=25 $(PYTEST_ARGS)
 	$(RUN)/python -m pytest -m e2e --durations=25 $(PYTEST_ARGS)
 
 # The quick tier: lint, then every test that starts no process and opens no namespace.
 check: lint
-	$(RUN)/python -m pytest --quick -n $(TEST_PROCESSES) --dist worksteal --durations=10 $(PYTEST_ARGS)
+	$(RUN)/python -m pytest $(QUICK) --durations=10 $(PYTEST_ARGS)
 
 lint: sync
 	$(RUN)/ruff check .
