@@ -11,6 +11,8 @@ Every local rank owns one row and is the only writer of it (except the abort pat
   (see ``atomics``);
 * ``entered``: the sequence number of the last call this rank made in its group (read
   only to name the ranks that never made a call when it times out);
+* ``pid``: the process this rank runs in (a wait does not sleep the thread of a process
+  whose own ranks it waits for);
 * ``poisoned`` and ``cause``: set when this rank poisoned the arena, with the error
   (kind, message, failed rank) that every other local rank then raises.
 
@@ -31,7 +33,7 @@ from shardwire.protocol.codec import pack_object, unpack_object
 from shardwire.worker.arena.atomics import Words
 from shardwire.worker.arena.region import ABORT, ROW_BYTES, Region
 
-BELL, SLEEPERS, READY, DONE, SIG, POISONED, CAUSE_LEN, ENTERED, CAUSE = (
+BELL, SLEEPERS, READY, DONE, SIG, POISONED, CAUSE_LEN, ENTERED, PID, CAUSE = (
     0,
     4,
     8,
@@ -40,6 +42,7 @@ BELL, SLEEPERS, READY, DONE, SIG, POISONED, CAUSE_LEN, ENTERED, CAUSE = (
     40,
     44,
     48,
+    56,
     64,
 )
 CAUSE_BYTES = ROW_BYTES - CAUSE
@@ -84,6 +87,7 @@ class Board:
         self.mine = self.rows[me]
         self.others = [r for r in range(self.k) if r != me]
         self._bell = self.words.pointer(self.mine + BELL)
+        self.words.exchange32(self.mine + PID, os.getpid())
 
     # ---- publishing ---------------------------------------------------------------------
 
@@ -132,6 +136,11 @@ class Board:
             if load(rows[r] + word) != signature:
                 return r
         return -1
+
+    def beside(self, ranks: Sequence[int]) -> bool:
+        """Whether any of ``ranks`` runs in this very process."""
+        pid, load32, rows = os.getpid(), self.words.load32, self.rows
+        return any(load32(rows[r] + PID) == pid for r in ranks)
 
     def value(self, rank: int, word: int) -> int:
         return self.words.load(self.rows[rank] + word)

@@ -235,6 +235,16 @@ class Engine:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self._loop.call_soon_threadsafe(self._settle, job)
 
+    def _napped(self, need: Need, nap: float, deadline: float) -> bool:
+        """Whether ``need`` was met within a sleep of up to ``nap`` seconds on this thread.
+        No sleep when a rank waited for runs in this process: this thread may be the one
+        that would run it."""
+        board = self.board
+        if nap <= 0 or board.beside(need.ranks):
+            return False
+        until = time.monotonic() + nap
+        return board.wait(need.word, need.ranks, need.target, deadline, until=until)
+
     def _advance(self, job: Job, *, blocking: bool, nap: float = 0.0) -> bool:
         """Run ``job`` until it ends (True) or, not ``blocking``, until a wait is not met
         within the spin budget and then ``nap`` (False)."""
@@ -247,16 +257,7 @@ class Engine:
                     if not board.spin(
                         need.word, need.ranks, need.target, spin, self.yield_cpu or blocking
                     ):
-                        if not blocking and not (
-                            nap > 0
-                            and board.wait(
-                                need.word,
-                                need.ranks,
-                                need.target,
-                                job.deadline,
-                                until=time.monotonic() + nap,
-                            )
-                        ):
+                        if not blocking and not self._napped(need, nap, job.deadline):
                             return False
                         stop = lambda: job.abandoned or self._closed  # noqa: E731
                         if not board.wait(need.word, need.ranks, need.target, job.deadline, stop):

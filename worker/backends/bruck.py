@@ -38,7 +38,7 @@ import numpy as np
 
 from shardwire.worker.backends.call import Call
 from shardwire.worker.kernels.reduce import ReduceOp, finish
-from shardwire.worker.kernels.segments import bounds, offsets, paired
+from shardwire.worker.kernels.segments import bounds, paired
 
 _AG_STEP = 1 << 20  # all_gather's message steps from here (reduce_scatter's from 0)
 
@@ -141,27 +141,44 @@ async def all_reduce(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
     await all_gather(c, buf, segs)
 
 
-async def all_to_all(c: Call, parts: list[np.ndarray], dtype: np.dtype) -> list[np.ndarray]:
-    """``parts[p]`` (flat, of ``dtype``) to rank p; returns what each rank sent this one,
-    by rank, in ceil(log2 n) rounds with the ranks at distances ±2^k only (r ^ 2^k when
-    n is a power of two)."""
+def _pick(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The ranges ``buf[starts[i]:starts[i] + sizes[i]]`` one after another, gathered by
+    one index array (no Python loop over the ranges)."""
+    ends = np.cumsum(sizes)
+    shift = np.repeat(starts - (ends - sizes), sizes)
+    return buf[np.arange(int(ends[-1]) if len(ends) else 0) + shift]
+
+
+async def all_to_all(c: Call, data: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The next ``counts[p]`` elements of ``data`` (flat) to rank p; returns what each
+    rank sent this one, flat in rank order, in ceil(log2 n) rounds with the ranks at
+    distances ±2^k only (r ^ 2^k when n is a power of two). The slots live in one
+    buffer with their sizes beside it, so a round is a few array operations whatever n."""
     n, r = c.size, c.rank
     xor = paired(n)
+    j = np.arange(n)
     # slot j: for rank r + j (r ^ j when paired), so each block leaves by the bits of j
-    slots = [parts[r ^ j if xor else (r + j) % n] for j in range(n)]
+    dest = r ^ j if xor else (r + j) % n
+    dtype = data.dtype
+    sizes = counts[dest]
+    buf = _pick(data, (np.cumsum(counts) - counts)[dest], sizes)
     d, step = 1, 0
     while d < n:
         to, frm = (r ^ d,) * 2 if xor else ((r + d) % n, (r - d) % n)
-        moving = [j for j in range(n) if j & d]
-        sizes = np.array([slots[j].size for j in moving], np.int64)
-        got_sizes = c.irecv(frm, step, out=np.empty(len(moving), np.int64))
-        await c.send(to, sizes, step)
+        moving = (j & d) != 0
+        leaving = np.repeat(moving, sizes)  # element by element
+        got_sizes = c.irecv(frm, step, out=np.empty(int(moving.sum()), np.int64))
+        await c.send(to, sizes[moving], step)
         arrived = await got_sizes.wait()
         rows = c.irecv(frm, step + 1, out=np.empty(int(arrived.sum()), dtype))
-        await c.send(to, np.concatenate([slots[j] for j in moving]), step + 1)
-        flat = await rows.wait()
-        for j, (a, b) in zip(moving, offsets(arrived.tolist()), strict=True):
-            slots[j] = flat[a:b]
-        d, step = d << 1, step + 2
+        await c.send(to, buf[leaving], step + 1)
+        sizes = sizes.copy()
+        sizes[moving] = arrived
+        landing = np.repeat(moving, sizes)
+        held = np.empty(int(sizes.sum()), dtype)
+        held[~landing] = buf[~leaving]
+        held[landing] = await rows.wait()
+        buf, d, step = held, d << 1, step + 2
     # slot j holds the block of rank r - j (r ^ j when paired)
-    return [slots[r ^ p if xor else (r - p) % n] for p in range(n)]
+    source = r ^ j if xor else (r - j) % n
+    return _pick(buf, (np.cumsum(sizes) - sizes)[source], sizes[source])

@@ -296,6 +296,8 @@ class AllToAll(NamedTuple):
     not a hang."""
 
     parts: list[np.ndarray]
+    data: np.ndarray  # the parts back to back, flat
+    counts: np.ndarray  # elements per part
     row_shape: tuple[int, ...]
     dtype: np.dtype
     out: np.ndarray | None
@@ -314,17 +316,17 @@ class AllToAll(NamedTuple):
         size: int,
     ) -> AllToAll:
         rows = split(len(x), send_splits, size, "all_to_all input")
+        data = flat(x, "x")
         parts = [x[a:b] for a, b in offsets(rows)]
-        for part in parts:
-            flat(part, "x")
         row_shape = x.shape[1:]
+        counts = np.array(rows, np.int64) * math.prod(row_shape)
         out, recv_segs = None, None
         if recv_splits is not None:
             recv = list(recv_splits)
             out = np.empty((sum(recv), *row_shape), x.dtype)
             recv_segs = offsets(recv)
         signature = f"all_to_all:{dtype_name(x.dtype)}:{list(row_shape)}"
-        return cls(parts, row_shape, x.dtype, out, recv_segs, signature, x.nbytes)
+        return cls(parts, data, counts, row_shape, x.dtype, out, recv_segs, signature, x.nbytes)
 
 
 class Barrier(NamedTuple):

@@ -5,6 +5,7 @@ without changing its result, its order or its errors."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, InvalidState
-from shardwire.worker.arena.board import DONE, READY, Board
+from shardwire.worker.arena.board import DONE, PID, READY, Board
 from shardwire.worker.arena.engine import Engine
 from shardwire.worker.arena.programs import Need
 from shardwire.worker.arena.region import Geometry, Region
@@ -102,12 +103,17 @@ async def test_only_a_crowded_node_lets_express_calls_nap(cpus: int, monkeypatch
             assert g.backend.gate.arena.engine.nap == settings.nap
 
 
-@pytest.mark.parametrize("nap", [0.0, 30.0])
-async def test_an_express_wait_naps_on_the_loop_only_if_allowed(tmp_path, nap: float) -> None:
+@pytest.mark.parametrize(("nap", "beside"), [(0.0, False), (30.0, False), (30.0, True)])
+async def test_an_express_wait_naps_on_the_loop_only_if_allowed(
+    tmp_path, nap: float, beside: bool
+) -> None:
     """Rank 1 publishes 50 ms late from another thread: with a nap the call ends on the
-    loop (woken through the futex); without one the engine's thread takes it over."""
+    loop (woken through the futex); without one, or when rank 1 runs in this process
+    (whose loop the nap would hold up), the engine's thread takes it over."""
     region, _ = Region.create("test", Geometry(2, 8192), tmp_path)
     boards = [Board(region, 0), Board(region, 1)]
+    if not beside:  # rank 1's row names another process, as on a real node
+        boards[1].words.exchange32(boards[1].mine + PID, os.getpid() + 1)
     engine = Engine(boards[0], spin=0.0, yield_cpu=False, nap=nap, name="express-test")
     late = threading.Timer(0.05, boards[1].publish, (READY, 1))
 
@@ -121,7 +127,7 @@ async def test_an_express_wait_naps_on_the_loop_only_if_allowed(tmp_path, nap: f
         started = time.monotonic()
         assert engine.claim()
         job = engine.express(program(), time.monotonic() + 60)
-        if nap:
+        if nap and not beside:
             assert job.finished and job.error is None and engine.inline_runs == 1
             assert time.monotonic() - started < nap / 2  # woken, not timed out
         else:
