@@ -15,14 +15,16 @@ Theory of operation
    waits for the inbound connection. A hello accepted from a peer counts as the link
    being made, so this rank waits for that handshake rather than dial a second time.
 4. A peer that refuses or cannot be reached in time fails the link with ``PeerFailed``
-   naming it (reported to the coordinator); a refused handshake (wrong token, protocol) fails it
-   with ``ConnectFailed``, this rank's own error. Either poisons the transport.
+   naming it (reported to the coordinator); a refused handshake (wrong token, protocol)
+   or a peer certificate this rank does not trust fails it at once with
+   ``ConnectFailed``, this rank's own error. Either poisons the transport.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -200,6 +202,11 @@ class Links:
                         if exc.code != "busy":
                             raise
                         last = "its listener was busy"
+                    except ssl.SSLCertVerificationError as exc:  # no retry makes it trusted
+                        raise ConnectFailed(
+                            f"rank {mesh.rank}: cannot connect to {where}: its certificate "
+                            f"is not signed by this job's authority ({exc})"
+                        ) from exc
                     except ConnectionRefusedError as exc:  # it listened before it joined
                         raise PeerFailed(
                             rank=peer, reason=f"refused the connection at {host}:{port} ({exc})"
@@ -222,7 +229,7 @@ class Links:
         except (ShardwireError, LookupError) as exc:
             error = (
                 exc
-                if isinstance(exc, PeerFailed)
+                if isinstance(exc, (PeerFailed, ConnectFailed))
                 else ConnectFailed(f"rank {mesh.rank}: cannot connect to {where}: {exc}")
             )
             self._failed(link, error)

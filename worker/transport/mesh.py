@@ -351,9 +351,12 @@ class TcpMesh(MailboxTransport):
             conn.close()
         if self._server is not None:
             self._server.close()
-        with contextlib.suppress(TimeoutError):  # each peer closes its side, or grace ends
+        # each peer closes its side, or grace ends; a connection whose TLS handshake never
+        # completed was never made (asyncio does not tell its protocol): nothing to wait for
+        made = [c for c in conns if c.transport is not None]
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(HANG_UP_GRACE + 0.5):
-                await asyncio.gather(*(asyncio.shield(c.closed) for c in conns))
+                await asyncio.gather(*(asyncio.shield(c.closed) for c in made))
         for conn in conns:
             conn.close()
         writers = [c.outbox.task for c in conns if c.outbox.task is not None]
