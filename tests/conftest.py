@@ -1,4 +1,5 @@
-"""Shared test set-up: every async test runs on uvloop and on the stock asyncio loop."""
+"""Shared test set-up: every async test runs on uvloop and on the stock asyncio loop
+(those that touch no socket on the first only)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,24 @@ def pytest_asyncio_loop_factories(config, item):
     if item.get_closest_marker("one_loop"):
         return {_SELECTED[0]: _FACTORIES[_SELECTED[0]]}
     return {name: _FACTORIES[name] for name in _SELECTED}
+
+
+def _in_memory_on_another_loop(item: pytest.Item) -> bool:
+    """A case of a test parametrized over transports that runs over the in-memory one
+    (``kind`` or ``transport`` "memory") on a loop other than the first: it opens no
+    socket, so the loops cannot differ, as for a ``one_loop`` test. The same test's
+    socket cases run on every loop."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    loop = params.get("_asyncio_loop_factory")
+    memory = "memory" in (params.get("kind"), params.get("transport"))
+    return memory and loop is not None and loop is not _FACTORIES[_SELECTED[0]]
+
+
+def pytest_collection_modifyitems(config, items):
+    dropped = [item for item in items if _in_memory_on_another_loop(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not _in_memory_on_another_loop(item)]
 
 
 @pytest.fixture(scope="session")
