@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from shardwire.protocol import (
     CollectiveTimeout,
@@ -25,7 +25,7 @@ from shardwire.protocol.errors import blamed_rank, failure_reason
 from shardwire.protocol.messages import Abort, Join
 from shardwire.protocol.nofile import ensure_nofile
 from shardwire.protocol.placement import Member
-from shardwire.worker.chaos import inject
+from shardwire.worker import chaos
 from shardwire.worker.collectives.process import ProcessGroup
 from shardwire.worker.observe import trace
 from shardwire.worker.observe.flight import FlightRecorder
@@ -38,6 +38,9 @@ from shardwire.worker.transport import shm
 from shardwire.worker.transport.book import AddressBook
 from shardwire.worker.transport.mesh import TcpMesh
 from shardwire.worker.transport.mesh_config import MeshConfig
+
+if TYPE_CHECKING:
+    from shardwire.worker.chaos.inject import Injector
 
 T = TypeVar("T")
 
@@ -91,7 +94,7 @@ class Session:
         self._mesh: TcpMesh | None = None
         self._control: ControlThread | None = None
         self._rank = -1
-        self._chaos: inject.Injector | None = None  # a chaos plan's faults for this rank
+        self._chaos: Injector | None = None  # a chaos plan's faults for this rank
         self._parent = os.getppid()  # under a node agent: the agent
         self._leave: leave.LeaveNotice | None = None  # SIGTERM as a notice to leave
         self._reforming = False  # joins after the first are re-formations (live recovery)
@@ -275,7 +278,7 @@ class Session:
             interactive=cfg.interactive,
             recorder=recorder,
         )
-        self._chaos = inject.from_environment(os.environ, self.group)
+        self._chaos = chaos.injector(os.environ, self.group)
         return self.group
 
     def _peer_failed(self, error: PeerFailed) -> None:

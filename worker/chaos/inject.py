@@ -43,6 +43,7 @@ import numpy as np
 import xxhash
 
 from shardwire.protocol import ShardwireError
+from shardwire.worker.chaos import PLAN_VARIABLE
 from shardwire.worker.chaos.links import LinkFaults
 from shardwire.worker.chaos.plan import NETWORK, Plan, Scheduled, load
 from shardwire.worker.collectives.process import ProcessGroup, StepState
@@ -52,7 +53,6 @@ from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.mesh import TcpMesh
 from shardwire.worker.transport.shmfiles import SHM_DIR, run_prefix
 
-PLAN_VARIABLE = "SHARDWIRE_CHAOS"
 LOG_VARIABLE = "SHARDWIRE_CHAOS_LOG"
 CLEAN_VARIABLE = "SHARDWIRE_CHAOS_CLEAN"  # "1": the plan's checks, none of its faults
 

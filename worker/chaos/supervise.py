@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shardwire.worker.chaos import PLAN_VARIABLE
 from shardwire.worker.chaos.inject import (
     CLEAN_VARIABLE,
     LOG_VARIABLE,
-    PLAN_VARIABLE,
     fired_faults,
     resume_later,
 )
