@@ -43,21 +43,22 @@ def main(argv: list[str]) -> int:
 
     address, backend, workers, *flags = argv
     ray.init(address=address, include_dashboard=False)
-    scratch = Path(tempfile.mkdtemp(prefix="shardwire-ray-charlm-"))
-    out = scratch / "summary.json"
-    config = ShardwireConfig() if backend == "shardwire" else TorchConfig(backend=backend)
-    TorchTrainer(
-        _train,
-        train_loop_config={
-            "script": str(example("torch_charlm.py").absolute()),
-            "flags": [*flags, f"--backend={backend}"],
-            "out": str(out),
-        },
-        scaling_config=ScalingConfig(num_workers=int(workers), resources_per_worker={"CPU": 1}),
-        torch_config=config,
-        run_config=RunConfig(storage_path=str(scratch / "results")),
-    ).fit()
-    print(json.dumps(json.loads(out.read_text())), flush=True)
+    with tempfile.TemporaryDirectory(prefix="shardwire-ray-charlm-") as directory:
+        scratch = Path(directory)
+        out = scratch / "summary.json"
+        config = ShardwireConfig() if backend == "shardwire" else TorchConfig(backend=backend)
+        TorchTrainer(
+            _train,
+            train_loop_config={
+                "script": str(example("torch_charlm.py").absolute()),
+                "flags": [*flags, f"--backend={backend}"],
+                "out": str(out),
+            },
+            scaling_config=ScalingConfig(num_workers=int(workers), resources_per_worker={"CPU": 1}),
+            torch_config=config,
+            run_config=RunConfig(storage_path=str(scratch / "results")),
+        ).fit()
+        print(json.dumps(json.loads(out.read_text())), flush=True)
     return 0
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 
 from shardwire.protocol import ShardwireError
 from shardwire.worker.chaos.supervise import coordinator_faults, note_coordinator_back
 from shardwire.worker.launcher.options import LaunchSettings
+from shardwire.worker.runtime.scratch import Scratch
 
 _COORDINATOR_START_TIMEOUT = 30.0
 
@@ -66,8 +65,8 @@ class _Hosted:
     end: 0 finished, 1 failed)."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        self.state = tempfile.mkdtemp(prefix="shardwire-coordinator-")
-        self.command = [*command, "--state-dir", self.state]
+        self.state = Scratch("shardwire-coordinator-")  # dead launchers' swept
+        self.command = [*command, "--state-dir", str(self.state.path)]
         self.env = {**os.environ, **env}
         self.proc: asyncio.subprocess.Process | None = None
         self.address = ("", 0)
@@ -137,7 +136,7 @@ class _Hosted:
         if self._pump is not None:
             self._pump.cancel()
             await asyncio.gather(self._pump, return_exceptions=True)
-        shutil.rmtree(self.state, ignore_errors=True)
+        self.state.remove()
 
 
 @contextlib.asynccontextmanager

@@ -17,17 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import shutil
-import tempfile
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 from typing import cast
 
 from shardwire.protocol import SMALL_STAGE, FrameDecoder, Limits, ProtocolError, frame_message
 from shardwire.protocol.beats import Heartbeat, NodeBeat, RankBeat, pack_beats
 from shardwire.protocol.control import message_bytes
+from shardwire.worker.runtime.scratch import Scratch
 
 log = logging.getLogger("shardwire.worker")
 
@@ -111,7 +108,7 @@ class NodeBeats:
         self._send = send
         self._interval = interval
         self._pending: deque[RankBeat] = deque(maxlen=_PENDING)
-        self._dir: Path | None = None
+        self._dir: Scratch | None = None
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._links: list[_Link] = []  # its workers' connections, closed with it
@@ -120,9 +117,8 @@ class NodeBeats:
     async def start(self) -> str:
         """Listen in a new directory of mode 0700 and start forwarding; returns the
         socket's path (for ``SHARDWIRE_AGENT_BEATS``)."""
-        self._dir = Path(tempfile.mkdtemp(prefix="shardwire-beats-"))
-        os.chmod(self._dir, 0o700)
-        self.path = str(self._dir / "beats.sock")
+        self._dir = Scratch("shardwire-beats-")  # mode 0700; dead agents' swept
+        self.path = str(self._dir.path / "beats.sock")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(self._accept, self.path)
         self._task = asyncio.create_task(self._forward(), name="shardwire-node-beats")
@@ -167,4 +163,4 @@ class NodeBeats:
                 async with asyncio.timeout(2.0):
                     await self._server.wait_closed()
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir.remove()

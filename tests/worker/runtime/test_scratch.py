@@ -1,0 +1,97 @@
+"""Scratch directories: removed by their owner, or by the next of their kind once the
+owner is gone, never while it lives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardwire.worker.launcher.hosted import _Hosted
+from shardwire.worker.runtime.beats import NodeBeats
+from shardwire.worker.runtime.scratch import OWNER, Scratch, sweep
+
+PREFIX = "shardwire-test-"
+
+
+def test_a_directory_is_private_and_removed_by_its_owner(tmp_path) -> None:
+    made = Scratch(PREFIX, str(tmp_path))
+    assert made.path.parent == tmp_path and made.path.name.startswith(PREFIX)
+    assert made.path.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in made.path.iterdir()) == [OWNER]
+    made.remove()
+    made.remove()
+    assert not made.path.exists()
+
+
+def test_a_live_owner_s_directory_is_kept_and_a_gone_one_s_swept(tmp_path) -> None:
+    live = Scratch(PREFIX, str(tmp_path))
+    gone = Scratch(PREFIX, str(tmp_path))
+    (gone.path / "journal.json").write_text("{}")
+    assert gone._fd is not None
+    os.close(gone._fd)  # what its process's end does: the kernel drops the lock
+    gone._fd = None
+    third = Scratch(PREFIX, str(tmp_path))
+    assert third.swept == [gone.path]
+    assert live.path.exists() and third.path.exists() and not gone.path.exists()
+    for made in (live, third):
+        made.remove()
+
+
+def test_what_is_not_a_scratch_directory_is_left_alone(tmp_path) -> None:
+    (tmp_path / f"{PREFIX}plain").mkdir()  # no owner file: being made, or not ours
+    (tmp_path / f"{PREFIX}file").write_text("x")
+    (tmp_path / "other-prefix").mkdir()
+    assert sweep(PREFIX, str(tmp_path)) == []
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {f"{PREFIX}plain", f"{PREFIX}file", "other-prefix"}
+
+
+@pytest.mark.e2e
+def test_the_directory_of_a_killed_process_is_swept_by_the_next_one(tmp_path) -> None:
+    code = (
+        "import sys, time\n"
+        "from shardwire.worker.runtime.scratch import Scratch\n"
+        f"made = Scratch({PREFIX!r}, sys.argv[1])\n"
+        "print(made.path, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        made = child.stdout.readline().strip()
+        assert made and os.path.isdir(made)
+        assert sweep(PREFIX, str(tmp_path)) == []  # it lives
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+        after = Scratch(PREFIX, str(tmp_path))
+        assert [str(p) for p in after.swept] == [made] and not os.path.exists(made)
+        after.remove()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=60)
+
+
+async def test_the_launcher_s_coordinator_and_the_agent_s_beats_live_in_scratch_directories(
+    monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    hosted = _Hosted(["shardwire-coordinator"], {})
+    beats = NodeBeats(lambda beat: None, 1.0)
+    socket = Path(await beats.start())
+    try:
+        state = Path(hosted.command[hosted.command.index("--state-dir") + 1])
+        for directory in (state, socket.parent):
+            assert directory.parent == tmp_path and (directory / OWNER).is_file()
+            assert sweep(directory.name[: directory.name.rindex("-") + 1], str(tmp_path)) == []
+    finally:
+        await beats.aclose()
+        hosted.state.remove()
+    assert not any(map(os.path.exists, (state, socket.parent)))
