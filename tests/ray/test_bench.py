@@ -19,7 +19,8 @@ def test_the_ray_benchmark_times_both_parts_side_by_side(tmp_path) -> None:
     pytest.importorskip("torch", reason="torch is not installed (make torch)")
     pytest.importorskip("ray.train", reason="Ray Train is not installed (make ray)")
     out = tmp_path / "ray.json"
-    flags = ["--pairs", "1", "--minutes", "0.15", "--goodput-minutes", "0.3", "--every", "5"]
+    flags = ["--pairs", "1", "--nproc", "2", "--minutes", "0.15", "--goodput-minutes", "0.2"]
+    flags += ["--every", "5"]
     done = run(
         [SHARDWIRE, "bench", "ray", *flags, "--json", str(out)], cwd=ROOT, timeout=800, **LOOPBACK
     )

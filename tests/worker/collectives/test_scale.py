@@ -110,7 +110,7 @@ CALLS = {
     "all_gather": ("all_gather", lambda g: g.all_gather(np.full(2, g.rank, np.int32))),
     "reduce_scatter": (
         "reduce_scatter",
-        lambda g: g.reduce_scatter(np.ones(2 * g.size, np.float32)),
+        lambda g: g.reduce_scatter(np.arange(2.0 * g.size) + g.rank),
     ),
     "barrier": ("barrier", lambda g: g.barrier()),
     "gather": ("gather", lambda g: g.gather(np.full(1, g.rank, np.int32), root=3)),
@@ -161,7 +161,7 @@ async def test_at_a_thousand_ranks_each_rank_talks_to_a_logarithmic_number_of_pe
     elif name == "all_gather":
         assert outs[5].tolist() == [r for r in range(n) for _ in range(2)]
     elif name == "reduce_scatter":
-        assert outs[7].tolist() == [float(n)] * 2
+        assert outs[7].tolist() == [n * i + n * (n - 1) / 2 for i in (14, 15)]
     elif name == "gather":
         assert outs[3].tolist() == list(range(n))
     elif name == "scatter":
