@@ -232,8 +232,8 @@ async def _scatter(op: Scatter, c: Call, how: Algorithm) -> np.ndarray:
 async def _all_to_all(op: AllToAll, c: Call, how: Algorithm) -> np.ndarray:
     parts, row_shape = op.parts, op.row_shape
     if how == _A.BRUCK:
-        got = await bruck.all_to_all(c, op.data, op.counts)
-        return got.reshape(-1, *row_shape)
+        flat = await bruck.all_to_all(c, op.data, op.counts)
+        return flat.reshape(-1, *row_shape)
     if op.out is not None and op.recv_segs is not None:
         incoming = {p: op.out[a:b] for p, (a, b) in enumerate(op.recv_segs)}
         await small.exchange(c, dict(enumerate(parts)), incoming)
