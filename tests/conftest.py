@@ -35,10 +35,12 @@ def _in_memory_on_another_loop(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    dropped = [item for item in items if _in_memory_on_another_loop(item)]
+    kept, dropped = [], []
+    for item in items:
+        (dropped if _in_memory_on_another_loop(item) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if not _in_memory_on_another_loop(item)]
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

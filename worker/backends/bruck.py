@@ -141,9 +141,10 @@ async def all_reduce(c: Call, buf: np.ndarray, op: ReduceOp) -> None:
     await all_gather(c, buf, segs)
 
 
-def _pick(buf: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """The ranges ``buf[starts[i]:starts[i] + sizes[i]]`` one after another, gathered by
-    one index array (no Python loop over the ranges)."""
+def _pick(buf: np.ndarray, sizes: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """The blocks ``buf`` holds back to back (``sizes``), one after another in ``order``,
+    gathered by one index array (no Python loop over the blocks)."""
+    starts, sizes = (np.cumsum(sizes) - sizes)[order], sizes[order]
     ends = np.cumsum(sizes)
     shift = np.repeat(starts - (ends - sizes), sizes)
     return buf[np.arange(int(ends[-1]) if len(ends) else 0) + shift]
@@ -160,8 +161,8 @@ async def all_to_all(c: Call, data: np.ndarray, counts: np.ndarray) -> np.ndarra
     # slot j: for rank r + j (r ^ j when paired), so each block leaves by the bits of j
     dest = r ^ j if xor else (r + j) % n
     dtype = data.dtype
-    sizes = counts[dest]
-    buf = _pick(data, (np.cumsum(counts) - counts)[dest], sizes)
+    sizes = counts[dest]  # a copy: updated as slots arrive
+    buf = _pick(data, counts, dest)
     d, step = 1, 0
     while d < n:
         to, frm = (r ^ d,) * 2 if xor else ((r + d) % n, (r - d) % n)
@@ -172,7 +173,6 @@ async def all_to_all(c: Call, data: np.ndarray, counts: np.ndarray) -> np.ndarra
         arrived = await got_sizes.wait()
         rows = c.irecv(frm, step + 1, out=np.empty(int(arrived.sum()), dtype))
         await c.send(to, buf[leaving], step + 1)
-        sizes = sizes.copy()
         sizes[moving] = arrived
         landing = np.repeat(moving, sizes)
         held = np.empty(int(sizes.sum()), dtype)
@@ -181,4 +181,4 @@ async def all_to_all(c: Call, data: np.ndarray, counts: np.ndarray) -> np.ndarra
         buf, d, step = held, d << 1, step + 2
     # slot j holds the block of rank r - j (r ^ j when paired)
     source = r ^ j if xor else (r - j) % n
-    return _pick(buf, (np.cumsum(sizes) - sizes)[source], sizes[source])
+    return _pick(buf, sizes, source)

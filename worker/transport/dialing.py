@@ -204,8 +204,7 @@ class Links:
                         last = "its listener was busy"
                     except ssl.SSLCertVerificationError as exc:  # no retry makes it trusted
                         raise ConnectFailed(
-                            f"rank {mesh.rank}: cannot connect to {where}: its certificate "
-                            f"is not signed by this job's authority ({exc})"
+                            f"its certificate is not signed by this job's authority ({exc})"
                         ) from exc
                     except ConnectionRefusedError as exc:  # it listened before it joined
                         raise PeerFailed(
@@ -229,7 +228,7 @@ class Links:
         except (ShardwireError, LookupError) as exc:
             error = (
                 exc
-                if isinstance(exc, (PeerFailed, ConnectFailed))
+                if isinstance(exc, PeerFailed)
                 else ConnectFailed(f"rank {mesh.rank}: cannot connect to {where}: {exc}")
             )
             self._failed(link, error)
