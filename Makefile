@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 TEST_PROCESSES ?= $(shell echo $$((2 * $$(nproc))))
 # the quick tier's selection and scheduling (an idle test process steals queued tests)
 QUICK := --quick -n $(TEST_PROCESSES) --dist worksteal
+# the other tier's: one test process per core, an idle one stealing queued tests
+E2E := -m e2e -n $(shell nproc) --dist worksteal
 export UV_PYTHON_DOWNLOADS := never
 
 .PHONY: run test check lint validate bench sync torch ray torchft-venv docs docs-serve clean
@@ -51,12 +53,12 @@ run: sync
 
 # The whole suite in two runs: the quick tier on two test processes per core (its tests
 # run in the test process alone), then the tests that start processes or open
-# namespaces, one at a time (their jobs already keep every core busy: run side by side
-# they take as long and their waits fail under the load). Each log ends with the
-# slowest tests, so a slow one is seen as it lands.
+# namespaces on one test process per core (a job's processes leave a core idle while
+# they start, wait on each other or on a timeout; one at a time, the run took 1.4x as
+# long). Each log ends with the slowest tests, so a slow one is seen as it lands.
 test: sync
 	$(RUN)/python -m pytest $(QUICK) --durations=25 $(PYTEST_ARGS)
-	$(RUN)/python -m pytest -m e2e --durations=25 $(PYTEST_ARGS)
+	$(RUN)/python -m pytest $(E2E) --durations=25 $(PYTEST_ARGS)
 
 # The quick tier: lint, then every test that starts no process and opens no namespace.
 check: lint

@@ -10,9 +10,12 @@ holds ``slurmctld`` and is where client commands run (the submit host, ``swctl``
 ``/etc/netns/NS/hosts`` over ``/etc/hosts``; those files map every name to its address,
 and job tasks, being children of ``slurmd``, inherit that view. One ``munged`` in the
 root namespace serves everyone through a socket file (path sockets cross network
-namespaces). Every file lives under ``tmp_path / "slurm"`` and every client and daemon
-reads ``SLURM_CONF`` from there; the daemons' ports are Slurm's defaults, which cannot
-clash with anything because each daemon has a network namespace of its own.
+namespaces). Every file lives under ``tmp_path / "slurm"`` but the nodes' spool
+directories, which hold sockets and so live in a short temporary directory (a socket's
+path has at most 107 bytes), and every client and daemon reads ``SLURM_CONF`` from
+there; the daemons' ports are Slurm's defaults, which cannot clash with anything because
+each daemon has a network namespace of its own. Clusters of test processes run side by
+side do not meet: each has its own namespaces, munged and files.
 
 Where a daemon cannot start, ``slurm_cluster`` skips the test with the daemon's log tail.
 Teardown cancels every job, stops the daemons by PID (SIGTERM, then SIGKILL), kills
@@ -45,6 +48,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -118,8 +122,9 @@ def _kill_namespace_pids(namespace: str) -> None:
 class Cluster:
     """A running cluster; built by ``slurm_cluster``, not directly."""
 
-    def __init__(self, root: Path, namespaces: list[str], *, cpus: int) -> None:
+    def __init__(self, root: Path, spool: Path, namespaces: list[str], *, cpus: int) -> None:
         self.root = root
+        self.spool = spool  # the nodes' spool directories: slurmstepd's sockets
         self.workdir = root / "jobs"
         self.conf = root / "slurm.conf"
         self.nodes = tuple(f"swnode{i}" for i in range(1, len(namespaces)))
@@ -219,8 +224,10 @@ class Cluster:
         return "\n".join(_tail(path, lines) for path in logs)
 
     def _write_files(self) -> None:
-        for sub in ("munge", "state", "run", "log", "jobs", *(f"spool/{n}" for n in self.nodes)):
+        for sub in ("munge", "state", "run", "log", "jobs"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        for node in self.nodes:
+            (self.spool / node).mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.root / "cgroup.conf").write_text(CGROUP_CONF)
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -233,6 +240,7 @@ class Cluster:
                 nodes=self.nodes,
                 cpus=self.cpus,
                 munge_socket=self.munge_socket,
+                spool=self.spool,
             )
         )
         hosts = hosts_file(self.addresses)
@@ -349,7 +357,10 @@ def slurm_cluster(tmp_path: Path, *, nodes: int = 2, cpus: int = 4, timeout: flo
     with contextlib.ExitStack() as stack:
         hosts = contextlib.contextmanager(make_hosts)
         namespaces = stack.enter_context(hosts(nodes + 1, subnet=SUBNET, prefix="sl"))
-        cluster = Cluster(tmp_path / "slurm", namespaces, cpus=cpus)
+        # slurmstepd's socket for a batch step is SPOOL/NODE_JOB.4294967291: under a test
+        # process's tmp_path it would pass the 107 bytes a socket's path may have
+        spool = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="swslurm-")))
+        cluster = Cluster(tmp_path / "slurm", spool, namespaces, cpus=cpus)
         stack.callback(cluster.close)
         cluster.start(timeout)
         yield cluster

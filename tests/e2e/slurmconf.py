@@ -28,7 +28,7 @@ KillWait=5
 # Batch jobs otherwise wait up to 3 s (batch_sched_delay) for the scheduler to start them.
 SchedulerParameters=batch_sched_delay=0
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool/%n
+SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
 SlurmdPidFile={root}/run/slurmd.%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
@@ -56,8 +56,10 @@ def slurm_conf(
     nodes: tuple[str, ...],
     cpus: int,
     munge_socket: Path,
+    spool: Path,
 ) -> str:
-    """``slurm.conf`` for ``controller`` and ``nodes``, keeping every file under ``root``."""
+    """``slurm.conf`` for ``controller`` and ``nodes``, keeping every file under ``root``
+    but the nodes' spool directories, under ``spool``."""
     node_lines = "\n".join(
         f"NodeName={node} NodeAddr={addresses[node]} CPUs={cpus} RealMemory=1000 State=UNKNOWN"
         for node in nodes
@@ -67,6 +69,7 @@ def slurm_conf(
         controller_addr=addresses[controller],
         munge_socket=munge_socket,
         root=root,
+        spool=spool,
         node_lines=node_lines,
     )
 
