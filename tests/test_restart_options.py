@@ -52,17 +52,15 @@ def test_the_standalone_coordinator_gets_the_restart_budget() -> None:
     assert command[command.index("--world-size") + 1] == "4"
 
 
-def test_the_warm_spare_is_on_unless_the_flag_or_the_variable_turns_it_off(monkeypatch) -> None:
-    assignment = NodeAssignment(node_rank=0, nnodes=1, world_size=2)
+def test_ranks_are_forked_unless_the_flag_or_the_variable_says_otherwise(monkeypatch) -> None:
+    def forked(*flags: str) -> bool:
+        args = parser().parse_args(["launch", "--standalone", *flags, "x.py"])
+        return launch_settings(args).fork_ranks
 
-    def spare(*flags: str) -> bool:
-        args = parser().parse_args(["launch", "--standalone", "--recovery", "live", *flags, "x.py"])
-        return _launch(launch_settings(args), ["python", "-u", "x.py"], {}, "n", assignment).spare
-
-    assert spare() is True
-    assert spare("--no-warm-spare") is False
-    monkeypatch.setenv("SHARDWIRE_WARM_SPARE", "0")
-    assert spare() is False
+    assert forked() is True
+    assert forked("--no-fork") is False
+    monkeypatch.setenv("SHARDWIRE_FORK_RANKS", "0")
+    assert forked() is False
 
 
 def test_a_notice_gives_the_ranks_the_leave_timeout_under_live_recovery(monkeypatch) -> None:

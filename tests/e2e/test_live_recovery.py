@@ -121,8 +121,8 @@ def test_survivors_keep_their_processes_and_peers_copies_restore_the_run_exactly
     assert "resuming" in done.stdout and "at step 25" in done.stdout
     assert "at step 40" in done.stdout
     assert done.stderr.count("started anew") == 2
-    # the first replacement is the node's warm spare (the next starts 2 s after it)
-    assert "rank 1 killed by signal SIGKILL; started anew from the warm spare" in done.stderr
+    # each replacement is forked by the node's fork server, as the ranks were
+    assert "rank 1 killed by signal SIGKILL; started anew, forked" in done.stderr
 
 
 def test_diloco_replicas_roll_back_to_their_copies_and_outer_state_bit_identical(
@@ -239,14 +239,14 @@ def test_without_copies_the_ranks_roll_back_to_the_disk_checkpoint_in_their_proc
     plan = 'seed = 1\n[[faults]]\nkind = "kill"\nrank = 3\nstep = 35\n'
     disk = ("--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "20")
     live = ("--max-restarts", "1", "--recovery", "live")
-    # without a warm spare (the environment's switch for --no-warm-spare)
-    done, entries = _launch(tmp_path, "run", *live, plan=plan, args=disk, SHARDWIRE_WARM_SPARE="0")
+    # every process started on its own (the environment's switch for --no-fork)
+    done, entries = _launch(tmp_path, "run", *live, plan=plan, args=disk, SHARDWIRE_FORK_RANKS="0")
     assert done.returncode == 0, done.stderr[-3000:]
     _same(tmp_path / "run", straight)
     assert {r: len(set(p)) for r, p in _pids(entries).items()} == {0: 1, 1: 1, 2: 1, 3: 2}
     assert "at step 20" in done.stdout
     assert "rank 3 killed by signal SIGKILL; started anew (pid" in done.stderr
-    assert "warm spare" not in done.stderr
+    assert "forked" not in done.stderr
 
 
 def test_a_script_that_never_re_forms_is_relaunched_and_told_what_to_call(tmp_path) -> None:
@@ -401,10 +401,9 @@ def _two_nodes(
                 if lose_b_at in line:
                     break
             assert line, "the job ended before node b could be lost"
-            children = _children(b.pid)
-            spares = [pid for pid in children if b"launcher.spare" in _cmdline(pid)]
-            orphans = [pid for pid in children if pid not in spares]
-            assert len(orphans) == 2 and len(spares) <= 1  # a warm spare once it started
+            (server,) = [p for p in _children(b.pid) if b"launcher.forkserver" in _cmdline(p)]
+            orphans = _children(server)  # its ranks, forked by the node's fork server
+            assert len(orphans) == 2
             if notice:  # a preemption notice: its ranks hand their state over and leave
                 os.kill(b.pid, signal.SIGTERM)
                 _out, err = b.communicate(timeout=60)
@@ -418,9 +417,9 @@ def _two_nodes(
                 _out, err = again.communicate(timeout=240)
                 (tmp_path / f"{name}-b2.err").write_text(err)
                 assert again.returncode == 0, err[-3000:]
-            # and its spare ends by itself: its input closed with the agent
+            # and its fork server ends by itself: its socket closed with the agent
             deadline = time.monotonic() + 60
-            while [pid for pid in orphans + spares if _running(pid)]:
+            while [pid for pid in [*orphans, server] if _running(pid)]:
                 assert time.monotonic() < deadline, "node b's processes outlived its agent"
                 time.sleep(0.2)
         out, err = a.communicate(timeout=240)

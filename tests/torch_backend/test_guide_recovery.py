@@ -76,7 +76,7 @@ def test_the_guide_s_sample_trains_on_through_a_killed_rank(tmp_path: Path, wrap
     pids = {r: set(re.findall(rf"rank {r} pid (\d+) step", text)) for r in (0, 1)}
     said = [line for line in text.splitlines() if "[agent]" in line or "Error" in line]
     assert len(pids[0]) == 1 and len(pids[1]) == 2 and str(victim) in pids[1], (pids, said)
-    assert "started anew from the warm spare" in text
+    assert "started anew, forked" in text
     # the survivor went back to the newest checkpoint the peers held, not to step 0
     steps = [int(s) for s in re.findall(r"rank 0 pid \d+ step (\d+) ", text)]
     back = next(b for a, b in zip(steps, steps[1:], strict=False) if b <= a)

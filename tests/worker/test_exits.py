@@ -89,7 +89,6 @@ async def test_a_rank_killed_before_asyncio_reaped_it_is_not_called_hung(tmp_pat
         1,
         1,
         respawns=1,
-        spare=False,
     )
     out, err = _Output(), io.StringIO()
     supervisor = Supervisor(launch, out=out, err=err)

@@ -1,4 +1,4 @@
-"""What a warm spare imports ahead of its rank: the installed modules its script imports,
+"""What a node's fork server imports ahead of its ranks: the installed modules its script imports,
 never the script's own modules beside it."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_only_modules_installed_outside_the_script_s_folder(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_spare_imports_the_script_s_installed_modules_and_runs_none_of_its_own(tmp_path):
+def test_the_server_imports_the_script_s_installed_modules_and_runs_none_of_its_own(tmp_path):
     (tmp_path / "side_effect.py").write_text("raise SystemExit('imported ahead')\n")
     script = tmp_path / "job.py"
     script.write_text("import side_effect\nimport xml.dom.minidom\nimport no_such_module_x\n")

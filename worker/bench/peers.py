@@ -31,7 +31,7 @@ from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import side_python
 from shardwire.worker.bench.torchrun import clean_env, free_port
 from shardwire.worker.chaos.plan import Scheduled
-from shardwire.worker.launcher.supervisor import process_state
+from shardwire.worker.launcher.exits import process_state
 
 REPLICA = Path(__file__).with_name("torchft_replica.py")
 TORCHFT_VENV = "torchft-venv"  # under ~/.cache: where `make torchft-venv` puts it

@@ -33,11 +33,12 @@ from shardwire.protocol.messages import NodeAssignment, NodeJoin, Restart
 from shardwire.worker.chaos.inject import chaos_env
 from shardwire.worker.chaos.supervise import node_faults
 from shardwire.worker.launcher.cluster import node_place
+from shardwire.worker.launcher.forking import ForkServer
 from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
 from shardwire.worker.launcher.jobcard import cards_dir, publish, withdraw
 from shardwire.worker.launcher.options import LaunchSettings, with_scheduler
-from shardwire.worker.launcher.supervisor import Launch, Supervisor
+from shardwire.worker.launcher.supervisor import Launch, Supervisor, thread_defaults
 from shardwire.worker.runtime.beats import NodeBeats
 from shardwire.worker.runtime.control import ControlClient
 from shardwire.worker.runtime.tls import TlsFiles
@@ -166,6 +167,7 @@ async def _agent(
         node_index=settings.node_rank,
     )
     child_env = worker_env(settings, address, env)
+    forks = _fork_server(argv, child_env) if settings.fork_ranks else None
     beats = NodeBeats(control.send, interval=1.0)  # also this agent's own keepalive
     code = 1
     supervisor: Supervisor | None = None
@@ -182,7 +184,7 @@ async def _agent(
         while True:
             assignment = await control.node_join(join, timeout=settings.join_timeout)
             launch = _launch(settings, argv, child_env, node_id, assignment)
-            supervisor = watch.begin(assignment, launch)
+            supervisor = watch.begin(assignment, launch, forks)
             if chaos is None:
                 ranks = [assignment.node_rank * nproc + i for i in range(nproc)]
                 chaos = node_faults({**os.environ, **env}, assignment.node_rank, ranks, pids)
@@ -205,16 +207,39 @@ async def _agent(
                 break
             print(f"[agent]: {watch.restart_line()}", file=sys.stderr, flush=True)
     finally:
-        if chaos is not None:
-            chaos.cancel()
-            await asyncio.gather(chaos, return_exceptions=True)
-        await beats.aclose()
-        await control.aclose()
+        await _wind_down(chaos, beats, control, forks)
     code = watch.exit_code(code)
     report = watch.report(code)
     if report:
         print(report, file=sys.stderr, flush=True)
     return code
+
+
+async def _wind_down(
+    chaos: asyncio.Task[None] | None,
+    beats: NodeBeats,
+    control: ControlClient,
+    forks: ForkServer | None,
+) -> None:
+    """Stop what the agent ran beside its ranks, once they have ended."""
+    if chaos is not None:
+        chaos.cancel()
+        await asyncio.gather(chaos, return_exceptions=True)
+    await beats.aclose()
+    await control.aclose()
+    if forks is not None:
+        await forks.aclose()
+
+
+def _fork_server(argv: list[str], env: dict[str, str]) -> ForkServer:
+    """The node's fork server, started now (its imports run while the node joins): the
+    rank's python, then the script (or ``-m`` and its module) whose imports it makes."""
+    rest = argv[2:]  # past the python and -u
+    script = rest[:2] if rest[:1] == ["-m"] else rest[:1]
+    server_argv = [argv[0], "-u", "-m", "shardwire.worker.launcher.forkserver", *script]
+    forks = ForkServer(server_argv, {**thread_defaults(env), **env}, err=sys.stderr)
+    forks.start()
+    return forks
 
 
 def _launch(
@@ -235,7 +260,6 @@ def _launch(
         leave_timeout=settings.leave_timeout,
         generation=assignment.generation,
         respawns=settings.max_restarts if settings.recovery == "live" else 0,
-        spare=settings.warm_spare,
     )
 
 

@@ -75,21 +75,23 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         "--recovery",
         choices=["relaunch", "live"],
         help="how the job recovers from a rank's failure, while --max-restarts lasts. "
-        "live (the default): only the failed rank's process is started anew (from the "
-        "node's warm spare, unless --no-warm-spare), while the other ranks keep their "
+        "live (the default): only the failed rank's process is started anew (forked, "
+        "unless --no-fork), while the other ranks keep their "
         "processes and re-form (a script that does not call session.reform or "
         "session.recovering ends, and is started anew too). relaunch: every process of "
         "the job is stopped and started again, and the script resumes from what it saved "
         "(its latest checkpoint)",
     )
     p.add_argument(
-        "--no-warm-spare",
-        dest="warm_spare",
+        "--no-fork",
+        dest="fork_ranks",
         action="store_false",
         default=None,
-        help="with --recovery live, each node keeps a process started and imported ahead "
-        "that becomes a failed rank's replacement (a warm spare); this flag turns it off: "
-        "the replacement is started only then",
+        help="each node starts one process that imports shardwire and what the script "
+        "imports, and forks the node's rank processes from it (at the start, on a relaunch "
+        "and a failed rank's replacement), so a rank starts in milliseconds and the "
+        "node's ranks import once between them; this flag starts each rank's process "
+        "with python instead (for a script that needs an interpreter of its own)",
     )
     p.add_argument(
         "--chaos",

@@ -65,3 +65,13 @@ def failed_rank(rank: int, ended: Exited | None) -> tuple[str, bool]:
     if ended.code is None:
         return f"rank {rank} failed: its process had already ended", False
     return f"rank {rank} failed: its process had already ended ({ended})", False
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc ("T" stopped, "Z" a zombie), "" once it is
+    gone or where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from shardwire.protocol.history import describe
 from shardwire.protocol.messages import Abort, Finished, GenerationInfo, NodeAssignment, Restart
+from shardwire.worker.launcher.forking import ForkServer
 from shardwire.worker.launcher.supervisor import Launch, Supervisor
 
 Verdict = Abort | Restart | Finished
@@ -34,14 +35,17 @@ class JobWatch:
         self.lost = False
         self._heard = asyncio.Event()
 
-    def begin(self, assignment: NodeAssignment, launch: Launch) -> Supervisor:
-        """A generation starts on this node: a fresh supervisor, no verdict yet."""
+    def begin(
+        self, assignment: NodeAssignment, launch: Launch, forks: ForkServer | None = None
+    ) -> Supervisor:
+        """A generation starts on this node: a fresh supervisor (its rank processes forked
+        by ``forks`` where it serves), no verdict yet."""
         self.assignment = assignment
         self._assigned_at = self._clock()
         self._ended_at = None
         self.verdict = None
         self._heard = asyncio.Event()
-        self.supervisor = Supervisor(launch)
+        self.supervisor = Supervisor(launch, forks=forks)
         return self.supervisor
 
     def _decide(self, verdict: Verdict | None) -> None:

@@ -64,7 +64,7 @@ class LaunchSettings(_Client):
     max_restarts: int = Field(default=0, ge=0, le=1 << 20)
     # how a rank's failure is met: keep the survivors (live), or relaunch every process
     recovery: Literal["relaunch", "live"] = "live"
-    warm_spare: bool = True  # live recovery: a process per node started and imported ahead
+    fork_ranks: bool = True  # a node's rank processes forked from one that imported ahead
     node_id: str | None = None
     node_rank: int | None = Field(default=None, ge=0, lt=1 << 24)  # the scheduler's node index
     coordinator_port: int | None = Field(default=None, ge=1, le=65535)  # where ours is served

@@ -1,12 +1,13 @@
-"""What a warm spare imports ahead of its rank: the modules the rank's script imports.
+"""What a node's fork server imports ahead of its ranks: the modules the rank's script
+imports.
 
-A replacement rank's start is mostly imports (shardwire and numpy; torch alone takes
-about 1.8 s on this kind of machine). The spare reads the script it may become (or the
-module run with ``-m``), finds every module the file imports, anywhere in it, and
-imports those that are installed (found outside the script's own folder) before it
-waits: a torch script's spare has torch and ``shardwire.torch`` loaded when it takes
-over. The script's own modules beside it are not imported ahead: they may run the
-user's code at import, which must run once, as the rank.
+A rank's start is mostly imports (shardwire and numpy; torch alone takes about 1.8 s on
+a small machine). The fork server reads the script its ranks run (or the module run
+with ``-m``), finds every module the file imports, anywhere in it, and imports those
+that are installed (found outside the script's own folder) before it forks any: a torch
+script's ranks have torch and ``shardwire.torch`` loaded when they start. The script's
+own modules beside it are not imported ahead: they may run the user's code at import,
+which must run once, in each rank.
 """
 
 from __future__ import annotations

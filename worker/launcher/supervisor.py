@@ -7,13 +7,9 @@ kept for the summary. The first child to exit non-zero (or the rank the coordina
 in an abort) is the root cause; the others are then given ``term_timeout`` seconds after
 SIGTERM before SIGKILL.
 
-Under live recovery with a warm spare (``Launch.spare``) the supervisor also keeps one
-spare process (``launcher.spare``): Python started and shardwire imported, waiting on
-its input. A dead rank's replacement is that spare, told the rank's environment and
-arguments, rather than a process started then; a new spare is started ``SPARE_DELAY``
-seconds later, so that its imports do not take a core from the ranks that are
-recovering. The spare is not a child: it gets no signals meant for the ranks, and is
-killed when the node stops or its children have all ended.
+A node's rank processes are forked by its fork server (``launcher.forking``), which has
+imported what a rank imports ahead, where the agent gives the supervisor one that serves;
+else, and for whatever it cannot start, the supervisor starts the process itself.
 """
 
 from __future__ import annotations
@@ -28,13 +24,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from shardwire.worker.launcher.exits import ended_how, exited, failed_rank
-from shardwire.worker.launcher.spares import WarmSpare, kill_group
+from shardwire.worker.launcher.exits import Exited, ended_how, exited, failed_rank, process_state
+from shardwire.worker.launcher.forking import Forked, ForkServer
 
 _TAIL_LINES = 20
 _STACK_LINES = 30
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-SPARE_DELAY = 2.0  # seconds after a spare became a rank before the next one starts
+KILL_TIMEOUT = 10.0  # seconds for a SIGKILLed process to be reaped
+
+RankProcess = asyncio.subprocess.Process | Forked  # started by the supervisor, or forked
 
 
 @dataclass
@@ -43,7 +41,7 @@ class Child:
 
     rank: int
     local_rank: int
-    proc: asyncio.subprocess.Process
+    proc: RankProcess
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
     returncode: int | None = None
     unresponsive: bool = False  # outlived SIGTERM and was killed
@@ -81,14 +79,21 @@ class Launch:
     # live recovery: a dead rank's process is started anew (at most this many times per
     # local rank) while its node's other processes go on; 0: a death stops the node
     respawns: int = 0
-    spare: bool = False  # live recovery: keep a warm spare process (see the module docstring)
 
 
 class Supervisor:
     """Starts, watches and stops one node's worker processes."""
 
-    def __init__(self, launch: Launch, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
+    def __init__(
+        self,
+        launch: Launch,
+        *,
+        forks: ForkServer | None = None,
+        out: TextIO = sys.stdout,
+        err: TextIO = sys.stderr,
+    ):
         self.launch = launch
+        self.forks = forks  # forks the rank processes, where it serves
         self.children: list[Child] = []
         self._out = out
         self._err = err
@@ -104,20 +109,12 @@ class Supervisor:
         self._respawned = [0] * launch.nproc  # by local rank (live recovery)
         self.era = 0  # live recovery: the generations this node's processes went through
         self._group: asyncio.TaskGroup | None = None  # the children's watchers
-        self.spare = WarmSpare(  # used under live recovery with Launch.spare
-            # the script (past the python and -u), whose imports the spare makes ahead
-            [launch.argv[0], "-u", "-m", "shardwire.worker.launcher.spare", *_script(launch)],
-            {**self.child_env(0), "SHARDWIRE_GENERATION": "0"},
-        )
 
     def child_env(self, local_rank: int) -> dict[str, str]:
         la = self.launch
         rank = la.node_rank * la.nproc + local_rank
-        # Like torchrun: one BLAS/OpenMP thread per process unless the user says
-        # otherwise, so N processes on N cores do not fight N*N spinning threads.
-        threads = {k: "1" for k in _THREAD_VARS if k not in la.env}
         return {
-            **threads,
+            **thread_defaults(la.env),
             **la.env,
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),
@@ -130,14 +127,18 @@ class Supervisor:
         }
 
     async def _spawn(self, local: int, env: dict[str, str]) -> Child:
-        proc = await asyncio.create_subprocess_exec(
-            *self.launch.argv,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
+        proc: RankProcess | None = None
+        if self.forks is not None:
+            proc = await self.forks.fork(env, self.launch.argv[2:])  # past the python and -u
+        if proc is None:
+            proc = await asyncio.create_subprocess_exec(
+                *self.launch.argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
         return Child(self.launch.node_rank * self.launch.nproc + local, local, proc)
 
     async def run(self) -> int:
@@ -150,8 +151,6 @@ class Supervisor:
         self._spawned = True
         if self._halted and self._reaper is None:
             self._reaper = asyncio.create_task(self.stop())
-        if self.launch.spare and self.launch.respawns and not self._halted:
-            self.spare.start(SPARE_DELAY)
         try:
             async with asyncio.TaskGroup() as tg:
                 self._group = tg
@@ -159,7 +158,6 @@ class Supervisor:
                     tg.create_task(self._watch(child))
         finally:
             self._group = None
-            await self.spare.drop()
             if self._reaper is not None:
                 self._reaper.cancel()
                 await asyncio.gather(self._reaper, return_exceptions=True)
@@ -174,9 +172,8 @@ class Supervisor:
             return False
         self._respawned[local] += 1
         env = {**self.child_env(local), "SHARDWIRE_GENERATION": "0"}  # whichever forms
-        proc = await self.spare.take(env, self.launch.argv[2:])  # past the python and -u
-        how = "started anew" if proc is None else "started anew from the warm spare"
-        fresh = await self._spawn(local, env) if proc is None else Child(child.rank, local, proc)
+        fresh = await self._spawn(local, env)
+        how = "started anew, forked" if isinstance(fresh.proc, Forked) else "started anew"
         group = self._group
         if group is None or self._over():
             # The job ended (the coordinator said so) while the process was starting:
@@ -184,8 +181,6 @@ class Supervisor:
             # coordinator that is gone.
             await kill_group(fresh.proc)
             return False
-        if proc is not None:
-            self.spare.start(SPARE_DELAY)
         fresh.replaced_in = self.era
         self.children[self.children.index(child)] = fresh
         self._err.write(
@@ -259,7 +254,6 @@ class Supervisor:
         """Signal every running child, then SIGKILL whoever outlives ``grace`` seconds
         (``term_timeout`` unless given)."""
         self._stopping.set()
-        await self.spare.drop()
         for child in self.children:
             child.was_stopped = child.proc.returncode is None and _is_stopped(child.proc.pid)
         self.signal_all(sig)
@@ -340,7 +334,7 @@ class Supervisor:
             for child in self.children:
                 ended = child.replaced_in != self.era  # it ran in the ended generation
                 if child.rank == rank and child.proc.returncode is None and ended:
-                    line, kill = failed_rank(rank, exited(child.proc.pid))
+                    line, kill = failed_rank(rank, _ended(child.proc))
                     self._err.write(f"[agent]: {line}\n")
                     self._err.flush()
                     if kill:
@@ -368,22 +362,26 @@ class Supervisor:
                 await self.stop()
 
 
-def process_state(pid: int) -> str:
-    """The state letter of ``pid`` in /proc ("T" stopped, "Z" a zombie), "" once it is
-    gone or where there is no /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
 def _is_stopped(pid: int) -> bool:
     """Whether a process is stopped (False where there is no /proc)."""
     return process_state(pid) in ("T", "t")
 
 
-def _script(launch: Launch) -> list[str]:
-    """The script a rank runs (or ``-m`` and its module), from the rank's command line."""
-    rest = launch.argv[2:]
-    return rest[:2] if rest[:1] == ["-m"] else rest[:1]
+def thread_defaults(env: dict[str, str]) -> dict[str, str]:
+    """Like torchrun: one BLAS/OpenMP thread per process unless ``env`` says otherwise,
+    so N processes on N cores do not fight N*N spinning threads."""
+    return {k: "1" for k in _THREAD_VARS if k not in env}
+
+
+def _ended(proc: RankProcess) -> Exited | None:
+    """How a rank's process ended, told before its end is reaped; None while it runs."""
+    return proc.exited() if isinstance(proc, Forked) else exited(proc.pid)
+
+
+async def kill_group(proc: RankProcess) -> None:
+    """SIGKILL a process's group (a replacement the job no longer wants) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(KILL_TIMEOUT):
+            await proc.wait()

@@ -1,0 +1,192 @@
+"""A node's fork server: every rank process of the node, a dead rank's replacement
+too, is forked from one process that imported shardwire and the script's installed
+imports ahead, and runs the script as ``python -u SCRIPT`` would (its arguments,
+environment, ``sys.path[0]``, an empty stdin, a session of its own, a numpy seed of its
+own); without a server that serves, the supervisor starts each process itself; a
+server's loss ends the ranks it forked, said; no server outlives its agent."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from shardwire.worker.launcher.exits import process_state
+from shardwire.worker.launcher.forking import ForkServer
+from shardwire.worker.launcher.supervisor import Launch, Supervisor, thread_defaults
+
+# a node agent runs on the stock asyncio loop (the launcher does not use uvloop)
+pytestmark = [pytest.mark.e2e, pytest.mark.one_loop]
+
+SCRIPT = """
+import os, sys
+warm = "shardwire.worker" in sys.modules  # imported before the script ran
+ahead = "xml.dom.minidom" in sys.modules  # the script's own import, made by the server
+import xml.dom.minidom
+import numpy as np
+rank, marks = os.environ["RANK"], sys.argv[1]
+first = not os.path.exists(os.path.join(marks, rank))
+open(os.path.join(marks, rank), "w").close()
+if rank == "1" and first:
+    sys.exit(3)
+if rank == "0":
+    import time
+    time.sleep(1.0)
+parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\\0")
+print(f"rank {rank} warm={warm} ahead={ahead} args={sys.argv[1:]} "
+      f"gen={os.environ['SHARDWIRE_GENERATION']} path0={sys.path[0]} "
+      f"stdin={sys.stdin.read()!r} main={__name__} session={os.getsid(0) == os.getpid()} "
+      f"server={b'shardwire.worker.launcher.forkserver' in parent} "
+      f"seed={np.random.randint(1 << 62)}", flush=True)
+"""
+
+
+def _ended_within(pid: int, seconds: float) -> bool:
+    """Whether ``pid`` is gone (or a zombie nobody reaped yet) within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while process_state(pid) not in ("", "Z", "X"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _server(argv: list[str], env: dict[str, str], err: io.StringIO) -> ForkServer:
+    script = argv[2:3]
+    server_argv = [argv[0], "-u", "-m", "shardwire.worker.launcher.forkserver", *script]
+    forks = ForkServer(server_argv, {**thread_defaults(env), **env}, err=err)
+    forks.start()
+    return forks
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "started"])
+async def test_every_rank_and_a_replacement_is_forked_and_runs_as_a_fresh_process(
+    tmp_path, forked: bool
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "marks").mkdir()
+    argv = [sys.executable, "-u", str(script), str(tmp_path / "marks"), "--flag", "x y"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    launch = Launch(argv, env, "node-a", 0, 2, 2, respawns=1)
+    out, err = io.StringIO(), io.StringIO()
+    forks = _server(argv, env, err) if forked else None
+    supervisor = Supervisor(launch, forks=forks, out=out, err=err)
+    try:
+        code = await asyncio.wait_for(supervisor.run(), 90)
+    finally:
+        if forks is not None:
+            await forks.aclose()
+    assert code == 0, err.getvalue()
+    lines = dict(re.findall(r"^\[rank(\d)\]: (rank .*)$", out.getvalue(), re.M))
+    for rank in "01":
+        said = lines[rank]
+        assert f"warm={forked}" in said and f"ahead={forked}" in said  # imported ahead
+        assert f"server={forked}" in said, said  # the server is the parent
+        assert f"args=['{tmp_path / 'marks'}', '--flag', 'x y']" in said
+        assert f"path0={tmp_path}" in said and "main=__main__" in said
+        assert "stdin=''" in said and "session=True" in said
+    assert "gen=0" in lines["1"]  # the replacement joins whichever generation forms
+    seeds = {re.search(r"seed=(\d+)", lines[r]).group(1) for r in "01"}  # type: ignore[union-attr]
+    assert len(seeds) == 2  # each rank draws numpy's global seed anew
+    said = "started anew, forked (pid" if forked else "started anew (pid"
+    assert said in err.getvalue() and err.getvalue().count("started anew") == 1
+    if forks is not None:
+        assert forks.proc is not None and forks.proc.returncode is not None  # not left behind
+
+
+@pytest.mark.timeout(120)
+async def test_a_server_running_threads_forks_nothing_and_the_ranks_start_on_their_own(
+    tmp_path,
+) -> None:
+    """OpenBLAS starts its threads as numpy is imported when told to use two: a fork
+    would copy one thread and whatever locks the others held."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "marks").mkdir()
+    argv = [sys.executable, "-u", str(script), str(tmp_path / "marks")]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "2"}
+    out, err = io.StringIO(), io.StringIO()
+    forks = _server(argv, env, err)
+    supervisor = Supervisor(
+        Launch(argv, env, "node-a", 0, 2, 2, respawns=1), forks=forks, out=out, err=err
+    )
+    try:
+        assert await asyncio.wait_for(supervisor.run(), 90) == 0, err.getvalue()
+    finally:
+        await forks.aclose()
+    assert "runs 2 threads after its imports" in err.getvalue()
+    assert "server=False" in out.getvalue() and "server=True" not in out.getvalue()
+
+
+@pytest.mark.timeout(120)
+async def test_a_lost_server_s_ranks_are_killed_and_said_to_be(tmp_path) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    argv = [sys.executable, "-u", str(script)]
+    err = io.StringIO()
+    forks = _server(argv, dict(os.environ), err)
+    try:
+        proc = await forks.fork(dict(os.environ), argv[2:])
+        assert proc is not None and forks.proc is not None
+        os.kill(forks.proc.pid, signal.SIGKILL)
+        assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGKILL
+        assert "ended: the 1 rank process(es) it forked are killed" in err.getvalue()
+        assert await asyncio.to_thread(_ended_within, proc.pid, 30.0)
+        assert await forks.fork(dict(os.environ), argv[2:]) is None  # the caller starts it
+    finally:
+        await forks.aclose()
+
+
+OVER = """
+import os, sys, time
+rank, marks = os.environ["RANK"], sys.argv[1]
+first = not os.path.exists(os.path.join(marks, rank))
+open(os.path.join(marks, rank), "w").close()
+if rank == "1" and first:
+    sys.exit(3)
+time.sleep(1.0 if rank == "0" else 60.0)  # the replacement would wait for a gone coordinator
+sys.exit(1)  # rank 0: "the job is over"
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_a_replacement_started_as_the_job_ends_is_stopped_with_it(tmp_path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(OVER)
+    (tmp_path / "marks").mkdir()
+    argv = [sys.executable, "-u", str(script), str(tmp_path / "marks")]
+    launch = Launch(
+        argv,
+        {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        "node-a",
+        0,
+        2,
+        2,
+        respawns=1,
+        term_timeout=5.0,
+    )
+    err = io.StringIO()
+    supervisor = Supervisor(launch, out=io.StringIO(), err=err)
+    spawn, started = supervisor._spawn, []
+
+    async def spawn_as_the_job_ends(local: int, env: dict[str, str]):
+        if len(started) == 2:  # rank 1's replacement: the coordinator ends the job meanwhile
+            supervisor.note_abort(1, "no restart is left", "")
+        child = await spawn(local, env)
+        started.append(child.proc)
+        return child
+
+    supervisor._spawn = spawn_as_the_job_ends  # type: ignore[method-assign]
+    code = await asyncio.wait_for(supervisor.run(), 30)  # not the replacement's 60 s
+    assert code != 0 and len(started) == 3
+    assert started[2].returncode == -9  # the replacement was killed, not left waiting
+    assert "started anew" not in err.getvalue()
+    assert supervisor.root_cause is not None and supervisor.root_cause.rank == 1
