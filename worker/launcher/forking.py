@@ -6,7 +6,8 @@ for each rank process and watches what it forked as it would a process of its ow
 its reports. :meth:`ForkServer.fork` gives a :class:`Forked` (``pid``, ``stdout`` and
 ``stderr`` stream readers, ``returncode``, ``wait()``: what the supervisor reads of a
 process), or None where the server cannot serve: it did not say it was ready within
-``READY_TIMEOUT``, it runs more than one thread after its imports, it refused the order
+``READY_TIMEOUT``, it runs a Python thread besides its own after its imports, it refused
+the order
 or it is gone. The supervisor then starts that process itself. If the server dies while
 ranks it forked run, nobody can tell how they end: they are killed (SIGKILL to their
 process groups) and reported so, and the node goes on without a server.
@@ -113,7 +114,7 @@ class ForkServer:
             self._reader = asyncio.create_task(self._read())
             return True
         if isinstance(threads, int):
-            why = f"runs {threads} threads after its imports (a fork copies one)"
+            why = f"runs {threads} Python threads after its imports (a fork copies one)"
         elif self.proc.returncode is not None:
             why = f"ended before it was ready ({ended_how(self.proc.returncode)})"
         else:

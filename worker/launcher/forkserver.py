@@ -12,10 +12,12 @@ Theory of operation. The agent starts it as
 
 with one end of a ``SOCK_SEQPACKET`` socket pair as its standard input (the server moves
 it off descriptor 0 and puts /dev/null there). Every message is one JSON object. Once
-imported it says ``{"ready": THREADS}``, the threads it runs: it serves only when that
-is 1, as a fork copies the calling thread alone, and a lock another thread held would
-stay held in the child. Then, for each order ``{"id": N, "env": {...}, "argv": [...]}``,
-which comes with two descriptors (the rank's stdout and stderr, ``SCM_RIGHTS``), it
+imported it says ``{"ready": THREADS}``, the Python threads it runs: it serves only
+when that is 1, as a fork copies the calling thread alone, and a lock another thread's
+Python code held would stay held in the child. (Native threads that libraries start at
+import, OpenBLAS's or jemalloc's, are left: those libraries make ready for a fork.)
+Then, for each order ``{"id": N, "env": {...}, "argv": [...]}``, which comes with two
+descriptors (the rank's stdout and stderr, ``SCM_RIGHTS``), it
 forks a child and answers ``{"started": N, "pid": PID}``; a malformed order is answered
 ``{"refused": N, "why": "..."}``. The child leads a new session (as a rank's process
 does), takes those descriptors as 1 and 2, draws a fresh seed for numpy's global
@@ -35,6 +37,8 @@ import select
 import signal
 import socket
 import sys
+import threading
+import warnings
 from dataclasses import dataclass
 
 import shardwire.worker  # noqa: F401 - the imports a rank's start spends most of its time on
@@ -94,7 +98,11 @@ def take(control: socket.socket) -> bool | Order:
     assert isinstance(order, dict)
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12 and later warn of any thread at a fork; the native ones libraries
+        # start at import (OpenBLAS's, jemalloc's) are ready for a fork in their process
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         return Order(order, fds)
     for fd in fds:
@@ -184,10 +192,7 @@ def main() -> int:
     os.dup2(null, 0)
     os.close(null)
     preload(sys.argv[1:])  # the script the ranks run (or -m and its module)
-    try:
-        threads = len(os.listdir("/proc/self/task"))
-    except OSError:
-        threads = 0  # no /proc to count them in: not served
+    threads = threading.active_count()
     try:
         send(control, {"ready": threads})
         child = serve(control) if threads == 1 else None  # else the agent starts its ranks

@@ -102,27 +102,35 @@ async def test_every_rank_and_a_replacement_is_forked_and_runs_as_a_fresh_proces
         assert forks.proc is not None and forks.proc.returncode is not None  # not left behind
 
 
+THREADED = """
+import threading, time
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+"""
+
+
 @pytest.mark.timeout(120)
-async def test_a_server_running_threads_forks_nothing_and_the_ranks_start_on_their_own(
+async def test_a_server_running_a_python_thread_forks_nothing_and_ranks_start_on_their_own(
     tmp_path,
 ) -> None:
-    """OpenBLAS starts its threads as numpy is imported when told to use two: a fork
-    would copy one thread and whatever locks the others held."""
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
+    """An installed module the script imports starts a thread at import: a fork would
+    copy one thread and whatever locks the other's Python code held."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "threaded_at_import.py").write_text(THREADED)
+    (tmp_path / "job").mkdir()  # not beside the module: that one is "installed"
+    script = tmp_path / "job" / "job.py"
+    script.write_text("import threaded_at_import\n" + SCRIPT)
     (tmp_path / "marks").mkdir()
     argv = [sys.executable, "-u", str(script), str(tmp_path / "marks")]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "2"}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path / "site")}
     out, err = io.StringIO(), io.StringIO()
     forks = _server(argv, env, err)
-    supervisor = Supervisor(
-        Launch(argv, env, "node-a", 0, 2, 2, respawns=1), forks=forks, out=out, err=err
-    )
+    launch = Launch(argv, env, "node-a", 0, 2, 2, respawns=1)
+    supervisor = Supervisor(launch, forks=forks, out=out, err=err)
     try:
         assert await asyncio.wait_for(supervisor.run(), 90) == 0, err.getvalue()
     finally:
         await forks.aclose()
-    assert "runs 2 threads after its imports" in err.getvalue()
+    assert "runs 2 Python threads after its imports" in err.getvalue()
     assert "server=False" in out.getvalue() and "server=True" not in out.getvalue()
 
 
