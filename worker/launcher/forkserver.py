@@ -12,20 +12,21 @@ Theory of operation. The agent starts it as
 
 with one end of a ``SOCK_SEQPACKET`` socket pair as its standard input (the server moves
 it off descriptor 0 and puts /dev/null there). Every message is one JSON object. Once
-imported it says ``{"ready": THREADS}``, the Python threads it runs: it serves only
-when that is 1, as a fork copies the calling thread alone, and a lock another thread's
-Python code held would stay held in the child. (Native threads that libraries start at
-import, OpenBLAS's or jemalloc's, are left: those libraries make ready for a fork.)
-Then, for each order ``{"id": N, "env": {...}, "argv": [...]}``, which comes with two
-descriptors (the rank's stdout and stderr, ``SCM_RIGHTS``), it
-forks a child and answers ``{"started": N, "pid": PID}``; a malformed order is answered
-``{"refused": N, "why": "..."}``. The child leads a new session (as a rank's process
-does), takes those descriptors as 1 and 2, draws a fresh seed for numpy's global
-generator (Python's ``random`` reseeds itself at a fork) and runs the script as
-``python -u SCRIPT`` would (``become``). The server reaps its children as SIGCHLD wakes
-it and reports each as ``{"exited": PID, "code": CODE}``, CODE as asyncio gives a
-returncode (negative: the signal). When the agent closes its end the server exits;
-ranks still running go on as orphans, as an agent's own children would.
+imported it says ``{"ready": THREADS}``, the Python threads it runs: the agent sends
+orders only when that is 1 (else it closes its end), as a fork copies the calling thread
+alone, and a lock another thread's Python code held would stay held in the child.
+(Native threads that libraries start at import, OpenBLAS's or jemalloc's, are left:
+those libraries make ready for a fork.) Then, for each order ``{"id": N, "env": {...},
+"argv": [...]}``, which comes with two descriptors (the rank's stdout and stderr,
+``SCM_RIGHTS``), it forks a child and answers ``{"started": N, "pid": PID}``; a
+malformed order is answered ``{"refused": N, "why": "..."}``. The child leads a new
+session (as a rank's process does), takes those descriptors as 1 and 2, draws a fresh
+seed for numpy's global generator if the server imported it (Python's ``random``
+reseeds itself at a fork) and
+runs the script as ``python -u SCRIPT`` would (``become``). The server reaps its
+children as SIGCHLD wakes it and reports each as ``{"exited": PID, "code": CODE}``, CODE
+as asyncio gives a returncode (negative: the signal). When the agent closes its end the
+server exits; ranks still running go on as orphans, as an agent's own children would.
 """
 
 from __future__ import annotations
@@ -173,9 +174,9 @@ def become(order: dict, fds: list[int]) -> None:
     os.close(err)
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in order["env"].items()})
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()  # the server's seed is every child's otherwise
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # imported ahead: the server's seed is every child's
+        numpy_random.seed()
     argv = list(order["argv"])
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's path first
@@ -195,7 +196,7 @@ def main() -> int:
     threads = threading.active_count()
     try:
         send(control, {"ready": threads})
-        child = serve(control) if threads == 1 else None  # else the agent starts its ranks
+        child = serve(control)  # until the agent closes its end (at once if it refuses)
     except BrokenPipeError:
         return 0  # the agent is gone
     if child is not None:

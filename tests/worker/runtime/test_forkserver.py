@@ -29,6 +29,7 @@ import os, sys
 warm = "shardwire.worker" in sys.modules  # imported before the script ran
 ahead = "xml.dom.minidom" in sys.modules  # the script's own import, made by the server
 import xml.dom.minidom
+import numpy.random  # imported ahead too, with the global generator's seed
 import numpy as np
 rank, marks = os.environ["RANK"], sys.argv[1]
 first = not os.path.exists(os.path.join(marks, rank))
