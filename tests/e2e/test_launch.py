@@ -242,6 +242,9 @@ def test_a_stopped_child_is_named_and_the_launcher_ends() -> None:
         str(SCRIPTS / "steps.py"),
         STEPS="100000",
         STEP_DELAY="0.01",
+        # started with python, not forked: /proc shows a forked rank the server's
+        # environment, and this test finds rank 1 by its RANK there
+        SHARDWIRE_FORK_RANKS="0",
     )
     try:
         _wait_for_line(proc, "[rank1]: step 5")

@@ -71,7 +71,9 @@ def _run_and_kill(tmp_path: Path, name: str, *flags: str) -> subprocess.Complete
     job = subprocess.Popen(
         _command(tmp_path, name, *flags),
         cwd=ROOT,
-        env=env(),
+        # started with python, not forked: /proc shows a forked rank the server's
+        # environment, and rank 2 is found by its RANK there
+        env=env(SHARDWIRE_FORK_RANKS="0"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
