@@ -163,7 +163,9 @@ def test_under_no_shard_kills_at_random_times_end_bit_identical(tmp_path) -> Non
     plan = "seed = 3\n" + "".join(
         f'[[faults]]\nkind = "kill"\nrank = "random"\nafter_s = {t}\n' for t in times
     )
-    args = ("--steps", "300", "--strategy", "no_shard", "--copy-every", "20")
+    # long enough for all three kills (about 5 ms a step here): a forked replacement
+    # joins within a fraction of a second, so the faults' times are most of the run
+    args = ("--steps", "1500", "--strategy", "no_shard", "--copy-every", "20")
     done, _ = _launch(tmp_path, "straight", args=args)
     assert done.returncode == 0, done.stderr[-3000:]
     live = ["--max-restarts", "5", "--recovery", "live"]

@@ -115,8 +115,16 @@ def lose_node(root: Path) -> None:
     marker = root / "node-lost"
     if not marker.exists():
         marker.write_text("")
-        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(agent_pid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def agent_pid() -> int:
+    """This rank's node agent: its parent, or its fork server's parent if forked."""
+    parent = os.getppid()
+    if b"launcher.forkserver" in Path(f"/proc/{parent}/cmdline").read_bytes():
+        return int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return parent
 
 
 def state_of(wrapped: nn.Module, opt: torch.optim.Optimizer, step: int) -> dict[str, Any]:
