@@ -95,7 +95,7 @@ class Session:
         self._control: ControlThread | None = None
         self._rank = -1
         self._chaos: Injector | None = None  # a chaos plan's faults for this rank
-        self._parent = os.getppid()  # under a node agent: the agent
+        self._parent = os.getppid()  # under a node agent: the agent or its fork server
         self._leave: leave.LeaveNotice | None = None  # SIGTERM as a notice to leave
         self._reforming = False  # joins after the first are re-formations (live recovery)
 
