@@ -4,9 +4,11 @@ owner is gone, never while it lives."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,18 +81,27 @@ def test_the_directory_of_a_killed_process_is_swept_by_the_next_one(tmp_path) ->
             child.wait(timeout=60)
 
 
+@pytest.fixture
+def short_tmp():
+    """A temporary directory with a short path (not tmp_path, which under a test process
+    is long): a socket's path inside it must stay within the 107 bytes it may have."""
+    root = Path(tempfile.mkdtemp(prefix="swscratch-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 async def test_the_launcher_s_coordinator_and_the_agent_s_beats_live_in_scratch_directories(
-    monkeypatch, tmp_path
+    monkeypatch, short_tmp
 ) -> None:
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))
     hosted = _Hosted(["shardwire-coordinator"], {})
     beats = NodeBeats(lambda beat: None, 1.0)
     socket = Path(await beats.start())
     try:
         state = Path(hosted.command[hosted.command.index("--state-dir") + 1])
         for directory in (state, socket.parent):
-            assert directory.parent == tmp_path and (directory / OWNER).is_file()
-            assert sweep(directory.name[: directory.name.rindex("-") + 1], str(tmp_path)) == []
+            assert directory.parent == short_tmp and (directory / OWNER).is_file()
+            assert sweep(directory.name[: directory.name.rindex("-") + 1], str(short_tmp)) == []
     finally:
         await beats.aclose()
         hosted.state.remove()
