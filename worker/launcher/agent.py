@@ -33,7 +33,7 @@ from shardwire.protocol.messages import NodeAssignment, NodeJoin, Restart
 from shardwire.worker.chaos.inject import chaos_env
 from shardwire.worker.chaos.supervise import node_faults
 from shardwire.worker.launcher.cluster import node_place
-from shardwire.worker.launcher.forking import ForkServer
+from shardwire.worker.launcher.forking import ForkServer, server_command
 from shardwire.worker.launcher.generations import JobWatch
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
 from shardwire.worker.launcher.jobcard import cards_dir, publish, withdraw
@@ -233,11 +233,8 @@ async def _wind_down(
 
 def _fork_server(argv: list[str], env: dict[str, str]) -> ForkServer:
     """The node's fork server, started now (its imports run while the node joins): the
-    rank's python, then the script (or ``-m`` and its module) whose imports it makes."""
-    rest = argv[2:]  # past the python and -u
-    script = rest[:2] if rest[:1] == ["-m"] else rest[:1]
-    server_argv = [argv[0], "-u", "-m", "shardwire.worker.launcher.forkserver", *script]
-    forks = ForkServer(server_argv, {**thread_defaults(env), **env}, err=sys.stderr)
+    ranks' command line is ``argv``."""
+    forks = ForkServer(server_command(argv), {**thread_defaults(env), **env}, err=sys.stderr)
     forks.start()
     return forks
 

@@ -33,6 +33,15 @@ CLOSE_TIMEOUT = 10.0  # seconds for the server to exit once its socket closed
 REPORT_BYTES = 4096  # the largest report read (one JSON object)
 
 
+def server_command(rank_argv: list[str]) -> list[str]:
+    """The fork server's command line for ranks started as ``rank_argv`` (python, ``-u``,
+    then the script or ``-m`` and its module, then the arguments): the same python, told
+    the script (or module) whose imports it makes ahead."""
+    rest = rank_argv[2:]  # past the python and -u
+    script = rest[:2] if rest[:1] == ["-m"] else rest[:1]
+    return [rank_argv[0], "-u", "-m", "shardwire.worker.launcher.forkserver", *script]
+
+
 class Forked:
     """A rank process the fork server started (not this process's child: the server
     reaps it and reports how it ended)."""

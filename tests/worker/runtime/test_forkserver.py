@@ -18,7 +18,7 @@ import time
 import pytest
 
 from shardwire.worker.launcher.exits import process_state
-from shardwire.worker.launcher.forking import ForkServer
+from shardwire.worker.launcher.forking import ForkServer, server_command
 from shardwire.worker.launcher.supervisor import Launch, Supervisor, thread_defaults
 
 # a node agent runs on the stock asyncio loop (the launcher does not use uvloop)
@@ -59,9 +59,7 @@ def _ended_within(pid: int, seconds: float) -> bool:
 
 
 def _server(argv: list[str], env: dict[str, str], err: io.StringIO) -> ForkServer:
-    script = argv[2:3]
-    server_argv = [argv[0], "-u", "-m", "shardwire.worker.launcher.forkserver", *script]
-    forks = ForkServer(server_argv, {**thread_defaults(env), **env}, err=err)
+    forks = ForkServer(server_command(argv), {**thread_defaults(env), **env}, err=err)
     forks.start()
     return forks
 
