@@ -121,7 +121,12 @@ def _add_rank_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--advertise-host", help="address peers should dial (default: as seen)")
     p.add_argument("--join-timeout", type=float, help="seconds to wait for the world (300)")
-    p.add_argument("--term-timeout", type=float, help="grace after SIGTERM before SIGKILL (5)")
+    p.add_argument(
+        "--term-timeout",
+        type=float,
+        help="after a rank fails, the grace its node's other ranks get to end by themselves "
+        "before SIGTERM, and after SIGTERM before SIGKILL (5)",
+    )
     p.add_argument(
         "--leave-timeout",
         type=float,

@@ -4,8 +4,10 @@ root-cause summary when one of them fails.
 Theory of operation: each child gets its own process group; its stdout and stderr are
 read line by line and echoed with a ``[rankN]:`` prefix, and the last lines of stderr are
 kept for the summary. The first child to exit non-zero (or the rank the coordinator names
-in an abort) is the root cause; the others are then given ``term_timeout`` seconds after
-SIGTERM before SIGKILL.
+in an abort) is the root cause. The others normally end by themselves at once (their
+peers and the coordinator tell them, with an error naming it); whoever has not within
+``term_timeout`` seconds is sent SIGTERM, and SIGKILL after as long again. A generation
+that ended elsewhere stops the node's processes at once.
 
 A node's rank processes are forked by its fork server (``launcher.forking``), which has
 imported what a rank imports ahead, where the agent gives the supervisor one that serves;
@@ -209,11 +211,13 @@ class Supervisor:
         child.returncode = await child.proc.wait()
         if child.returncode != 0 and self.launch.respawns and await self._replace(child):
             return
-        # Once the coordinator named the root cause, the ranks exit by themselves (and
-        # whoever does not is stopped by the reaper, see note_abort).
+        # The first to fail is the root cause. The others learn of it from their peers and
+        # the coordinator at once and end with an error naming it; whoever does not (busy
+        # outside a collective) is stopped after the grace, as after an abort.
         if child.returncode != 0 and self.root_cause is None and not self._stopping.is_set():
             self.root_cause = child
-            await self.stop()
+            if self._reaper is None:
+                self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
 
     async def _pump(
         self, child: Child, stream: asyncio.StreamReader, sink: TextIO, *, keep: bool
@@ -342,7 +346,9 @@ class Supervisor:
                             os.killpg(child.proc.pid, signal.SIGKILL)
             return
         self._halted = True
-        if self._spawned and self._reaper is None and not self._stopping.is_set():
+        if self._spawned and not self._stopping.is_set():
+            if self._reaper is not None:  # still granting the ranks their own end: over
+                self._reaper.cancel()
             self._reaper = asyncio.create_task(self.stop())
 
     def note_lost_coordinator(self, address: str) -> None:
