@@ -55,7 +55,9 @@ run: sync
 # run in the test process alone), then the tests that start processes or open
 # namespaces on one test process per core (a job's processes leave a core idle while
 # they start, wait on each other or on a timeout; one at a time, the run took 1.4x as
-# long). Each log ends with the slowest tests, so a slow one is seen as it lands.
+# long). Tests marked long(SECONDS) start first (tests/longfirst.py), so the run does not
+# end on one of minutes drawn last. Each log ends with the slowest tests, so a slow one is
+# seen as it lands.
 test: sync
 	$(RUN)/python -m pytest $(QUICK) --durations=25 $(PYTEST_ARGS)
 	$(RUN)/python -m pytest $(E2E) --durations=25 $(PYTEST_ARGS)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-pytest_plugins = ["pytester", "tests.quicktier"]
+pytest_plugins = ["pytester", "tests.quicktier", "tests.longfirst"]
 
 _FACTORIES = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 _SELECTED = os.environ.get("SHARDWIRE_TEST_LOOPS", "asyncio,uvloop").split(",")

@@ -73,6 +73,7 @@ def _stop(*procs: subprocess.Popen) -> None:
         proc.communicate(timeout=30)
 
 
+@pytest.mark.long(35)
 async def test_abuse_of_every_listener_costs_little_and_changes_nothing() -> None:
     coordinator, node, _port, _http = _job(steps=STEPS, delay=0.0)
     try:

@@ -291,6 +291,7 @@ def test_shm_fill_during_a_job_is_swept_with_the_run(tmp_path) -> None:
     assert segment_names("chaos-fill") == []  # the node agent removed the filler with the run
 
 
+@pytest.mark.long(60)
 def test_bench_goodput_trains_through_random_kills_beside_a_clean_run(tmp_path) -> None:
     out = tmp_path / "goodput.json"
     done = _run(
@@ -502,6 +503,7 @@ def test_the_same_plan_and_seed_replay_the_same_faults(tmp_path) -> None:
     assert hits[0] == hits[1] and hits[0][2] == 4
 
 
+@pytest.mark.long(70)
 @pytest.mark.timeout(900)
 def test_bench_goodput_trains_torch_charlm_through_kills_in_alternating_pairs(tmp_path) -> None:
     pytest.importorskip("torch", reason="torch is not installed (`make torch` installs it)")

@@ -72,6 +72,7 @@ def _kill_once(ckpt, delay: float) -> bool:
         job.wait(timeout=60)
 
 
+@pytest.mark.long(70)
 @pytest.mark.timeout(900)  # 30 job starts: minutes on a loaded machine
 def test_kill_during_saves_leaves_a_verified_checkpoint_and_resumes_exactly(
     tmp_path, capsys

@@ -85,6 +85,7 @@ def _leftover_workers() -> list[int]:
     return found
 
 
+@pytest.mark.long(25)
 def test_a_lost_node_shrinks_the_job_and_a_returning_node_grows_it(hosts, tmp_path) -> None:
     coordinator_ns, node_a, node_b = hosts
     coordinator = inside(

@@ -16,6 +16,7 @@ from .pageruns import page_argv, run_page_command
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.long(35)
 def test_the_guide_s_streaming_diloco_command_trains_charlm(tmp_path) -> None:
     done = run_page_command("charlm-diloco", tmp_path, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -154,6 +154,7 @@ def test_diloco_replicas_roll_back_to_their_copies_and_outer_state_bit_identical
     _same(tmp_path / "run", run_records(tmp_path / "straight"))
 
 
+@pytest.mark.long(30)
 def test_under_no_shard_kills_at_random_times_end_bit_identical(tmp_path) -> None:
     """NO_SHARD: every rank holds every value, so where ranks die mid-step the survivors
     go on from the last step they all completed (a replica's live state), and where one
@@ -490,6 +491,7 @@ def test_a_lost_node_is_replaced_and_its_ranks_restore_from_copies_on_the_other(
 DILOCO_NODES = ("--diloco", "10", "--fragments", "2", "--overlap")
 
 
+@pytest.mark.long(30)
 def test_a_lost_diloco_replica_is_restored_from_the_other_replica_s_memory(tmp_path) -> None:
     """DiLoCo with one replica per node: node b, a whole replica, is lost at step 100.
     Its ranks' inner state comes back from the copies node a's ranks held, its outer
@@ -527,6 +529,7 @@ def test_a_lost_node_s_ranks_are_spread_over_the_survivors_from_the_copies_they_
 STEPS_GROW = 2000  # about 10 s for node a alone here
 
 
+@pytest.mark.long(75)
 @pytest.mark.timeout(300)
 def test_a_node_that_joins_grows_the_job_around_the_running_ranks(tmp_path) -> None:
     """``--nnodes 1:2``: node a trains alone (two ranks); node b joins at step 50. The job

@@ -133,6 +133,7 @@ def test_several_ranks_per_host_share_its_link_in_tiers(tmp_path) -> None:
     assert 0.3 < row["link_fraction"] < 1.05, row
 
 
+@pytest.mark.long(50)
 def test_diloco_crosses_a_slow_link_with_a_fraction_of_the_bytes(tmp_path) -> None:
     out, picture = tmp_path / "slowlink.json", tmp_path / "loss.png"
     done = shardwire(

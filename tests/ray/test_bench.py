@@ -14,6 +14,7 @@ from .conftest import LOOPBACK
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.long(150)
 @pytest.mark.timeout(900)
 def test_the_ray_benchmark_times_both_parts_side_by_side(tmp_path) -> None:
     pytest.importorskip("torch", reason="torch is not installed (make torch)")

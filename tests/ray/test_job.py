@@ -129,6 +129,7 @@ step = 200
 """
 
 
+@pytest.mark.long(75)
 def test_killed_ranks_are_started_again_by_ray_and_join_live(
     ray_cluster: LocalCluster, spread, tmp_path
 ) -> None:
@@ -170,6 +171,7 @@ def _wait_for_step(run: Path, step: int, proc: subprocess.Popen, bound: float) -
     pytest.fail(f"the job never logged step {step} (exit {proc.poll()})")
 
 
+@pytest.mark.long(40)
 def test_a_removed_node_s_ranks_start_again_on_a_new_node_and_the_rest_go_on(
     ray_cluster: LocalCluster, spread, tmp_path
 ) -> None:
@@ -243,6 +245,7 @@ def test_a_cluster_that_does_not_answer_is_refused_at_once(tmp_path) -> None:
     assert time.monotonic() - start < JOB_TIMEOUT  # not Ray's own minutes-long wait
 
 
+@pytest.mark.long(30)
 def test_the_clusters_page_command_runs_as_written(ray_cluster: LocalCluster, tmp_path) -> None:
     (command,) = block("ray-run").commands()
     argv = shlex.split(command)

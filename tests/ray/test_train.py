@@ -19,6 +19,7 @@ pytestmark = pytest.mark.e2e
 DRIVER = Path(__file__).parent / "scripts" / "train_driver.py"
 
 
+@pytest.mark.long(35)
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
 def test_torch_trainer_trains_over_shardwire_to_the_single_process_result(
     ray_cluster: LocalCluster, wrap: str

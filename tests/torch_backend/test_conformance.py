@@ -19,6 +19,7 @@ def _summary(out: str) -> dict[str, int]:
     return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
 
 
+@pytest.mark.long(25)
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_call_gives_what_gloo_gives(n, tmp_path):
     ranks = run_ranks(n, "conformance.py", tmp=tmp_path, timeout=480).check()

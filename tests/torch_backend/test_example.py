@@ -32,6 +32,7 @@ def test_torch_charlm_under_shardwire_launch_trains_like_gloo(tmp_path):
     assert a["train_loss"] == b["train_loss"] and a["tokens_per_s"] > 0
 
 
+@pytest.mark.long(25)
 def test_bench_collectives_compares_torch_on_shardwire_with_gloo(tmp_path):
     import subprocess
 
@@ -72,6 +73,7 @@ step = 15
 """
 
 
+@pytest.mark.long(25)
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
 def test_torch_charlm_under_chaos_recovers_live_from_peer_storage(tmp_path, wrap: str):

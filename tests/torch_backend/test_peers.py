@@ -29,6 +29,7 @@ def in_checkout(monkeypatch):
     monkeypatch.chdir(ROOT)  # the peers train examples/torch_charlm.py of the checkout
 
 
+@pytest.mark.long(20)
 @pytest.mark.e2e
 def test_torchft_replicas_train_every_step_through_a_kill(tmp_path, in_checkout):
     python = torchft_python(None)
@@ -53,6 +54,7 @@ def test_torchft_replicas_train_every_step_through_a_kill(tmp_path, in_checkout)
     assert not any(_alive(pid) for pid in run.pids)
 
 
+@pytest.mark.long(20)
 @pytest.mark.e2e
 def test_torchrun_starts_every_worker_again_after_a_kill_and_ends_them_all(tmp_path, in_checkout):
     """torchrun stops both workers at the kill and starts both again. Its restarted gloo

@@ -69,6 +69,7 @@ def test_torch_diloco_with_int8_syncs_leaves_the_replicas_alike(train):
     assert not np.allclose(quantized["losses"], plain["losses"])
 
 
+@pytest.mark.long(30)
 def test_torch_diloco_over_fsdp2_shards_trains_as_over_whole_replicas(train):
     """2 replicas of 2 ranks: FSDP2 inside each replica (DiLoCo's outer step over each
     rank's local shard, with the same shard of the other replica) ends with the

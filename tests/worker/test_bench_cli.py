@@ -42,6 +42,7 @@ def test_the_example_benchmarks_need_a_checkout(tmp_path: Path, monkeypatch) -> 
     assert example("charlm.py") == tmp_path / "examples" / "charlm.py"
 
 
+@pytest.mark.long(25)
 @pytest.mark.e2e
 def test_the_transport_benchmark_measures_every_variant_and_their_costs(tmp_path) -> None:
     out = tmp_path / "transport.json"
