@@ -17,11 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import tempfile
 from collections import deque
 from collections.abc import Callable
 from typing import cast
 
-from shardwire.protocol import SMALL_STAGE, FrameDecoder, Limits, ProtocolError, frame_message
+from shardwire.protocol import (
+    SMALL_STAGE,
+    FrameDecoder,
+    InvalidState,
+    Limits,
+    ProtocolError,
+    frame_message,
+)
 from shardwire.protocol.beats import Heartbeat, NodeBeat, RankBeat, pack_beats
 from shardwire.protocol.control import message_bytes
 from shardwire.worker.runtime.scratch import Scratch
@@ -31,6 +40,23 @@ log = logging.getLogger("shardwire.worker")
 _LIMITS = Limits(max_payload=0)
 _BACKLOG = 1 << 20  # bytes a relay leaves unread by its agent before it beats directly
 _PENDING = 1 << 16  # beats an agent holds at most between two node beats (oldest dropped)
+_PREFIX, _SOCKET = "shardwire-beats-", "beats.sock"
+_SUN_PATH = 107  # bytes a Unix socket's path may have (Linux's sun_path, less its NUL)
+
+
+def socket_parent() -> str:
+    """Where the socket's directory goes: the temporary directory (``TMPDIR``), unless a
+    socket's path there would pass the 107 bytes it may have; then ``/tmp``."""
+    tail = len(f"/{_PREFIX}XXXXXXXX/{_SOCKET}")  # mkdtemp adds 8 characters
+    given = tempfile.gettempdir()
+    for parent in (given, "/tmp"):
+        if len(os.fsencode(parent)) + tail <= _SUN_PATH and os.access(parent, os.W_OK | os.X_OK):
+            return parent
+    raise InvalidState(
+        f"no directory for the node agent's heartbeat socket: a socket's path may have "
+        f"{_SUN_PATH} bytes, the temporary directory {given!r} is {len(os.fsencode(given))} "
+        "(set TMPDIR shorter) and /tmp cannot be written"
+    )
 
 
 class _Link(asyncio.Protocol):
@@ -115,10 +141,11 @@ class NodeBeats:
         self.path = ""
 
     async def start(self) -> str:
-        """Listen in a new directory of mode 0700 and start forwarding; returns the
-        socket's path (for ``SHARDWIRE_AGENT_BEATS``)."""
-        self._dir = Scratch("shardwire-beats-")  # mode 0700; dead agents' swept
-        self.path = str(self._dir.path / "beats.sock")
+        """Listen in a new directory of mode 0700 (in the temporary directory, or
+        ``/tmp`` where that one's path is too long for a socket's) and start forwarding;
+        returns the socket's path (for ``SHARDWIRE_AGENT_BEATS``)."""
+        self._dir = Scratch(_PREFIX, socket_parent())  # mode 0700; dead agents' swept
+        self.path = str(self._dir.path / _SOCKET)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(self._accept, self.path)
         self._task = asyncio.create_task(self._forward(), name="shardwire-node-beats")

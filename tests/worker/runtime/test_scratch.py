@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardwire.worker.launcher.hosted import _Hosted
-from shardwire.worker.runtime.beats import NodeBeats
+from shardwire.worker.runtime.beats import NodeBeats, socket_parent
 from shardwire.worker.runtime.scratch import OWNER, Scratch, sweep
 
 PREFIX = "shardwire-test-"
@@ -106,3 +106,25 @@ async def test_the_launcher_s_coordinator_and_the_agent_s_beats_live_in_scratch_
         await beats.aclose()
         hosted.state.remove()
     assert not any(map(os.path.exists, (state, socket.parent)))
+
+
+async def test_a_temporary_directory_too_long_for_a_socket_puts_the_beats_under_tmp(
+    monkeypatch, short_tmp
+) -> None:
+    long = short_tmp / ("d" * 90)  # a socket's path under it would pass 107 bytes
+    long.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(long))
+    beats = NodeBeats(lambda beat: None, 1.0)
+    socket = Path(await beats.start())
+    try:
+        assert socket.parent.parent == Path("/tmp") and socket.exists()
+        assert len(os.fsencode(socket)) <= 107
+        assert socket_parent() == "/tmp"
+    finally:
+        await beats.aclose()
+    assert not socket.parent.exists()
+
+
+def test_a_temporary_directory_short_enough_is_kept(monkeypatch, short_tmp) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))
+    assert socket_parent() == str(short_tmp)
