@@ -236,3 +236,7 @@ def test_goodput_counts_a_fault_free_run_and_each_mode_per_pair(monkeypatch, cap
             "100 steps under the plan, live",
         )
     ]
+
+
+def test_a_faulty_run_a_little_faster_than_its_fault_free_one_loses_0_s_per_fault() -> None:
+    assert f"{goodput._seconds(-0.00375):.2f}" == "0.00" and goodput._seconds(1.234) == 1.23
