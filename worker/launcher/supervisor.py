@@ -216,8 +216,7 @@ class Supervisor:
         # outside a collective) is stopped after the grace, as after an abort.
         if child.returncode != 0 and self.root_cause is None and not self._stopping.is_set():
             self.root_cause = child
-            if self._reaper is None:
-                self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
+            self._stop_after_grace()
 
     async def _pump(
         self, child: Child, stream: asyncio.StreamReader, sink: TextIO, *, keep: bool
@@ -322,10 +321,9 @@ class Supervisor:
         local = [c for c in self.children if c.rank == rank]
         if local:
             self.root_cause = local[0]
-        if self._reaper is None and self.children:
-            # The job is over. Ranks normally exit by themselves at their next collective;
-            # one stuck elsewhere (the rank a hang inquest named, say) is stopped.
-            self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
+        # The job is over. Ranks normally exit by themselves at their next collective;
+        # one stuck elsewhere (the rank a hang inquest named, say) is stopped.
+        self._stop_after_grace()
 
     def note_restart(self, rank: int = -1) -> None:
         """The generation ended elsewhere: stop this node's processes now (SIGTERM, then
@@ -355,8 +353,12 @@ class Supervisor:
         """The coordinator went away while the job ran: that is the root cause."""
         if self.remote_abort is None and not self.lost_coordinator:
             self.lost_coordinator = address
-            if self._reaper is None and self.children:
-                self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
+            self._stop_after_grace()
+
+    def _stop_after_grace(self) -> None:
+        """Stop whoever of the children has not ended within ``term_timeout`` (once)."""
+        if self._reaper is None and self.children:
+            self._reaper = asyncio.create_task(self._stop_after(self.launch.term_timeout))
 
     async def _stop_after(self, grace: float) -> None:
         running = [c.proc.wait() for c in self.children if c.proc.returncode is None]
