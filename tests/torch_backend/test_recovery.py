@@ -69,6 +69,7 @@ def test_survivors_re_form_in_their_processes_and_end_as_without_the_failure(
     text = run.stdout + run.stderr
     assert run.returncode == 0, text[-3000:]
     assert "SIGSEGV" not in text and "SIGABRT" not in text
+    assert "no node arena" not in text, text[-3000:]
     assert _final(text) == straight[wrap], text[-6000:]  # who resumed where, on a mismatch
     pids = {r: re.findall(rf"rank {r} pid (\d+) trains", text) for r in range(4)}
     assert all(len(p) == 2 for p in pids.values()), text[-3000:]

@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import resource
-import secrets
 import signal
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from shardwire.worker.fsdp.store import SlowDisk
 from shardwire.worker.observe import trace
 from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.mesh import TcpMesh
-from shardwire.worker.transport.shmfiles import SHM_DIR, run_prefix
+from shardwire.worker.transport.shmfiles import SHM_DIR, new_name
 
 LOG_VARIABLE = "SHARDWIRE_CHAOS_LOG"
 CLEAN_VARIABLE = "SHARDWIRE_CHAOS_CLEAN"  # "1": the plan's checks, none of its faults
@@ -251,7 +250,7 @@ def fill_shm(transport: Transport, percent: float, directory: Path = SHM_DIR) ->
     wanted = int(total * percent / 100) - (total - free)
     if wanted <= 0:
         return 0
-    path = directory / f"{run_prefix(run_id)}-{secrets.token_hex(16)}"
+    path = directory / new_name(run_id)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with contextlib.suppress(OSError):  # a full directory: as full as it would go

@@ -36,12 +36,21 @@ from shardwire.worker.transport.shmfiles import (
     SHM_DIR,
     attach_mapped,
     create_mapped,
+    owner_tag,
     run_prefix,
     segment_names,
     sweep,
 )
 
-__all__ = ["SHM_DIR", "Segment", "SlotPool", "run_prefix", "segment_names", "sweep"]
+__all__ = [
+    "SHM_DIR",
+    "Segment",
+    "SlotPool",
+    "owner_tag",
+    "run_prefix",
+    "segment_names",
+    "sweep",
+]
 
 HEADER_BYTES = 4096
 MAGIC = b"SWSHM001"

@@ -1,13 +1,17 @@
 """Named shared-memory files of a run: created exclusively, attached only after checks,
-swept by name prefix.
+swept by name prefix and owner.
 
-Every file is ``shardwire-<hash of run id>-<32 random hex digits>`` in ``/dev/shm``: a
-name that is unguessable and tied to the run, the prefix the node agent sweeps. It is
-created exclusively, mode 0600, its pages reserved up front (``posix_fallocate``: a
-full ``/dev/shm`` is an error at creation, never a SIGBUS later), and stamped with a
-magic and a nonce. Another rank attaches only a regular file of this user, mode 0600,
-of the expected size, holding the offered nonce. The pair segments of the shared-memory
-links (``transport.shm``) and the node arena's regions (``arena.region``) are such files.
+Every file is ``shardwire-<hash of run id>-<owner>-<32 random hex digits>`` in
+``/dev/shm``: a name that is unguessable, tied to the run and to the process that made it
+(``<owner>`` is its pid and its start time, so a reused pid is not taken for it). A sweep
+removes the run's names whose owner is gone (or is the sweeping process): the names a
+killed rank left, never those of a live process, even of another job of the same run id
+on this machine, which may be about to attach them. A file is created exclusively, mode
+0600, its pages reserved up front (``posix_fallocate``: a full ``/dev/shm`` is an error
+at creation, never a SIGBUS later), and stamped with a magic and a nonce. Another rank
+attaches only a regular file of this user, mode 0600, of the expected size, holding the
+offered nonce. The pair segments of the shared-memory links (``transport.shm``) and the
+node arena's regions (``arena.region``) are such files.
 """
 
 from __future__ import annotations
@@ -32,6 +36,35 @@ def run_prefix(run_id: str) -> str:
     return "shardwire-" + hashlib.sha256(run_id.encode()).hexdigest()[:12]
 
 
+def owner_tag(pid: int | None = None) -> str | None:
+    """``<pid>-<start time>`` of process ``pid`` (this one by default); None if it is gone.
+    The start time is the kernel's, in clock ticks since boot (``/proc/PID/stat``)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # after the command in parentheses: state is field 3, the start time field 22
+    fields = stat_line.rsplit(")", 1)[1].split()
+    return f"{pid}-{fields[19]}"
+
+
+def _own_tag() -> str:
+    tag = owner_tag()
+    assert tag is not None  # this process's own stat file is always there
+    return tag
+
+
+def _owner_gone(name: str, prefix: str) -> bool:
+    """Whether the process that made file ``name`` no longer runs (or is this one). A
+    name without an owner is another version's: gone."""
+    found = re.fullmatch(re.escape(prefix) + r"-(\d+)-(\d+)-[0-9a-f]{32}", name)
+    if found is None:
+        return True
+    pid = int(found.group(1))
+    return pid == os.getpid() or owner_tag(pid) != f"{pid}-{found.group(2)}"
+
+
 def segment_names(run_id: str, directory: Path = SHM_DIR) -> list[Path]:
     """Files of ``run_id`` that still have a name in ``directory``."""
     prefix = run_prefix(run_id) + "-"
@@ -42,14 +75,21 @@ def segment_names(run_id: str, directory: Path = SHM_DIR) -> list[Path]:
 
 
 def sweep(run_id: str, directory: Path = SHM_DIR) -> int:
-    """Remove the named files of ``run_id`` (after its workers are gone); returns how
-    many there were."""
-    removed = 0
+    """Remove the named files of ``run_id`` whose owner is gone or is this process (a
+    rank leaving the job, an agent after its workers); returns how many there were."""
+    removed, prefix = 0, run_prefix(run_id)
     for path in segment_names(run_id, directory):
+        if not _owner_gone(path.name, prefix):
+            continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed += 1
     return removed
+
+
+def new_name(run_id: str) -> str:
+    """A fresh file name of ``run_id`` owned by this process."""
+    return f"{run_prefix(run_id)}-{_own_tag()}-{secrets.token_hex(16)}"
 
 
 def create_mapped(
@@ -57,7 +97,7 @@ def create_mapped(
 ) -> tuple[Path, mmap.mmap, bytes]:
     """A new file of the run, exclusive, mode 0600, ``size`` bytes reserved, mapped and
     stamped with ``magic`` and a fresh nonce; raises OSError if it cannot be made."""
-    path = directory / f"{run_prefix(run_id)}-{secrets.token_hex(16)}"
+    path = directory / new_name(run_id)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.fchmod(fd, 0o600)
@@ -80,7 +120,7 @@ def attach_mapped(
     """Map another rank's file after checking it is the one offered: a name of the run,
     a regular file of this user, mode 0600, ``size`` bytes, ``magic`` and ``nonce``
     (OSError or ProtocolError if not)."""
-    if not re.fullmatch(re.escape(run_prefix(run_id)) + r"-[0-9a-f]{32}", name):
+    if not re.fullmatch(re.escape(run_prefix(run_id)) + r"-\d+-\d+-[0-9a-f]{32}", name):
         raise ProtocolError(f"shared-memory name {name!r} is not one of this run")
     path = directory / name
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,54 @@ def test_sweep_removes_the_named_segments_of_its_run_only(tmp_path: Path) -> Non
     assert shm.sweep("job-a", tmp_path) == 2
     assert [p.name for p in tmp_path.iterdir()] == [theirs.path.name]
     theirs.unlink()
+
+
+def _renamed(path: Path, owner: str) -> Path:
+    """``path`` renamed as if process ``owner`` (``PID-START``) had made it."""
+    head, _, _, nonce = path.name.rsplit("-", 3)
+    moved = path.with_name(f"{head}-{owner}-{nonce}")
+    path.rename(moved)
+    return moved
+
+
+def test_sweep_spares_the_names_of_a_live_process_of_another_job(tmp_path: Path) -> None:
+    """Two jobs of one run id on a machine: one's sweep (its agent after a generation)
+    leaves the region the other just offered, whose owner runs. A name of a process that
+    ended, or of a pid now another process's (start time differs), goes."""
+    with subprocess.Popen(["sleep", "60"]) as other:
+        try:
+            live_owner = shm.owner_tag(other.pid)
+            assert live_owner is not None and live_owner.startswith(f"{other.pid}-")
+            made = [shm.Segment.create("job-a", 1, 4096, directory=tmp_path)[0] for _ in range(3)]
+            for s in made:
+                s.close()
+            live = _renamed(made[0].path, live_owner)
+            pid, start = live_owner.split("-")
+            reused = _renamed(made[1].path, f"{pid}-{int(start) + 1}")
+            mine = made[2].path  # the sweeping process's own: it leaves the job
+            assert shm.sweep("job-a", tmp_path) == 2
+            assert [p.name for p in tmp_path.iterdir()] == [live.name]
+            assert not reused.exists() and not mine.exists()
+        finally:
+            other.kill()
+    other.wait(timeout=30)
+    assert shm.owner_tag(other.pid) is None
+    assert shm.sweep("job-a", tmp_path) == 1  # its owner ended
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_without_its_owner_is_not_attached(tmp_path: Path) -> None:
+    segment, nonce = shm.Segment.create("job-a", 1, 4096, directory=tmp_path)
+    try:
+        head, _, _, tail = segment.path.name.rsplit("-", 3)
+        bare = segment.path.rename(segment.path.with_name(f"{head}-{tail}"))
+        with pytest.raises(ProtocolError, match="is not one of this run"):
+            shm.Segment.attach(
+                "job-a", bare.name, slots=1, slot_bytes=4096, nonce=nonce, directory=tmp_path
+            )
+        assert shm.sweep("job-a", tmp_path) == 1  # another version's name: no owner to wait for
+    finally:
+        segment.close()
 
 
 @pytest.mark.parametrize(
