@@ -294,6 +294,14 @@ class PeerCopies:
             if all(everyone):
                 assert got is not None
                 return await self._load(fsdp, group, step, got, rngs)
+        if by_step and group.rank == 0:
+            held = {s: sorted({h.rank for row in rows for h in row}) for s, rows in by_step.items()}
+            log.warning(
+                "no step can be restored from the peers' copies (the old ranks each step's "
+                "copies are held of: %s; steps every group of the mesh can restore: %s)",
+                dict(sorted(held.items())),
+                sorted(steps),
+            )
         return None
 
     def _snapshots(self) -> list[Snapshot]:

@@ -181,6 +181,25 @@ async def _restore_and_finish(copies: list[PeerCopies], at_four: tuple[dict, dic
     return resumed
 
 
+async def test_a_rank_and_its_holder_both_lost_restore_nothing_and_say_which_copies_were_left(
+    caplog,
+) -> None:
+    copies = [PeerCopies(2, ranks_per_node=1) for _ in range(3)]
+    async with fsdp_world(3, Strategy.FULL_SHARD, "adam") as ranks:
+        await _train_saving(ranks, copies, 4)
+    # rank 0 and rank 1 (which held rank 0's copies) replaced: no step has rank 0's part
+    copies[0], copies[1] = PeerCopies(2, ranks_per_node=1), PeerCopies(2, ranks_per_node=1)
+    with caplog.at_level("WARNING", logger="shardwire.worker.fsdp.peercopy"):
+        async with fsdp_world(3, Strategy.FULL_SHARD, "adam") as ranks:
+            got = await asyncio.gather(*(c.restore(f) for f, c in zip(ranks, copies, strict=True)))
+    assert got == [None, None, None]
+    said = [r.getMessage() for r in caplog.records if "no step can be restored" in r.getMessage()]
+    assert said == [
+        "no step can be restored from the peers' copies (the old ranks each step's copies "
+        "are held of: {2: [1, 2], 4: [1, 2]}; steps every group of the mesh can restore: [])"
+    ]
+
+
 async def test_a_copy_that_fails_its_digest_is_refused_and_an_older_step_used() -> None:
     copies = [PeerCopies(1, ranks_per_node=1) for _ in range(3)]
     async with fsdp_world(3, Strategy.SHARD_GRAD_OP, "adam") as ranks:
