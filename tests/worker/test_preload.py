@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from shardwire.worker.launcher import preload as preload_module
 from shardwire.worker.launcher.preload import imports_of, installed, preload, script_of
 
 SOURCE = """
@@ -82,3 +83,47 @@ def test_a_script_that_cannot_be_read_or_parsed_preloads_nothing(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def (:\n")
     assert preload([str(bad)]) == []
+
+
+def test_what_a_package_imports_at_first_use_is_imported_after_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(preload_module, "FIRST_USE", {"xml": ("xml.sax.saxutils", "no_such_x")})
+    script = tmp_path / "job.py"
+    script.write_text("import xml.dom.minidom\nimport json\n")
+    assert preload([str(script)]) == ["xml.dom.minidom", "json", "xml.sax.saxutils"]
+    assert "xml.sax.saxutils" in sys.modules
+
+
+FIRST_DDP = """
+import socket, sys
+from shardwire.worker.launcher.preload import preload
+print(preload([sys.argv[1]]))
+import torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+before = set(sys.modules)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+torch.optim.AdamW(model.parameters()).step()
+print(sorted(m for m in set(sys.modules) - before if m.startswith("torch._dynamo")))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.e2e
+def test_a_torch_script_s_first_ddp_model_and_step_import_nothing_of_torch_s_compiler(tmp_path):
+    """DDP and the optimizers import torch._dynamo at their first use: a replacement rank
+    forked from the server has it already, so the survivors do not wait on its import."""
+    pytest.importorskip("torch", reason="torch is not installed (make torch)")
+    script = tmp_path / "job.py"
+    script.write_text("import torch.distributed as dist\n")
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_DDP, str(script)],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["['torch.distributed', 'torch._dynamo']", "[]"]

@@ -26,7 +26,10 @@ reseeds itself at a fork) and
 runs the script as ``python -u SCRIPT`` would (``become``). The server reaps its
 children as SIGCHLD wakes it and reports each as ``{"exited": PID, "code": CODE}``, CODE
 as asyncio gives a returncode (negative: the signal). When the agent closes its end the
-server exits; ranks still running go on as orphans, as an agent's own children would.
+server exits at once (``os._exit``: there is nothing to finish, and tearing down an
+interpreter that imported torch takes 0.4 s), and the kernel ends it the moment its agent
+ends; ranks it forked that still run end with it (their parent-death signal is tied to
+the server), so none goes on as a rank of a node that is gone.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 
 import shardwire.worker  # noqa: F401 - the imports a rank's start spends most of its time on
 from shardwire.worker.launcher.preload import preload
+from shardwire.worker.runtime.parent import end_with_parent
 
 ORDER_BYTES = 1 << 20  # the largest order read (a rank's environment and argv)
 REAP_EVERY = 5.0  # seconds between reaps when no SIGCHLD woke the server
@@ -188,6 +192,10 @@ def become(order: dict, fds: list[int]) -> None:
 
 
 def main() -> int:
+    # The kernel ends the server the moment its agent ends (SIGKILL, its machine going),
+    # and with it, at once, the ranks it forked (theirs is the server): none of them can
+    # go on as a rank of a node that is gone.
+    end_with_parent(os.getppid())
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -198,10 +206,11 @@ def main() -> int:
         send(control, {"ready": threads})
         child = serve(control)  # until the agent closes its end (at once if it refuses)
     except BrokenPipeError:
-        return 0  # the agent is gone
-    if child is not None:
-        control.close()
-        become(child.order, child.fds)
+        child = None  # the agent is gone
+    if child is None:  # nothing to finish: no interpreter teardown (torch's takes 0.4 s)
+        os._exit(0)
+    control.close()
+    become(child.order, child.fds)
     return 0
 
 
