@@ -134,6 +134,12 @@ def settings_from(argv: list[str] | None) -> CoordinatorSettings:
     return settings
 
 
+def http_port_chosen(settings: CoordinatorSettings) -> bool:
+    """Whether the status page's port was given (flag or environment): taken, it is an
+    error; the default's taken (another coordinator on the host) gives way to a free one."""
+    return "http_port" in settings.model_fields_set
+
+
 def rendezvous_config(settings: CoordinatorSettings) -> RendezvousConfig:
     return RendezvousConfig(
         run_id=settings.run_id,
@@ -227,7 +233,9 @@ async def _serve(
         if server.restored:  # after the first line, which launchers read for the address
             print(server.restored, file=sys.stderr, flush=True)
         if settings.http_port >= 0:
-            http_host, http_port = await http.start(settings.http_host, settings.http_port)
+            http_host, http_port = await http.start(
+                settings.http_host, settings.http_port, free_if_taken=not http_port_chosen(settings)
+            )
             print(f"status page on http://{http_host}:{http_port}/", file=sys.stderr, flush=True)
         await server.done.wait()
         if not server.deposed:

@@ -5,6 +5,8 @@ self-refreshing status page. Read-only views of the rendezvous state; bound to
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import time
 from collections.abc import Callable, Iterator
 
@@ -17,8 +19,10 @@ from shardwire.coordinator.page import STATUS_PAGE
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import JobState
 from shardwire.coordinator.views import API_LINKS, links_json, rank_summary
+from shardwire.protocol import InvalidArgument
 
 Clock = Callable[[], float]
+log = logging.getLogger(__name__)
 _SHUTDOWN_GRACE = 2.0  # seconds in-flight requests get when the coordinator stops
 
 
@@ -236,7 +240,9 @@ class StatusHTTP:
         app.router.add_get("/", self._page)
         return app
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
+    async def start(self, host: str, port: int, *, free_if_taken: bool = False) -> tuple[str, int]:
+        """Listen on ``host:port``; the address. A port in use is an ``InvalidArgument``,
+        or with ``free_if_taken`` (the default port, nobody chose it) a free one, said."""
         self._runner = web.AppRunner(
             self.app(),
             access_log=None,
@@ -254,7 +260,24 @@ class StatusHTTP:
             return server()
 
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(accept, host, port)
+        try:
+            self._listener = await loop.create_server(accept, host, port)
+        except OSError as exc:
+            in_use = exc.errno == errno.EADDRINUSE
+            if not (in_use and free_if_taken):
+                taken = " (another coordinator on this host?)" if in_use else ""
+                raise InvalidArgument(
+                    f"the status page cannot listen on {host}:{port}: "
+                    f"{exc.strerror or exc}{taken}; choose another --http-port "
+                    "(0: a free one, -1: no status page)"
+                ) from None
+            log.warning(
+                "the status page's port %d on %s is taken (another coordinator on this "
+                "host?): it is served on a free port instead",
+                port,
+                host,
+            )
+            self._listener = await loop.create_server(accept, host, 0)
         self.address = tuple(self._listener.sockets[0].getsockname()[:2])
         return self.address
 

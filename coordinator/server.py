@@ -9,6 +9,7 @@ connection gets a typed error and is closed; everyone else keeps being served.
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import logging
@@ -31,7 +32,7 @@ from shardwire.coordinator.state import (
     RendezvousConfig,
     Send,
 )
-from shardwire.protocol import Token, message_bytes
+from shardwire.protocol import InvalidArgument, Token, message_bytes
 from shardwire.protocol.beats import NodeBeat
 from shardwire.protocol.clock import ClockQuery, ClockReply
 from shardwire.protocol.messages import (
@@ -128,14 +129,21 @@ class CoordinatorServer:
     async def start(self, host: str, port: int) -> tuple[str, int]:
         tls = self._config.tls
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._connection,
-            host,
-            port,
-            ssl=tls,
-            ssl_handshake_timeout=self._config.handshake_timeout if tls else None,
-            backlog=BACKLOG,
-        )
+        try:
+            self._server = await loop.create_server(
+                self._connection,
+                host,
+                port,
+                ssl=tls,
+                ssl_handshake_timeout=self._config.handshake_timeout if tls else None,
+                backlog=BACKLOG,
+            )
+        except OSError as exc:
+            taken = " (another coordinator on this host?)" if exc.errno == errno.EADDRINUSE else ""
+            raise InvalidArgument(
+                f"the coordinator cannot listen on {host}:{port}: {exc.strerror or exc}"
+                f"{taken}; choose another --port (0: a free one)"
+            ) from None
         self.address = self._server.sockets[0].getsockname()[:2]
         self._ticker = asyncio.create_task(self._tick_loop(), name="coordinator-ticker")
         return self.address

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 
 import aiohttp
 import numpy as np
 import pytest
 
+from shardwire.coordinator.__main__ import http_port_chosen, settings_from
 from shardwire.coordinator.http import StatusHTTP
+from shardwire.coordinator.server import CoordinatorServer
+from shardwire.protocol import InvalidArgument
 from shardwire.worker import init
 from tests.coordinator.rawclient import RawClient
-from tests.worker.cluster import coordinator, status_http, worker_config
+from tests.worker.cluster import TOKEN, coordinator, status_http, worker_config
 
 
 async def test_views_of_a_running_job() -> None:
@@ -131,3 +136,39 @@ def test_api_status_pages_and_metrics_keep_a_bounded_number_of_series() -> None:
     assert by_state == {"running": world - 1, "failed": 1}  # every rank counted
     assert families["shardwire_step_min"].samples[0].value == 2
     assert families["shardwire_step_max"].samples[0].value == 9000
+
+
+async def test_a_taken_port_is_refused_typed_unless_it_is_the_default_s(caplog) -> None:
+    """Two coordinators on a host: the second's status page gives way to a free port when
+    nobody chose its port (29480 by default), and is refused, saying which flag, when it
+    was chosen; a taken coordinator port is refused the same way."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        async with coordinator(1) as server:
+            http = StatusHTTP(server.rendezvous)
+            try:
+                with pytest.raises(InvalidArgument, match=rf"127\.0\.0\.1:{taken}: .*--http-port"):
+                    await http.start("127.0.0.1", taken)
+                with caplog.at_level(logging.WARNING, logger="shardwire.coordinator.http"):
+                    host, port = await http.start("127.0.0.1", taken, free_if_taken=True)
+                assert port != taken and f"port {taken} on 127.0.0.1 is taken" in caplog.text
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as web:
+                    async with web.get(f"http://{host}:{port}/healthz") as response:
+                        assert response.status == 200
+            finally:
+                await http.aclose()
+            other = CoordinatorServer(server._config, TOKEN)
+            with pytest.raises(InvalidArgument, match=rf"127\.0\.0\.1:{taken}: .*--port"):
+                await other.start("127.0.0.1", taken)
+
+
+def test_the_status_page_s_port_counts_as_chosen_from_a_flag_or_the_environment(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv("SHARDWIRE_HTTP_PORT", raising=False)
+    assert not http_port_chosen(settings_from([]))
+    assert http_port_chosen(settings_from(["--http-port", "29480"]))
+    monkeypatch.setenv("SHARDWIRE_HTTP_PORT", "29480")
+    assert http_port_chosen(settings_from([]))

@@ -11,7 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from .cli import ROOT, SCRIPTS, SHARDWIRE, background, env, shardwire, start_coordinator
+from tests.procs import descendants, running
+
+from .cli import (
+    ROOT,
+    SCRIPTS,
+    SHARDWIRE,
+    Lines,
+    background,
+    env,
+    shardwire,
+    start_coordinator,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -120,12 +131,9 @@ def test_two_nodes_through_a_separate_coordinator() -> None:
 def test_a_signal_is_forwarded_cleanly_and_nothing_is_left_behind(sig) -> None:
     proc = background("launch", "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "wait.py"))
     try:
-        assert proc.stdout is not None
-        ready = 0
-        deadline = time.monotonic() + 60
-        while ready < 2 and time.monotonic() < deadline:
-            ready += "ready" in proc.stdout.readline()
-        assert ready == 2
+        Lines(proc.stdout).until("ready", count=2, timeout=60)
+        started = descendants(proc.pid)  # the fork server and the ranks it forked
+        assert len(started) >= 2, started
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == 128 + sig
         assert proc.stderr is not None
@@ -136,10 +144,7 @@ def test_a_signal_is_forwarded_cleanly_and_nothing_is_left_behind(sig) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    leftovers = subprocess.run(
-        ["pgrep", "-f", str(SCRIPTS / "wait.py")], check=False, capture_output=True, text=True
-    )
-    assert leftovers.stdout.strip() == ""
+    assert [pid for pid in started if running(pid)] == []
 
 
 def test_wrong_token_between_node_and_coordinator_is_reported() -> None:
@@ -175,9 +180,7 @@ def test_status_command_against_a_running_job() -> None:
         **token,
     )
     try:
-        assert node.stdout is not None
-        ready = sum("ready" in node.stdout.readline() for _ in range(2))
-        assert ready == 2
+        Lines(node.stdout, beside=Lines(node.stderr)).until("ready", count=2, timeout=60)
         result = shardwire("status", "--coordinator", f"127.0.0.1:{port}", timeout=30, **token)
         assert result.returncode == 0, result.stderr
         assert "run 'shardwire': running, world size 2" in result.stdout

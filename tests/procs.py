@@ -1,0 +1,47 @@
+"""The processes a test started, found through /proc: by parentage, never by name (a
+test process beside this one may run the same script)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command (state first); None if gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie nobody reaped yet has ended)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs, and so on."""
+    found, todo = [], [pid]
+    while todo:
+        below = children(todo.pop())
+        found += below
+        todo += below
+    return found
