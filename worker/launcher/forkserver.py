@@ -28,8 +28,8 @@ children as SIGCHLD wakes it and reports each as ``{"exited": PID, "code": CODE}
 as asyncio gives a returncode (negative: the signal). When the agent closes its end the
 server exits at once (``os._exit``: there is nothing to finish, and tearing down an
 interpreter that imported torch takes 0.4 s), and the kernel ends it the moment its agent
-ends; ranks it forked that still run end with it (their parent-death signal is tied to
-the server), so none goes on as a rank of a node that is gone.
+ends; the ranks it forked that joined the job end with it (their parent-death signal is
+tied to the server, ``runtime.parent``), so none goes on as a rank of a node that is gone.
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ could otherwise join the next generation in the place of the rank the node's nex
 starts, and two processes would claim one rank. Linux ends a process when its parent
 does if asked (``PR_SET_PDEATHSIG``): a rank asks for SIGKILL, then checks that its
 parent did not die before it asked. A forked rank's parent is its node's fork server,
-which ends when it sees the socket to its agent close (a Python exit: a fraction of a
-second, 0.4 s after importing torch), so the rank ends with the agent all the same.
+which asks the same of its agent, so the rank ends with the agent all the same.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ server's loss ends the ranks it forked, said; no server outlives its agent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import re
@@ -197,3 +198,54 @@ async def test_a_replacement_started_as_the_job_ends_is_stopped_with_it(tmp_path
     assert started[2].returncode == -9  # the replacement was killed, not left waiting
     assert "started anew" not in err.getvalue()
     assert supervisor.root_cause is not None and supervisor.root_cause.rank == 1
+
+
+AGENT = """
+import asyncio, io, os, sys
+from shardwire.worker.launcher.forking import ForkServer, server_command
+
+async def main():
+    argv = [sys.executable, "-u", sys.argv[1]]
+    forks = ForkServer(server_command(argv), dict(os.environ), err=io.StringIO())
+    forks.start()
+    rank = await forks.fork(dict(os.environ), argv[2:])
+    print(forks.proc.pid, rank.pid, flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+SLOW_EXIT = "import atexit, time\natexit.register(time.sleep, 60)\n"
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_agent_s_server_and_its_ranks_end_at_once(tmp_path) -> None:
+    """The agent SIGKILLed (its node lost): its fork server ends with it, however long
+    the server's own exit would take (an import of the script's registered a 60 s exit
+    handler in the server: it does not run). The ranks it forked that joined the job end
+    with the server (``runtime.parent``); this one never joins, and is ended here."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "slowexit.py").write_text(SLOW_EXIT)
+    (tmp_path / "job").mkdir()
+    script = tmp_path / "job" / "wait.py"
+    script.write_text("import slowexit, time\ntime.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "lib")}
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", AGENT, str(script), env=env, stdout=asyncio.subprocess.PIPE
+    )
+    rank = 0
+    try:
+        assert agent.stdout is not None
+        line = await asyncio.wait_for(agent.stdout.readline(), 60)
+        server, rank = map(int, line.split())
+        agent.kill()
+        await asyncio.wait_for(agent.wait(), 30)
+        # the kernel ends them with their parent: seconds at most, even on a busy machine,
+        # where the server's exit handler would hold it for 60
+        assert await asyncio.to_thread(_ended_within, server, 20.0)
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+        if rank:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
