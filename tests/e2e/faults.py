@@ -24,6 +24,9 @@ from tests.worker.cluster import coordinator
 from .cli import ROOT, SCRIPTS, env
 
 TOKEN = "faults-token"
+# this test process's jobs' run id: its shared-memory names are its own (a test process
+# beside it runs jobs of its own, whose live segments its checks must not count)
+RUN_ID = f"faults-{os.getpid()}"
 
 
 @dataclass
@@ -96,7 +99,7 @@ async def job(
     """Run ``world`` processes of ``tests/e2e/scripts/<script>`` against a coordinator."""
     async with coordinator(
         world,
-        run_id="faults",
+        run_id=RUN_ID,
         token=Token(TOKEN),
         heartbeat_timeout=heartbeat_timeout,
         join_timeout=120.0,
@@ -130,7 +133,7 @@ async def _workers(
                     LOCAL_WORLD_SIZE=str(world),
                     MASTER_ADDR=host,
                     MASTER_PORT=str(port),
-                    SHARDWIRE_RUN_ID="faults",
+                    SHARDWIRE_RUN_ID=RUN_ID,
                     SHARDWIRE_TOKEN=TOKEN,
                     SHARDWIRE_NODE_ID="node-a",
                     OMP_NUM_THREADS="1",

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.etcdserver import free_ports
+from tests.procs import children, cmdline
 
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env, shardwire
 from .journaled import (
@@ -142,21 +143,6 @@ def test_a_coordinator_killed_while_the_job_forms_is_taken_back_and_the_job_trai
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 40
 
 
-def _children(pid: int) -> dict[int, str]:
-    """The processes whose parent is ``pid``, with their command lines."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found[int(entry.name)] = cmdline
-    return found
-
-
 def test_a_coordinator_killed_while_the_job_restarts_finishes_the_restart(tmp_path) -> None:
     """Rank 1 is killed at step 5; rank 0 takes 3 s to end on its agent's SIGTERM, so the
     job is between generations when its coordinator is SIGKILLed too. The launcher
@@ -196,7 +182,7 @@ def test_a_coordinator_killed_while_the_job_restarts_finishes_the_restart(tmp_pa
             assert launch.poll() is None, "the job ended before rank 1 was killed"
             time.sleep(0.05)
         time.sleep(1.0)  # the coordinator saw it; rank 0 is ending, slowly
-        (coordinator,) = [p for p, c in _children(launch.pid).items() if "coordinator" in c]
+        (coordinator,) = [p for p in children(launch.pid) if b"coordinator" in cmdline(p)]
         os.kill(coordinator, signal.SIGKILL)
         _out, err = launch.communicate(timeout=240)
     finally:

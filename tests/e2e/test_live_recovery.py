@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import children, cmdline, running
+
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env, run_records, start_coordinator
 
 pytestmark = pytest.mark.e2e
@@ -404,8 +406,8 @@ def _two_nodes(
                 if lose_b_at in line:
                     break
             assert line, "the job ended before node b could be lost"
-            (server,) = [p for p in _children(b.pid) if b"launcher.forkserver" in _cmdline(p)]
-            orphans = _children(server)  # its ranks, forked by the node's fork server
+            (server,) = [p for p in children(b.pid) if b"launcher.forkserver" in cmdline(p)]
+            orphans = children(server)  # its ranks, forked by the node's fork server
             assert len(orphans) == 2
             if notice:  # a preemption notice: its ranks hand their state over and leave
                 os.kill(b.pid, signal.SIGTERM)
@@ -422,7 +424,7 @@ def _two_nodes(
                 assert again.returncode == 0, err[-3000:]
             # and its fork server ends by itself: its socket closed with the agent
             deadline = time.monotonic() + 60
-            while [pid for pid in [*orphans, server] if _running(pid)]:
+            while [pid for pid in [*orphans, server] if running(pid)]:
                 assert time.monotonic() < deadline, "node b's processes outlived its agent"
                 time.sleep(0.2)
         out, err = a.communicate(timeout=240)
@@ -441,35 +443,6 @@ def _two_nodes(
         # than the line that triggered it on a busy machine)
         assert resumed and int(resumed.group(1)) >= 95, f"{err[-4000:]}\n{out[-1500:]}"
     return run_records(run)
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie nobody reaped yet has ended)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture(scope="module")

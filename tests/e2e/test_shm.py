@@ -19,13 +19,13 @@ from shardwire.worker.transport import shm
 from shardwire.worker.transport.arena_settings import DEFAULT_SLOT_BYTES
 
 from .cli import ROOT, SCRIPTS, SHARDWIRE, env
-from .faults import job
+from .faults import RUN_ID, job
 
 pytestmark = pytest.mark.e2e
 
 
 def _segments_mapped(pid: int) -> int:
-    prefix = shm.run_prefix("faults")
+    prefix = shm.run_prefix(RUN_ID)
     return sum(prefix in line for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
 
 
@@ -39,7 +39,7 @@ async def test_sigkill_during_a_large_shared_memory_all_reduce() -> None:
         # segment (offered only with a large point-to-point payload); every name gone
         for w in j.workers:
             assert _segments_mapped(w.proc.pid) == 1
-        assert shm.segment_names("faults") == []
+        assert shm.segment_names(RUN_ID) == []
         j.workers[1].signal(signal.SIGKILL)
         struck = time.monotonic()
         await j.wait([0, 2], timeout=60)
@@ -51,7 +51,7 @@ async def test_sigkill_during_a_large_shared_memory_all_reduce() -> None:
             assert w.exited_at is not None and w.exited_at - struck < 3.0
     failure = j.server.rendezvous.failure
     assert failure is not None and failure.rank == 1
-    assert shm.segment_names("faults") == []
+    assert shm.segment_names(RUN_ID) == []
 
 
 @pytest.mark.timeout(300)
@@ -63,14 +63,14 @@ async def test_a_creator_killed_before_the_others_attach_leaves_no_name_without_
     async with job(2, STALL_RANK="1", STALL_AT="0", STALL_SECONDS="8") as j:
         await j.workers[1].line("^stalling", timeout=120)
         for _ in range(3000):  # at most 60 s: polling a directory, nothing to await
-            if shm.segment_names("faults"):
+            if shm.segment_names(RUN_ID):
                 break
             await asyncio.sleep(0.02)
-        assert shm.segment_names("faults"), "rank 0 offered no region"
+        assert shm.segment_names(RUN_ID), "rank 0 offered no region"
         j.workers[0].signal(signal.SIGKILL)
         await j.wait(timeout=120)
     assert [w.proc.returncode for w in j.workers] == [-signal.SIGKILL, 1]
-    assert shm.segment_names("faults") == []
+    assert shm.segment_names(RUN_ID) == []
 
 
 @pytest.mark.timeout(300)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,20 @@ def test_only_modules_installed_outside_the_script_s_folder(tmp_path):
         sys.path.remove(str(tmp_path))
 
 
+def _python(code: str, *args: str, cwd: Path) -> list[str]:
+    """The lines ``python -c CODE ARGS`` printed in ``cwd`` (it must succeed)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")
+
+
 @pytest.mark.e2e
 def test_the_server_imports_the_script_s_installed_modules_and_runs_none_of_its_own(tmp_path):
     (tmp_path / "side_effect.py").write_text("raise SystemExit('imported ahead')\n")
@@ -66,16 +81,7 @@ def test_the_server_imports_the_script_s_installed_modules_and_runs_none_of_its_
         f"done = preload([{str(script)!r}])\n"
         "print(done, 'xml.dom.minidom' in sys.modules, 'side_effect' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe],
-        check=False,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[0] == "['xml.dom.minidom'] True False"
+    assert _python(probe, cwd=tmp_path)[0] == "['xml.dom.minidom'] True False"
 
 
 def test_a_script_that_cannot_be_read_or_parsed_preloads_nothing(tmp_path):
@@ -117,13 +123,5 @@ def test_a_torch_script_s_first_ddp_model_and_step_import_nothing_of_torch_s_com
     pytest.importorskip("torch", reason="torch is not installed (make torch)")
     script = tmp_path / "job.py"
     script.write_text("import torch.distributed as dist\n")
-    out = subprocess.run(
-        [sys.executable, "-c", FIRST_DDP, str(script)],
-        check=False,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["['torch.distributed', 'torch._dynamo']", "[]"]
+    said = _python(FIRST_DDP, str(script), cwd=tmp_path)
+    assert said[:2] == ["['torch.distributed', 'torch._dynamo']", "[]"]

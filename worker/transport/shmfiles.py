@@ -37,8 +37,9 @@ def run_prefix(run_id: str) -> str:
 
 
 def owner_tag(pid: int | None = None) -> str | None:
-    """``<pid>-<start time>`` of process ``pid`` (this one by default); None if it is gone.
-    The start time is the kernel's, in clock ticks since boot (``/proc/PID/stat``)."""
+    """``<pid>-<start time>`` of process ``pid`` (this one by default); None if it is gone
+    (a zombie too: it will remove nothing). The start time is the kernel's, in clock ticks
+    since boot (``/proc/PID/stat``)."""
     pid = os.getpid() if pid is None else pid
     try:
         stat_line = Path(f"/proc/{pid}/stat").read_text()
@@ -46,7 +47,7 @@ def owner_tag(pid: int | None = None) -> str | None:
         return None
     # after the command in parentheses: state is field 3, the start time field 22
     fields = stat_line.rsplit(")", 1)[1].split()
-    return f"{pid}-{fields[19]}"
+    return None if fields[0] in ("Z", "X") else f"{pid}-{fields[19]}"
 
 
 def _own_tag() -> str:
@@ -74,13 +75,18 @@ def segment_names(run_id: str, directory: Path = SHM_DIR) -> list[Path]:
         return []
 
 
+def left_behind(run_id: str, directory: Path = SHM_DIR) -> list[Path]:
+    """Files of ``run_id`` that still have a name and whose owner is gone or is this
+    process: what a sweep removes (a live process's names are its own to remove)."""
+    prefix = run_prefix(run_id)
+    return [p for p in segment_names(run_id, directory) if _owner_gone(p.name, prefix)]
+
+
 def sweep(run_id: str, directory: Path = SHM_DIR) -> int:
-    """Remove the named files of ``run_id`` whose owner is gone or is this process (a
-    rank leaving the job, an agent after its workers); returns how many there were."""
-    removed, prefix = 0, run_prefix(run_id)
-    for path in segment_names(run_id, directory):
-        if not _owner_gone(path.name, prefix):
-            continue
+    """Remove :func:`left_behind` (by a rank leaving the job, an agent after its
+    workers); returns how many there were."""
+    removed = 0
+    for path in left_behind(run_id, directory):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed += 1

@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -190,12 +191,24 @@ def test_sweep_spares_the_names_of_a_live_process_of_another_job(tmp_path: Path)
             assert shm.sweep("job-a", tmp_path) == 2
             assert [p.name for p in tmp_path.iterdir()] == [live.name]
             assert not reused.exists() and not mine.exists()
+            other.kill()
+            # ended, not reaped yet (a zombie): it will remove nothing, its names go
+            assert _zombie_within(other.pid, 30.0)
+            assert shm.owner_tag(other.pid) is None
+            assert [p.name for p in shm.left_behind("job-a", tmp_path)] == [live.name]
+            assert shm.sweep("job-a", tmp_path) == 1
+            assert list(tmp_path.iterdir()) == []
         finally:
             other.kill()
-    other.wait(timeout=30)
-    assert shm.owner_tag(other.pid) is None
-    assert shm.sweep("job-a", tmp_path) == 1  # its owner ended
-    assert list(tmp_path.iterdir()) == []
+
+
+def _zombie_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_a_name_without_its_owner_is_not_attached(tmp_path: Path) -> None:
