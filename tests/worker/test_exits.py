@@ -107,3 +107,32 @@ async def test_a_rank_killed_before_asyncio_reaped_it_is_not_called_hung(tmp_pat
     assert "hung" not in err.getvalue()
     assert await asyncio.wait_for(run, 60) == 0, err.getvalue()
     assert "rank 0 killed by signal SIGKILL; started anew" in err.getvalue()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(120)
+async def test_a_rank_of_a_node_told_to_stop_is_not_called_hung_but_left_its_grace(
+    tmp_path,
+) -> None:
+    """SIGTERM to the agent under live recovery (a preemption notice): its ranks hand
+    their state over and leave, and the coordinator names the first to leave as the
+    generation's end. Its process is still ending: not hung, not killed, not replaced."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    launch = Launch(
+        [sys.executable, "-u", str(script)], {**os.environ}, "node-a", 0, 1, 1, respawns=1
+    )
+    out, err = _Output(), io.StringIO()
+    supervisor = Supervisor(launch, out=out, err=err)
+    run = asyncio.ensure_future(supervisor.run())
+    try:
+        async with asyncio.timeout(60):
+            await out.running.wait()
+        supervisor.interrupted_by = signal.SIGTERM  # as the agent's handler sets it
+        supervisor.note_restart(0)
+        assert err.getvalue() == ""
+        assert supervisor.children[0].proc.returncode is None  # left to end by itself
+    finally:
+        await supervisor.stop()
+        await asyncio.wait_for(run, 60)
+    assert "started anew" not in err.getvalue()

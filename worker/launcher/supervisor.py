@@ -331,8 +331,12 @@ class Supervisor:
         recovery they go on and re-form; only ``rank``, the one that failed, is killed if
         it is this node's and its process of the ended generation still runs (a hang): it
         is then started anew. A process that already replaced it is left alone; one that
-        died but is not reaped yet is said to have died, and is replaced once reaped."""
+        died but is not reaped yet is said to have died, and is replaced once reaped. A
+        node told to stop (its agent got SIGTERM or SIGINT) starts no rank anew: its ranks,
+        the one named too (it left on the notice, say), end within the grace they got."""
         if self.launch.respawns:
+            if self.interrupted_by:
+                return
             for child in self.children:
                 ended = child.replaced_in != self.era  # it ran in the ended generation
                 if child.rank == rank and child.proc.returncode is None and ended:
