@@ -173,6 +173,7 @@ def _renamed(path: Path, owner: str) -> Path:
     return moved
 
 
+@pytest.mark.e2e  # the other job's process: started here
 def test_sweep_spares_the_names_of_a_live_process_of_another_job(tmp_path: Path) -> None:
     """Two jobs of one run id on a machine: one's sweep (its agent after a generation)
     leaves the region the other just offered, whose owner runs. A name of a process that
