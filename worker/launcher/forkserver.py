@@ -193,8 +193,8 @@ def become(order: dict, fds: list[int]) -> None:
 
 def main() -> int:
     # The kernel ends the server the moment its agent ends (SIGKILL, its machine going),
-    # and with it, at once, the ranks it forked (theirs is the server): none of them can
-    # go on as a rank of a node that is gone.
+    # and with it the ranks it forked that joined the job (their parent-death signal is
+    # the server's): none of them goes on as a rank of a node that is gone.
     end_with_parent(os.getppid())
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)
