@@ -5,7 +5,6 @@ self-refreshing status page. Read-only views of the rendezvous state; bound to
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -15,11 +14,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shardwire.coordinator.listening import in_use, refused
 from shardwire.coordinator.page import STATUS_PAGE
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import JobState
 from shardwire.coordinator.views import API_LINKS, links_json, rank_summary
-from shardwire.protocol import InvalidArgument
 
 Clock = Callable[[], float]
 log = logging.getLogger(__name__)
@@ -263,14 +262,9 @@ class StatusHTTP:
         try:
             self._listener = await loop.create_server(accept, host, port)
         except OSError as exc:
-            in_use = exc.errno == errno.EADDRINUSE
-            if not (in_use and free_if_taken):
-                taken = " (another coordinator on this host?)" if in_use else ""
-                raise InvalidArgument(
-                    f"the status page cannot listen on {host}:{port}: "
-                    f"{exc.strerror or exc}{taken}; choose another --http-port "
-                    "(0: a free one, -1: no status page)"
-                ) from None
+            if not (in_use(exc) and free_if_taken):
+                choose = "--http-port (0: a free one, -1: no status page)"
+                raise refused("the status page", host, port, exc, choose) from None
             log.warning(
                 "the status page's port %d on %s is taken (another coordinator on this "
                 "host?): it is served on a free port instead",

@@ -9,7 +9,6 @@ connection gets a typed error and is closed; everyone else keeps being served.
 from __future__ import annotations
 
 import asyncio
-import errno
 import itertools
 import json
 import logging
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from shardwire.coordinator.connection import ControlConnection
 from shardwire.coordinator.journal import Deposed, JournalStore
+from shardwire.coordinator.listening import refused
 from shardwire.coordinator.refusals import RefusalLog
 from shardwire.coordinator.rendezvous import Rendezvous
 from shardwire.coordinator.state import (
@@ -32,7 +32,7 @@ from shardwire.coordinator.state import (
     RendezvousConfig,
     Send,
 )
-from shardwire.protocol import InvalidArgument, Token, message_bytes
+from shardwire.protocol import Token, message_bytes
 from shardwire.protocol.beats import NodeBeat
 from shardwire.protocol.clock import ClockQuery, ClockReply
 from shardwire.protocol.messages import (
@@ -139,11 +139,7 @@ class CoordinatorServer:
                 backlog=BACKLOG,
             )
         except OSError as exc:
-            taken = " (another coordinator on this host?)" if exc.errno == errno.EADDRINUSE else ""
-            raise InvalidArgument(
-                f"the coordinator cannot listen on {host}:{port}: {exc.strerror or exc}"
-                f"{taken}; choose another --port (0: a free one)"
-            ) from None
+            raise refused("the coordinator", host, port, exc, "--port (0: a free one)") from None
         self.address = self._server.sockets[0].getsockname()[:2]
         self._ticker = asyncio.create_task(self._tick_loop(), name="coordinator-ticker")
         return self.address

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command (state first); None if gone."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
+from shardwire.worker.kernels.procstat import stat_fields
 
 
 def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie nobody reaped yet has ended)."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return fields is not None and fields[0] != "Z"
 
 
@@ -31,7 +25,7 @@ def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid``."""
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+        if entry.name.isdigit() and (fields := stat_fields(int(entry.name))) is not None:
             if int(fields[1]) == pid:
                 found.append(int(entry.name))
     return found

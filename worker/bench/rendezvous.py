@@ -62,13 +62,16 @@ from shardwire.worker.bench import BenchmarkFailed
 from shardwire.worker.bench.jobs import coordinator_port
 from shardwire.worker.bench.stages import Stages
 from shardwire.worker.bench.torchrun import free_port
+from shardwire.worker.kernels.procstat import stat_fields
 
 _TIMEOUT = 600.0  # seconds for the whole run (every wait below is bounded by it)
 
 
 def _proc_stats(pid: int) -> tuple[float, float]:
     """(CPU seconds, peak RSS MiB) of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
+    if fields is None:
+        raise BenchmarkFailed(f"process {pid} ended before its CPU time was read")
     ticks = os.sysconf("SC_CLK_TCK")
     cpu = (int(fields[11]) + int(fields[12])) / ticks
     hwm = 0.0

@@ -16,6 +16,8 @@ import os
 import signal
 from dataclasses import dataclass
 
+from shardwire.worker.kernels.procstat import stat_fields
+
 
 def ended_how(code: int) -> str:
     """A returncode as asyncio gives it (negative: the signal) in words."""
@@ -70,8 +72,5 @@ def failed_rank(rank: int, ended: Exited | None) -> tuple[str, bool]:
 def process_state(pid: int) -> str:
     """The state letter of ``pid`` in /proc ("T" stopped, "Z" a zombie), "" once it is
     gone or where there is no /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    fields = stat_fields(pid)
+    return "" if fields is None else fields[0]

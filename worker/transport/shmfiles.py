@@ -26,6 +26,7 @@ import stat
 from pathlib import Path
 
 from shardwire.protocol import ProtocolError
+from shardwire.worker.kernels.procstat import stat_fields
 
 SHM_DIR = Path("/dev/shm")
 NONCE_BYTES = 16
@@ -41,13 +42,8 @@ def owner_tag(pid: int | None = None) -> str | None:
     (a zombie too: it will remove nothing). The start time is the kernel's, in clock ticks
     since boot (``/proc/PID/stat``)."""
     pid = os.getpid() if pid is None else pid
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # after the command in parentheses: state is field 3, the start time field 22
-    fields = stat_line.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else f"{pid}-{fields[19]}"
+    fields = stat_fields(pid)  # the start time is the file's field 22
+    return None if fields is None or fields[0] in ("Z", "X") else f"{pid}-{fields[19]}"
 
 
 def _own_tag() -> str:
@@ -56,10 +52,16 @@ def _own_tag() -> str:
     return tag
 
 
-def _owner_gone(name: str, prefix: str) -> bool:
+def _named(name: str, run_id: str) -> re.Match[str] | None:
+    """``name`` parsed as a file name of ``run_id`` (its owner's pid and start time as
+    groups 1 and 2); None if it is not one."""
+    return re.fullmatch(re.escape(run_prefix(run_id)) + r"-(\d+)-(\d+)-[0-9a-f]{32}", name)
+
+
+def _owner_gone(name: str, run_id: str) -> bool:
     """Whether the process that made file ``name`` no longer runs (or is this one). A
     name without an owner is another version's: gone."""
-    found = re.fullmatch(re.escape(prefix) + r"-(\d+)-(\d+)-[0-9a-f]{32}", name)
+    found = _named(name, run_id)
     if found is None:
         return True
     pid = int(found.group(1))
@@ -78,8 +80,7 @@ def segment_names(run_id: str, directory: Path = SHM_DIR) -> list[Path]:
 def left_behind(run_id: str, directory: Path = SHM_DIR) -> list[Path]:
     """Files of ``run_id`` that still have a name and whose owner is gone or is this
     process: what a sweep removes (a live process's names are its own to remove)."""
-    prefix = run_prefix(run_id)
-    return [p for p in segment_names(run_id, directory) if _owner_gone(p.name, prefix)]
+    return [p for p in segment_names(run_id, directory) if _owner_gone(p.name, run_id)]
 
 
 def sweep(run_id: str, directory: Path = SHM_DIR) -> int:
@@ -126,7 +127,7 @@ def attach_mapped(
     """Map another rank's file after checking it is the one offered: a name of the run,
     a regular file of this user, mode 0600, ``size`` bytes, ``magic`` and ``nonce``
     (OSError or ProtocolError if not)."""
-    if not re.fullmatch(re.escape(run_prefix(run_id)) + r"-\d+-\d+-[0-9a-f]{32}", name):
+    if _named(name, run_id) is None:
         raise ProtocolError(f"shared-memory name {name!r} is not one of this run")
     path = directory / name
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import FrameKind, PeerFailed, ProtocolError, Tag, encode_head
+from shardwire.worker.kernels.procstat import stat_fields
 from shardwire.worker.transport import shm
 from shardwire.worker.transport.shmlink import CHUNK_KEY, CREDIT_KEY, SHM_KEY, SHM_MIN_BYTES
 from tests.isolation import RUN_ID
@@ -206,7 +207,7 @@ def test_sweep_spares_the_names_of_a_live_process_of_another_job(tmp_path: Path)
 def _zombie_within(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+        if (stat_fields(pid) or [""])[0] == "Z":
             return True
         time.sleep(0.01)
     return False
