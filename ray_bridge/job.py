@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import socket
 import sys
@@ -157,7 +158,7 @@ class _Job:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=layout.bundle_of(rank)
                 ),
-            ).remote(rank, layout, job, token)
+            ).remote(rank, layout, job, token, os.nice(0))
             for rank in range(layout.num_workers)
         ]
         self.restarted = 0

@@ -24,13 +24,19 @@ import ray
 from shardwire.protocol import JobAborted, PeerFailed
 from shardwire.ray.errors import ScriptExit, ScriptNotFound
 from shardwire.ray.layout import RankLayout, rank_env
+from shardwire.ray.priority import run_at
 
 
 class RankActor:
     """Rank ``rank`` of a job laid out as ``layout``; ``job`` holds the job's variables
-    (the coordinator's address, run id, recovery, the user's) and ``token`` its secret."""
+    (the coordinator's address, run id, recovery, the user's), ``token`` its secret and
+    ``niceness`` the CPU priority its process runs at (see :mod:`shardwire.ray.priority`)."""
 
-    def __init__(self, rank: int, layout: RankLayout, job: Mapping[str, str], token: str) -> None:
+    def __init__(
+        self, rank: int, layout: RankLayout, job: Mapping[str, str], token: str, niceness: int
+    ) -> None:
+        if (held := run_at(niceness, rank)) is not None:
+            print(f"shardwire: {held}", file=sys.stderr, flush=True)
         self.rank = rank
         self.layout = layout
         self.job = dict(job)

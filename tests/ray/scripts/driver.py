@@ -15,6 +15,10 @@ import shardwire.ray as swr
 import shardwire.worker as sw
 
 
+def _niceness(thread: str) -> int:
+    return os.getpriority(os.PRIO_PROCESS, int(thread))
+
+
 def rank_sum(scale: float) -> dict:
     """A function target: joins the job from its environment, all-reduces."""
 
@@ -26,6 +30,7 @@ def rank_sum(scale: float) -> dict:
                 "rank": pg.rank,
                 "run_id": os.environ["SHARDWIRE_RUN_ID"],
                 "node": os.environ["SHARDWIRE_NODE_ID"],
+                "niceness": sorted(set(map(_niceness, os.listdir("/proc/self/task")))),
             }
 
     return asyncio.run(main())
