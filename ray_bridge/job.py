@@ -6,10 +6,12 @@ again on the same address if a signal kills it), listening on the driver's node 
 the ranks dial it there. It then creates a placement group of one bundle per shardwire
 node and one actor per rank in its node's bundle, each allowed ``max_restarts`` restarts.
 A rank whose process dies is started again by Ray (on a live node, in its bundle); the
-driver runs the rank again in the new process, which joins the job's next generation as
-the replacement while the survivors re-form in their processes. A rank whose script
-fails is started again the same way; a job the coordinator has ended (no restart left)
-ends here with the first failed rank's error.
+new process runs the rank at once (in the actor's constructor) and joins the job's next
+generation as the replacement while the survivors re-form in their processes. The
+driver follows each restart in Ray's actor table, says where the rank runs again, and
+collects how it ended. A rank whose script fails is started again the same way; a job
+the coordinator has ended (no restart left) ends here with the first failed rank's
+error.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ try:
     import ray
 except ImportError as exc:  # pragma: no cover - exercised where ray is absent
     raise ImportError("shardwire on Ray needs ray: pip install 'shardwire[ray]'") from exc
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -41,8 +43,10 @@ from shardwire.worker.launcher.agent import job_env, token_env
 from shardwire.worker.launcher.hosted import coordinator_command, own_coordinator
 from shardwire.worker.launcher.options import LaunchSettings
 
-# How often the driver asks a restarting actor whether it is back.
+# How often the driver reads a restarting actor's state: at first, and at most (the
+# rank runs in the restarted actor's constructor, as long as the job).
 _POLL_S = 0.25
+_POLL_MAX_S = 1.0
 # The longest one question to a live actor may take (it answers at once).
 _ASK_S = 60.0
 # How long joining a cluster may take before the driver says what may hold it.
@@ -134,6 +138,26 @@ async def _placed(spec: JobSpec) -> PlacementGroup:
     return group
 
 
+@dataclass
+class _Track:
+    """What the driver knows of one rank's actor: its id, its current process (0
+    while Ray starts it again) and node, and the restarts it has seen."""
+
+    actor: str
+    pid: int
+    node: str
+    restarts: int = 0
+
+
+def _actor_state(actor: str) -> dict[str, Any]:
+    """Ray's control store's record of actor ``actor`` now: its ``State``, its
+    ``NumRestarts``, its process's ``Pid`` and ``Address``. Ray's state API reads the
+    same table but needs the cluster's dashboard, which a cluster may run without."""
+    from ray._private.state import actors
+
+    return actors(actor_id=actor)
+
+
 class _Job:
     """The ranks' actors and how each rank's run goes."""
 
@@ -158,7 +182,9 @@ class _Job:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=layout.bundle_of(rank)
                 ),
-            ).remote(rank, layout, job, token, os.nice(0))
+            ).remote(
+                rank, layout, job, token, niceness=os.nice(0), target=spec.target, args=spec.args
+            )
             for rank in range(layout.num_workers)
         ]
         self.restarted = 0
@@ -166,51 +192,63 @@ class _Job:
     async def _ask(self, rank: int) -> dict[str, Any]:
         return await asyncio.wait_for(self.actors[rank].where.remote(), _ASK_S)
 
-    async def _back(self, rank: int) -> dict[str, Any]:
-        """Wait until Ray has started rank ``rank``'s actor again: where it now runs."""
-        try:
-            async with asyncio.timeout(self.spec.settings.join_timeout):
-                while True:
-                    with contextlib.suppress(ActorUnavailableError):
-                        return await self._ask(rank)
-                    await asyncio.sleep(_POLL_S)
-        except TimeoutError:
-            raise self._failed(
-                rank,
-                f"Ray did not start its actor again within "
-                f"{self.spec.settings.join_timeout:g} s (no node with room for its bundle?)",
-            ) from None
-        except ActorDiedError as exc:
-            raise self._failed(rank, f"its actor is gone for good: {exc}") from None
-
     def _failed(self, rank: int, cause: str) -> RayJobFailed:
         return RayJobFailed(rank=rank, cause=cause, run_id=self.spec.settings.run_id)
 
     async def rank(self, rank: int, place: dict[str, Any]) -> Any:
         """Run rank ``rank`` (its first process at ``place``) until it finishes; start
         it again while restarts last."""
-        budget = self.spec.settings.max_restarts
-        reruns = 0
+        track = _Track(place["actor"], place["pid"], place["node"])
         while True:
             try:
-                outcome = await self.actors[rank].run.remote(self.spec.target, self.spec.args)
+                outcome = await self.actors[rank].run.remote()
             except RayActorError:
-                lost = f"its process {place['pid']} on node {place['node'][:12]} ended"
-                if reruns >= budget:
-                    raise self._failed(rank, f"{lost}; no restart left") from None
-                _say(f"rank {rank}: {lost}; Ray starts it again ({reruns + 1} of {budget})")
+                pass  # its process ended: Ray starts the actor again, or has given up
             else:
                 if outcome["ok"]:
                     return outcome["value"]
                 cause = f"{outcome['error']}: {outcome['message']}\n{outcome['traceback']}"
-                if outcome["over"] or reruns >= budget:
+                if outcome["over"] or track.restarts >= self.spec.settings.max_restarts:
                     raise self._failed(rank, cause)
                 _say(f"rank {rank}: the script failed ({outcome['error']}); starting it again")
                 ray.kill(self.actors[rank], no_restart=False)
-            reruns += 1
-            self.restarted += 1
-            place = await self._back(rank)
-            _say(f"rank {rank}: back as process {place['pid']} on node {place['node'][:12]}")
+            await self._follow(rank, track)
+
+    async def _follow(self, rank: int, track: _Track) -> None:
+        """Follow rank ``rank``'s actor through Ray's restarts (at least one more than
+        ``track`` has seen) until it answers again. An actor Ray started again runs its
+        rank in its constructor, so it answers once the rank has ended there; a loss of
+        that process too is one more restart. Only the time no process holds the rank
+        is bounded (``join_timeout``)."""
+        budget, bound = self.spec.settings.max_restarts, self.spec.settings.join_timeout
+        seen, pause = track.restarts, _POLL_S
+        unheld_since: float | None = None
+        while True:
+            now = _actor_state(track.actor)
+            while track.restarts < now["NumRestarts"]:
+                track.restarts += 1
+                self.restarted += 1
+                lost = f"its process {track.pid} on node {track.node[:12]} ended"
+                _say(f"rank {rank}: {lost}; Ray starts it again ({track.restarts} of {budget})")
+                track.pid, unheld_since = 0, time.monotonic()
+            if now["State"] == "DEAD":
+                lost = f"its process {track.pid or now['Pid']} ended"
+                left = "no restart left" if track.restarts >= budget else "Ray ended its actor"
+                raise self._failed(rank, f"{lost}; {left}")
+            if track.restarts > seen and not track.pid and now["Pid"]:
+                track.pid, track.node = now["Pid"], now["Address"]["NodeID"]
+                unheld_since = None
+                _say(f"rank {rank}: back as process {track.pid} on node {track.node[:12]}")
+            if track.restarts > seen and track.pid and now["State"] == "ALIVE":
+                return
+            if unheld_since is not None and time.monotonic() - unheld_since > bound:
+                raise self._failed(
+                    rank,
+                    f"Ray did not start its actor again within {bound:g} s (no node with "
+                    "room for its bundle?)",
+                )
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, _POLL_MAX_S)
 
     async def places(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(self._ask(r) for r in range(len(self.actors)))))

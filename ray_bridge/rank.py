@@ -1,7 +1,9 @@
 """One rank of a job, as a Ray actor: the rank's script or function runs in the actor's
 own process, so Ray's view of the actor is the rank's (a killed rank is a dead actor,
 which Ray starts again, and the job's live recovery admits it into the next
-generation).
+generation). An actor Ray started again runs its rank at once, in its constructor: the
+replacement joins as soon as its process is up, not once the driver has learnt of the
+loss (Ray tells the driver a second or more after it restarted the actor).
 
 The token reaches the actor as an argument of its constructor, which Ray keeps to start
 it again; it is never a runtime environment's variable (Ray shows those) or on a command
@@ -29,15 +31,26 @@ from shardwire.ray.priority import run_at
 
 class RankActor:
     """Rank ``rank`` of a job laid out as ``layout``; ``job`` holds the job's variables
-    (the coordinator's address, run id, recovery, the user's), ``token`` its secret and
-    ``niceness`` the CPU priority its process runs at (see :mod:`shardwire.ray.priority`)."""
+    (the coordinator's address, run id, recovery, the user's), ``token`` its secret,
+    ``niceness`` the CPU priority its process runs at (see :mod:`shardwire.ray.priority`)
+    and ``target`` with ``args`` what the rank runs (see :meth:`run`)."""
 
     def __init__(
-        self, rank: int, layout: RankLayout, job: Mapping[str, str], token: str, niceness: int
+        self,
+        rank: int,
+        layout: RankLayout,
+        job: Mapping[str, str],
+        token: str,
+        *,
+        niceness: int,
+        target: str | Callable[..., Any],
+        args: Sequence[Any],
     ) -> None:
         if (held := run_at(niceness, rank)) is not None:
             print(f"shardwire: {held}", file=sys.stderr, flush=True)
         self.rank = rank
+        self.target = target
+        self.args = list(args)
         self.layout = layout
         self.job = dict(job)
         self.token = token
@@ -49,25 +62,50 @@ class RankActor:
         # The rank's runtime, imported while Ray starts the actor (again, after a loss)
         # and the driver learns of it: the rank then joins as soon as it is run.
         importlib.import_module("shardwire.worker")
+        # How the rank ended in this process, until the driver asks (``run``).
+        self.ended: dict[str, Any] | None = None
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            # Ray started the actor again after a loss: the rank runs now, in the
+            # constructor (on the main thread, where the script takes its signals),
+            # as the replacement the surviving ranks wait for. The driver learns of the
+            # loss only when Ray tells it, a second or more later.
+            node = ray.get_runtime_context().get_node_id()
+            print(
+                f"shardwire: rank {rank} runs again as process {os.getpid()} on Ray node "
+                f"{node[:12]}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.ended = self._run()
 
     def __repr__(self) -> str:  # Ray prefixes the actor's log lines with it
         return f"rank{self.rank}"
 
     def where(self) -> dict[str, Any]:
-        """This rank's process: its id, its Ray node, and whether Ray started it again."""
+        """This rank's actor and process: their ids and its Ray node."""
         context = ray.get_runtime_context()
         return {
             "rank": self.rank,
+            "actor": context.get_actor_id(),
             "pid": os.getpid(),
             "node": context.get_node_id(),
             "ip": ray.util.get_node_ip_address(),
         }
 
-    def run(self, target: str | Callable[..., Any], args: Sequence[Any]) -> dict[str, Any]:
+    def run(self) -> dict[str, Any]:
+        """How the rank ended in this process: run now, or, in an actor Ray started
+        again, already run by the constructor."""
+        if self.ended is None:
+            return self._run()
+        ended, self.ended = self.ended, None
+        return ended
+
+    def _run(self) -> dict[str, Any]:
         """Run the rank: the script at ``target`` as ``__main__`` with ``args`` as its
         command line (its value: 0), or ``target(*args)`` (its value). How it ended, as
         plain data (``ok``, ``value``; or ``error``, ``message``, ``traceback`` and
         ``over``: whether the job itself is over, so no restart of this rank helps)."""
+        target, args = self.target, self.args
         node = ray.get_runtime_context().get_node_id()
         env = rank_env(
             self.layout,
