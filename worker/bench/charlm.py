@@ -2,11 +2,12 @@
 and 4 ranks:
 
 - ``examples/charlm.py``: shardwire's own numpy layers, FULL_SHARD with prefetch;
-- ``examples/torch_charlm.py``: PyTorch with FSDP2 (``fully_shard``) over the shardwire
-  backend, under ``shardwire launch``;
+- ``examples/torch_charlm.py``: PyTorch with FSDP2 (``fully_shard``, or DDP with
+  ``--wrap ddp``) over the shardwire backend, under ``shardwire launch``;
 - the same torch script over gloo, started the way torchrun starts it.
 
-    shardwire bench charlm [--world 1 2 4] [--steps 40] [--repeats 2] [--json out.json]
+    shardwire bench charlm [--world 1 2 4] [--steps 40] [--repeats 2] [--wrap fsdp2]
+                           [--json out.json]
 
 The systems alternate world size by world size and repeat by repeat (the order turns
 around every repeat), so a machine that slows down during the run hurts all alike. All
@@ -31,9 +32,15 @@ SHARDWIRE = str(Path(sys.executable).parent / "shardwire")
 MODEL = {"batch": 32, "context": 64, "dim": 128, "heads": 4, "layers": 4, "lr": 3e-3, "seed": 0}
 SYSTEMS = {
     "numpy": "shardwire (numpy layers)",
-    "torch_shardwire": "torch FSDP2 on shardwire",
-    "torch_gloo": "torch FSDP2 on gloo",
+    "torch_shardwire": "torch {wrap} on shardwire",
+    "torch_gloo": "torch {wrap} on gloo",
 }
+WRAPS = {"fsdp2": "FSDP2", "ddp": "DDP"}
+
+
+def label(system: str, wrap: str) -> str:
+    """What ``system`` is called in the table, its torch runs wrapped in ``wrap``."""
+    return SYSTEMS[system].format(wrap=WRAPS[wrap])
 
 
 def _model_args() -> list[str]:
@@ -47,7 +54,7 @@ def _launch(n: int, args: list[str]) -> None:
     subprocess.run(cmd, check=True, timeout=1800, stdout=subprocess.DEVNULL, env=clean_env())
 
 
-def run(system: str, n: int, steps: int, tmp: Path) -> float:
+def run(system: str, n: int, steps: int, tmp: Path, *, wrap: str = "fsdp2") -> float:
     tag = f"{system}-{n}-{len(list(tmp.iterdir()))}"
     out = tmp / f"{tag}.json"
     if system == "numpy":
@@ -74,6 +81,8 @@ def run(system: str, n: int, steps: int, tmp: Path) -> float:
         str(steps),
         "--json",
         str(out),
+        "--wrap",
+        wrap,
         *_model_args(),
     ]
     if system == "torch_shardwire":
@@ -115,6 +124,12 @@ def parser() -> argparse.ArgumentParser:
         help="what is trained: numpy (examples/charlm.py), torch_shardwire and torch_gloo "
         "(examples/torch_charlm.py on either backend) (all three)",
     )
+    p.add_argument(
+        "--wrap",
+        choices=list(WRAPS),
+        default="fsdp2",
+        help="how the torch runs spread the model: FSDP2's fully_shard or DDP (%(default)s)",
+    )
     p.add_argument("--json", help="write the rows here")
     return p
 
@@ -137,24 +152,27 @@ def main(argv: list[str] | None = None) -> int:
             for repeat in range(args.repeats):
                 for system in args.systems[:: 1 if turn % 2 == 0 else -1]:
                     ranks = f"{n} rank{'' if n == 1 else 's'}"
-                    progress.start(f"{ranks}, run {repeat + 1}/{args.repeats}: {SYSTEMS[system]}")
-                    got[system].append(run(system, n, args.steps, tmp))
+                    said = label(system, args.wrap)
+                    progress.start(f"{ranks}, run {repeat + 1}/{args.repeats}: {said}")
+                    got[system].append(run(system, n, args.steps, tmp, wrap=args.wrap))
                 turn += 1
-            rows.append({"ranks": n, **{f"{s}_tokens_per_s": v for s, v in got.items()}})
-    _print(rows, args.systems)
+            rows.append(
+                {"ranks": n, "wrap": args.wrap, **{f"{s}_tokens_per_s": v for s, v in got.items()}}
+            )
+    _print(rows, args.systems, args.wrap)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
 
 
-def _print(rows: list[dict], systems: list[str]) -> None:
-    head = "| ranks | " + " | ".join(f"{SYSTEMS[s]} tokens/s" for s in systems) + " |"
+def _print(rows: list[dict], systems: list[str], wrap: str) -> None:
+    head = "| ranks | " + " | ".join(f"{label(s, wrap)} tokens/s" for s in systems) + " |"
     ratios = [
         (a, b)
         for a, b in (("torch_shardwire", "torch_gloo"), ("numpy", "torch_gloo"))
         if a in systems and b in systems
     ]
-    head += "".join(f" {SYSTEMS[a]} / {SYSTEMS[b]} |" for a, b in ratios)
+    head += "".join(f" {label(a, wrap)} / {label(b, wrap)} |" for a, b in ratios)
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
