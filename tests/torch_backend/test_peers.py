@@ -67,10 +67,10 @@ def test_torchrun_starts_every_worker_again_after_a_kill_and_ends_them_all(tmp_p
         nproc=2,
         work=tmp_path / "tr",
         schedule=[_kill(0, 6.0)],
-        timeout=60,
+        timeout=35,
     )
     assert run.faults == 1 and run.processes >= 4, run.detail  # both started again
-    assert run.wall_s < 60 + 15  # bounded, the workers' ends included
+    assert run.wall_s < 35 + 15  # bounded, the workers' ends included
     assert not any(_alive(pid) for pid in run.pids)
     if run.finished:
         summary = json.loads((tmp_path / "tr" / "run" / "summary.json").read_text())

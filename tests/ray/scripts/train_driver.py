@@ -1,7 +1,8 @@
 """A Ray Train driver: a small model trained by ``TorchTrainer`` on 2 workers, wrapped
-in DDP or FSDP2, over the backend named (``shardwire`` through ``ShardwireConfig``, or
-``gloo``); prints rank 0's final parameters (written to a file both share: one machine), the backend
-its group used and the single-process oracle's parameters, as JSON."""
+in DDP and then, in the same run, in FSDP2, over the backend named (``shardwire``
+through ``ShardwireConfig``, or ``gloo``); prints rank 0's final parameters of each
+(written to a file both share: one machine), the backend its group used and the
+single-process oracle's parameters, as JSON."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch import nn
 from shardwire.ray.train import ShardwireConfig
 
 STEPS = 12
+WRAPS = ("ddp", "fsdp2")
 ROWS = 32
 
 
@@ -39,13 +41,21 @@ def flat(state: dict) -> list[float]:
 
 
 def train(config: dict) -> None:
+    torch.set_num_threads(1)
+    said = {wrap: trained(wrap) for wrap in WRAPS}
+    if dist.get_rank() == 0:
+        said |= {"backend": dist.get_backend(), "world": dist.get_world_size()}
+        Path(config["out"]).write_text(json.dumps(said))
+
+
+def trained(wrap: str) -> list[float]:
+    """The model wrapped in ``wrap``, trained on this rank's rows; its full parameters."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    torch.set_num_threads(1)
     rank, size = dist.get_rank(), dist.get_world_size()
     net = model()
-    if config["wrap"] == "ddp":
+    if wrap == "ddp":
         net = nn.parallel.DistributedDataParallel(net)
     else:
         for layer in (net[0], net[2]):
@@ -59,10 +69,7 @@ def train(config: dict) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    state = get_model_state_dict(net, options=StateDictOptions(full_state_dict=True))
-    if rank == 0:
-        said = {"params": flat(state), "backend": dist.get_backend(), "world": size}
-        Path(config["out"]).write_text(json.dumps(said))
+    return flat(get_model_state_dict(net, options=StateDictOptions(full_state_dict=True)))
 
 
 def oracle() -> list[float]:
@@ -78,13 +85,13 @@ def oracle() -> list[float]:
     return flat(net.state_dict())
 
 
-def main(address: str, backend: str, wrap: str) -> None:
+def main(address: str, backend: str) -> None:
     ray.init(address=address, include_dashboard=False)
     config = ShardwireConfig() if backend == "shardwire" else TorchConfig(backend="gloo")
     out = Path(tempfile.mkdtemp(prefix="ray-train-out-")) / "rank0.json"
     trainer = TorchTrainer(
         train,
-        train_loop_config={"wrap": wrap, "out": str(out)},
+        train_loop_config={"out": str(out)},
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         torch_config=config,
         run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="ray-train-")),
@@ -94,4 +101,4 @@ def main(address: str, backend: str, wrap: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:3])
