@@ -59,8 +59,8 @@ class RankActor:
             reconfigure = getattr(stream, "reconfigure", None)
             if reconfigure is not None:
                 reconfigure(line_buffering=True)
-        # The rank's runtime, imported while Ray starts the actor (again, after a loss)
-        # and the driver learns of it: the rank then joins as soon as it is run.
+        # The rank's runtime, imported while Ray starts the actor: the driver learns
+        # where the first ranks run meanwhile, and a rank joins as soon as it is run.
         importlib.import_module("shardwire.worker")
         # How the rank ended in this process, until the driver asks (``run``).
         self.ended: dict[str, Any] | None = None
