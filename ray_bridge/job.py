@@ -187,7 +187,12 @@ class _Job:
             )
             for rank in range(layout.num_workers)
         ]
-        self.restarted = 0
+        self.tracks: dict[int, _Track] = {}  # by rank, once it runs
+
+    @property
+    def restarted(self) -> int:
+        """Restarts of the ranks' actors, all told."""
+        return sum(track.restarts for track in self.tracks.values())
 
     async def _ask(self, rank: int) -> dict[str, Any]:
         return await asyncio.wait_for(self.actors[rank].where.remote(), _ASK_S)
@@ -198,7 +203,7 @@ class _Job:
     async def rank(self, rank: int, place: dict[str, Any]) -> Any:
         """Run rank ``rank`` (its first process at ``place``) until it finishes; start
         it again while restarts last."""
-        track = _Track(place["actor"], place["pid"], place["node"])
+        track = self.tracks[rank] = _Track(place["actor"], place["pid"], place["node"])
         while True:
             try:
                 outcome = await self.actors[rank].run.remote()
@@ -227,7 +232,6 @@ class _Job:
             now = _actor_state(track.actor)
             while track.restarts < now["NumRestarts"]:
                 track.restarts += 1
-                self.restarted += 1
                 lost = f"its process {track.pid} on node {track.node[:12]} ended"
                 _say(f"rank {rank}: {lost}; Ray starts it again ({track.restarts} of {budget})")
                 track.pid, unheld_since = 0, time.monotonic()

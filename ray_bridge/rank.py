@@ -105,7 +105,6 @@ class RankActor:
         command line (its value: 0), or ``target(*args)`` (its value). How it ended, as
         plain data (``ok``, ``value``; or ``error``, ``message``, ``traceback`` and
         ``over``: whether the job itself is over, so no restart of this rank helps)."""
-        target, args = self.target, self.args
         node = ray.get_runtime_context().get_node_id()
         env = rank_env(
             self.layout,
@@ -117,10 +116,10 @@ class RankActor:
         os.environ.update(env)
         os.environ["SHARDWIRE_TOKEN"] = self.token
         try:
-            if callable(target):
-                value = target(*args)
+            if callable(self.target):
+                value = self.target(*self.args)
             else:
-                value = _script(Path(target), [str(a) for a in args], self.rank, node)
+                value = _script(Path(self.target), [str(a) for a in self.args], self.rank, node)
         except Exception as exc:  # the driver decides what a failure means for the job
             over = isinstance(exc, JobAborted | ScriptNotFound) and not isinstance(exc, PeerFailed)
             return {
