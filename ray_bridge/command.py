@@ -17,7 +17,7 @@ import sys
 
 from shardwire.protocol import InvalidArgument
 from shardwire.ray import run
-from shardwire.worker.chaos.inject import chaos_env
+from shardwire.worker.chaos.faultlog import chaos_env
 
 _EXAMPLES = """examples:
   shardwire ray --num-workers 4 --workers-per-node 2 train.py --steps 200

@@ -247,11 +247,15 @@ FOLDERS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["
 
 
 def module_file(module: str) -> Path:
-    """The source file of ``module`` (a package's ``__init__.py``)."""
+    """The source file of ``module``: a package's ``__init__.py``, or its ``__init__.pyi``
+    where it has one (its public names, imported when first read)."""
     top = ".".join(module.split(".")[:2])
     rest = module.split(".")[2:]
     base = ROOT / FOLDERS[top] / Path(*rest) if rest else ROOT / FOLDERS[top]
-    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    if not base.is_dir():
+        return base.with_suffix(".py")
+    stub = base / "__init__.pyi"
+    return stub if stub.is_file() else base / "__init__.py"
 
 
 def public_names(module: str) -> list[str] | None:

@@ -368,14 +368,25 @@ def variables_read() -> set[str]:
     handed the environment and the name), a module's constant standing for the name
     included, and the variables its settings models read."""
     found = set()
-    for path, tree in _trees().items():
-        consts = {
+    defined = {
+        _module(path): {
             t.id: n.value.value
             for n in tree.body
             if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
             for t in n.targets
             if isinstance(t, ast.Name) and isinstance(n.value.value, str)
         }
+        for path, tree in _trees().items()
+    }
+    for path, tree in _trees().items():
+        consts = dict(defined[_module(path)])
+        for n in tree.body:  # a constant imported from the module that defines it
+            if isinstance(n, ast.ImportFrom) and n.module in defined:
+                consts |= {
+                    a.asname or a.name: defined[n.module][a.name]
+                    for a in n.names
+                    if a.name in defined[n.module]
+                }
 
         def named(node: ast.AST) -> str | None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -699,8 +710,10 @@ def module_names() -> dict[str, set[str]]:
     or imports at its top level."""
     found: dict[str, set[str]] = {}
     for path, tree in _trees().items():
+        stub = path.with_suffix(".pyi")  # a package's names imported when first read
+        body = tree.body + (ast.parse(stub.read_text()).body if stub.is_file() else [])
         names = set()
-        for node in tree.body:
+        for node in body:
             if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 names.add(node.name)
             elif isinstance(node, ast.Assign | ast.AnnAssign):

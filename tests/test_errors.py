@@ -29,6 +29,7 @@ ALLOWED = {
     "ConnectionError",  # the raw-socket baseline's end of stream
     "LookupError",  # an address book miss, answered by asking the coordinator
     "IndexError",  # a placement's __getitem__: the sequence protocol ends iteration on it
+    "AttributeError",  # a package's __getattr__ (PEP 562): hasattr and imports rely on it
 }
 # Exceptions that never leave the node arena: NodeArena.run turns each into a
 # ShardwireError (Poisoned into the poisoning rank's error, Stalled and ArenaTimeout

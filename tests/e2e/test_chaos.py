@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shardwire.worker.chaos.inject import read_log
+from shardwire.worker.chaos.faultlog import read_log
 from shardwire.worker.transport.shmfiles import SHM_DIR, segment_names
 from tests.docblocks import block
 

@@ -125,3 +125,38 @@ def test_a_torch_script_s_first_ddp_model_and_step_import_nothing_of_torch_s_com
     script.write_text("import torch.distributed as dist\n")
     said = _python(FIRST_DDP, str(script), cwd=tmp_path)
     assert said[:2] == ["['torch.distributed', 'torch._dynamo']", "[]"]
+
+
+LAUNCHER_PROBE = """
+import sys
+import shardwire.worker.launcher.cli
+import shardwire.coordinator.__main__
+rank_side = ["shardwire.worker.api", "shardwire.worker.collectives", "shardwire.worker.fsdp",
+             "shardwire.worker.chaos.inject", "shardwire.worker.transport.mesh"]
+print([name for name in rank_side if name in sys.modules])
+"""
+
+
+@pytest.mark.e2e
+def test_the_launcher_and_coordinator_import_none_of_a_rank_s_machinery(tmp_path):
+    """Each job starts a launcher and a coordinator: they import the modules they use, not
+    the collectives, FSDP or the fault injector that ``shardwire.worker`` names."""
+    assert _python(LAUNCHER_PROBE, cwd=tmp_path)[0] == "[]"
+
+
+@pytest.mark.e2e
+def test_a_script_importing_shardwire_worker_gets_its_public_names_ahead(tmp_path):
+    """``shardwire.worker`` imports its names when first read; the fork server reads them
+    all ahead, so its ranks do not each import them after the fork."""
+    script = tmp_path / "job.py"
+    script.write_text("import shardwire.worker as sw\n")
+    probe = (
+        "import sys\n"
+        "from shardwire.worker.launcher.preload import preload\n"
+        "print('shardwire.worker.api' in sys.modules)\n"
+        f"print(preload([{str(script)!r}]))\n"
+        "import shardwire.worker as sw\n"
+        "print(all(name in vars(sw) for name in sw.__all__))\n"
+        "print('shardwire.worker.api' in sys.modules)\n"
+    )
+    assert _python(probe, cwd=tmp_path)[:4] == ["False", "['shardwire.worker']", "True", "True"]

@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from shardwire.worker.chaos import PLAN_VARIABLE
-from shardwire.worker.chaos.inject import CLEAN_VARIABLE, LOG_VARIABLE, read_log
+from shardwire.worker.chaos.faultlog import CLEAN_VARIABLE, LOG_VARIABLE, read_log
 from shardwire.worker.chaos.plan import PlanError, load
 from shardwire.worker.chaos.verdict import table, verdict
 

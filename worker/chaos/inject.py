@@ -30,8 +30,6 @@ import json
 import os
 import resource
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -43,6 +41,13 @@ import xxhash
 
 from shardwire.protocol import ShardwireError
 from shardwire.worker.chaos import PLAN_VARIABLE
+from shardwire.worker.chaos.faultlog import (
+    CLEAN_VARIABLE,
+    LOG_VARIABLE,
+    fired_in,
+    read_log,
+    resume_later,
+)
 from shardwire.worker.chaos.links import LinkFaults
 from shardwire.worker.chaos.plan import NETWORK, Plan, Scheduled, load
 from shardwire.worker.collectives.process import ProcessGroup, StepState
@@ -51,9 +56,6 @@ from shardwire.worker.observe import trace
 from shardwire.worker.transport.base import Transport
 from shardwire.worker.transport.mesh import TcpMesh
 from shardwire.worker.transport.shmfiles import SHM_DIR, new_name
-
-LOG_VARIABLE = "SHARDWIRE_CHAOS_LOG"
-CLEAN_VARIABLE = "SHARDWIRE_CHAOS_CLEAN"  # "1": the plan's checks, none of its faults
 
 
 class InjectedFault(ShardwireError):
@@ -70,7 +72,7 @@ class Injector:
         self.started = time.time()
         self.check_every = plan.check_every
         entries = read_log(log)
-        fired = _fired(entries)  # a restarted job does not get a fault twice
+        fired = fired_in(entries)  # a restarted job does not get a fault twice
         # every_s faults count from the job's start: the first rank that ever joined
         self.epoch = min(
             (e["t"] for e in entries if e.get("event") == "joined"), default=self.started
@@ -258,58 +260,6 @@ def fill_shm(transport: Transport, percent: float, directory: Path = SHM_DIR) ->
     finally:
         os.close(fd)
     return wanted
-
-
-def read_log(log: Path) -> list[dict[str, Any]]:
-    """The entries of a chaos log (a line cut short by a kill is skipped)."""
-    entries = []
-    with contextlib.suppress(FileNotFoundError):
-        for line in log.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                entry = json.loads(line)
-                if isinstance(entry, dict):
-                    entries.append(entry)
-    return entries
-
-
-def fired_faults(log: Path) -> set[tuple[int, int]]:
-    """The plan's faults (index, occurrence) the log says were injected already."""
-    return _fired(read_log(log))
-
-
-def _fired(entries: list[dict[str, Any]]) -> set[tuple[int, int]]:
-    return {(e["fault"], e.get("occurrence", 0)) for e in entries if e.get("event") == "injected"}
-
-
-def resume_later(seconds: float, pids: list[int]) -> None:
-    """A process that sends SIGCONT to ``pids`` (a negative one: that process group) in
-    ``seconds`` (a stopped process cannot)."""
-    code = (
-        "import contextlib, os, signal, sys, time\n"
-        "time.sleep(float(sys.argv[1]))\n"
-        "for p in sys.argv[2:]:\n"
-        "    with contextlib.suppress(OSError):\n"
-        "        os.kill(int(p), signal.SIGCONT)\n"
-    )
-    subprocess.Popen(  # noqa: S603 - our own interpreter and code, no shell
-        [sys.executable, "-c", code, str(seconds), *map(str, pids)],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def chaos_env(plan: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables that hand the plan at ``plan`` (checked here: a bad plan stops the
-    launch) to the processes a launcher starts, with the log they note into."""
-    load(plan)
-    path = str(Path(plan).absolute())
-    log = environ.get(LOG_VARIABLE)  # ``shardwire chaos`` made a fresh one
-    if not log:
-        log = f"{path}.log"
-        Path(log).write_text("")  # a new job: its faults all fire again
-    return {PLAN_VARIABLE: path, LOG_VARIABLE: log}
 
 
 def from_environment(environ: Mapping[str, str], group: ProcessGroup) -> Injector | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwire.worker.chaos import PLAN_VARIABLE
-from shardwire.worker.chaos.inject import (
+from shardwire.worker.chaos.faultlog import (
     CLEAN_VARIABLE,
     LOG_VARIABLE,
     fired_faults,

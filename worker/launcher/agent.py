@@ -30,7 +30,7 @@ from pathlib import Path
 from shardwire.protocol import ShardwireError
 from shardwire.protocol.auth import load_token, read_token_file
 from shardwire.protocol.messages import NodeAssignment, NodeJoin, Restart
-from shardwire.worker.chaos.inject import chaos_env
+from shardwire.worker.chaos.faultlog import chaos_env
 from shardwire.worker.chaos.supervise import node_faults
 from shardwire.worker.launcher.cluster import node_place
 from shardwire.worker.launcher.forking import ForkServer, server_command

@@ -45,7 +45,8 @@ import threading
 import warnings
 from dataclasses import dataclass
 
-import shardwire.worker  # noqa: F401 - the imports a rank's start spends most of its time on
+import shardwire.worker
+from shardwire.protocol.exports import import_all
 from shardwire.worker.launcher.preload import preload
 from shardwire.worker.runtime.parent import end_with_parent
 
@@ -200,6 +201,7 @@ def main() -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    import_all(shardwire.worker)  # the imports a rank's start spends most of its time on
     preload(sys.argv[1:])  # the script the ranks run (or -m and its module)
     threads = threading.active_count()
     try:

@@ -13,7 +13,9 @@ Some packages import more at their first use than at import, and a rank that sta
 during a job pays for that while the others wait for it: torch's DDP, FSDP2 and
 optimizers import ``torch._dynamo`` (about 200 modules of torch's compiler, 0.45 s on a
 small machine) when a rank first builds its model or steps. Those are imported ahead too,
-where the script imports their package (:data:`FIRST_USE`).
+where the script imports their package (:data:`FIRST_USE`); so are the public names of
+a shardwire package the script imports (``shardwire.worker``), which the package itself
+imports when first read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import importlib
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
+
+from shardwire.protocol.exports import import_all
 
 # package -> what it imports at its first use rather than at import
 FIRST_USE: dict[str, tuple[str, ...]] = {"torch": ("torch._dynamo",)}
@@ -89,7 +93,7 @@ def preload(argv: Sequence[str]) -> list[str]:
 
 def _imported(name: str) -> bool:
     try:
-        importlib.import_module(name)
+        import_all(importlib.import_module(name))
     except Exception:  # noqa: BLE001 - the rank raises the same error itself, as its own
         return False
     return True

@@ -1,23 +1,8 @@
-"""Transports: the contract, the TCP peer mesh and the in-memory hub."""
+"""Transports: the contract, the TCP peer mesh and the in-memory hub.
 
-from shardwire.worker.transport.base import Receive, Transport, TransportStats, TransportTimeout
-from shardwire.worker.transport.book import AddressBook
-from shardwire.worker.transport.dialing import ConnectFailed
-from shardwire.worker.transport.listen import ListenFailed
-from shardwire.worker.transport.memory import MemoryHub, MemoryTransport
-from shardwire.worker.transport.mesh import TcpMesh
-from shardwire.worker.transport.mesh_config import MeshConfig
+Its public names are imported when first read (`shardwire.protocol.exports`);
+`__init__.pyi` lists them."""
 
-__all__ = [
-    "AddressBook",
-    "ConnectFailed",
-    "ListenFailed",
-    "MemoryHub",
-    "MemoryTransport",
-    "MeshConfig",
-    "Receive",
-    "TcpMesh",
-    "Transport",
-    "TransportStats",
-    "TransportTimeout",
-]
+from shardwire.protocol.exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

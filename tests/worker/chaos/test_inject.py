@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from shardwire.worker.chaos.inject import InjectedFault, Injector, read_log
+from shardwire.worker.chaos.faultlog import read_log
+from shardwire.worker.chaos.inject import InjectedFault, Injector
 from shardwire.worker.chaos.plan import load
 from shardwire.worker.collectives.process import ProcessGroup, StepState
 from tests.worker.transport.fabric import memory_world

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardwire.worker.chaos.inject import from_environment, read_log
+from shardwire.worker.chaos.faultlog import read_log
+from shardwire.worker.chaos.inject import from_environment
 from shardwire.worker.chaos.plan import COORDINATOR, MAX_OCCURRENCES, NODE, Plan, PlanError, load
 from shardwire.worker.chaos.verdict import table, verdict
 

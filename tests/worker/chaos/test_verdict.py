@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardwire.worker.chaos.inject import Injector, read_log
+from shardwire.worker.chaos.faultlog import read_log
+from shardwire.worker.chaos.inject import Injector
 from shardwire.worker.chaos.plan import COORDINATOR, Plan
 from shardwire.worker.chaos.supervise import note_coordinator_back
 from shardwire.worker.chaos.verdict import table, verdict
