@@ -11,10 +11,14 @@ default. It detects corruption, not forgery: against an attacker on the path, us
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import xxhash
 
 from shardwire.protocol.errors import IntegrityError
-from shardwire.protocol.tensors import TensorMeta
+
+if TYPE_CHECKING:
+    from shardwire.protocol.tensors import TensorMeta
 
 CHECK_KEY = "ck"
 TRAILER_BYTES = 8

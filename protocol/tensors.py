@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from shardwire.protocol.codec import pack_value
 from shardwire.protocol.errors import ProtocolError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Only plain little-endian numeric dtypes cross the wire: no object arrays, no structured
 # dtypes, nothing whose bytes could mean code or pointers.
@@ -40,10 +41,25 @@ class Tag(NamedTuple):
     step: int = 0
 
 
-# dtype -> canonical name, for allowed dtypes only (native/little-endian byte order).
-# A dict lookup here replaces numpy's dtype.name property, which costs microseconds.
-_NAMES: dict[np.dtype[Any], str] = {np.dtype(name): name for name in ALLOWED_DTYPES}
-_ITEMSIZE: dict[str, int] = {name: np.dtype(name).itemsize for name in ALLOWED_DTYPES}
+# dtype (or a name of one) -> canonical name, for allowed dtypes only (native/little-endian
+# byte order), filled by the first check (numpy is imported then, not with the protocol:
+# a launcher or coordinator never checks a dtype). A dict lookup here replaces numpy's
+# dtype.name property, which costs microseconds.
+_NAMES: dict[Any, str] = {}
+_ITEMSIZE: dict[str, int] = {
+    "bool": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+}
 
 
 class TensorMeta(NamedTuple):
@@ -121,13 +137,24 @@ def pack_tensor_meta(meta: TensorMeta, extra: tuple[tuple[str, int], ...] = ()) 
 
 def check_dtype(dtype: np.dtype[Any] | str) -> str:
     """Return the canonical dtype name, or raise if it may not cross the wire."""
-    name = _NAMES.get(dtype) if isinstance(dtype, np.dtype) else None
-    if name is not None:
-        return name
+    try:
+        name = _NAMES.get(dtype)
+    except TypeError:  # an unhashable spec (a structured dtype's fields): numpy reads it
+        name = None
+    return name if name is not None else _first_check(dtype)
+
+
+def _first_check(dtype: np.dtype[Any] | str) -> str:
+    import numpy as np  # once per dtype: see _NAMES
+
+    if not _NAMES:
+        _NAMES.update({np.dtype(name): name for name in ALLOWED_DTYPES})
     dt = np.dtype(dtype)
     name = _NAMES.get(dt)
     if name is None:
         raise ProtocolError(f"dtype {dt!s} is not allowed on the wire ({sorted(ALLOWED_DTYPES)})")
+    if isinstance(dtype, str):
+        _NAMES[dtype] = name
     return name
 
 

@@ -17,6 +17,7 @@ from shardwire.protocol import (
 from shardwire.protocol.codec import unpack_meta
 from shardwire.protocol.messages import Abort, Join, decode_message, encode_message
 from shardwire.protocol.placement import PEER_PAGE, PeerQuery
+from shardwire.protocol.tensors import ALLOWED_DTYPES
 
 
 def test_tensor_meta_round_trip() -> None:
@@ -131,3 +132,16 @@ def test_a_peer_query_asks_for_at_most_a_page_of_ranks() -> None:
     assert PeerQuery(ranks=list(range(PEER_PAGE))).kind == "peer_query"
     with pytest.raises(ValidationError):
         PeerQuery(ranks=list(range(PEER_PAGE + 1)))
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED_DTYPES))
+def test_every_allowed_dtype_by_dtype_name_or_alias_and_its_size(name: str) -> None:
+    dtype = np.dtype(name)
+    for spec in (dtype, name, dtype.str, dtype.type, name, dtype):  # again: from the table
+        assert check_dtype(spec) == name
+    assert TensorMeta(0, Tag(0, 1), "x", name, (3, 2)).nbytes == 6 * dtype.itemsize
+
+
+def test_a_spec_numpy_reads_as_a_structured_dtype_is_not_allowed() -> None:
+    with pytest.raises(ProtocolError, match="not allowed"):
+        check_dtype({"names": ["a"], "formats": ["f4"]})  # type: ignore[arg-type]

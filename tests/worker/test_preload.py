@@ -132,7 +132,7 @@ import sys
 import shardwire.worker.launcher.cli
 import shardwire.coordinator.__main__
 rank_side = ["shardwire.worker.api", "shardwire.worker.collectives", "shardwire.worker.fsdp",
-             "shardwire.worker.chaos.inject", "shardwire.worker.transport.mesh"]
+             "shardwire.worker.chaos.inject", "shardwire.worker.transport.mesh", "numpy"]
 print([name for name in rank_side if name in sys.modules])
 """
 
@@ -140,7 +140,8 @@ print([name for name in rank_side if name in sys.modules])
 @pytest.mark.e2e
 def test_the_launcher_and_coordinator_import_none_of_a_rank_s_machinery(tmp_path):
     """Each job starts a launcher and a coordinator: they import the modules they use, not
-    the collectives, FSDP or the fault injector that ``shardwire.worker`` names."""
+    the collectives, FSDP or the fault injector that ``shardwire.worker`` names, nor numpy
+    (the protocol checks a tensor's dtype with it, which neither does)."""
     assert _python(LAUNCHER_PROBE, cwd=tmp_path)[0] == "[]"
 
 
