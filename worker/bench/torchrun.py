@@ -8,8 +8,10 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 from shardwire.worker.bench import BenchmarkFailed
 
@@ -46,12 +48,33 @@ class Ranks:
         return self
 
 
-def run_ranks(n: int, argv: list[str], *, logs: Path, timeout: float = 600.0) -> Ranks:
-    """``argv`` as ``n`` ranks; output goes to files in ``logs``. Every process has ended
-    when this returns: those still running at ``timeout`` are killed, then it raises."""
+class Started(Protocol):
+    """A rank's process as :func:`run_ranks` watches it (``subprocess.Popen`` is one)."""
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+
+def popen(argv: list[str], env: dict[str, str], out: BinaryIO, err: BinaryIO) -> Started:
+    """A rank started as torchrun starts one: a new interpreter."""
+    return subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+
+
+Start = Callable[[list[str], dict[str, str], BinaryIO, BinaryIO], Started]
+
+
+def run_ranks(
+    n: int, argv: list[str], *, logs: Path, timeout: float = 600.0, start: Start = popen
+) -> Ranks:
+    """``argv`` as ``n`` ranks, each started by ``start`` (a new interpreter unless told);
+    output goes to files in ``logs``. Every process has ended when this returns: those
+    still running at ``timeout`` are killed, then it raises."""
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Started] = []
     files = []
     for rank in range(n):
         out, err = logs / f"rank{rank}.out", logs / f"rank{rank}.err"
@@ -64,9 +87,7 @@ def run_ranks(n: int, argv: list[str], *, logs: Path, timeout: float = 600.0) ->
             MASTER_PORT=str(port),
         )
         with out.open("wb") as o, err.open("wb") as e:
-            procs.append(
-                subprocess.Popen(argv, env=env, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
-            )
+            procs.append(start(argv, env, o, e))
         files.append((out, err))
     deadline = time.monotonic() + timeout
     codes: list[int] = []
