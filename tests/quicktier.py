@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="only the tests that start no process and open no namespace (not marked "
         "e2e); an unmarked test that starts one fails",
     )
+
+
+# a module marked e2e as a whole: ``pytestmark = pytest.mark.e2e`` or a one-line list with it
+E2E_MODULE = re.compile(r"^pytestmark = (\[[^\]\n]*)?pytest\.mark\.e2e\b", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``--quick``, a test module marked e2e as a whole is not imported at all (every
+    test process of the tier would otherwise import it, rewrite its asserts and import
+    what it imports, to deselect every test in it); None: pytest decides as usual."""
+    if not config.getoption("--quick"):
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if E2E_MODULE.search(collection_path.read_text(encoding="utf-8")) else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -72,3 +72,20 @@ def test_the_whole_suite_runs_every_test_unguarded(pytester) -> None:
         "test_asyncio_subprocess": "passed",
         "test_marked": "passed",
     }
+
+
+def test_the_quick_tier_does_not_import_a_module_marked_e2e_as_a_whole(pytester) -> None:
+    """Each of its test processes would import the module only to deselect every test."""
+    pytester.makepyfile(
+        test_whole="import pytest\npytestmark = [pytest.mark.e2e]\nraise SystemExit('imported')\n",
+        test_some="import pytest\n\n@pytest.mark.e2e\ndef test_a():\n    pass\n\n"
+        "def test_b():\n    pass\n",
+    )
+    pytester.makeini(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+        "markers =\n    e2e: starts processes\n"
+    )
+    quick = pytester.inline_run("-p", "tests.quicktier", "--quick")
+    quick.assertoutcome(passed=1)  # test_b; test_whole.py never imported
+    whole = pytester.inline_run("-p", "tests.quicktier")
+    assert whole.ret != 0  # without --quick it is imported, and its import fails
