@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import sys
 from pathlib import Path
@@ -42,8 +43,6 @@ def package(tmp_path, monkeypatch):
     yield folder
     for name in [m for m in sys.modules if m == "lazypkg" or m.startswith("lazypkg.")]:
         del sys.modules[name]
-    import builtins
-
     vars(builtins).pop("lazypkg_heavy_ran", None)
 
 

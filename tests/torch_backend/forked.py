@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shardwire.worker.bench.torchrun import clean_env
+from shardwire.worker.launcher.forking import ANSWER_TIMEOUT, READY_TIMEOUT, server_command
 
 IMPORTS = Path(__file__).resolve().parent / "rank_imports.py"
-READY_TIMEOUT = 240.0  # seconds for the server's imports (torch, on a loaded machine)
-ANSWER_TIMEOUT = 30.0  # seconds for the server to answer an order
 
 
 class ServerGone(RuntimeError):
@@ -36,9 +35,9 @@ class RankServer:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [sys.executable, "-u", "-m", "shardwire.worker.launcher.forkserver"]
+        command = server_command([sys.executable, "-u", str(IMPORTS)])
         self.proc = subprocess.Popen(  # noqa: S603 - this interpreter, the package's module
-            [*command, str(IMPORTS)], stdin=theirs, env=clean_env()
+            command, stdin=theirs, env=clean_env()
         )
         theirs.close()
         self.sock = ours
