@@ -307,7 +307,9 @@ def test_bench_goodput_trains_through_random_kills_beside_a_clean_run(tmp_path) 
         assert result[key] == result["modes"]["relaunch"][key]
     for mode, r in result["modes"].items():
         assert r["finished"] and r["faults"] >= 1, (mode, r)
-        assert 0 < r["goodput"] <= 1.5
+        # the ratio of the two runs' times (above 1 when load slowed the fault-free one)
+        assert r["goodput"] > 0
+        assert r["goodput"] == pytest.approx(r["clean_s"] / r["faulty_s"], abs=0.01)
         assert len(r["recovery_s"]) >= 1 and all(t > 0 for t in r["recovery_s"])
         assert r["steps_lost"] >= 0
     # a relaunch starts every rank again, live recovery only the killed one

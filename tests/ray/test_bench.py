@@ -32,7 +32,8 @@ def test_the_ray_benchmark_times_both_parts_side_by_side(tmp_path) -> None:
     modes = result["goodput"]["modes"]
     assert set(modes) == {"ray", "launch"}
     for mode in modes.values():
-        assert mode["finished"] and 0 < mode["goodput"] <= 1.2
+        assert mode["finished"] and mode["goodput"] > 0  # above 1 when load slowed the clean run
+        assert mode["goodput"] == pytest.approx(mode["clean_s"] / mode["faulty_s"], abs=0.01)
     assert modes["ray"]["faults"] >= 1  # a kill landed while the job on Ray ran
     assert "median ratio" in done.stdout and "ray minus launch" in done.stdout
     assert "[ray] 7/7" in done.stderr
