@@ -40,6 +40,7 @@ import numpy as np
 import xxhash
 
 from shardwire.protocol import ShardwireError
+from shardwire.protocol.errors import blamed_rank
 from shardwire.worker.chaos import PLAN_VARIABLE
 from shardwire.worker.chaos.faultlog import (
     CLEAN_VARIABLE,
@@ -238,9 +239,14 @@ def _fingerprints(state: StepState) -> dict[str, Any]:
     return out
 
 
-def _described(error: BaseException) -> dict[str, str]:
+def _described(error: BaseException) -> dict[str, Any]:
+    """The error's kind, its first line and, where another rank's news brought it here,
+    the rank it began on (``blamed``: a relayed error's message need not name it)."""
     message = str(error).splitlines()[0] if str(error) else ""
-    return {"outcome": type(error).__name__, "message": message[:500]}
+    described: dict[str, Any] = {"outcome": type(error).__name__, "message": message[:500]}
+    if (blamed := blamed_rank(error)) >= 0:
+        described["blamed"] = blamed
+    return described
 
 
 def fill_shm(transport: Transport, percent: float, directory: Path = SHM_DIR) -> int:

@@ -86,6 +86,15 @@ def verdict(
     return outcome
 
 
+def _named(noticed: dict[str, Any]) -> int | None:
+    """The rank a noticing rank's error blamed: the rank a relayed error began on, else
+    the first rank its message names."""
+    if isinstance(blamed := noticed.get("blamed"), int):
+        return blamed
+    named = _NAMED.search(noticed.get("message", ""))
+    return int(named.group(1)) if named else None
+
+
 def _record(
     index: int,
     kind: str,
@@ -109,11 +118,10 @@ def _record(
     hit_ranks = set(hit.get("ranks", [hit["rank"]]))  # a node's: all of its ranks
     noticed = next((e for e in heard if e["t"] >= hit["t"] and e["rank"] not in hit_ranks), None)
     if noticed is not None:
-        named = _NAMED.search(noticed.get("message", ""))
         record.update(
             detected_after_s=round(noticed["t"] - hit["t"], 3),
             detected_by=noticed["rank"],
-            named_rank=int(named.group(1)) if named else None,
+            named_rank=_named(noticed),
             error=f"{noticed['outcome']}: {noticed.get('message', '')}",
         )
         # restarted: the first step of a later generation, and how far back it resumed

@@ -324,3 +324,26 @@ def test_a_fault_in_a_collective_says_which_and_broken_invariants_fail_the_verdi
     assert unchecked["held"]  # nothing was checked: nothing failed
     assert unchecked["invariants"]["data_once"]["status"] == "not checked"
     assert "invariant data once: not checked (no rank noted its state" in table(unchecked)
+
+
+def test_a_relayed_error_is_blamed_on_the_rank_it_began_on_though_its_text_names_none(
+    tmp_path,
+) -> None:
+    from shardwire.protocol.errors import relayed_error
+    from shardwire.worker.chaos.inject import _described
+
+    # a rank's own fault, relayed through the node arena: its text is the raising rank's
+    relayed = _described(relayed_error("CollectiveError", "fault 0 of the chaos plan", 1))
+    assert relayed == {
+        "outcome": "CollectiveError",
+        "message": "fault 0 of the chaos plan",
+        "blamed": 1,
+    }
+    entries = _entries(100.0)
+    entries[5] = {"rank": 3, "t": 102.3, "event": "noticed", **relayed}
+    plan = load(_write(tmp_path, "p.toml", TOML))
+    kill, _stop = verdict(plan, entries, exit_code=1, started=100.0, finished=103.5)["faults"]
+    assert (kill["detected_by"], kill["named_rank"]) == (3, 1)
+    # a timeout names no rank to blame: the message's own rank stands
+    timeout = _described(relayed_error("CollectiveTimeout", "all_reduce #3: rank 2 silent", 0))
+    assert "blamed" not in timeout
