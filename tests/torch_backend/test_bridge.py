@@ -7,26 +7,26 @@ import concurrent.futures
 import threading
 from datetime import timedelta
 
+import numpy as np
 import pytest
 
-torch = pytest.importorskip(
-    "torch", reason="torch is not installed (`make torch` installs its CPU build)"
-)
+from shardwire.protocol import CollectiveTimeout, InvalidArgument, InvalidState
+from shardwire.worker.collectives import ReduceOp
 
-import numpy as np  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from .lazy import Lazy, skip_without_torch
 
-from shardwire.protocol import CollectiveTimeout, InvalidArgument, InvalidState  # noqa: E402
-from shardwire.torch import UnsupportedTensor  # noqa: E402
-from shardwire.torch.loopthread import LoopThread  # noqa: E402
-from shardwire.torch.tensors import Staged, joined, reduction, scaled  # noqa: E402
-from shardwire.torch.work import BridgeWork  # noqa: E402
-from shardwire.worker.collectives import ReduceOp  # noqa: E402
+skip_without_torch()
+torch = Lazy("torch")
+dist = Lazy("torch.distributed")
+swt = Lazy("shardwire.torch")
+loopthread = Lazy("shardwire.torch.loopthread")
+tensors = Lazy("shardwire.torch.tensors")
+bridgework = Lazy("shardwire.torch.work")
 
 
 @pytest.fixture
 def engine():
-    e = LoopThread()
+    e = loopthread.LoopThread()
     e.start()
     yield e
     e.close()
@@ -34,14 +34,14 @@ def engine():
 
 def test_a_contiguous_tensor_is_shared_not_copied():
     t = torch.arange(6, dtype=torch.float32)
-    s = Staged(t, "op", reduce=True)
+    s = tensors.Staged(t, "op", reduce=True)
     s.array[0] = 42
     assert not s.staged and t[0] == 42
 
 
 def test_a_transposed_tensor_is_staged_and_written_back():
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
-    s = Staged(t, "op", reduce=True)
+    s = tensors.Staged(t, "op", reduce=True)
     assert s.staged
     s.array += 1
     assert t[0, 1] == 3  # untouched until finish
@@ -51,40 +51,40 @@ def test_a_transposed_tensor_is_staged_and_written_back():
 
 def test_bfloat16_reduces_in_float32_and_moves_as_bytes():
     t = torch.tensor([1.5, 2.25], dtype=torch.bfloat16)
-    r = Staged(t, "op", reduce=True)
+    r = tensors.Staged(t, "op", reduce=True)
     assert r.array.dtype == np.float32
     r.array *= 2
     r.finish()
     assert t.tolist() == [3.0, 4.5]
-    m = Staged(t, "op", reduce=False)
+    m = tensors.Staged(t, "op", reduce=False)
     assert m.array.dtype == np.int16 and not m.staged
     np.testing.assert_array_equal(m.array, t.view(torch.int16).numpy())
 
 
 def test_float8_moves_as_bytes_and_is_not_reduced():
     t = torch.tensor([1.5, -2.0], dtype=torch.float8_e4m3fn)
-    m = Staged(t, "broadcast", reduce=False)
+    m = tensors.Staged(t, "broadcast", reduce=False)
     assert m.array.dtype == np.uint8 and not m.staged
-    with pytest.raises(UnsupportedTensor, match="all_reduce.*float8"):
-        Staged(t, "all_reduce", reduce=True)
+    with pytest.raises(swt.UnsupportedTensor, match="all_reduce.*float8"):
+        tensors.Staged(t, "all_reduce", reduce=True)
 
 
 def test_a_complex_tensor_reduces_as_its_parts_and_comes_back():
     t = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
-    s = Staged(t, "reduce", reduce=True)
+    s = tensors.Staged(t, "reduce", reduce=True)
     assert s.array.dtype == np.float32 and s.array.shape == (2, 2) and not s.staged
     strided = torch.tensor([1 + 2j, 0, 3 - 1j], dtype=torch.complex128)[::2]
-    staged = Staged(strided, "reduce", reduce=True)
+    staged = tensors.Staged(strided, "reduce", reduce=True)
     staged.array *= 2
     staged.finish()
     assert strided.tolist() == [2 + 4j, 6 - 2j]
-    with pytest.raises(UnsupportedTensor, match="view_as_real"):
-        Staged(t, "gather", reduce=False)  # gloo refuses it too
+    with pytest.raises(swt.UnsupportedTensor, match="view_as_real"):
+        tensors.Staged(t, "gather", reduce=False)  # gloo refuses it too
 
 
 def test_a_transposed_bfloat16_tensor_reduces_through_contiguous_staging():
     t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).t()
-    s = Staged(t, "all_reduce", reduce=True)
+    s = tensors.Staged(t, "all_reduce", reduce=True)
     assert s.array.flags.c_contiguous
     s.array += 1
     s.finish()
@@ -93,34 +93,36 @@ def test_a_transposed_bfloat16_tensor_reduces_through_contiguous_staging():
 
 def test_reduce_ops_gloo_refuses_are_refused_by_dtype():
     z = torch.zeros(2, dtype=torch.complex64)
-    assert reduction(dist.ReduceOp.AVG, "x", [z]).op is ReduceOp.AVG
+    assert tensors.reduction(dist.ReduceOp.AVG, "x", [z]).op is ReduceOp.AVG
     with pytest.raises(TypeError, match="MAX is not defined on complex"):
-        reduction(dist.ReduceOp.MAX, "reduce", [z])
+        tensors.reduction(dist.ReduceOp.MAX, "reduce", [z])
     if hasattr(dist._make_nccl_premul_sum(0.5), "factor"):
         with pytest.raises(TypeError, match="PREMUL_SUM needs a floating"):
-            reduction(dist._make_nccl_premul_sum(0.5), "x", [torch.zeros(2, dtype=torch.int32)])
+            tensors.reduction(
+                dist._make_nccl_premul_sum(0.5), "x", [torch.zeros(2, dtype=torch.int32)]
+            )
 
 
 def test_a_tensor_on_another_device_is_refused_naming_the_op():
-    with pytest.raises(UnsupportedTensor, match="all_gather.*meta"):
-        Staged(torch.empty(3, device="meta"), "all_gather", reduce=False)
+    with pytest.raises(swt.UnsupportedTensor, match="all_gather.*meta"):
+        tensors.Staged(torch.empty(3, device="meta"), "all_gather", reduce=False)
 
 
 def test_every_torch_reduce_op_maps():
-    assert reduction(dist.ReduceOp.SUM, "x").op is ReduceOp.SUM
-    assert reduction(dist.ReduceOp.AVG, "x").op is ReduceOp.AVG
-    assert reduction(dist.ReduceOp.BXOR, "x").op is ReduceOp.BXOR
+    assert tensors.reduction(dist.ReduceOp.SUM, "x").op is ReduceOp.SUM
+    assert tensors.reduction(dist.ReduceOp.AVG, "x").op is ReduceOp.AVG
+    assert tensors.reduction(dist.ReduceOp.BXOR, "x").op is ReduceOp.BXOR
     if not hasattr(dist._make_nccl_premul_sum(0.125), "factor"):
         pytest.skip("this torch does not show PREMUL_SUM's factor to a Python backend")
-    premul = reduction(dist._make_nccl_premul_sum(0.125), "x")
+    premul = tensors.reduction(dist._make_nccl_premul_sum(0.125), "x")
     assert premul.op is ReduceOp.SUM and premul.scale == 0.125
     a = np.ones(3, np.float32)
-    assert scaled(a, premul) is not a and a[0] == 1  # a copy: the caller's input stays
-    assert scaled(a, premul, own=True) is a and a[0] == 0.125
+    assert tensors.scaled(a, premul) is not a and a[0] == 1  # a copy: the caller's input stays
+    assert tensors.scaled(a, premul, own=True) is a and a[0] == 0.125
 
 
 def test_joined_lays_tensors_end_to_end():
-    flat, sizes = joined([torch.ones(2), torch.zeros(3)], "x", reduce=False)
+    flat, sizes = tensors.joined([torch.ones(2), torch.zeros(3)], "x", reduce=False)
     assert sizes == [2, 3] and flat.tolist() == [1, 1, 0, 0, 0]
 
 
@@ -130,7 +132,7 @@ def test_wait_honours_its_timeout_and_the_call_goes_on(engine):
     async def slow() -> None:
         await asyncio.to_thread(gate.wait, 30)
 
-    work = BridgeWork(engine, engine.submit(slow()), [], op="all_reduce #3", limit=60)
+    work = bridgework.BridgeWork(engine, engine.submit(slow()), [], op="all_reduce #3", limit=60)
     with pytest.raises(CollectiveTimeout, match=r"all_reduce #3.*wait\(timeout=0.05 s\)"):
         work.wait(timedelta(milliseconds=50))
     assert not work.is_completed()
@@ -145,7 +147,7 @@ def test_the_future_completes_off_the_loop_with_the_result(engine):
     async def nothing() -> None:
         return None
 
-    work = BridgeWork(engine, engine.submit(nothing()), [t], op="x", limit=5)
+    work = bridgework.BridgeWork(engine, engine.submit(nothing()), [t], op="x", limit=5)
     seen = []
     chained = work.get_future().then(
         lambda f: seen.append((threading.current_thread().name, f.value()))
@@ -161,7 +163,7 @@ def test_callbacks_of_a_running_call_run_on_the_completion_thread(engine):
     async def held() -> None:
         await asyncio.to_thread(gate.wait, 30)
 
-    work = BridgeWork(engine, engine.submit(held()), [], op="x", limit=60)
+    work = bridgework.BridgeWork(engine, engine.submit(held()), [], op="x", limit=60)
     seen = []
     chained = work.get_future().then(lambda f: seen.append(threading.current_thread().name))
     gate.set()
@@ -173,7 +175,7 @@ def test_an_error_reaches_wait_and_the_future(engine):
     async def fail() -> None:
         raise CollectiveTimeout("rank 3 silent in all_gather #9")
 
-    work = BridgeWork(engine, engine.submit(fail()), [], op="x", limit=5)
+    work = bridgework.BridgeWork(engine, engine.submit(fail()), [], op="x", limit=5)
     with pytest.raises(CollectiveTimeout, match="rank 3 silent in all_gather #9") as waited:
         work.wait()
     assert waited.value is work.exception()  # the call's own error, as is
@@ -214,11 +216,13 @@ def test_only_a_receive_has_a_source_rank(engine):
     async def received() -> list:
         return [(3, None)]
 
-    work = BridgeWork(
+    work = bridgework.BridgeWork(
         engine, engine.submit(received()), [], op="recv", limit=5, source=lambda r: r[0][0]
     )
     assert work._source_rank() == 3
-    other = BridgeWork(engine, engine.submit(received()), [], op="all_reduce #1", limit=5)
+    other = bridgework.BridgeWork(
+        engine, engine.submit(received()), [], op="all_reduce #1", limit=5
+    )
     with pytest.raises(InvalidArgument, match="all_reduce #1 is not a receive"):
         other._source_rank()
 
@@ -236,7 +240,7 @@ def test_re_forming_is_refused_without_a_job_or_where_ranks_met_through_torch_s_
     async def close(_error):
         return None
 
-    bridge._engine = LoopThread()  # not started: nothing runs on it
+    bridge._engine = loopthread.LoopThread()  # not started: nothing runs on it
     bridge._joined = Joined(world=None, ranks=[0], close=close)  # type: ignore[arg-type]
     with pytest.raises(RecoveryError, match="met through torch's store"):
         bridge.reform(RuntimeError("a peer failed"))

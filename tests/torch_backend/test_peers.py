@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+from shardwire.worker.bench import goodput
+from shardwire.worker.bench.peers import torchft_job, torchft_python, torchrun_job
+from shardwire.worker.chaos.plan import Fault, Scheduled
 
-from shardwire.worker.bench import goodput  # noqa: E402
-from shardwire.worker.bench.peers import torchft_job, torchft_python, torchrun_job  # noqa: E402
-from shardwire.worker.chaos.plan import Fault, Scheduled  # noqa: E402
+from .lazy import skip_without_torch
+
+skip_without_torch()
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--dim=32", "--heads=2", "--layers=1", "--batch=8", "--context=16", "--wrap=ddp"]

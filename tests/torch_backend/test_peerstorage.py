@@ -7,27 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip(
-    "torch", reason="torch is not installed (`make torch` installs its CPU build)"
-)
+from shardwire.protocol import InvalidArgument
 
-from torch.distributed.checkpoint.default_planner import (  # noqa: E402
-    create_default_global_save_plan,
-    create_default_local_save_plan,
-)
-from torch.distributed.checkpoint.planner import WriteItemType  # noqa: E402
+from .lazy import Lazy, skip_without_torch
+from .spawn import run_ranks
 
-from shardwire.protocol import InvalidArgument  # noqa: E402
-from shardwire.torch import peerparts as pp  # noqa: E402
-
-from .spawn import run_ranks  # noqa: E402
+skip_without_torch()
+torch = Lazy("torch")
+default_planner = Lazy("torch.distributed.checkpoint.default_planner")
+planner = Lazy("torch.distributed.checkpoint.planner")
+pp = Lazy("shardwire.torch.peerparts")
 
 
 def _plan(state: dict) -> object:
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     flat, mappings = flatten_state_dict(state)
-    plan = create_default_local_save_plan(flat, is_coordinator=True)
+    plan = default_planner.create_default_local_save_plan(flat, is_coordinator=True)
     return plan.__class__(items=plan.items, planner_data=mappings)
 
 
@@ -39,24 +35,26 @@ def _part(owner: int, state: dict, checkpoint: str = "c", seq: int = 1, world: i
     return pp.Part(checkpoint, seq, world, layout, data, pp.digest(data))
 
 
-STATE = {
-    "model": {"w": torch.ones(3, 2, dtype=torch.bfloat16), "b": torch.zeros(2)},
-    "extra": {"step": 7, "rng": torch.get_rng_state()},
-}
+def _state() -> dict:
+    """A model's tensors and extra state (made in the test: torch is imported then)."""
+    return {
+        "model": {"w": torch.ones(3, 2, dtype=torch.bfloat16), "b": torch.zeros(2)},
+        "extra": {"step": 7, "rng": torch.get_rng_state()},
+    }
 
 
 def test_a_part_s_description_comes_back_as_it_was():
-    part = _part(2, STATE, world=4)
+    part = _part(2, _state(), world=4)
     again = pp.rebuild(pp.describe(part), part.data)
     assert again.layout == part.layout  # every item: index, type, chunk, properties
     assert (again.checkpoint, again.seq, again.world, again.digest) == ("c", 1, 4, part.digest)
     kinds = {i.index.fqn: i.type for i in again.layout.items}
-    assert kinds["extra.step"] == WriteItemType.BYTE_IO
+    assert kinds["extra.step"] == planner.WriteItemType.BYTE_IO
     assert again.layout.planner_data["model.w"] == ("model", "w")
 
 
 def test_a_description_with_other_bytes_or_types_is_refused():
-    part = _part(0, STATE)
+    part = _part(0, _state())
     with pytest.raises(InvalidArgument, match="expected 16 bytes, got 3"):
         pp.rebuild(pp.describe(part), part.data[:3])
     described = pp.describe(part)
@@ -67,9 +65,9 @@ def test_a_description_with_other_bytes_or_types_is_refused():
 
 
 def test_the_metadata_is_dcp_s_own():
-    plan = _plan(STATE)
-    _, expected = create_default_global_save_plan([plan], rewrite_index_hints=False)
-    got = pp.metadata([_part(0, STATE).layout])
+    plan = _plan(_state())
+    _, expected = default_planner.create_default_global_save_plan([plan], rewrite_index_hints=False)
+    got = pp.metadata([_part(0, _state()).layout])
     assert got.state_dict_metadata == expected.state_dict_metadata
     assert got.planner_data == plan.planner_data
     assert {i.fqn for i in got.storage_data} == {"model.w", "model.b", "extra.step", "extra.rng"}
@@ -99,7 +97,7 @@ def test_every_rank_plans_the_save_as_dcp_s_coordinator_would(to_lowest_rank: bo
 
 
 def test_a_damaged_part_is_not_offered():
-    part = _part(0, STATE)
+    part = _part(0, _state())
     assert pp.holdings([part]) == [["c", 1, 0, 1]]
     part.data[1] ^= 1
     assert not part.intact() and pp.holdings([part]) == []
