@@ -295,7 +295,7 @@ def test_shm_fill_during_a_job_is_swept_with_the_run(tmp_path) -> None:
 def test_bench_goodput_trains_through_random_kills_beside_a_clean_run(tmp_path) -> None:
     out = tmp_path / "goodput.json"
     done = _run(
-        [SHARDWIRE, "bench", "goodput", "--nproc", "2", "--every", "3", "--minutes", "0.2"]
+        [SHARDWIRE, "bench", "goodput", "--nproc", "2", "--every", "3", "--minutes", "0.1"]
         + ["--save-every", "5", "--copy-every", "5", "--json", str(out)],
         ROOT,
         600,
