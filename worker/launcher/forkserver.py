@@ -28,8 +28,9 @@ children as SIGCHLD wakes it and reports each as ``{"exited": PID, "code": CODE}
 as asyncio gives a returncode (negative: the signal). When the agent closes its end the
 server exits at once (``os._exit``: there is nothing to finish, and tearing down an
 interpreter that imported torch takes 0.4 s), and the kernel ends it the moment its agent
-ends; the ranks it forked that joined the job end with it (their parent-death signal is
-tied to the server, ``runtime.parent``), so none goes on as a rank of a node that is gone.
+ends; the ranks it forked end with it (each child's parent-death signal is tied to the
+server from the fork on, ``runtime.parent``), so none goes on as a rank of a node that is
+gone.
 """
 
 from __future__ import annotations
@@ -108,8 +109,13 @@ def take(control: socket.socket) -> bool | Order:
         # Python 3.12 and later warn of any thread at a fork; the native ones libraries
         # start at import (OpenBLAS's, jemalloc's) are ready for a fork in their process
         warnings.simplefilter("ignore", DeprecationWarning)
+        server = os.getpid()
         pid = os.fork()
     if pid == 0:
+        # Tied to the server from its first instruction (a fork clears the parent-death
+        # signal): the agent learns the pid before the child leads a session of its
+        # own, and a server lost in between leaves no child its agent cannot kill.
+        end_with_parent(server)
         return Order(order, fds)
     for fd in fds:
         os.close(fd)
@@ -194,8 +200,8 @@ def become(order: dict, fds: list[int]) -> None:
 
 def main() -> int:
     # The kernel ends the server the moment its agent ends (SIGKILL, its machine going),
-    # and with it the ranks it forked that joined the job (their parent-death signal is
-    # the server's): none of them goes on as a rank of a node that is gone.
+    # and with it the ranks it forked (their parent-death signal is the server's, from
+    # the fork on): none of them goes on as a rank of a node that is gone.
     end_with_parent(os.getppid())
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)

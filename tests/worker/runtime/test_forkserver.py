@@ -249,3 +249,39 @@ async def test_a_killed_agent_s_server_and_its_ranks_end_at_once(tmp_path) -> No
         if rank:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rank, signal.SIGKILL)
+
+
+# A server that forks one child on the order it reads, then is gone at once; its child
+# stays where a child stands before it leads a session of its own (and runs nothing).
+FORK_AND_GO = """
+import os, socket, sys, time
+from shardwire.worker.launcher.forkserver import take
+if take(socket.socket(fileno=int(sys.argv[1]))) is True:
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_child_whose_server_is_gone_before_it_leads_a_session_ends_too(tmp_path) -> None:
+    import json
+    import socket
+    import subprocess
+
+    agent, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        order = {"id": 1, "env": {}, "argv": ["-c", "pass"]}
+        socket.send_fds(agent, [json.dumps(order).encode()], [out, out])
+        server = subprocess.Popen(
+            [sys.executable, "-c", FORK_AND_GO, str(server_end.fileno())],
+            pass_fds=(server_end.fileno(),),
+        )
+        assert server.wait(timeout=60) == 0
+        agent.settimeout(60)
+        started = json.loads(agent.recv(4096))
+        # nothing killed it: the kernel did, as its server ended (not 60 s from now)
+        assert _ended_within(started["pid"], 30.0), process_state(started["pid"])
+    finally:
+        os.close(out)
+        agent.close()
+        server_end.close()
