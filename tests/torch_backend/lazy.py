@@ -1,7 +1,8 @@
-"""torch, and the modules that import it, for the test modules of the quick tier: each
-is imported when a test first reads it, not when its module is collected. Every test
-process of the tier collects every quick module, and importing torch costs about two
-CPU-seconds in each; this way only the processes that run one of these tests pay it."""
+"""The torch tests' skip where torch is not installed, and, for the modules of the quick
+tier, torch and the modules that import it read when a test first needs them, not when
+the module is collected: every test process of the tier collects every quick module,
+and importing torch costs about two CPU-seconds in each; this way only the processes
+that run one of these tests pay it."""
 
 from __future__ import annotations
 

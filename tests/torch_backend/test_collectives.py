@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+from .lazy import skip_without_torch
+
+skip_without_torch()
 
 from .spawn import run_ranks  # noqa: E402
 

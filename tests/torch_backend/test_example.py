@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+from .lazy import skip_without_torch
+
+skip_without_torch()
 
 from shardwire.worker.bench.torchrun import run_ranks  # noqa: E402
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+from .lazy import skip_without_torch
+
+skip_without_torch()
 
 from .spawn import PROGS, launch, run_ranks  # noqa: E402
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+from .lazy import skip_without_torch
+
+skip_without_torch()
 
 from shardwire.worker.bench.torchrun import clean_env  # noqa: E402
 from tests.docblocks import block  # noqa: E402
@@ -83,7 +85,8 @@ def test_the_guide_s_sample_trains_on_through_a_killed_rank(tmp_path: Path, wrap
     (again,) = pids[1] - {str(victim)}
     first = _steps(text, int(again))[0]
     assert first % 5 == 0 and max(5, last - 9) <= first <= last + 1, (last, first)
-    survivor = _steps(text, int(pids[0].pop()))
+    (kept,) = pids[0]
+    survivor = _steps(text, int(kept))
     # where the survivor started again (or went on): its last time at that step
     turn = len(survivor) - 1 - survivor[::-1].index(first)
     assert survivor == [*range(turn), *range(first, 40)] and turn >= first, survivor

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (`make torch` installs its CPU build)")
+from .lazy import skip_without_torch
+
+skip_without_torch()
 
 from tests.e2e.cli import background, start_coordinator  # noqa: E402
 

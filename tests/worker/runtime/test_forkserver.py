@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
 import time
 
@@ -263,10 +266,6 @@ time.sleep(60)
 
 
 def test_a_child_whose_server_is_gone_before_it_leads_a_session_ends_too(tmp_path) -> None:
-    import json
-    import socket
-    import subprocess
-
     agent, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
