@@ -87,12 +87,13 @@ def verdict(
 
 
 def _named(noticed: dict[str, Any]) -> int | None:
-    """The rank a noticing rank's error blamed: the rank a relayed error began on, else
-    the first rank its message names."""
-    if isinstance(blamed := noticed.get("blamed"), int):
-        return blamed
-    named = _NAMED.search(noticed.get("message", ""))
-    return int(named.group(1)) if named else None
+    """The rank a noticing rank's error blamed: the first rank its message names (a
+    corrupt frame's names the peer that sent it, not the rank that found it), else the
+    rank a relayed error began on (a fault raised inside a collective names none)."""
+    if named := _NAMED.search(noticed.get("message", "")):
+        return int(named.group(1))
+    blamed = noticed.get("blamed")
+    return blamed if isinstance(blamed, int) else None
 
 
 def _record(

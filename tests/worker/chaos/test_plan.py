@@ -344,6 +344,11 @@ def test_a_relayed_error_is_blamed_on_the_rank_it_began_on_though_its_text_names
     plan = load(_write(tmp_path, "p.toml", TOML))
     kill, _stop = verdict(plan, entries, exit_code=1, started=100.0, finished=103.5)["faults"]
     assert (kill["detected_by"], kill["named_rank"]) == (3, 1)
+    # a corrupt frame, found by rank 0 and relayed: its text names the sender, which wins
+    corrupt = _described(relayed_error("IntegrityError", "frame from rank 1: bad checksum", 0))
+    entries[5] = {"rank": 3, "t": 102.3, "event": "noticed", **corrupt}
+    kill, _stop = verdict(plan, entries, exit_code=1, started=100.0, finished=103.5)["faults"]
+    assert (corrupt["blamed"], kill["named_rank"]) == (0, 1)
     # a timeout names no rank to blame: the message's own rank stands
     timeout = _described(relayed_error("CollectiveTimeout", "all_reduce #3: rank 2 silent", 0))
     assert "blamed" not in timeout
