@@ -579,11 +579,13 @@ def test_kills_at_random_times_mid_collective_or_mid_copy_still_end_bit_identica
     """Ranks drawn from a seed SIGKILLed at times not tied to steps, so they die anywhere
     in one (in a collective, with a copy on the wire, in compute); each time every rank
     rolls back to a step all can restore, and the run ends exactly as the fault-free one."""
-    times = (1.3, 2.9, 2.2, 3.7)  # after each rank's joining (again after a re-formation)
+    # after each rank's joining (again after a re-formation); a step takes ~5 ms on a quiet
+    # machine, so the run is ~3 s and the first two kills fall in its first half
+    times = (0.4, 0.9, 0.6, 1.1)
     plan = "seed = 7\n" + "".join(
         f'[[faults]]\nkind = "kill"\nrank = "random"\nafter_s = {t}\n' for t in times
     )
-    args = ("--steps", "400", "--copy-every", "3")
+    args = ("--steps", "600", "--copy-every", "3")
     steps = ["examples/digits.py", "--log-every", "10"]
     straight, _ = _launch(
         tmp_path, "straight", script=steps, args=(*args, "--run-dir", str(tmp_path / "straight"))
