@@ -179,6 +179,25 @@ class Board:
                 os.sched_yield()
         return self.lagging(word, ranks, target) < 0
 
+    def spin_inside(
+        self, word: int, ranks: Sequence[int], target: int, seq: int, until: float
+    ) -> bool:
+        """Poll, yielding the CPU between looks, while every rank still lagging has made
+        call ``seq - 1`` at least (it is between that call and this one, or inside this
+        one, and publishes as soon as it runs), until the monotonic time ``until``; True
+        once every rank reached ``target``. False at once when a lagging rank has not
+        made call ``seq - 1``: it is further behind, and a poll here would take the CPU
+        it needs."""
+        rows, load = self.rows, self.words.load
+        while True:
+            r = self.lagging(word, ranks, target)
+            if r < 0:
+                return True
+            if not reached(load(rows[r] + ENTERED), seq - 1) or time.monotonic() >= until:
+                return False
+            self.check_abort()
+            os.sched_yield()
+
     def wait(
         self,
         word: int,

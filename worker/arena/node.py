@@ -89,7 +89,7 @@ class NodeArena:
         self.board.enter(seq)
         context = self.context  # the engine is idle: this program runs first
         context.signature, context.split = self._stamp(seq, signature), split
-        return engine.express(build(context), deadline, split)
+        return engine.express(build(context), deadline, split, seq)
 
     def _stamp(self, seq: int, signature: str) -> int:
         """The call's signature word: its sequence number and a CRC of its signature."""

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from shardwire.protocol import CollectiveMismatch, CollectiveTimeout, InvalidState
-from shardwire.worker.arena.board import DONE, PID, READY, Board
+from shardwire.worker.arena.atomics import Words
+from shardwire.worker.arena.board import DONE, PID, READY, SLEEPERS, Board
 from shardwire.worker.arena.engine import Engine
 from shardwire.worker.arena.programs import Need
 from shardwire.worker.arena.region import Geometry, Region
@@ -103,6 +104,24 @@ async def test_only_a_crowded_node_lets_express_calls_nap(cpus: int, monkeypatch
             assert g.backend.gate.arena.engine.nap == settings.nap
 
 
+async def test_an_express_call_carries_its_group_s_call_number(monkeypatch) -> None:
+    """A crowded wait polls for peers between calls by the call's number: the job an
+    express call runs as holds the group's sequence number of that call."""
+    seqs: list[int] = []
+    real_express = Engine.express
+
+    def express(self, program, deadline, split=None, seq=0):
+        seqs.append(seq)
+        return real_express(self, program, deadline, split, seq)
+
+    monkeypatch.setattr(Engine, "express", express)
+    async with arena_groups(2) as groups:
+        await _opened(groups)
+        seqs.clear()
+        await on_all(groups, lambda g: g.all_reduce(np.ones(16)))
+        assert seqs and all(seq == groups[0]._seq for seq in seqs)
+
+
 @pytest.mark.parametrize(("nap", "beside"), [(0.0, False), (30.0, False), (30.0, True)])
 async def test_an_express_wait_naps_on_the_loop_only_if_allowed(
     tmp_path, nap: float, beside: bool
@@ -126,7 +145,7 @@ async def test_an_express_wait_naps_on_the_loop_only_if_allowed(
         late.start()
         started = time.monotonic()
         assert engine.claim()
-        job = engine.express(program(), time.monotonic() + 60)
+        job = engine.express(program(), time.monotonic() + 60, seq=7)
         if nap and not beside:
             assert job.finished and job.error is None and engine.inline_runs == 1
             assert time.monotonic() - started < nap / 2  # woken, not timed out
@@ -172,3 +191,79 @@ async def test_a_large_call_awaited_without_its_peers_waits_and_names_them() -> 
         for error in results:
             assert isinstance(error, CollectiveTimeout), error
             assert "not heard from ranks [2]" in str(error)
+
+
+def _two_boards(tmp_path) -> tuple[Region, list[Board]]:
+    """Two ranks' boards over one region, rank 1's row naming another process."""
+    region, _ = Region.create("test", Geometry(2, 8192), tmp_path)
+    boards = [Board(region, 0), Board(region, 1)]
+    boards[1].words.exchange32(boards[1].mine + PID, os.getpid() + 1)
+    return region, boards
+
+
+@pytest.mark.parametrize(
+    ("entered", "publishes", "met"), [(4, True, True), (4, False, False), (3, True, False)]
+)
+def test_a_crowded_wait_polls_only_for_ranks_between_calls(
+    tmp_path, entered: int, publishes: bool, met: bool
+) -> None:
+    """Waiting in call 5: rank 1 made call 4 (between calls) and publishes 20 ms later,
+    so the poll meets it without a sleep (its sleepers word stays clear); rank 1 that
+    never publishes is given up at ``until``; rank 1 still before call 4 is not polled
+    for at all, however long ``until`` allows."""
+    region, boards = _two_boards(tmp_path)
+    boards[1].enter(entered)
+    late = threading.Timer(0.02, boards[1].publish, (READY, 1)) if publishes else None
+    try:
+        if late is not None:
+            late.start()
+        started = time.monotonic()
+        patience = 30.0 if publishes else 0.1
+        assert boards[0].spin_inside(READY, [1], 1, 5, started + patience) is met
+        took = time.monotonic() - started
+        if entered < 4:
+            assert took < 0.015  # before rank 1's publish: not polled
+        elif not publishes:
+            assert took >= 0.1
+        assert boards[1].words.load32(boards[1].mine + SLEEPERS) == 0
+    finally:
+        if late is not None:
+            late.join()
+        region.unlink()
+        region.close()
+
+
+async def test_a_crowded_express_call_meets_a_peer_between_calls_without_sleeping(
+    tmp_path, monkeypatch
+) -> None:
+    """An express call on a crowded node (a nap allowed) whose peer made the previous
+    call polls for it rather than sleeping on the futex: no futex sleep is entered, and
+    the call ends on the loop."""
+    region, boards = _two_boards(tmp_path)
+    boards[1].enter(6)
+    slept: list[int] = []
+    real_sleep = Words.sleep
+
+    def sleep(self, *args, **kwargs):
+        slept.append(1)
+        return real_sleep(self, *args, **kwargs)
+
+    monkeypatch.setattr(Words, "sleep", sleep)
+    engine = Engine(boards[0], spin=0.0, yield_cpu=True, nap=30.0, inside=30.0, name="crowded-test")
+    late = threading.Timer(0.02, boards[1].publish, (READY, 1))
+
+    def program():
+        boards[0].publish(READY, 1)
+        yield Need(READY, [1], 1)
+
+    try:
+        late.start()
+        assert engine.claim()
+        job = engine.express(program(), time.monotonic() + 60, seq=7)
+        assert job.finished and job.error is None and engine.inline_runs == 1
+        assert slept == []
+    finally:
+        late.join()
+        assert engine.close()
+        region.unlink()
+        region.close()
