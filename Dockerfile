@@ -19,8 +19,11 @@ COPY ray_bridge ray_bridge
 RUN /opt/uv/bin/uv sync --locked --no-editable --no-dev --extra examples --compile-bytecode
 
 FROM ${BASE_IMAGE} AS runtime
+# The digits example keeps its data set under XDG_CACHE_HOME after the first run: /tmp is
+# writable where the root is read-only (the pod's emptyDir), and the user has no home.
 ENV PATH=/opt/venv/bin:$PATH \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    XDG_CACHE_HOME=/tmp/cache
 COPY --from=build /opt/venv /opt/venv
 # The node arena's atomic exchanges come from libatomic (without it a node's ranks use TCP).
 # Unpinned: the base image is an argument, and its release decides the package version.

@@ -20,6 +20,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import digitset  # beside this script
 import numpy as np
 from outer import Replicas, add_arguments  # beside this script
 from recovery import add_copy_argument, peer_copies, records_from, restore
@@ -33,11 +34,7 @@ from shardwire.worker.training import compression
 
 
 def load(seed: int, test_fraction: float = 0.2):
-    from sklearn.datasets import load_digits  # bundled with scikit-learn, no download
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
+    x, y = digitset.digits()
     order = np.random.default_rng(seed).permutation(len(x))
     cut = int(len(x) * (1 - test_fraction))
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
@@ -72,8 +69,8 @@ async def accuracy(fsdp: FSDP | Module, pg: sw.ProcessGroup, x: np.ndarray, y: n
 async def main(args: argparse.Namespace) -> None:
     session = sw.init()
     async with session as pg:
-        # Importing scikit-learn and reading the data set blocks for seconds on a busy
-        # machine; a thread keeps the event loop free meanwhile.
+        # Reading the data set (importing scikit-learn, the first time) blocks for
+        # seconds on a busy machine; a thread keeps the event loop free meanwhile.
         data = await asyncio.to_thread(load, args.seed)
         if args.aggregator:
             from aggregated import train_aggregated  # beside this script
