@@ -130,9 +130,11 @@ async def test_gather_wait_counts_all_gathers_and_hook_wait_everything(monkeypat
         await asyncio.gather(*(_backward(f, r, 2) for r, f in enumerate(ranks)))
         units = len(ranks[0].all_units())
         for f in ranks:
-            # the hooks of the inner units' backward each waited >= 0.25 s for the
-            # reduction before theirs: time blocked in hooks, not waiting for parameters
-            assert f.hook_wait_s >= f.gather_wait_s + 0.25 * (units - 2)
+            # the hooks of the inner units' backward each waited for the reduction before
+            # theirs, launched 0.25 s before it ends: time blocked in hooks, not waiting
+            # for parameters (half of it as the bound: the compute between a reduction's
+            # launch and the next hook's wait for it, slower under load, is not waited)
+            assert f.hook_wait_s >= f.gather_wait_s + 0.125 * (units - 2)
             assert 0 < f.gather_wait_s < 0.25
 
 
