@@ -17,10 +17,13 @@ call is awaited first. Whoever finds the engine idle drives the queue from its h
 A small call made while the engine is idle runs as soon as it is made (``express``):
 no queue, no future, no task. Its waits spin for the budget and may then sleep on the
 futex on the loop's own thread for ``nap`` seconds (a node with more ranks than CPUs,
-where spinning steals the time slices of the ranks it waits for), after a short poll
-that yields the CPU while the ranks waited for are between calls, not computing (see
-``Board.spin_inside``); a call still waiting after that heads the queue and the thread
-drives it like any other.
+where spinning steals the time slices of the ranks it waits for); a call still waiting
+after that heads the queue and the thread drives it like any other.
+
+On such a crowded node every wait on the loop (an express call's, or a queued call's
+driven inline) first polls briefly, yielding the CPU, while the ranks it waits for are
+between calls rather than computing (``Board.spin_inside``): they publish as soon as
+they get a CPU, and the yield hands them one.
 
 numpy copies and reductions release the GIL for arrays of any size that matters, and
 the thread's spin yields the CPU between polls, so a thread waiting for peers does not
@@ -45,11 +48,12 @@ from shardwire.worker.observe.split import Split
 
 _THREAD_SPIN = 50e-6  # the thread polls this long (yielding the CPU) before it sleeps
 _RELEASE_WAIT = 5.0  # a cancelled call waits this long for the engine to let go of it
-# An express call's wait on a crowded node polls this long (yielding the CPU) for peers
-# between the previous call and this one before it sleeps: such a peer publishes as soon
-# as it gets a CPU, and the yield hands it one without a futex wake and two context
-# switches. 4 ranks on 2 cores, 4 KiB all_reduce back to back: 41 us a call against
-# 80-94 sleeping, and half the CPU; with compute between calls, faster and no dearer.
+# A wait on the loop on a crowded node polls this long (yielding the CPU) for peers
+# between the previous call and this one before it sleeps or hands over to the thread:
+# such a peer publishes as soon as it gets a CPU, and the yield hands it one without a
+# futex wake and two context switches. 4 ranks on 2 cores, 4 KiB all_reduce back to
+# back: 41 us a call against 80-94 sleeping, and half the CPU; with compute between
+# calls, faster and no dearer.
 INSIDE_SPIN = 100e-6
 
 
@@ -125,9 +129,11 @@ class Engine:
         """Who drives the queue now: None (idle), "loop" or "thread"."""
         return self._driver
 
-    def submit(self, program: Program, deadline: float, split: Split | None = None) -> Job:
+    def submit(
+        self, program: Program, deadline: float, split: Split | None = None, seq: int = 0
+    ) -> Job:
         """Queue ``program`` (call order is queue order)."""
-        job = Job(program, deadline, split)
+        job = Job(program, deadline, split, seq)
         with self._cv:
             if self._closed:
                 raise InvalidState("the arena engine is closed")
@@ -256,20 +262,24 @@ class Engine:
                 self._loop.call_soon_threadsafe(self._settle, job)
 
     def _napped(self, need: Need, nap: float, job: Job) -> bool:
-        """Whether ``need`` was met within a sleep of up to ``nap`` seconds on this thread,
-        polled first while the ranks waited for are between calls (``inside`` seconds).
-        No sleep when a rank waited for runs in this process: this thread may be the one
-        that would run it."""
+        """Whether ``need`` was met on this thread before the engine's thread takes over:
+        on a node with more ranks than CPUs (``yield_cpu``) it is polled for first while
+        the ranks waited for are between calls (``inside`` seconds), then slept for up
+        to ``nap`` seconds. Neither when a rank waited for runs in this process: this
+        thread may be the one that would run it."""
         board = self.board
-        if nap <= 0 or board.beside(need.ranks):
+        if board.beside(need.ranks):
             return False
         now = time.monotonic()
-        if job.seq and board.spin_inside(
-            need.word, need.ranks, need.target, job.seq, now + self.inside
+        if (
+            self.yield_cpu
+            and job.seq
+            and board.spin_inside(need.word, need.ranks, need.target, job.seq, now + self.inside)
         ):
             return True
-        until = now + nap
-        return board.wait(need.word, need.ranks, need.target, job.deadline, until=until)
+        if nap <= 0:
+            return False
+        return board.wait(need.word, need.ranks, need.target, job.deadline, until=now + nap)
 
     def _advance(self, job: Job, *, blocking: bool, nap: float = 0.0) -> bool:
         """Run ``job`` until it ends (True) or, not ``blocking``, until a wait is not met

@@ -71,7 +71,7 @@ class NodeArena:
         """Queue a call's program (call order); its time is split into ``split``."""
         self.board.enter(seq)
         program = _deferred(build, self.context, self._stamp(seq, signature), split)
-        return self.engine.submit(program, deadline, split)
+        return self.engine.submit(program, deadline, split, seq)
 
     def express(
         self,

@@ -104,22 +104,31 @@ async def test_only_a_crowded_node_lets_express_calls_nap(cpus: int, monkeypatch
             assert g.backend.gate.arena.engine.nap == settings.nap
 
 
-async def test_an_express_call_carries_its_group_s_call_number(monkeypatch) -> None:
+async def test_every_arena_call_carries_its_group_s_call_number(monkeypatch) -> None:
     """A crowded wait polls for peers between calls by the call's number: the job an
-    express call runs as holds the group's sequence number of that call."""
-    seqs: list[int] = []
-    real_express = Engine.express
+    express call runs as, and the job a queued (large) call runs as, hold the group's
+    sequence number of that call."""
+    seqs: dict[str, list[int]] = {"express": [], "submit": []}
+    real_express, real_submit = Engine.express, Engine.submit
 
     def express(self, program, deadline, split=None, seq=0):
-        seqs.append(seq)
+        seqs["express"].append(seq)
         return real_express(self, program, deadline, split, seq)
 
+    def submit(self, program, deadline, split=None, seq=0):
+        seqs["submit"].append(seq)
+        return real_submit(self, program, deadline, split, seq)
+
     monkeypatch.setattr(Engine, "express", express)
+    monkeypatch.setattr(Engine, "submit", submit)
     async with arena_groups(2) as groups:
         await _opened(groups)
-        seqs.clear()
-        await on_all(groups, lambda g: g.all_reduce(np.ones(16)))
-        assert seqs and all(seq == groups[0]._seq for seq in seqs)
+        for size in (16, EXPRESS_BYTES // 8 + 1000):
+            for found in seqs.values():
+                found.clear()
+            await on_all(groups, lambda g, size=size: g.all_reduce(np.ones(size)))
+            kind = "express" if size == 16 else "submit"
+            assert seqs[kind] and all(seq == groups[0]._seq for seq in seqs[kind]), seqs
 
 
 @pytest.mark.parametrize(("nap", "beside"), [(0.0, False), (30.0, False), (30.0, True)])
@@ -261,6 +270,42 @@ async def test_a_crowded_express_call_meets_a_peer_between_calls_without_sleepin
         assert engine.claim()
         job = engine.express(program(), time.monotonic() + 60, seq=7)
         assert job.finished and job.error is None and engine.inline_runs == 1
+        assert slept == []
+    finally:
+        late.join()
+        assert engine.close()
+        region.unlink()
+        region.close()
+
+
+async def test_a_crowded_queued_call_driven_on_the_loop_polls_before_handing_over(
+    tmp_path, monkeypatch
+) -> None:
+    """A large call, queued and driven on the loop when awaited, on a crowded node whose
+    peer made the previous call: its wait polls for the peer rather than handing the
+    call to the engine's thread (which would sleep on the futex)."""
+    region, boards = _two_boards(tmp_path)
+    boards[1].enter(2)
+    slept: list[int] = []
+    real_sleep = Words.sleep
+
+    def sleep(self, *args, **kwargs):
+        slept.append(1)
+        return real_sleep(self, *args, **kwargs)
+
+    monkeypatch.setattr(Words, "sleep", sleep)
+    engine = Engine(boards[0], spin=0.0, yield_cpu=True, inside=30.0, name="queued-test")
+    late = threading.Timer(0.02, boards[1].publish, (READY, 1))
+
+    def program():
+        boards[0].publish(READY, 1)
+        yield Need(READY, [1], 1)
+
+    try:
+        job = engine.submit(program(), time.monotonic() + 60, seq=3)
+        late.start()
+        await asyncio.wait_for(engine.run(job), 60)
+        assert job.error is None and (engine.inline_runs, engine.thread_runs) == (1, 0)
         assert slept == []
     finally:
         late.join()
