@@ -202,6 +202,19 @@ async def test_a_large_call_awaited_without_its_peers_waits_and_names_them() -> 
             assert "not heard from ranks [2]" in str(error)
 
 
+def _futex_sleeps(monkeypatch) -> list[int]:
+    """A list that gets an item for every futex sleep entered from now on."""
+    slept: list[int] = []
+    real_sleep = Words.sleep
+
+    def sleep(self, *args, **kwargs):
+        slept.append(1)
+        return real_sleep(self, *args, **kwargs)
+
+    monkeypatch.setattr(Words, "sleep", sleep)
+    return slept
+
+
 def _two_boards(tmp_path) -> tuple[Region, list[Board]]:
     """Two ranks' boards over one region, rank 1's row naming another process."""
     region, _ = Region.create("test", Geometry(2, 8192), tmp_path)
@@ -242,23 +255,19 @@ def test_a_crowded_wait_polls_only_for_ranks_between_calls(
         region.close()
 
 
-async def test_a_crowded_express_call_meets_a_peer_between_calls_without_sleeping(
-    tmp_path, monkeypatch
+@pytest.mark.parametrize("path", ["express", "queued"])
+async def test_a_crowded_call_on_the_loop_meets_a_peer_between_calls_without_sleeping(
+    tmp_path, monkeypatch, path: str
 ) -> None:
-    """An express call on a crowded node (a nap allowed) whose peer made the previous
-    call polls for it rather than sleeping on the futex: no futex sleep is entered, and
-    the call ends on the loop."""
+    """On a crowded node (more ranks than CPUs) a call's wait on the loop, an express
+    call's or a queued (large) call's driven when awaited, polls for a peer that made
+    the previous call rather than sleeping on the futex or handing the call to the
+    engine's thread (which would sleep there): it ends on the loop, no sleep entered."""
     region, boards = _two_boards(tmp_path)
     boards[1].enter(6)
-    slept: list[int] = []
-    real_sleep = Words.sleep
-
-    def sleep(self, *args, **kwargs):
-        slept.append(1)
-        return real_sleep(self, *args, **kwargs)
-
-    monkeypatch.setattr(Words, "sleep", sleep)
-    engine = Engine(boards[0], spin=0.0, yield_cpu=True, nap=30.0, inside=30.0, name="crowded-test")
+    slept = _futex_sleeps(monkeypatch)
+    nap = 30.0 if path == "express" else 0.0  # an express call may nap on the loop
+    engine = Engine(boards[0], spin=0.0, yield_cpu=True, nap=nap, inside=30.0, name="crowded-test")
     late = threading.Timer(0.02, boards[1].publish, (READY, 1))
 
     def program():
@@ -266,45 +275,16 @@ async def test_a_crowded_express_call_meets_a_peer_between_calls_without_sleepin
         yield Need(READY, [1], 1)
 
     try:
-        late.start()
-        assert engine.claim()
-        job = engine.express(program(), time.monotonic() + 60, seq=7)
-        assert job.finished and job.error is None and engine.inline_runs == 1
-        assert slept == []
-    finally:
-        late.join()
-        assert engine.close()
-        region.unlink()
-        region.close()
-
-
-async def test_a_crowded_queued_call_driven_on_the_loop_polls_before_handing_over(
-    tmp_path, monkeypatch
-) -> None:
-    """A large call, queued and driven on the loop when awaited, on a crowded node whose
-    peer made the previous call: its wait polls for the peer rather than handing the
-    call to the engine's thread (which would sleep on the futex)."""
-    region, boards = _two_boards(tmp_path)
-    boards[1].enter(2)
-    slept: list[int] = []
-    real_sleep = Words.sleep
-
-    def sleep(self, *args, **kwargs):
-        slept.append(1)
-        return real_sleep(self, *args, **kwargs)
-
-    monkeypatch.setattr(Words, "sleep", sleep)
-    engine = Engine(boards[0], spin=0.0, yield_cpu=True, inside=30.0, name="queued-test")
-    late = threading.Timer(0.02, boards[1].publish, (READY, 1))
-
-    def program():
-        boards[0].publish(READY, 1)
-        yield Need(READY, [1], 1)
-
-    try:
-        job = engine.submit(program(), time.monotonic() + 60, seq=3)
-        late.start()
-        await asyncio.wait_for(engine.run(job), 60)
+        deadline = time.monotonic() + 60
+        if path == "express":
+            late.start()
+            assert engine.claim()
+            job = engine.express(program(), deadline, seq=7)
+            assert job.finished
+        else:
+            job = engine.submit(program(), deadline, seq=7)
+            late.start()
+            await asyncio.wait_for(engine.run(job), 60)
         assert job.error is None and (engine.inline_runs, engine.thread_runs) == (1, 0)
         assert slept == []
     finally:
