@@ -31,6 +31,7 @@ def started(monkeypatch) -> list[list[str]]:
 
     monkeypatch.setattr(charlm, "_launch", lambda n, args: summary(args))
     monkeypatch.setattr(charlm, "run_ranks", ranks)
+    monkeypatch.setattr(charlm, "torch_missing", lambda: False)  # no run is started
     return commands
 
 
@@ -54,3 +55,11 @@ def test_the_table_and_rows_name_the_wrap(started, tmp_path, capsys) -> None:
     (row,) = json.loads(out.read_text())
     assert row["wrap"] == "ddp" and row["ranks"] == 2
     assert all(a[a.index("--wrap") + 1] == "ddp" for a in started)
+
+
+def test_torch_systems_without_torch_are_refused_saying_how_to_get_it(
+    started, monkeypatch, capsys
+) -> None:
+    monkeypatch.setattr(charlm, "torch_missing", lambda: True)
+    assert charlm.main(["--world", "2", "--systems", "numpy", "torch_gloo"]) == 2
+    assert "make torch" in capsys.readouterr().err and started == []

@@ -134,14 +134,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def torch_missing() -> bool:
+    """Whether this environment lacks torch (the torch systems' runs need it)."""
     try:
         import shardwire.torch  # noqa: F401
     except ImportError:
-        if any(s.startswith("torch") for s in args.systems):
-            print("torch is not installed in this environment (make torch)", file=sys.stderr)
-            return 2
+        return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if any(s.startswith("torch") for s in args.systems) and torch_missing():
+        print("torch is not installed in this environment (make torch)", file=sys.stderr)
+        return 2
     rows = []
     progress = Stages("charlm", len(args.world) * args.repeats * len(args.systems))
     with progress, tempfile.TemporaryDirectory() as directory:
