@@ -82,7 +82,7 @@ class Job:
 
     def __init__(self, program: Program, deadline: float, split: Split | None = None, seq: int = 0):
         self.program = program
-        self.seq = seq  # the group's call number (an express call's; 0 if not known)
+        self.seq = seq  # the group's call number (0 if not known)
         self.deadline = deadline
         self.split = split  # the call's: its waits are timed into it (traced jobs only)
         self.need: Need | None = None
@@ -268,8 +268,8 @@ class Engine:
         to ``nap`` seconds. Neither when a rank waited for runs in this process: this
         thread may be the one that would run it."""
         board = self.board
-        if board.beside(need.ranks):
-            return False
+        if (nap <= 0 and not self.yield_cpu) or board.beside(need.ranks):
+            return False  # (the first test keeps an uncrowded node's miss cheap)
         now = time.monotonic()
         if (
             self.yield_cpu
